@@ -1,0 +1,3 @@
+from effectlog.cli import main
+
+raise SystemExit(main())

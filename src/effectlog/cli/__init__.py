@@ -1,0 +1,74 @@
+"""The ``effectlog`` command line.
+
+Each area registers its subcommands from its own module. Every error becomes one
+line on stderr and a documented exit status (see ``effectlog.errors.ExitStatus``);
+no traceback reaches the user for bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+from typing import NoReturn
+
+from effectlog.errors import EffectlogError, ExitStatus
+
+Handler = Callable[[argparse.Namespace], int]
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line and exit status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        sys.stderr.write(f"effectlog: error: {self.prog}: {message} (see '{self.prog} --help')\n")
+        raise SystemExit(ExitStatus.BAD_INPUT)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from effectlog.cli import inspect_cmds, run_cmds
+
+    parser = _Parser(prog="effectlog", description="Durable execution of AI-agent tool calls.")
+    parser.add_argument("--version", action="version", version=_version())
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    sub.required = True
+    for module in (inspect_cmds, run_cmds):
+        module.register(sub)
+    _register_optional(sub)
+    return parser
+
+
+def _register_optional(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Areas that land in their own modules register here when present."""
+    import importlib
+
+    for name in ("crashmatrix_cmds", "fleet_cmds"):
+        try:
+            module = importlib.import_module(f"effectlog.cli.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name != f"effectlog.cli.{name}":
+                raise
+            continue
+        module.register(sub)
+
+
+def _version() -> str:
+    from effectlog import __version__
+
+    return f"effectlog {__version__}"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    handler: Handler = args.handler
+    try:
+        return handler(args)
+    except EffectlogError as exc:
+        sys.stderr.write(f"effectlog: {exc.code}: {exc}\n")
+        return int(exc.exit_status)
+    except KeyboardInterrupt:
+        sys.stderr.write("effectlog: interrupted\n")
+        return 130
+    except BrokenPipeError:
+        return 0

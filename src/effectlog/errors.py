@@ -1,0 +1,230 @@
+"""Every error effectlog raises, under one base class.
+
+Each error carries a stable ``code`` (for logs and JSON output), the CLI exit
+status it maps to, and structured fields (run id, step id, seq) so callers never
+parse messages. ``str(error)`` is one line that names what is wrong and where.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+from typing import Any, ClassVar
+
+
+class ExitStatus(IntEnum):
+    """CLI exit statuses. Fixed: scripts depend on them (documented in README)."""
+
+    DONE = 0
+    RUN_FAILED = 1
+    BAD_INPUT = 2
+    STOPPED_UNCERTAIN = 3
+    SUSPENDED = 4
+    CONFLICT = 5
+    LOCKED = 6
+    INTEGRITY = 7
+
+
+class EffectlogError(Exception):
+    """Base of every effectlog error."""
+
+    code: ClassVar[str] = "error"
+    exit_status: ClassVar[ExitStatus] = ExitStatus.BAD_INPUT
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        run_id: str | None = None,
+        step_id: str | None = None,
+        seq: int | None = None,
+        **fields: Any,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.run_id = run_id
+        self.step_id = step_id
+        self.seq = seq
+        self.fields = fields
+
+    def where(self) -> str:
+        parts = []
+        if self.run_id is not None:
+            parts.append(f"run {self.run_id!r}")
+        if self.seq is not None:
+            parts.append(f"seq {self.seq}")
+        if self.step_id is not None:
+            parts.append(f"step {self.step_id!r}")
+        return ", ".join(parts)
+
+    def __str__(self) -> str:
+        where = self.where()
+        text = f"{where}: {self.message}" if where else self.message
+        return " ".join(text.split())  # always one line
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "code": self.code,
+            "message": self.message,
+            "run_id": self.run_id,
+            "step_id": self.step_id,
+            "seq": self.seq,
+            **{k: v for k, v in self.fields.items() if isinstance(v, str | int | float | bool | None)},
+        }
+
+
+# -- bad input (exit 2) -------------------------------------------------------
+
+
+class BadInput(EffectlogError):
+    """A plan, argument, file or value that cannot be used as given."""
+
+    code = "bad_input"
+
+
+class SpecError(BadInput):
+    """A machine spec in specs/ is malformed or inconsistent."""
+
+    code = "bad_spec"
+
+
+class PlanError(BadInput):
+    """A plan file failed validation; the message starts with the JSON path."""
+
+    code = "bad_plan"
+
+
+class UnknownRun(BadInput):
+    code = "unknown_run"
+
+
+class UnknownStep(BadInput):
+    code = "unknown_step"
+
+
+class NotReconcilable(BadInput):
+    """Reconcile/approve/deny asked of a step that is not in the state that allows it."""
+
+    code = "wrong_state"
+
+
+class JournalUnreadable(BadInput):
+    """The journal file is not an effectlog journal (not SQLite, wrong schema, too new)."""
+
+    code = "journal_unreadable"
+
+
+class AdapterNotFound(BadInput):
+    code = "adapter_not_found"
+
+
+# -- machines and fold --------------------------------------------------------
+
+
+class IntegrityError(EffectlogError):
+    """The recorded history does not hold together (exit 7)."""
+
+    code = "integrity"
+    exit_status = ExitStatus.INTEGRITY
+
+
+class IllegalTransition(IntegrityError):
+    """A trigger or event that the spec does not allow from the current state."""
+
+    code = "illegal_transition"
+
+
+class SequenceGap(IntegrityError):
+    code = "sequence_gap"
+
+
+class ChainBroken(IntegrityError):
+    """A stored hash does not match the hash recomputed over the stored bytes."""
+
+    code = "chain_broken"
+
+
+class CorruptEvent(IntegrityError):
+    code = "corrupt_event"
+
+
+# -- conflicts (exit 5) -------------------------------------------------------
+
+
+class Conflict(EffectlogError):
+    code = "conflict"
+    exit_status = ExitStatus.CONFLICT
+
+
+class EventConflict(Conflict):
+    """An event with the same identity but different bytes is already in the journal."""
+
+    code = "event_conflict"
+
+
+class PlanMismatch(Conflict):
+    """A run id reused with another plan or another adapter identity."""
+
+    code = "plan_mismatch"
+
+
+class IdempotencyConflict(Conflict):
+    """An idempotency key reused with a different request body."""
+
+    code = "idempotency_conflict"
+
+
+class ReplayDivergence(Conflict):
+    """On resume, the step at a position differs from the one the journal recorded."""
+
+    code = "replay_divergence"
+
+
+# -- storage ------------------------------------------------------------------
+
+
+class JournalLocked(EffectlogError):
+    """Another process holds the journal's writer lock (exit 6)."""
+
+    code = "journal_locked"
+    exit_status = ExitStatus.LOCKED
+
+
+class StorageError(EffectlogError):
+    """A backend failure translated at the boundary (disk full, read-only, I/O)."""
+
+    code = "storage"
+    exit_status = ExitStatus.BAD_INPUT
+
+
+# -- run outcomes that stop a run --------------------------------------------
+
+
+class UncertainEffect(EffectlogError):
+    """A non-idempotent step was requested and its outcome is unknown: we stop, never guess."""
+
+    code = "uncertain_effect"
+    exit_status = ExitStatus.STOPPED_UNCERTAIN
+
+
+class ApprovalRequired(EffectlogError):
+    code = "approval_required"
+    exit_status = ExitStatus.SUSPENDED
+
+
+class RunFailed(EffectlogError):
+    code = "run_failed"
+    exit_status = ExitStatus.RUN_FAILED
+
+
+# -- signals from adapters ----------------------------------------------------
+
+
+class NotApplied(Exception):  # noqa: N818 - it is a signal, not a failure of ours
+    """Raised by an adapter to say the effect was definitely NOT applied.
+
+    Anything else an adapter raises (or a timeout, or a crash) means "outcome unknown".
+    """
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason

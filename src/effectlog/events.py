@@ -1,0 +1,219 @@
+"""The events: frozen, tagged msgspec Structs, the only things the journal stores.
+
+Rules (schema evolution): a tag never changes; a new field always has a default;
+an existing field never changes type. One encoder and one typed decoder, built
+once here and reused everywhere. Encoding is canonical (sorted keys), because
+the hash chain is computed over these bytes.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Literal
+
+import msgspec
+
+from effectlog.canonical import _encoder
+
+
+class AdapterIdentity(msgspec.Struct, frozen=True, kw_only=True):
+    """What a run pins about an adapter: a change of any field is a different adapter."""
+
+    type: str
+    version: str
+    idempotent: bool
+    fingerprint: str = ""
+
+
+class Event(msgspec.Struct, frozen=True, kw_only=True, tag_field="type", omit_defaults=True):
+    """Fields every event carries."""
+
+    run_id: str
+    seq: int
+    ts: int  # nanoseconds since the epoch, from the runtime's injectable clock
+
+    # The event's identity beyond (run_id, seq): the database makes it unique.
+    repeatable: ClassVar[bool] = False
+
+    @property
+    def step_key(self) -> str:
+        return ""
+
+    @property
+    def phase(self) -> str:
+        tag: str = self.__struct_config__.tag  # type: ignore[assignment]
+        return f"{tag}#{self.seq}" if self.repeatable else tag
+
+    @property
+    def attempt_no(self) -> int:
+        return 0
+
+
+# -- run events ---------------------------------------------------------------
+
+
+class RunStarted(Event, frozen=True, kw_only=True, tag="run.started"):
+    """Pins what the run is: its plan (or session), the plan's digest and each adapter's identity."""
+
+    kind: Literal["plan", "session"] = "plan"
+    plan: dict[str, Any] | None = None
+    plan_digest: str = ""
+    adapters: dict[str, AdapterIdentity] = {}
+
+
+class RunResumed(Event, frozen=True, kw_only=True, tag="run.resumed"):
+    pid: int = 0
+    repeatable: ClassVar[bool] = True
+
+
+class RunSuspended(Event, frozen=True, kw_only=True, tag="run.suspended"):
+    step_id: str
+    reason: str = ""
+    repeatable: ClassVar[bool] = True
+
+
+class RunStopped(Event, frozen=True, kw_only=True, tag="run.stopped"):
+    step_id: str
+    reason: str = ""
+    repeatable: ClassVar[bool] = True
+
+
+class RunCompleted(Event, frozen=True, kw_only=True, tag="run.completed"):
+    result: Any = None
+
+
+class RunFailed(Event, frozen=True, kw_only=True, tag="run.failed"):
+    step_id: str | None = None
+    reason: str = ""
+
+
+class RunCancelled(Event, frozen=True, kw_only=True, tag="run.cancelled"):
+    by: str = ""
+    reason: str = ""
+
+
+# -- step events ----------------------------------------------------------------
+
+
+class StepEvent(Event, frozen=True, kw_only=True):
+    step_id: str
+    attempt: int = 1
+
+    @property
+    def step_key(self) -> str:
+        return self.step_id
+
+    @property
+    def attempt_no(self) -> int:
+        return self.attempt
+
+
+class StepRequested(StepEvent, frozen=True, kw_only=True, tag="step.requested"):
+    """Write-ahead: durable before the tool is invoked."""
+
+    adapter: str
+    idempotency_key: str
+    args_digest: str
+    idempotent: bool = False
+    kind: Literal["tool", "model"] = "tool"
+    fingerprint: str = ""  # sessions: digest of (kind, name, canonical args) for divergence checks
+
+
+class StepResent(StepEvent, frozen=True, kw_only=True, tag="step.resent"):
+    """The same idempotency key sent again (after a crash or a retryable error)."""
+
+    resend: int
+    reason: str = ""
+
+    @property
+    def phase(self) -> str:
+        return f"step.resent#{self.resend}"
+
+
+class StepEffected(StepEvent, frozen=True, kw_only=True, tag="step.effected"):
+    """The tool's receipt, durable."""
+
+    receipt: Any = None
+    ok: bool = True
+
+
+class StepConfirmed(StepEvent, frozen=True, kw_only=True, tag="step.confirmed"):
+    """The result is accepted and the run moves past the step."""
+
+    rebuilt: bool = False  # True when confirmed on resume from an already recorded receipt
+
+
+class StepUncertain(StepEvent, frozen=True, kw_only=True, tag="step.uncertain"):
+    reason: str = ""
+
+
+class StepReconciled(StepEvent, frozen=True, kw_only=True, tag="step.reconciled"):
+    """A claim backed by evidence: who asserted what, and whether a person or an automated check."""
+
+    outcome: Literal["applied", "not_applied"]
+    evidence: str
+    operator: str
+    automated: bool = False
+
+
+class StepDenied(StepEvent, frozen=True, kw_only=True, tag="step.denied"):
+    """Denied before execution. ``deny`` is final; ``require_approval`` waits for a person."""
+
+    decision: Literal["deny", "require_approval"]
+    by: str = "policy"
+    reason: str = ""
+    args_digest: str = ""
+    repeatable: ClassVar[bool] = True
+
+
+class StepApproved(StepEvent, frozen=True, kw_only=True, tag="step.approved"):
+    """Bound to the digest of the step's exact args; used once."""
+
+    by: str
+    args_digest: str
+    reason: str = ""
+    expires_at: int | None = None
+    repeatable: ClassVar[bool] = True
+
+
+class StepFailed(StepEvent, frozen=True, kw_only=True, tag="step.failed"):
+    reason: str = ""
+    applied: bool | None = None  # False: the tool said "not applied"; None: it ran and reported failure
+
+
+AnyEvent = (
+    RunStarted
+    | RunResumed
+    | RunSuspended
+    | RunStopped
+    | RunCompleted
+    | RunFailed
+    | RunCancelled
+    | StepRequested
+    | StepResent
+    | StepEffected
+    | StepConfirmed
+    | StepUncertain
+    | StepReconciled
+    | StepDenied
+    | StepApproved
+    | StepFailed
+)
+
+EVENT_TYPES: tuple[type[Event], ...] = AnyEvent.__args__  # type: ignore[attr-defined]
+TAGS: dict[str, type[Event]] = {t.__struct_config__.tag: t for t in EVENT_TYPES}  # type: ignore[misc]
+
+_decoder: msgspec.json.Decoder[AnyEvent] = msgspec.json.Decoder(AnyEvent)
+
+
+def encode(event: Event) -> bytes:
+    """Canonical bytes of an event (the same event always gives the same bytes)."""
+    return _encoder.encode(event)
+
+
+def decode(data: bytes) -> AnyEvent:
+    """Typed decode; raises ``msgspec.ValidationError``/``DecodeError`` on bad bytes."""
+    return _decoder.decode(data)
+
+
+def tag_of(event: Event) -> str:
+    return event.__struct_config__.tag  # type: ignore[return-value]

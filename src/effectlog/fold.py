@@ -1,0 +1,258 @@
+"""The pure fold: ``apply(state, event) -> state`` and ``replay(events) -> RunState``.
+
+No I/O, no clock, no logging, no randomness. Legality comes from the specs (via
+``effectlog.spec.compiled``); every violation raises a typed error naming run,
+seq and step. Each event costs O(log n) in the number of steps (a persistent
+map), so the live path can apply events one by one and never re-validates the
+whole history.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import immutables
+import msgspec
+
+from effectlog import events as ev
+from effectlog.chain import GENESIS, Chain
+from effectlog.errors import ChainBroken, CorruptEvent, IllegalTransition, SequenceGap
+from effectlog.spec import compiled
+
+_STEP = compiled("step")
+_RUN = compiled("run")
+_replace = msgspec.structs.replace
+
+DONE_STATES = frozenset({"confirmed", "reconciled"})
+
+
+class StepState(msgspec.Struct, frozen=True, kw_only=True):
+    """What the journal says about one step."""
+
+    step_id: str
+    index: int  # order of first appearance in the run
+    state: str = _STEP.spec.initial
+    attempt: int = 1
+    adapter: str = ""
+    kind: str = "tool"
+    idempotency_key: str = ""
+    idempotent: bool = False
+    args_digest: str = ""
+    fingerprint: str = ""
+    resends: int = 0
+    receipt: Any = None
+    ok: bool | None = None
+    decision: str | None = None
+    approved_digest: str | None = None
+    approved_by: str | None = None
+    approval_expires_at: int | None = None
+    outcome: str | None = None
+    evidence: str | None = None
+    operator: str | None = None
+    automated: bool = False
+    reason: str = ""
+    rebuilt: bool = False
+    requested_seq: int = 0
+    last_seq: int = 0
+
+    @property
+    def done(self) -> bool:
+        return self.state in DONE_STATES
+
+
+class RunState(msgspec.Struct, frozen=True, kw_only=True):
+    """What the journal says about one run."""
+
+    run_id: str
+    seq: int = 0
+    head: bytes = GENESIS
+    state: str = _RUN.spec.initial
+    kind: str = "plan"
+    plan: dict[str, Any] | None = None
+    plan_digest: str = ""
+    adapters: dict[str, ev.AdapterIdentity] = {}
+    plan_steps: frozenset[str] = frozenset()
+    steps: immutables.Map[str, StepState] = immutables.Map()
+    result: Any = None
+    reason: str = ""
+    blocked_step: str | None = None  # the step a suspended/stopped/failed run waits on
+    resumes: int = 0
+    started_ts: int = 0
+    updated_ts: int = 0
+
+    @property
+    def closed(self) -> bool:
+        return self.state in _RUN.terminal
+
+    def step(self, step_id: str) -> StepState | None:
+        return self.steps.get(step_id)
+
+    def ordered_steps(self) -> list[StepState]:
+        return sorted(self.steps.values(), key=lambda s: s.index)
+
+
+def initial(run_id: str) -> RunState:
+    return RunState(run_id=run_id)
+
+
+def apply(state: RunState, event: ev.Event) -> RunState:
+    """The state after ``event``; raises when the spec or the sequence forbids it."""
+    if event.run_id != state.run_id:
+        raise CorruptEvent(
+            f"event belongs to run {event.run_id!r}", run_id=state.run_id, seq=event.seq
+        )
+    if event.seq != state.seq + 1:
+        raise SequenceGap(f"expected seq {state.seq + 1}, found {event.seq}", run_id=state.run_id, seq=event.seq)
+    tag = ev.tag_of(event)
+    if isinstance(event, ev.StepEvent):
+        return _apply_step(state, event, tag)
+    return _apply_run(state, event, tag)
+
+
+def _illegal(state: RunState, event: ev.Event, message: str, step_id: str | None = None) -> IllegalTransition:
+    return IllegalTransition(message, run_id=state.run_id, seq=event.seq, step_id=step_id)
+
+
+def _apply_run(state: RunState, event: ev.Event, tag: str) -> RunState:
+    nxt = _RUN.next_state(state.state, tag, event)
+    if nxt is None:
+        raise _illegal(state, event, f"{tag} is not allowed while the run is {state.state}")
+    changes: dict[str, Any] = {"seq": event.seq, "state": nxt, "updated_ts": event.ts}
+    if isinstance(event, ev.RunStarted):
+        steps = (event.plan or {}).get("steps", []) if event.kind == "plan" else []
+        changes.update(
+            kind=event.kind,
+            plan=event.plan,
+            plan_digest=event.plan_digest,
+            adapters=event.adapters,
+            plan_steps=frozenset(s["id"] for s in steps if isinstance(s, dict) and "id" in s),
+            started_ts=event.ts,
+        )
+    elif isinstance(event, ev.RunResumed):
+        changes.update(resumes=state.resumes + 1, blocked_step=None, reason="")
+    elif isinstance(event, ev.RunSuspended | ev.RunStopped):
+        changes.update(blocked_step=event.step_id, reason=event.reason)
+    elif isinstance(event, ev.RunFailed):
+        changes.update(blocked_step=event.step_id, reason=event.reason)
+    elif isinstance(event, ev.RunCancelled):
+        changes.update(reason=event.reason)
+    elif isinstance(event, ev.RunCompleted):
+        if state.kind == "plan":
+            missing = [s for s in state.plan_steps if not _is_done(state.steps.get(s))]
+            if missing:
+                raise _illegal(state, event, f"run.completed with unfinished steps: {sorted(missing)}")
+        changes.update(result=event.result)
+    return _replace(state, **changes)
+
+
+def _is_done(step: StepState | None) -> bool:
+    return step is not None and step.state in DONE_STATES
+
+
+def _apply_step(state: RunState, event: ev.StepEvent, tag: str) -> RunState:
+    sid = event.step_id
+    if not _RUN.admitted(state.state, tag):
+        raise _illegal(state, event, f"{tag} is not admitted while the run is {state.state}", sid)
+    if state.kind == "plan" and sid not in state.plan_steps:
+        raise _illegal(state, event, "step is not in the run's plan", sid)
+    step = state.steps.get(sid)
+    if step is None:
+        step = StepState(step_id=sid, index=len(state.steps))
+    if event.attempt != step.attempt:
+        raise _illegal(state, event, f"{tag} for attempt {event.attempt}, current attempt is {step.attempt}", sid)
+    nxt = _STEP.next_state(step.state, tag, event)
+    if nxt is None:
+        raise _illegal(state, event, f"{tag} is not allowed from step state {step.state}", sid)
+    changes: dict[str, Any] = {"state": nxt, "last_seq": event.seq}
+    if isinstance(event, ev.StepRequested):
+        if step.state == "approved":
+            if event.args_digest != step.approved_digest:
+                raise _illegal(state, event, "the approval was given for different arguments", sid)
+            if step.approval_expires_at is not None and event.ts > step.approval_expires_at:
+                raise _illegal(state, event, "the approval expired before the request", sid)
+        changes.update(
+            adapter=event.adapter,
+            kind=event.kind,
+            idempotency_key=event.idempotency_key,
+            idempotent=event.idempotent,
+            args_digest=event.args_digest,
+            fingerprint=event.fingerprint,
+            requested_seq=event.seq,
+            resends=0,
+        )
+    elif isinstance(event, ev.StepResent):
+        if event.resend != step.resends + 1:
+            raise _illegal(state, event, f"resend {event.resend} follows resend {step.resends}", sid)
+        if not step.idempotent:
+            raise _illegal(state, event, "a tool without idempotency was re-sent", sid)
+        changes.update(resends=event.resend)
+    elif isinstance(event, ev.StepEffected):
+        changes.update(receipt=event.receipt, ok=event.ok)
+    elif isinstance(event, ev.StepConfirmed):
+        changes.update(rebuilt=event.rebuilt)
+    elif isinstance(event, ev.StepUncertain | ev.StepFailed):
+        changes.update(reason=event.reason)
+    elif isinstance(event, ev.StepReconciled):
+        changes.update(
+            outcome=event.outcome, evidence=event.evidence, operator=event.operator, automated=event.automated
+        )
+        if event.outcome == "not_applied":  # a new attempt, with a new key, may run
+            changes.update(attempt=step.attempt + 1, idempotency_key="", resends=0, receipt=None)
+    elif isinstance(event, ev.StepDenied):
+        changes.update(decision=event.decision, reason=event.reason, approved_digest=None)
+    elif isinstance(event, ev.StepApproved):
+        changes.update(
+            decision="approved",
+            approved_digest=event.args_digest,
+            approved_by=event.by,
+            approval_expires_at=event.expires_at,
+            reason=event.reason,
+        )
+    return _replace(
+        state, seq=event.seq, updated_ts=event.ts, steps=state.steps.set(sid, _replace(step, **changes))
+    )
+
+
+def replay(events: Iterable[ev.Event], state: RunState | None = None, *, run_id: str | None = None) -> RunState:
+    """Fold ``events`` onto ``state`` (or onto nothing). Replay of a prefix then the rest equals replay of all."""
+    it = iter(events)
+    if state is None:
+        first = next(it, None)
+        if first is None:
+            if run_id is None:
+                raise ValueError("replay of no events needs a run_id")
+            return initial(run_id)
+        state = apply(initial(first.run_id), first)
+    for event in it:
+        state = apply(state, event)
+    return state
+
+
+class Record(msgspec.Struct, frozen=True):
+    """One stored row: the encoded event and its chain hash."""
+
+    run_id: str
+    seq: int
+    body: bytes
+    hash: bytes
+
+
+def replay_records(
+    records: Iterable[Record], chain: Chain, state: RunState | None = None, *, run_id: str
+) -> RunState:
+    """Check the chain over stored bytes, decode, and fold. Pure: hashing is computation."""
+    state = state if state is not None else initial(run_id)
+    head = state.head
+    for rec in records:
+        if chain.link(head, rec.body) != rec.hash:
+            raise ChainBroken("stored hash does not match the chain over the stored bytes", run_id=run_id, seq=rec.seq)
+        try:
+            event = ev.decode(rec.body)
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            raise CorruptEvent(f"event does not decode: {exc}", run_id=run_id, seq=rec.seq) from None
+        if event.seq != rec.seq or event.run_id != rec.run_id:
+            raise CorruptEvent("event body disagrees with its row (run id or seq)", run_id=run_id, seq=rec.seq)
+        state = apply(state, event)
+        head = rec.hash
+    return _replace(state, head=head)

@@ -1,0 +1,159 @@
+"""Test helpers shipped with effectlog, for our suites and for yours.
+
+``JournalContract`` is the one contract every journal backend must pass. Subclass
+it in a pytest module and provide a ``backend`` fixture returning a
+``JournalBackend`` (how to open a fresh journal, and a raw SQL hook so the suite can
+prove the *database* rejects updates and deletes)::
+
+    class TestMyJournal(JournalContract):
+        @pytest.fixture
+        def backend(self, tmp_path): ...
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import pytest
+
+from effectlog import events as ev
+from effectlog.chain import GENESIS
+from effectlog.errors import EffectlogError, EventConflict, SequenceGap
+from effectlog.fold import replay_records
+from effectlog.journal.protocol import Journal
+
+
+class JournalBackend(Protocol):
+    def open(self) -> Journal:
+        """A writer on a fresh, empty journal (the same one on every call)."""
+        ...
+
+    def raw_sql(self, sql: str) -> Any:
+        """Execute SQL directly on the backend's database, bypassing effectlog."""
+        ...
+
+
+def sample_run(run_id: str = "run-1", steps: int = 2, ts: Callable[[], int] | None = None) -> list[ev.Event]:
+    """A small legal history: started, then request/effect/confirm per step, then completed."""
+    clock = ts or (lambda: 1_700_000_000_000_000_000)
+    plan = {"run_id": run_id, "steps": [{"id": f"s{i}"} for i in range(steps)]}
+    out: list[ev.Event] = [ev.RunStarted(run_id=run_id, seq=1, ts=clock(), plan=plan, plan_digest="d")]
+    for i in range(steps):
+        sid = f"s{i}"
+        n = len(out)
+        out += [
+            ev.StepRequested(
+                run_id=run_id, seq=n + 1, ts=clock(), step_id=sid, adapter="a", idempotency_key=f"k{i}",
+                args_digest="x", idempotent=True,
+            ),
+            ev.StepEffected(run_id=run_id, seq=n + 2, ts=clock(), step_id=sid, receipt={"n": i}),
+            ev.StepConfirmed(run_id=run_id, seq=n + 3, ts=clock(), step_id=sid),
+        ]
+    out.append(ev.RunCompleted(run_id=run_id, seq=len(out) + 1, ts=clock()))
+    return out
+
+
+class JournalContract:
+    """Every journal backend must pass these; each test names the guarantee it checks."""
+
+    @pytest.fixture
+    def journal(self, backend: JournalBackend) -> Any:
+        j = backend.open()
+        yield j
+        j.close()
+
+    def test_append_then_read_returns_the_same_bytes_in_order(self, journal: Journal) -> None:
+        """What is appended is read back byte for byte, in seq order."""
+        history = sample_run()
+        journal.append(history)
+        stored = list(journal.read("run-1"))
+        assert [ev.encode(e) for e in history] == [r.body for r in stored]
+        assert [e.seq for e in history] == [r.seq for r in stored]
+
+    def test_read_from_seq_returns_only_the_rest(self, journal: Journal) -> None:
+        """read(run, after_seq) starts after the given sequence number."""
+        journal.append(sample_run())
+        assert [4, 5, 6, 7, 8] == [r.seq for r in journal.read("run-1", after_seq=3)]
+
+    def test_batch_is_atomic(self, journal: Journal) -> None:
+        """A batch with one bad event leaves nothing of the batch behind."""
+        history = sample_run()
+        journal.append(history[:2])
+        bad = [*history[2:4], history[5]]  # skips seq 5: a gap inside the batch
+        with pytest.raises(SequenceGap):
+            journal.append(bad)
+        assert [1, 2] == [r.seq for r in journal.read("run-1")]
+        journal.append(history[2:])  # and the journal still accepts the right continuation
+        assert len(history) == len(list(journal.read("run-1")))
+
+    def test_duplicate_with_same_bytes_is_a_no_op(self, journal: Journal) -> None:
+        """Re-appending an event already stored with the same bytes changes nothing."""
+        history = sample_run()
+        journal.append(history)
+        again = journal.append(history[2:4])
+        assert [3, 4] == [r.seq for r in again]
+        assert len(history) == len(list(journal.read("run-1")))
+
+    def test_duplicate_with_different_bytes_is_a_conflict(self, journal: Journal) -> None:
+        """The same (run, seq) with other bytes is refused, and the stored event stays."""
+        history = sample_run()
+        journal.append(history)
+        changed = ev.StepEffected(run_id="run-1", seq=3, ts=1, step_id="s0", receipt={"n": 99})
+        with pytest.raises(EventConflict):
+            journal.append([changed])
+        assert ev.encode(history[2]) == next(iter(journal.read("run-1", after_seq=2))).body
+
+    def test_same_step_phase_attempt_at_another_seq_is_a_conflict(self, journal: Journal) -> None:
+        """The dedup key (run, step, phase, attempt) is a database constraint."""
+        history = sample_run()
+        journal.append(history[:4])  # s0 requested + effected
+        dup = ev.StepEffected(run_id="run-1", seq=5, ts=2, step_id="s0", receipt={"n": 0})
+        with pytest.raises(EventConflict):
+            journal.append([dup])
+        assert 4 == journal.head("run-1")[0]
+
+    def test_gap_is_refused(self, journal: Journal) -> None:
+        """An event must continue its run's sequence."""
+        history = sample_run()
+        with pytest.raises(SequenceGap):
+            journal.append([history[1]])
+        assert [] == list(journal.read("run-1"))
+
+    @pytest.mark.parametrize("sql", ["UPDATE events SET body = body", "DELETE FROM events"])
+    def test_database_rejects_update_and_delete(self, backend: JournalBackend, journal: Journal, sql: str) -> None:
+        """Append-only is enforced by the database itself, not by convention."""
+        journal.append(sample_run())
+        with pytest.raises(Exception, match="append-only"):
+            backend.raw_sql(sql)
+        assert 8 == len(list(journal.read("run-1")))
+
+    def test_hash_chain_links_every_event(self, journal: Journal) -> None:
+        """Each stored hash is H(previous hash || stored bytes), from GENESIS, per run."""
+        journal.append(sample_run("a"))
+        journal.append(sample_run("b", steps=1))
+        for run_id in ("a", "b"):
+            prev = GENESIS
+            for rec in journal.read(run_id):
+                assert journal.chain.link(prev, rec.body) == rec.hash
+                prev = rec.hash
+            assert (rec.seq, prev) == journal.head(run_id)
+            assert run_id == replay_records(journal.read(run_id), journal.chain, run_id=run_id).run_id
+
+    def test_runs_lists_each_run_once(self, journal: Journal) -> None:
+        """runs() lists every run with events, sorted."""
+        journal.append(sample_run("b", steps=1))
+        journal.append(sample_run("a", steps=1))
+        assert ["a", "b"] == journal.runs()
+
+    def test_runs_interleave_in_one_batch(self, journal: Journal) -> None:
+        """A batch may hold events of several runs; each run keeps its own chain."""
+        a, b = sample_run("a", steps=1), sample_run("b", steps=1)
+        journal.append([x for pair in zip(a, b, strict=True) for x in pair])
+        assert len(a) == len(list(journal.read("a")))
+        assert len(b) == journal.head("b")[0]
+
+    def test_errors_are_effectlog_errors(self, journal: Journal) -> None:
+        """Backend failures surface as effectlog's own errors, never driver exceptions."""
+        with pytest.raises(EffectlogError):
+            journal.append([sample_run()[2]])

@@ -1,0 +1,103 @@
+"""A hash-chained structured trace of every transition, recorded with structlog.
+
+Each record is a JSON line holding the transition (run, seq, step, attempt, event
+tag) plus ``prev`` and ``hash``: ``hash = sha256(prev || canonical record)``. The
+trace is written after the journal commit, so it never claims more than the
+journal holds. It carries digests, never arguments, so secrets cannot leak here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import MutableMapping
+from pathlib import Path
+from typing import Any, TextIO
+
+import structlog
+
+from effectlog.canonical import canonical_json
+from effectlog.errors import BadInput
+from effectlog.events import Event, StepEvent, tag_of
+
+_GENESIS_HEX = "0" * 64
+_FIELDS_NEVER_TRACED = frozenset({"args", "plan", "receipt", "evidence"})
+
+
+class HashChain:
+    """structlog processor: adds ``prev`` and ``hash`` to each record."""
+
+    def __init__(self, prev: str = _GENESIS_HEX) -> None:
+        self.prev = prev
+
+    def __call__(self, logger: Any, method: str, event_dict: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
+        for name in _FIELDS_NEVER_TRACED & event_dict.keys():
+            del event_dict[name]
+        event_dict["prev"] = self.prev
+        digest = hashlib.sha256(self.prev.encode() + canonical_json(dict(event_dict))).hexdigest()
+        event_dict["hash"] = digest
+        self.prev = digest
+        return event_dict
+
+
+def _last_hash(path: Path) -> str:
+    if not path.exists() or path.stat().st_size == 0:
+        return _GENESIS_HEX
+    with path.open("rb") as fh:
+        fh.seek(max(0, path.stat().st_size - 65536))
+        tail = fh.read().splitlines()
+    for line in reversed(tail):
+        if line.strip():
+            try:
+                return str(json.loads(line)["hash"])
+            except (ValueError, KeyError):
+                break
+    raise BadInput(f"{path}: the trace file does not end with a trace record; refusing to extend it")
+
+
+class Trace:
+    """Records transitions to a JSON-lines file (appending, continuing its chain)."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        prev = _last_hash(self.path)
+        self._fh: TextIO = self.path.open("a", encoding="utf-8")
+        self._log = structlog.wrap_logger(
+            structlog.WriteLogger(self._fh),
+            processors=[HashChain(prev), structlog.processors.JSONRenderer(sort_keys=True)],
+        )
+
+    def record(self, event: Event, **extra: Any) -> None:
+        fields: dict[str, Any] = {"run_id": event.run_id, "seq": event.seq, "ts": event.ts, **extra}
+        if isinstance(event, StepEvent):
+            fields.update(step_id=event.step_id, attempt=event.attempt)
+        self._log.info(tag_of(event), **fields)
+
+    def flush(self) -> None:
+        self._fh.flush()
+
+    def close(self) -> None:
+        self._fh.close()
+
+
+def verify_trace(path: str | os.PathLike[str]) -> tuple[int, int | None, str]:
+    """Check a trace's chain: ``(records checked, first bad line or None, reason)``."""
+    prev = _GENESIS_HEX
+    count = 0
+    with Path(path).open("rb") as fh:
+        for lineno, line in enumerate(fh, start=1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+                stored = record.pop("hash")
+            except (ValueError, KeyError):
+                return count, lineno, "not a trace record"
+            if record.get("prev") != prev:
+                return count, lineno, "prev does not match the previous record's hash"
+            if hashlib.sha256(prev.encode() + canonical_json(record)).hexdigest() != stored:
+                return count, lineno, "hash does not match the record"
+            prev = stored
+            count += 1
+    return count, None, ""
