@@ -219,7 +219,7 @@ class RunFailed(EffectlogError):
 # -- signals from adapters ----------------------------------------------------
 
 
-class NotApplied(Exception):  # noqa: N818 - it is a signal, not a failure of ours
+class NotApplied(Exception):
     """Raised by an adapter to say the effect was definitely NOT applied.
 
     Anything else an adapter raises (or a timeout, or a crash) means "outcome unknown".

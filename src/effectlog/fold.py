@@ -98,12 +98,15 @@ def initial(run_id: str) -> RunState:
 
 def apply(state: RunState, event: ev.Event) -> RunState:
     """The state after ``event``; raises when the spec or the sequence forbids it."""
+    sid = event.step_key or None  # errors name the step too, as the house style requires
     if event.run_id != state.run_id:
         raise CorruptEvent(
-            f"event belongs to run {event.run_id!r}", run_id=state.run_id, seq=event.seq
+            f"event belongs to run {event.run_id!r}", run_id=state.run_id, seq=event.seq, step_id=sid
         )
     if event.seq != state.seq + 1:
-        raise SequenceGap(f"expected seq {state.seq + 1}, found {event.seq}", run_id=state.run_id, seq=event.seq)
+        raise SequenceGap(
+            f"expected seq {state.seq + 1}, found {event.seq}", run_id=state.run_id, seq=event.seq, step_id=sid
+        )
     tag = ev.tag_of(event)
     if isinstance(event, ev.StepEvent):
         return _apply_step(state, event, tag)
@@ -131,9 +134,7 @@ def _apply_run(state: RunState, event: ev.Event, tag: str) -> RunState:
         )
     elif isinstance(event, ev.RunResumed):
         changes.update(resumes=state.resumes + 1, blocked_step=None, reason="")
-    elif isinstance(event, ev.RunSuspended | ev.RunStopped):
-        changes.update(blocked_step=event.step_id, reason=event.reason)
-    elif isinstance(event, ev.RunFailed):
+    elif isinstance(event, ev.RunSuspended | ev.RunStopped | ev.RunFailed):
         changes.update(blocked_step=event.step_id, reason=event.reason)
     elif isinstance(event, ev.RunCancelled):
         changes.update(reason=event.reason)
@@ -201,6 +202,8 @@ def _apply_step(state: RunState, event: ev.StepEvent, tag: str) -> RunState:
             changes.update(attempt=step.attempt + 1, idempotency_key="", resends=0, receipt=None)
     elif isinstance(event, ev.StepDenied):
         changes.update(decision=event.decision, reason=event.reason, approved_digest=None)
+        if event.args_digest:  # the args a person is asked to approve
+            changes.update(args_digest=event.args_digest)
     elif isinstance(event, ev.StepApproved):
         changes.update(
             decision="approved",

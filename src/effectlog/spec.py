@@ -13,7 +13,6 @@ from collections.abc import Mapping
 from functools import cache
 from importlib import resources
 from pathlib import Path
-from typing import Any
 
 import msgspec
 
@@ -40,7 +39,7 @@ class Transition(msgspec.Struct, frozen=True, kw_only=True):
         """Destination per value of the ``by`` field (key ``None`` when unconditional)."""
         if isinstance(self.dest, str):
             return {None: self.dest}
-        return dict(self.dest)
+        return {key: state for key, state in self.dest.items()}
 
 
 class MachineSpec(msgspec.Struct, frozen=True, kw_only=True):

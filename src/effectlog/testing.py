@@ -74,7 +74,7 @@ class JournalContract:
     def test_read_from_seq_returns_only_the_rest(self, journal: Journal) -> None:
         """read(run, after_seq) starts after the given sequence number."""
         journal.append(sample_run())
-        assert [4, 5, 6, 7, 8] == [r.seq for r in journal.read("run-1", after_seq=3)]
+        assert [r.seq for r in journal.read("run-1", after_seq=3)] == [4, 5, 6, 7, 8]
 
     def test_batch_is_atomic(self, journal: Journal) -> None:
         """A batch with one bad event leaves nothing of the batch behind."""
@@ -83,7 +83,7 @@ class JournalContract:
         bad = [*history[2:4], history[5]]  # skips seq 5: a gap inside the batch
         with pytest.raises(SequenceGap):
             journal.append(bad)
-        assert [1, 2] == [r.seq for r in journal.read("run-1")]
+        assert [r.seq for r in journal.read("run-1")] == [1, 2]
         journal.append(history[2:])  # and the journal still accepts the right continuation
         assert len(history) == len(list(journal.read("run-1")))
 
@@ -92,7 +92,7 @@ class JournalContract:
         history = sample_run()
         journal.append(history)
         again = journal.append(history[2:4])
-        assert [3, 4] == [r.seq for r in again]
+        assert [r.seq for r in again] == [3, 4]
         assert len(history) == len(list(journal.read("run-1")))
 
     def test_duplicate_with_different_bytes_is_a_conflict(self, journal: Journal) -> None:
@@ -111,14 +111,14 @@ class JournalContract:
         dup = ev.StepEffected(run_id="run-1", seq=5, ts=2, step_id="s0", receipt={"n": 0})
         with pytest.raises(EventConflict):
             journal.append([dup])
-        assert 4 == journal.head("run-1")[0]
+        assert journal.head("run-1")[0] == 4
 
     def test_gap_is_refused(self, journal: Journal) -> None:
         """An event must continue its run's sequence."""
         history = sample_run()
         with pytest.raises(SequenceGap):
             journal.append([history[1]])
-        assert [] == list(journal.read("run-1"))
+        assert list(journal.read("run-1")) == []
 
     @pytest.mark.parametrize("sql", ["UPDATE events SET body = body", "DELETE FROM events"])
     def test_database_rejects_update_and_delete(self, backend: JournalBackend, journal: Journal, sql: str) -> None:
@@ -126,7 +126,7 @@ class JournalContract:
         journal.append(sample_run())
         with pytest.raises(Exception, match="append-only"):
             backend.raw_sql(sql)
-        assert 8 == len(list(journal.read("run-1")))
+        assert len(list(journal.read("run-1"))) == 8
 
     def test_hash_chain_links_every_event(self, journal: Journal) -> None:
         """Each stored hash is H(previous hash || stored bytes), from GENESIS, per run."""
@@ -144,7 +144,7 @@ class JournalContract:
         """runs() lists every run with events, sorted."""
         journal.append(sample_run("b", steps=1))
         journal.append(sample_run("a", steps=1))
-        assert ["a", "b"] == journal.runs()
+        assert journal.runs() == ["a", "b"]
 
     def test_runs_interleave_in_one_batch(self, journal: Journal) -> None:
         """A batch may hold events of several runs; each run keeps its own chain."""

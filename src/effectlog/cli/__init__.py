@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable, Sequence
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from effectlog.errors import EffectlogError, ExitStatus
 
@@ -38,7 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _register_optional(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def _register_optional(sub: Any) -> None:
     """Areas that land in their own modules register here when present."""
     import importlib
 

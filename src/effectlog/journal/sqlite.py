@@ -11,7 +11,7 @@ import contextlib
 import fcntl
 import os
 import sqlite3
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Literal
 
@@ -117,6 +117,8 @@ class SqliteJournal:
         self.chain = chain or Chain()
         self.writer = writer
         self._heads: dict[str, tuple[int, bytes]] = {}
+        # Test hook: called inside the transaction, after the rows are written, before COMMIT.
+        self.before_commit: Callable[[Sequence[Event]], None] | None = None
         self._lock: WriterLock | None = None
         if not writer and not Path(self.location).is_file():
             raise JournalUnreadable(f"{self.location}: no journal file there")
@@ -260,6 +262,8 @@ class SqliteJournal:
                         raise self._dedup_conflict(event) from None
                     heads[run_id] = (event.seq, digest)
                     out.append(Record(run_id, event.seq, body, digest))
+                if self.before_commit is not None:
+                    self.before_commit(events)
                 db.execute("COMMIT")
             except BaseException:
                 if db.in_transaction:

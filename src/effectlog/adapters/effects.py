@@ -1,0 +1,197 @@
+"""The effect store: a separate SQLite file standing in for an external tool.
+
+``effects.idempotent`` stores the effect and its receipt in ONE transaction keyed by
+the idempotency key (unique) and returns the stored receipt on a repeat.
+``effects.control`` writes an effect on every call, with no deduplication, recording
+run, step and attempt beside it so an operator (or ``lookup``) can inspect the ledger.
+The crash matrix counts effects here, never in the journal.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sqlite3
+import time
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from effectlog.adapters.protocol import Evidence, Receipt, Request
+from effectlog.canonical import digest
+from effectlog.errors import StorageError
+
+_SCHEMA = (
+    """CREATE TABLE IF NOT EXISTS effects (
+        effect_id INTEGER PRIMARY KEY,
+        kind TEXT NOT NULL,
+        run_id TEXT NOT NULL,
+        step_id TEXT NOT NULL,
+        attempt INTEGER NOT NULL,
+        idempotency_key TEXT NOT NULL,
+        args_digest TEXT NOT NULL,
+        created_ns INTEGER NOT NULL,
+        receipt TEXT NOT NULL
+    )""",
+    "CREATE UNIQUE INDEX IF NOT EXISTS effects_key ON effects (idempotency_key) WHERE kind = 'idempotent'",
+    "CREATE INDEX IF NOT EXISTS effects_step ON effects (run_id, step_id, attempt)",
+)
+
+
+class EffectRow(msgspec.Struct, frozen=True, kw_only=True):
+    effect_id: int
+    kind: str
+    run_id: str
+    step_id: str
+    attempt: int
+    idempotency_key: str
+    args_digest: str
+    created_ns: int
+    receipt: Any
+
+
+class EffectStore:
+    """One SQLite file (WAL, synchronous=FULL), opened per process."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = str(path)
+        if not Path(self.path).exists():
+            with contextlib.suppress(FileExistsError):
+                os.close(os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        try:
+            self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=30)
+            self._db.execute("PRAGMA journal_mode = WAL")
+            self._db.execute("PRAGMA synchronous = FULL")
+            for sql in _SCHEMA:
+                self._db.execute(sql)
+        except sqlite3.Error as exc:
+            raise StorageError(f"{self.path}: cannot open the effect store ({exc})") from None
+
+    def apply_idempotent(self, request: Request) -> Receipt:
+        db = self._db
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            row = db.execute(
+                "SELECT receipt FROM effects WHERE kind = 'idempotent' AND idempotency_key = ?",
+                (request.idempotency_key,),
+            ).fetchone()
+            if row is not None:
+                db.execute("COMMIT")
+                return Receipt(data={**msgspec.json.decode(row[0]), "replayed": True})
+            data = self._insert("idempotent", request)
+            db.execute("COMMIT")
+        except BaseException:
+            if db.in_transaction:
+                db.execute("ROLLBACK")
+            raise
+        return Receipt(data=data)
+
+    def apply_control(self, request: Request) -> Receipt:
+        db = self._db
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            data = self._insert("control", request)
+            db.execute("COMMIT")
+        except BaseException:
+            if db.in_transaction:
+                db.execute("ROLLBACK")
+            raise
+        return Receipt(data=data)
+
+    def _insert(self, kind: str, request: Request) -> dict[str, Any]:
+        cur = self._db.execute(
+            "INSERT INTO effects (kind, run_id, step_id, attempt, idempotency_key, args_digest, created_ns, receipt)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, '')",
+            (
+                kind,
+                request.run_id,
+                request.step_id,
+                request.attempt,
+                request.idempotency_key,
+                digest(request.args),
+                time.time_ns(),
+            ),
+        )
+        effect_id = cur.lastrowid
+        data = {"effect_id": effect_id, "kind": kind}
+        # The receipt is part of the same transaction as the effect (UPDATE of our own row, same txn).
+        self._db.execute("UPDATE effects SET receipt = ? WHERE effect_id = ?", (msgspec.json.encode(data), effect_id))
+        return data
+
+    def lookup(self, request: Request) -> Evidence:
+        rows = self.rows(run_id=request.run_id, step_id=request.step_id, attempt=request.attempt)
+        if rows:
+            ids = ", ".join(f"#{r.effect_id}" for r in rows)
+            return Evidence(applied=True, detail=f"ledger {self.path}: effect {ids} recorded for this attempt")
+        return Evidence(applied=False, detail=f"ledger {self.path}: no effect recorded for this attempt")
+
+    def rows(
+        self, *, run_id: str | None = None, step_id: str | None = None, attempt: int | None = None
+    ) -> list[EffectRow]:
+        sql = (
+            "SELECT effect_id, kind, run_id, step_id, attempt, idempotency_key, args_digest, created_ns, receipt"
+            " FROM effects"
+        )
+        where, params = [], []
+        for col, val in (("run_id", run_id), ("step_id", step_id), ("attempt", attempt)):
+            if val is not None:
+                where.append(f"{col} = ?")
+                params.append(val)
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        try:
+            cur = self._db.execute(sql + " ORDER BY effect_id", params)
+            return [
+                EffectRow(
+                    effect_id=r[0],
+                    kind=r[1],
+                    run_id=r[2],
+                    step_id=r[3],
+                    attempt=r[4],
+                    idempotency_key=r[5],
+                    args_digest=r[6],
+                    created_ns=r[7],
+                    receipt=msgspec.json.decode(r[8]) if r[8] else None,
+                )
+                for r in cur.fetchall()
+            ]
+        except sqlite3.Error as exc:
+            raise StorageError(f"{self.path}: cannot read the effect store ({exc})") from None
+
+    def count(self, *, run_id: str | None = None, step_id: str | None = None) -> int:
+        return len(self.rows(run_id=run_id, step_id=step_id))
+
+    def close(self) -> None:
+        with contextlib.suppress(sqlite3.Error):
+            self._db.close()
+
+
+class IdempotentEffects:
+    """``effects.idempotent``: one effect per idempotency key; repeats return the stored receipt."""
+
+    blocking = True
+
+    def __init__(self, store: EffectStore) -> None:
+        self.store = store
+
+    def invoke(self, request: Request) -> Receipt:
+        return self.store.apply_idempotent(request)
+
+    def lookup(self, request: Request) -> Evidence:
+        return self.store.lookup(request)
+
+
+class ControlEffects:
+    """``effects.control``: an effect on every call (the tool without an idempotency contract)."""
+
+    blocking = True
+
+    def __init__(self, store: EffectStore) -> None:
+        self.store = store
+
+    def invoke(self, request: Request) -> Receipt:
+        return self.store.apply_control(request)
+
+    def lookup(self, request: Request) -> Evidence:
+        return self.store.lookup(request)

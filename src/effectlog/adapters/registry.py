@@ -1,0 +1,103 @@
+"""Where adapters come from: built-ins, the ``effectlog.adapters`` entry-point group,
+and user code named as ``module:attr`` (a mapping of type name to factory).
+
+A factory is ``factory(decl, context) -> adapter``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Mapping
+from importlib.metadata import entry_points
+from typing import Any
+
+import msgspec
+
+from effectlog.adapters.effects import ControlEffects, EffectStore, IdempotentEffects
+from effectlog.adapters.noop import NoopAdapter
+from effectlog.adapters.protocol import implementation_fingerprint
+from effectlog.adapters.shell import ShellAdapter
+from effectlog.errors import AdapterNotFound, BadInput
+from effectlog.events import AdapterIdentity
+from effectlog.plan import AdapterDecl, Plan
+
+
+class AdapterContext(msgspec.Struct, kw_only=True):
+    """What factories may need from the runtime: the effect store location, for the built-ins."""
+
+    effects: str | None = None
+    _store: EffectStore | None = None
+
+    def effect_store(self) -> EffectStore:
+        if self.effects is None:
+            raise BadInput("this plan uses effects.* adapters: give an effect store (--effects FILE)")
+        if self._store is None:
+            self._store = EffectStore(self.effects)
+        return self._store
+
+    def close(self) -> None:
+        if self._store is not None:
+            self._store.close()
+            self._store = None
+
+
+Factory = Callable[[AdapterDecl, AdapterContext], Any]
+
+BUILTINS: dict[str, Factory] = {
+    "effects.idempotent": lambda decl, ctx: IdempotentEffects(ctx.effect_store()),
+    "effects.control": lambda decl, ctx: ControlEffects(ctx.effect_store()),
+    "shell": lambda decl, ctx: ShellAdapter(decl.options),
+    "noop": lambda decl, ctx: NoopAdapter(),
+}
+
+
+def load_object(spec: str) -> Any:
+    """Import ``module:attr`` (attr may be dotted)."""
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise BadInput(f"{spec!r}: expected module:attr")
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise AdapterNotFound(f"{spec}: cannot import {module_name!r} ({exc})") from None
+    for part in attr.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise AdapterNotFound(f"{spec}: {module_name!r} has no attribute {attr!r}") from None
+    return obj
+
+
+class Registry:
+    """Adapter factories by type name."""
+
+    def __init__(self, factories: Mapping[str, Factory] | None = None, *, entry_point_group: bool = True) -> None:
+        self.factories: dict[str, Factory] = dict(BUILTINS)
+        if entry_point_group:
+            for ep in entry_points(group="effectlog.adapters"):
+                self.factories.setdefault(ep.name, ep.load())
+        self.factories.update(factories or {})
+
+    def add_module(self, spec: str) -> None:
+        obj = load_object(spec)
+        if not isinstance(obj, Mapping):
+            raise BadInput(f"--adapters {spec}: expected a mapping of adapter type to factory")
+        self.factories.update(obj)
+
+    def build(self, plan: Plan, context: AdapterContext) -> tuple[dict[str, Any], dict[str, AdapterIdentity]]:
+        """Instantiate every adapter the plan declares, with the identity that gets pinned."""
+        adapters: dict[str, Any] = {}
+        identities: dict[str, AdapterIdentity] = {}
+        for name, decl in plan.adapters.items():
+            factory = self.factories.get(decl.type)
+            if factory is None:
+                raise AdapterNotFound(f"adapters.{name}: no adapter of type {decl.type!r} is registered")
+            adapter = factory(decl, context)
+            adapters[name] = adapter
+            identities[name] = AdapterIdentity(
+                type=decl.type,
+                version=decl.version,
+                idempotent=decl.idempotent,
+                fingerprint=implementation_fingerprint(adapter),
+            )
+        return adapters, identities

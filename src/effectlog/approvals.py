@@ -1,0 +1,79 @@
+"""Approval and denial, written by the harness (a person decides while the loop is not running).
+
+An approval is bound to the digest of the step's exact args (the digest recorded
+when the step was held), may expire, and is used once: the next request consumes it.
+A person's "deny" is final and fails the run. Neither is ever an uncertain outcome.
+"""
+
+from __future__ import annotations
+
+import time
+
+from effectlog import events as ev
+from effectlog.fold import RunState
+from effectlog.journal import Journal
+from effectlog.operator import append, load_step
+from effectlog.recorder import Clock
+from effectlog.trace import Trace
+
+
+def approve(
+    journal: Journal,
+    run_id: str,
+    step_id: str,
+    *,
+    by: str,
+    reason: str = "",
+    expires_at: int | None = None,
+    clock: Clock = time.time_ns,
+    trace: Trace | None = None,
+) -> RunState:
+    state, step = load_step(journal, run_id, step_id, needs=("awaiting_approval",), action="approve")
+    return append(
+        journal,
+        state,
+        [
+            (
+                ev.StepApproved,
+                {
+                    "step_id": step_id,
+                    "attempt": step.attempt,
+                    "by": by,
+                    "reason": reason,
+                    "args_digest": step.args_digest,
+                    "expires_at": expires_at,
+                },
+            )
+        ],
+        clock,
+        trace,
+    )
+
+
+def deny(
+    journal: Journal,
+    run_id: str,
+    step_id: str,
+    *,
+    by: str,
+    reason: str = "",
+    clock: Clock = time.time_ns,
+    trace: Trace | None = None,
+) -> RunState:
+    state, step = load_step(journal, run_id, step_id, needs=("awaiting_approval", "approved"), action="deny")
+    specs: list[tuple[type[ev.Event], dict[str, object]]] = [
+        (
+            ev.StepDenied,
+            {
+                "step_id": step_id,
+                "attempt": step.attempt,
+                "decision": "deny",
+                "by": by,
+                "reason": reason or "denied by a person",
+                "args_digest": step.args_digest,
+            },
+        ),
+    ]
+    if not state.closed:
+        specs.append((ev.RunFailed, {"step_id": step_id, "reason": f"step denied by {by}"}))
+    return append(journal, state, specs, clock, trace)

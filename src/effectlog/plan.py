@@ -1,0 +1,178 @@
+"""Plans: a finite, pinned list of steps, validated with msgspec.
+
+Every error names the JSON path (``steps[3].adapter: unknown adapter 'ledgr'``).
+A plan's canonical digest (sha256 of its canonical JSON) is pinned in
+``run.started``; re-running a run id with another plan is a conflict.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import msgspec
+
+from effectlog.canonical import canonical_json, digest
+from effectlog.errors import PlanError
+
+ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}$"
+_ID = re.compile(ID_PATTERN)
+MAX_ARGS_BYTES = 1 << 20  # 1 MiB of canonical JSON per step's args, by default
+MAX_DEPTH = 32
+MAX_SAFE_INT = 2**53 - 1  # beyond this, JSON numbers are not portable across languages
+
+
+class RetryPolicy(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Automatic re-sends of the same key; only for idempotent adapters."""
+
+    attempts: int = 3  # total sends, the first included
+    backoff_base_s: float = 0.05
+    backoff_cap_s: float = 2.0
+    jitter: float = 0.5  # fraction of the delay drawn at random (0 = none, 1 = full jitter)
+
+
+class AdapterDecl(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """An adapter the plan uses: its type (from the registry), version, and declared contract."""
+
+    type: str
+    version: str = "1"
+    idempotent: bool = False
+    options: dict[str, Any] = {}
+
+
+class StepDecl(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    id: str
+    adapter: str
+    args: dict[str, Any] = {}
+    approval: Literal["required"] | None = None
+    timeout_s: float | None = None
+    retry: RetryPolicy | None = None
+    secret: tuple[str, ...] = ()  # names of args stored only as digests (journal, traces, output)
+
+
+class Plan(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    run_id: str
+    adapters: dict[str, AdapterDecl]
+    steps: tuple[StepDecl, ...]
+
+    def step(self, step_id: str) -> StepDecl:
+        for s in self.steps:
+            if s.id == step_id:
+                return s
+        raise KeyError(step_id)
+
+    @property
+    def digest(self) -> str:
+        return digest(self.pinned())
+
+    def pinned(self) -> dict[str, Any]:
+        """The plan as recorded in ``run.started``: secret args replaced by their digests."""
+        raw: dict[str, Any] = msgspec.to_builtins(self)
+        for decl, step in zip(self.steps, raw["steps"], strict=True):
+            for name in decl.secret:
+                if name in step.get("args", {}):
+                    step["args"][name] = {"$secret_sha256": digest(step["args"][name])}
+        return raw
+
+
+def args_digest(step: StepDecl) -> str:
+    return digest(step.args)
+
+
+def _path(loc: str) -> str:
+    # msgspec says "at `$.steps[3].adapter`"; we say "steps[3].adapter"
+    return loc.removeprefix("$").lstrip(".") or "plan"
+
+
+_LOC = re.compile(r"^(?P<msg>.*?)(?: - at `(?P<loc>[^`]*)`)?$", re.S)
+
+
+def _validation_message(exc: msgspec.ValidationError) -> str:
+    m = _LOC.match(str(exc))
+    assert m is not None
+    loc = _path(m.group("loc") or "$")
+    return f"{loc}: {m.group('msg').replace('`', '')}"
+
+
+def parse_plan(data: bytes, origin: str = "plan", *, max_args_bytes: int = MAX_ARGS_BYTES) -> Plan:
+    """Decode and validate a plan; raise ``PlanError`` naming ``origin`` and the JSON path."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise PlanError(f"{origin}: not UTF-8 (byte {exc.start})") from None
+    try:
+        raw = msgspec.json.decode(text.encode())
+    except msgspec.DecodeError as exc:
+        raise PlanError(f"{origin}: not valid JSON ({exc})") from None
+    _check_json_values(raw, origin, "", 0)
+    try:
+        plan = msgspec.convert(raw, Plan)
+    except msgspec.ValidationError as exc:
+        raise PlanError(f"{origin}: {_validation_message(exc)}") from None
+    check_plan(plan, origin, max_args_bytes=max_args_bytes)
+    return plan
+
+
+def load_plan(path: str | Path, *, max_args_bytes: int = MAX_ARGS_BYTES) -> Plan:
+    try:
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        raise PlanError(f"{path}: cannot read the plan ({exc.strerror})") from None
+    return parse_plan(data, str(path), max_args_bytes=max_args_bytes)
+
+
+def _check_json_values(value: Any, origin: str, where: str, depth: int) -> None:
+    if depth > MAX_DEPTH:
+        raise PlanError(f"{origin}: {where or 'plan'}: nested deeper than {MAX_DEPTH} levels")
+    if isinstance(value, dict):
+        for k, v in value.items():
+            _check_json_values(v, origin, f"{where}.{k}" if where else k, depth + 1)
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            _check_json_values(v, origin, f"{where}[{i}]", depth + 1)
+    elif isinstance(value, float) and not math.isfinite(value):
+        raise PlanError(f"{origin}: {where}: NaN and Infinity are not JSON numbers")
+    elif isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_SAFE_INT:
+        raise PlanError(f"{origin}: {where}: integer beyond 2^53 cannot be hashed portably")
+
+
+def check_plan(plan: Plan, origin: str = "plan", *, max_args_bytes: int = MAX_ARGS_BYTES) -> None:
+    """Checks msgspec's types cannot express: ids, references, uniqueness, contracts, sizes."""
+    if not _ID.match(plan.run_id):
+        raise PlanError(f"{origin}: run_id: {plan.run_id!r} is not a valid id (letters, digits, . _ : @ -)")
+    for name, decl in plan.adapters.items():
+        if not _ID.match(name):
+            raise PlanError(f"{origin}: adapters.{name}: not a valid adapter name")
+        del decl
+    if not plan.steps:
+        raise PlanError(f"{origin}: steps: a plan needs at least one step")
+    seen: set[str] = set()
+    for i, step in enumerate(plan.steps):
+        where = f"{origin}: steps[{i}]"
+        if not _ID.match(step.id):
+            raise PlanError(f"{where}.id: {step.id!r} is not a valid id (letters, digits, . _ : @ -)")
+        if step.id in seen:
+            raise PlanError(f"{where}.id: duplicate step id {step.id!r}")
+        seen.add(step.id)
+        used = plan.adapters.get(step.adapter)
+        if used is None:
+            raise PlanError(f"{where}.adapter: unknown adapter {step.adapter!r}")
+        if step.retry is not None:
+            if not used.idempotent:
+                raise PlanError(
+                    f"{where}.retry: adapter {step.adapter!r} is not idempotent; it is never retried automatically"
+                )
+            if step.retry.attempts < 1 or step.retry.backoff_base_s < 0 or step.retry.backoff_cap_s < 0:
+                raise PlanError(f"{where}.retry: attempts must be >= 1 and backoff times >= 0")
+            if not 0 <= step.retry.jitter <= 1:
+                raise PlanError(f"{where}.retry.jitter: must be between 0 and 1")
+        if step.timeout_s is not None and not (0 < step.timeout_s < 86_400 * 7):
+            raise PlanError(f"{where}.timeout_s: must be positive (seconds) and under a week")
+        size = len(canonical_json(step.args))
+        if size > max_args_bytes:
+            raise PlanError(f"{where}.args: {size} bytes is over the {max_args_bytes}-byte limit")
+        for name in step.secret:
+            if name not in step.args:
+                raise PlanError(f"{where}.secret: {name!r} is not one of the step's args")
