@@ -1,0 +1,399 @@
+"""The PostgreSQL journal: the same guarantees as the SQLite one, for many hosts.
+
+Append-only is enforced by the database (a statement trigger refuses UPDATE,
+DELETE and TRUNCATE, and fires even with ``session_replication_role = replica``),
+deduplication is a constraint (primary key ``(run_id, seq)``, unique
+``(run_id, step_id, phase, attempt)``), and a batch is one transaction.
+
+Writers. Unlike the SQLite file there is no writer lock on the whole journal: many
+processes on many hosts append to one database. A run should still have one writer
+at a time (the fleet's lease and fencing token decide which), but the journal does
+not trust that: every append takes a transaction-scoped advisory lock per run
+(``pg_advisory_xact_lock(RUN_LOCK_CLASS, hashtext(run_id))``, in sorted run order
+so two batches cannot deadlock), and only then reads the run's head. A second
+writer that raced for the same seq therefore sees the first one's committed event
+and gets ``EventConflict`` (other bytes) or a no-op (same bytes), or
+``SequenceGap``; the primary key stops any writer that skips the lock. The chain
+cannot fork. Heads are never cached across appends, since another host may have
+moved them.
+
+A writer stopped inside a transaction (SIGSTOP, a hung host) would hold its run
+locks forever; ``idle_in_transaction_session_timeout`` makes the server end such a
+session, and ``lock_timeout`` turns a long wait for a run into ``JournalLocked``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import psycopg
+from psycopg import errors as pg_errors
+from psycopg.conninfo import conninfo_to_dict
+from psycopg_pool import ConnectionPool, PoolTimeout
+
+from effectlog.chain import GENESIS, Chain
+from effectlog.errors import (
+    BadInput,
+    EffectlogError,
+    EventConflict,
+    JournalLocked,
+    JournalUnreadable,
+    SequenceGap,
+    StorageError,
+)
+from effectlog.events import Event, encode
+from effectlog.fold import Record
+from effectlog.journal.protocol import SCHEMA_VERSION
+
+SCHEMA = "effectlog"
+# Advisory lock classes (the first key of the two-int form), 'EFL' + a tag byte,
+# so our locks never collide with an application's single-bigint advisory locks.
+MIGRATE_LOCK_CLASS = 0x45464C00
+RUN_LOCK_CLASS = 0x45464C01
+
+# Ordered migrations: index i brings schema version i to i + 1. DDL is transactional
+# in PostgreSQL, so a migration applies whole or not at all.
+MIGRATIONS: tuple[tuple[str, ...], ...] = (
+    (
+        f"CREATE SCHEMA IF NOT EXISTS {SCHEMA}",
+        f"CREATE TABLE {SCHEMA}.meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
+        f"""CREATE TABLE {SCHEMA}.events (
+            run_id TEXT NOT NULL,
+            seq BIGINT NOT NULL CHECK (seq > 0),
+            step_id TEXT NOT NULL,
+            phase TEXT NOT NULL,
+            attempt INTEGER NOT NULL,
+            body BYTEA NOT NULL,
+            hash BYTEA NOT NULL CHECK (octet_length(hash) = 32),
+            CONSTRAINT events_pkey PRIMARY KEY (run_id, seq),
+            CONSTRAINT events_dedup UNIQUE (run_id, step_id, phase, attempt)
+        )""",
+        f"""CREATE FUNCTION {SCHEMA}.refuse_change() RETURNS trigger LANGUAGE plpgsql AS $$
+            BEGIN
+                RAISE EXCEPTION 'effectlog: % on %.% refused: events are append-only',
+                    TG_OP, TG_TABLE_SCHEMA, TG_TABLE_NAME;
+            END $$""",
+        # Statement level: fires even when the statement matches no row, and covers TRUNCATE.
+        f"""CREATE TRIGGER events_append_only BEFORE UPDATE OR DELETE OR TRUNCATE ON {SCHEMA}.events
+            FOR EACH STATEMENT EXECUTE FUNCTION {SCHEMA}.refuse_change()""",
+        f"ALTER TABLE {SCHEMA}.events ENABLE ALWAYS TRIGGER events_append_only",
+    ),
+)
+assert len(MIGRATIONS) == SCHEMA_VERSION
+
+_INSERT = (
+    f"INSERT INTO {SCHEMA}.events (run_id, seq, step_id, phase, attempt, body, hash)"
+    " VALUES (%s, %s, %s, %s, %s, %s, %s)"
+)
+_HEAD = f"SELECT seq, hash FROM {SCHEMA}.events WHERE run_id = %s ORDER BY seq DESC LIMIT 1"
+_READ = f"SELECT seq, body, hash FROM {SCHEMA}.events WHERE run_id = %s AND seq > %s ORDER BY seq"
+_LOCK_RUN = "SELECT pg_advisory_xact_lock(%s, hashtext(%s))"
+
+
+def redact(url: str) -> str:
+    """The URL with its password masked: safe for messages and ``location``."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "postgresql://(unparsable URL)"
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.rsplit("@", 1)
+    userinfo = netloc[0].split(":", 1)[0] + ":***"
+    return urlunsplit(parts._replace(netloc=f"{userinfo}@{netloc[1]}"))
+
+
+def _translate(exc: Exception, where: str) -> EffectlogError:
+    """A psycopg or pool error as an effectlog error, worded for the reader."""
+    if isinstance(exc, EffectlogError):
+        return exc
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    if isinstance(exc, PoolTimeout):
+        return StorageError(f"{where}: no database connection available ({text})")
+    if isinstance(exc, pg_errors.LockNotAvailable):
+        return JournalLocked(f"{where}: another writer holds this run's lock for too long ({text})")
+    if isinstance(exc, pg_errors.ReadOnlySqlTransaction):
+        return StorageError(f"{where}: journal is read-only ({text})")
+    if isinstance(exc, pg_errors.DiskFull):
+        return StorageError(f"{where}: disk full while writing the journal ({text})")
+    if isinstance(exc, pg_errors.InsufficientPrivilege):
+        return StorageError(f"{where}: permission denied ({text})")
+    if isinstance(exc, psycopg.OperationalError):
+        return StorageError(f"{where}: cannot use the database ({text})")
+    return StorageError(f"{where}: {text}")
+
+
+class PostgresJournal:
+    """A journal in one PostgreSQL database (schema ``effectlog``).
+
+    ``writer=False`` opens every session read-only and never migrates. Connections
+    come from a small pool, so one journal object may be shared by threads (a
+    runner's step loop and its heartbeat).
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        writer: bool = True,
+        chain: Chain | None = None,
+        lock_timeout_s: float = 10.0,
+        idle_in_transaction_timeout_s: float = 60.0,
+        pool_size: int = 4,
+    ) -> None:
+        self.location = redact(url)
+        self.chain = chain or Chain()
+        self.writer = writer
+        self._settings = {
+            "lock_timeout": f"{int(lock_timeout_s * 1000)}ms",
+            "idle_in_transaction_session_timeout": f"{int(idle_in_transaction_timeout_s * 1000)}ms",
+        }
+        if not writer:
+            self._settings["default_transaction_read_only"] = "on"
+        try:
+            params = conninfo_to_dict(url)
+        except psycopg.ProgrammingError as exc:
+            raise BadInput(f"{self.location}: not a usable PostgreSQL URL ({exc})") from None
+        self._kwargs: dict[str, Any] = {"autocommit": True}
+        if "connect_timeout" not in params:
+            self._kwargs["connect_timeout"] = 10
+        if "application_name" not in params:
+            self._kwargs["application_name"] = "effectlog-journal"
+        # Migrate on one direct connection first: a refused or failed connect then
+        # surfaces with the server's own reason, which a pool would only log.
+        try:
+            with psycopg.connect(url, **self._kwargs) as conn:
+                self._configure(conn)
+                self._migrate(conn)
+        except (psycopg.Error, PoolTimeout) as exc:
+            raise _translate(exc, self.location) from None
+        self._pool: ConnectionPool[psycopg.Connection[tuple[Any, ...]]] = ConnectionPool(
+            url,
+            kwargs=self._kwargs,
+            min_size=1,
+            max_size=max(1, pool_size),
+            configure=self._configure,
+            open=False,
+            name="effectlog-journal",
+        )
+        try:
+            self._pool.open(wait=True, timeout=float(self._kwargs.get("connect_timeout", 10)) + 5)
+        except PoolTimeout as exc:
+            self._pool.close()
+            raise _translate(exc, self.location) from None
+
+    def _configure(self, conn: psycopg.Connection[Any]) -> None:
+        # READ COMMITTED whatever the server's default: the head query after the run
+        # lock must take a fresh snapshot that includes the previous holder's commit.
+        conn.isolation_level = psycopg.IsolationLevel.READ_COMMITTED
+        for name, value in self._settings.items():
+            conn.execute("SELECT set_config(%s, %s, false)", (name, value))
+
+    # -- schema -------------------------------------------------------------------
+
+    def _version(self, conn: psycopg.Connection[Any]) -> int:
+        # pg_tables, not to_regclass(): a query sees the snapshot taken after the migration
+        # lock, while to_regclass() may answer from a catalog cache older than that lock.
+        tables = {
+            r[0]
+            for r in conn.execute(
+                "SELECT tablename FROM pg_catalog.pg_tables WHERE schemaname = %s AND tablename IN ('meta', 'events')",
+                (SCHEMA,),
+            )
+        }
+        has_meta, has_events = "meta" in tables, "events" in tables
+        if not has_meta and not has_events:
+            return 0
+        if not (has_meta and has_events):
+            raise JournalUnreadable(f"{self.location}: not an effectlog journal (unexpected tables)")
+        found = conn.execute(f"SELECT value FROM {SCHEMA}.meta WHERE key = 'schema_version'").fetchone()
+        if found is None or not str(found[0]).isdigit():
+            raise JournalUnreadable(f"{self.location}: not an effectlog journal (no schema version)")
+        return int(found[0])
+
+    def _migrate(self, conn: psycopg.Connection[Any]) -> None:
+        version = self._version(conn)
+        if version == SCHEMA_VERSION:
+            self._check_chain(conn)
+            return
+        self._refuse_version(version)
+        with conn.transaction():
+            # Several writers may open a fresh database at once: one migrates, the
+            # others wait here and then find the work done.
+            conn.execute("SELECT pg_advisory_xact_lock(%s, 0)", (MIGRATE_LOCK_CLASS,))
+            version = self._version(conn)
+            self._refuse_version(version)
+            for statements in MIGRATIONS[version:]:
+                for sql in statements:
+                    conn.execute(sql)  # module constants, never input
+            conn.execute(
+                f"INSERT INTO {SCHEMA}.meta (key, value) VALUES ('schema_version', %s)"
+                " ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value",
+                (str(SCHEMA_VERSION),),
+            )
+            conn.execute(
+                f"INSERT INTO {SCHEMA}.meta (key, value) VALUES ('chain', %s) ON CONFLICT (key) DO NOTHING",
+                (self.chain.name,),
+            )
+        self._check_chain(conn)
+
+    def _refuse_version(self, version: int) -> None:
+        if version > SCHEMA_VERSION:
+            raise JournalUnreadable(
+                f"{self.location}: journal schema v{version} is newer than this effectlog "
+                f"(v{SCHEMA_VERSION}); upgrade effectlog to read it"
+            )
+        if version < SCHEMA_VERSION and not self.writer:
+            what = "no effectlog journal in this database" if version == 0 else f"journal schema v{version}"
+            raise JournalUnreadable(f"{self.location}: {what}; it needs a writer to create or migrate it")
+
+    def _check_chain(self, conn: psycopg.Connection[Any]) -> None:
+        row = conn.execute(f"SELECT value FROM {SCHEMA}.meta WHERE key = 'chain'").fetchone()
+        recorded = row[0] if row else "sha256"
+        if recorded != self.chain.name:
+            keyed = recorded != "sha256"
+            hint = "set EFFECTLOG_JOURNAL_KEY or --key-file" if keyed else "this journal has no key"
+            raise JournalUnreadable(
+                f"{self.location}: journal chain is {recorded}, opened as {self.chain.name} ({hint})"
+            )
+
+    # -- the Protocol -------------------------------------------------------------
+
+    def head(self, run_id: str) -> tuple[int, bytes]:
+        try:
+            with self._pool.connection() as conn:
+                return self._head(conn, run_id)
+        except (psycopg.Error, PoolTimeout) as exc:
+            raise _translate(exc, self.location) from None
+
+    @staticmethod
+    def _head(conn: psycopg.Connection[Any], run_id: str) -> tuple[int, bytes]:
+        row = conn.execute(_HEAD, (run_id,)).fetchone()
+        return (int(row[0]), bytes(row[1])) if row else (0, GENESIS)
+
+    def append(self, events: Sequence[Event]) -> list[Record]:
+        if not self.writer:
+            raise StorageError(f"{self.location}: journal opened read-only")
+        if not events:
+            return []
+        try:
+            with self._pool.connection() as conn:
+                try:
+                    with conn.transaction():
+                        return self._append_locked(conn, events)
+                except pg_errors.UniqueViolation as exc:
+                    # The transaction is rolled back; explain the conflict from committed rows.
+                    raise self._unique_conflict(conn, events, exc) from None
+        except (psycopg.Error, PoolTimeout) as exc:
+            raise _translate(exc, self.location) from None
+
+    def _append_locked(self, conn: psycopg.Connection[Any], events: Sequence[Event]) -> list[Record]:
+        # Lock and head are separate statements on purpose: under READ COMMITTED each
+        # statement takes its snapshot when it starts, so only a head query issued
+        # after the lock is granted sees the previous holder's commit.
+        for run_id in sorted({e.run_id for e in events}):
+            conn.execute(_LOCK_RUN, (RUN_LOCK_CLASS, run_id))
+        heads: dict[str, tuple[int, bytes]] = {}
+        pending: dict[tuple[str, int], Record] = {}
+        stored: dict[tuple[str, int], Record] = {}
+        rows: list[tuple[str, int, str, str, int, bytes, bytes]] = []
+        out: list[Record] = []
+        for event in events:
+            run_id = event.run_id
+            if run_id not in heads:
+                heads[run_id] = self._head(conn, run_id)
+            last_seq, last_hash = heads[run_id]
+            body = encode(event)
+            if event.seq <= last_seq:
+                key = (run_id, event.seq)
+                known = pending.get(key) or stored.get(key) or self._stored(conn, run_id, event.seq)
+                if known is None or known.body != body:
+                    raise EventConflict(
+                        "a different event is already recorded at this seq", run_id=run_id, seq=event.seq
+                    )
+                stored[key] = known
+                out.append(known)
+                continue
+            if event.seq != last_seq + 1:
+                raise SequenceGap(
+                    f"append expected seq {last_seq + 1}, got {event.seq}", run_id=run_id, seq=event.seq
+                )
+            digest = self.chain.link(last_hash, body)
+            record = Record(run_id, event.seq, body, digest)
+            rows.append((run_id, event.seq, event.step_key, event.phase, event.attempt_no, body, digest))
+            pending[(run_id, event.seq)] = record
+            heads[run_id] = (event.seq, digest)
+            out.append(record)
+        if rows:
+            with conn.cursor() as cur:
+                cur.executemany(_INSERT, rows)
+        return out
+
+    @staticmethod
+    def _stored(conn: psycopg.Connection[Any], run_id: str, seq: int) -> Record | None:
+        row = conn.execute(
+            f"SELECT body, hash FROM {SCHEMA}.events WHERE run_id = %s AND seq = %s", (run_id, seq)
+        ).fetchone()
+        return Record(run_id, seq, bytes(row[0]), bytes(row[1])) if row else None
+
+    def _unique_conflict(
+        self, conn: psycopg.Connection[Any], events: Sequence[Event], exc: pg_errors.UniqueViolation
+    ) -> EventConflict:
+        if exc.diag.constraint_name != "events_dedup":
+            # The run lock makes this unreachable for effectlog writers; a writer that
+            # skipped it lost the race for a seq.
+            return EventConflict(
+                f"another writer recorded the same seq concurrently ({exc.diag.message_detail or exc})",
+                run_id=events[0].run_id,
+            )
+        seen: dict[tuple[str, str, str, int], int] = {}
+        for event in events:
+            identity = (event.run_id, event.step_key, event.phase, event.attempt_no)
+            row = conn.execute(
+                f"SELECT seq FROM {SCHEMA}.events WHERE run_id = %s AND step_id = %s AND phase = %s"
+                " AND attempt = %s",
+                identity,
+            ).fetchone()
+            at = row[0] if row and row[0] != event.seq else seen.get(identity)
+            if at is not None:
+                return EventConflict(
+                    f"{event.phase} for attempt {event.attempt_no} is already recorded at seq {at}",
+                    run_id=event.run_id,
+                    seq=event.seq,
+                    step_id=event.step_key or None,
+                )
+            seen.setdefault(identity, event.seq)
+        return EventConflict("a step's phase and attempt are already recorded", run_id=events[0].run_id)
+
+    def read(self, run_id: str, after_seq: int = 0) -> Iterator[Record]:
+        try:
+            with self._pool.connection() as conn:
+                rows = conn.execute(_READ, (run_id, after_seq)).fetchall()
+        except (psycopg.Error, PoolTimeout) as exc:
+            raise _translate(exc, self.location) from None
+        for seq, body, digest in rows:
+            yield Record(run_id, int(seq), bytes(body), bytes(digest))
+
+    def runs(self) -> list[str]:
+        try:
+            with self._pool.connection() as conn:
+                # COLLATE "C": code-point order, the same as Python's sorted(), whatever the database locale.
+                rows = conn.execute(
+                    f'SELECT DISTINCT run_id COLLATE "C" AS r FROM {SCHEMA}.events ORDER BY r'
+                ).fetchall()
+        except (psycopg.Error, PoolTimeout) as exc:
+            raise _translate(exc, self.location) from None
+        return [str(r[0]) for r in rows]
+
+    def close(self) -> None:
+        with contextlib.suppress(psycopg.Error, PoolTimeout):
+            self._pool.close()
+
+    def __enter__(self) -> PostgresJournal:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
