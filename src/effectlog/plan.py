@@ -96,6 +96,19 @@ def _validation_message(exc: msgspec.ValidationError) -> str:
     return f"{loc}: {m.group('msg').replace('`', '')}"
 
 
+def _adapter_message(raw: Any, exc: msgspec.ValidationError) -> str | None:
+    """msgspec locates a bad map value as ``adapters[...]``; name the adapter instead."""
+    if "`$.adapters[...]" not in str(exc) or not isinstance(raw, dict) or not isinstance(raw["adapters"], dict):
+        return None
+    for name, value in raw["adapters"].items():
+        try:
+            msgspec.convert(value, AdapterDecl)
+        except msgspec.ValidationError as inner:
+            loc, _, msg = _validation_message(inner).partition(": ")
+            return f"adapters.{name}{'' if loc == 'plan' else '.' + loc}: {msg}"
+    return None
+
+
 def parse_plan(data: bytes, origin: str = "plan", *, max_args_bytes: int = MAX_ARGS_BYTES) -> Plan:
     """Decode and validate a plan; raise ``PlanError`` naming ``origin`` and the JSON path."""
     try:
@@ -110,7 +123,7 @@ def parse_plan(data: bytes, origin: str = "plan", *, max_args_bytes: int = MAX_A
     try:
         plan = msgspec.convert(raw, Plan)
     except msgspec.ValidationError as exc:
-        raise PlanError(f"{origin}: {_validation_message(exc)}") from None
+        raise PlanError(f"{origin}: {_adapter_message(raw, exc) or _validation_message(exc)}") from None
     check_plan(plan, origin, max_args_bytes=max_args_bytes)
     return plan
 

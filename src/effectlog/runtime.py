@@ -9,6 +9,7 @@ Many run actors in one process share one journal-writer actor (group commit).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import random
 import threading
@@ -460,7 +461,10 @@ class RunActor:
         if not getattr(adapter, "blocking", True) and timeout is None:
             result = adapter.invoke(request)
         else:
-            result = await _in_thread(adapter.invoke, request, timeout)
+            # An adapter that enforces the timeout itself (the shell kills its process group)
+            # gets a grace period to finish that cleanup before the outcome is declared unknown.
+            grace = float(getattr(adapter, "timeout_grace_s", 0.0))
+            result = await _in_thread(adapter.invoke, request, timeout + grace if timeout is not None else None)
         return result if isinstance(result, Receipt) else Receipt(data=result)
 
     async def _invoke(self, decl: StepDecl) -> RunOutcome | None:
@@ -546,12 +550,15 @@ async def _in_thread(fn: Callable[[Request], Any], request: Request, timeout: fl
     future: asyncio.Future[Any] = loop.create_future()
 
     def target() -> None:
+        result: Any = None
+        error: BaseException | None = None
         try:
             result = fn(request)
         except BaseException as exc:
-            loop.call_soon_threadsafe(_settle, future, None, exc)
-        else:
-            loop.call_soon_threadsafe(_settle, future, result, None)
+            error = exc
+        # After a timeout the loop may be closed: nobody waits for this answer any more.
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(_settle, future, result, error)
 
     threading.Thread(target=target, name=f"effectlog-{request.step_id}", daemon=True).start()
     if timeout is None:
@@ -559,6 +566,8 @@ async def _in_thread(fn: Callable[[Request], Any], request: Request, timeout: fl
     try:
         return await asyncio.wait_for(future, timeout)
     except TimeoutError:
+        if not future.cancelled():  # the adapter's own TimeoutError (e.g. ShellTimeout): keep its message
+            raise
         raise TimeoutError(f"no answer within {timeout}s") from None
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sqlite3
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -56,6 +57,8 @@ class EffectStore:
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = str(path)
+        # One connection, shared by the adapter threads of concurrent runs: one transaction at a time.
+        self._lock = threading.Lock()
         if not Path(self.path).exists():
             with contextlib.suppress(FileExistsError):
                 os.close(os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
@@ -69,6 +72,10 @@ class EffectStore:
             raise StorageError(f"{self.path}: cannot open the effect store ({exc})") from None
 
     def apply_idempotent(self, request: Request) -> Receipt:
+        with self._lock:
+            return self._apply_idempotent(request)
+
+    def _apply_idempotent(self, request: Request) -> Receipt:
         db = self._db
         db.execute("BEGIN IMMEDIATE")
         try:
@@ -88,6 +95,10 @@ class EffectStore:
         return Receipt(data=data)
 
     def apply_control(self, request: Request) -> Receipt:
+        with self._lock:
+            return self._apply_control(request)
+
+    def _apply_control(self, request: Request) -> Receipt:
         db = self._db
         db.execute("BEGIN IMMEDIATE")
         try:

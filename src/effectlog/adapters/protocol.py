@@ -55,13 +55,18 @@ def idempotency_key(run_id: str, step_id: str, attempt: int) -> str:
 
 
 def implementation_fingerprint(adapter: object) -> str:
-    """sha256 of the adapter class's source file (or an explicit ``fingerprint`` attribute)."""
+    """sha256 of the adapter class's name and source file (or an explicit ``fingerprint`` attribute).
+
+    The class name is part of it: two classes in one module (``effects.idempotent`` and
+    ``effects.control``) are different implementations.
+    """
     explicit = getattr(adapter, "fingerprint", None)
     if isinstance(explicit, str) and explicit:
         return explicit
     cls = type(adapter)
+    name = f"{cls.__module__}.{cls.__qualname__}".encode()
     try:
         source = inspect.getsource(inspect.getmodule(cls) or cls).encode()
     except (OSError, TypeError):
-        source = f"{cls.__module__}.{cls.__qualname__}".encode()
-    return hashlib.sha256(source).hexdigest()
+        source = b""
+    return hashlib.sha256(name + b"\x00" + source).hexdigest()

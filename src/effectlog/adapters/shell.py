@@ -28,6 +28,9 @@ class ShellTimeout(TimeoutError):
 
 class ShellAdapter:
     blocking = True
+    # It enforces timeout_s itself and kills the process group; the runtime waits this much
+    # longer so the kill is done before the run records "outcome unknown" (and maybe exits).
+    timeout_grace_s = 5.0
 
     def __init__(self, options: dict[str, Any] | None = None) -> None:
         options = options or {}
