@@ -216,6 +216,19 @@ class RunFailed(EffectlogError):
     exit_status = ExitStatus.RUN_FAILED
 
 
+class ToolDenied(EffectlogError):
+    """A policy denied a tool call before it ran: a known outcome of the step, never an uncertain one."""
+
+    code = "tool_denied"
+    exit_status = ExitStatus.RUN_FAILED
+
+
+class RunClosed(Conflict):
+    """A new step or a different result asked of a closed run: a closed run never reopens."""
+
+    code = "run_closed"
+
+
 # -- signals from adapters ----------------------------------------------------
 
 

@@ -162,6 +162,8 @@ class StepDenied(StepEvent, frozen=True, kw_only=True, tag="step.denied"):
     by: str = "policy"
     reason: str = ""
     args_digest: str = ""
+    adapter: str = ""  # sessions: the held tool, so a divergence can name what was recorded
+    fingerprint: str = ""  # sessions: digest of (kind, name, canonical args), as on step.requested
     repeatable: ClassVar[bool] = True
 
 

@@ -204,6 +204,8 @@ def _apply_step(state: RunState, event: ev.StepEvent, tag: str) -> RunState:
         changes.update(decision=event.decision, reason=event.reason, approved_digest=None)
         if event.args_digest:  # the args a person is asked to approve
             changes.update(args_digest=event.args_digest)
+        if event.adapter:
+            changes.update(adapter=event.adapter, fingerprint=event.fingerprint)
     elif isinstance(event, ev.StepApproved):
         changes.update(
             decision="approved",

@@ -1,0 +1,107 @@
+"""A minimal agent loop over a ``Session``: model, tools, repeat, until a final answer.
+
+The conversation is never stored: each pass rebuilds it from the task and from the
+recorded step results, in the same order, so a resumed run asks the model exactly
+what the first pass asked (and a changed prompt is caught as ``IdempotencyConflict``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+from effectlog.canonical import canonical_json
+from effectlog.errors import RunFailed
+from effectlog.session.durable import Session
+from effectlog.session.steps import AgentStep, FinalStep, Reconciled, ToolStep
+
+
+def _tool_message(step: ToolStep) -> str:
+    """What the model is told about a tool step; a function of the recorded outcome only."""
+    if step.status == "ok":
+        return step.result if isinstance(step.result, str) else canonical_json(step.result).decode()
+    if step.status == "reconciled" and isinstance(step.result, Reconciled):
+        return f"applied (reconciled by {step.result.operator}: {step.result.evidence})"
+    if step.status == "denied":
+        return f"denied: {step.reason}"
+    return f"failed, not applied: {step.reason}"
+
+
+def _arguments(raw: Any) -> dict[str, Any] | None:
+    if isinstance(raw, Mapping):
+        return dict(raw)
+    try:
+        value = json.loads(raw) if isinstance(raw, str) and raw.strip() else {}
+    except json.JSONDecodeError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+class Agent:
+    """``async for step in Agent(...).run(task, session=Session(...))``.
+
+    Yields ``ModelStep``, ``ToolStep``, ``ApprovalStep`` (then stops: the run is
+    suspended on disk) and ``FinalStep``. A completed run yields its recorded
+    ``FinalStep`` alone, without walking the history or calling anything.
+    """
+
+    def __init__(
+        self,
+        *,
+        instructions: str = "",
+        model: str | None = None,
+        max_turns: int = 32,
+        params: Mapping[str, Any] | None = None,
+    ) -> None:
+        self.instructions = instructions
+        self.model = model
+        self.max_turns = max_turns
+        self.params = dict(params or {})
+
+    def _opening(self, task: str) -> list[dict[str, Any]]:
+        messages: list[dict[str, Any]] = []
+        if self.instructions:
+            messages.append({"role": "system", "content": self.instructions})
+        messages.append({"role": "user", "content": task})
+        return messages
+
+    async def run(self, task: str, *, session: Session) -> AsyncIterator[AgentStep]:
+        if session.completed:
+            yield FinalStep(run_id=session.run_id, result=session.result, replayed=True)
+            return
+        if session.closed:
+            state = session.state
+            raise RunFailed(
+                f"the run is {state.state}: {state.reason}", run_id=session.run_id, step_id=state.blocked_step
+            )
+        messages = self._opening(task)
+        offered = [info.schema() for info in session.gateway.tools()]
+        params = {**self.params, **({"tools": offered} if offered else {})}
+        for _ in range(self.max_turns):
+            model_step = await session.model_step(messages, model=self.model, **params)
+            yield model_step
+            message = model_step.message
+            calls = message.get("tool_calls") or []
+            if not calls:
+                result = session.finish(message.get("content"))
+                yield FinalStep(run_id=session.run_id, result=result)
+                return
+            messages.append(message)
+            for call in calls:
+                function = call.get("function") or {}
+                name, args = function.get("name"), _arguments(function.get("arguments"))
+                known = {info.name for info in session.gateway.tools()}
+                if name not in known or args is None:
+                    problem = f"unknown tool {name!r}" if name not in known else "arguments are not a JSON object"
+                    messages.append({"role": "tool", "tool_call_id": call.get("id"), "content": f"error: {problem}"})
+                    continue
+                tool_step = await session.tool_step(str(name), args)
+                yield tool_step
+                if tool_step.decision == "require_approval":
+                    yield session.approval_for(tool_step)
+                    return
+                messages.append({"role": "tool", "tool_call_id": call.get("id"), "content": _tool_message(tool_step)})
+        reason = f"no final answer after {self.max_turns} model turns"
+        session.fail(reason)
+        raise RunFailed(reason, run_id=session.run_id)

@@ -1,0 +1,351 @@
+"""``Session``: one pass of an agent run, each model and tool step journaled.
+
+A pass walks the run from its first step. A step the journal already holds returns
+its recorded outcome without calling anything; the first step it does not hold runs
+live. Which of the four write-ahead cases a step is in decides what happens:
+
+- intent and result: skip, return the recorded result;
+- neither: run it;
+- intent only, tool not idempotent: record the doubt, stop, raise ``UncertainEffect``;
+- intent only, idempotent tool or model call: run it again with the same key.
+
+Step ids come from position (``step-0``, ``step-1``, ...) or from a key the caller
+gives; a step whose kind, name or args differ from what the journal holds at that id
+raises ``ReplayDivergence`` and nothing runs.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from effectlog import events as ev
+from effectlog.errors import (
+    ApprovalRequired,
+    BadInput,
+    IdempotencyConflict,
+    NotApplied,
+    PlanMismatch,
+    ReplayDivergence,
+    RunClosed,
+    RunFailed,
+    ToolDenied,
+    UncertainEffect,
+)
+from effectlog.fold import RunState, StepState
+from effectlog.recorder import Clock, EventSpec, prepare
+from effectlog.recovery import Action, decide
+from effectlog.session import identity as ids
+from effectlog.session.gateway import Gateway
+from effectlog.session.steps import (
+    ApprovalStep,
+    ModelStep,
+    Policy,
+    ToolStep,
+    allow_all,
+)
+from effectlog.session.store import Checkpointer
+from effectlog.session.tool_driver import ToolDriver
+
+CrashHook = Callable[[str, str], None]  # (point, step_id): a test seam, like the runtime's
+
+
+def approve_command(location: str, run_id: str, step_id: str) -> str:
+    q = shlex.quote
+    return f"effectlog approve --journal {q(location)} --run-id {q(run_id)} --step {q(step_id)} --by NAME"
+
+
+class Session:
+    """One pass over the run ``run_id``: create a new ``Session`` to resume in another pass."""
+
+    def __init__(
+        self,
+        run_id: str,
+        gateway: Gateway,
+        store: Checkpointer,
+        *,
+        policy: Policy | None = None,
+        clock: Clock | None = None,
+        crash_hook: CrashHook | None = None,
+    ) -> None:
+        if not run_id:
+            raise BadInput("a session needs a run id")
+        self.run_id = run_id
+        self.gateway = gateway
+        self.store = store
+        self.policy: Policy = policy or allow_all
+        self.clock: Clock = clock or time.time_ns
+        self.crash_hook = crash_hook
+        self._state: RunState = store.state(run_id)
+        if self._state.seq and self._state.kind != "session":
+            raise PlanMismatch(
+                f"run {run_id!r} is a {self._state.kind} run, not a session; use another run id", run_id=run_id
+            )
+        self._opened = False  # has this pass recorded run.started / run.resumed yet
+        self._position = 0
+        self._visited: set[str] = set()
+        self.model_calls = 0  # calls made in this pass, not replayed ones
+        self.tool_calls = 0
+
+    # -- the run as recorded ---------------------------------------------------------------
+
+    @property
+    def state(self) -> RunState:
+        return self._state
+
+    @property
+    def closed(self) -> bool:
+        return self._state.closed
+
+    @property
+    def completed(self) -> bool:
+        return self._state.state == "completed"
+
+    @property
+    def result(self) -> Any:
+        """The recorded result of a completed run (``None`` otherwise)."""
+        return self._state.result
+
+    # -- recording -------------------------------------------------------------------------
+
+    def _record(self, *specs: EventSpec, ts: int | None = None) -> None:
+        """Prepare (legality first, nothing written on error), then append one durable batch."""
+        batch = list(specs)
+        if not self._opened:  # every pass that writes records itself: the timeline shows each resume
+            if self._state.seq == 0:
+                batch.insert(0, (ev.RunStarted, {"kind": "session"}))
+            else:
+                batch.insert(0, (ev.RunResumed, {"pid": os.getpid()}))
+        events, new_state = prepare(self._state, batch, ts if ts is not None else self.clock())
+        self.store.append(events)
+        self._state = new_state
+        self._opened = True
+
+    def _crash_point(self, point: str, step_id: str) -> None:
+        if self.crash_hook is not None:
+            self.crash_hook(point, step_id)
+
+    # -- step identity ---------------------------------------------------------------------
+
+    def _check_open(self, what: str) -> None:
+        state = self._state
+        if state.state == "completed":
+            raise RunClosed(
+                f"{what} asked of a completed run; a closed run never reopens (its result is in the journal)",
+                run_id=self.run_id,
+            )
+        if state.closed:
+            raise RunFailed(
+                f"the run is {state.state}" + (f": {state.reason}" if state.reason else ""),
+                run_id=self.run_id,
+                step_id=state.blocked_step,
+            )
+        if self._opened and state.state in ("suspended", "stopped"):
+            # This pass held or stopped the run itself: nothing may run past the blocked step.
+            error = ApprovalRequired if state.state == "suspended" else UncertainEffect
+            raise error(
+                f"{what} after this pass {state.state} the run on step {state.blocked_step!r}; "
+                "a new pass resumes once a person has decided",
+                run_id=self.run_id,
+                step_id=state.blocked_step,
+            )
+
+    def _next_id(self, key: str | None) -> str:
+        if key is None:
+            sid = ids.positional_id(self._position)
+            self._position += 1
+        else:
+            sid = ids.keyed_id(key)
+        if sid in self._visited:
+            raise BadInput(f"step {sid!r} is used twice in one pass; step keys must be unique", run_id=self.run_id)
+        self._visited.add(sid)
+        return sid
+
+    def _check_same(self, step: StepState, kind: str, name: str, fp: str) -> None:
+        if step.fingerprint == fp:
+            return
+        recorded = f"{step.kind} {step.adapter!r} (fingerprint {step.fingerprint[:12] or 'none'})"
+        asked = f"{kind} {name!r} (fingerprint {fp[:12]})"
+        raise ReplayDivergence(
+            f"the journal recorded {recorded} at this step, this run asks for {asked}; "
+            "effectlog will neither skip nor re-run a different step (use a new run id, or give steps keys)",
+            run_id=self.run_id,
+            step_id=step.step_id,
+            recorded=recorded,
+            requested=asked,
+        )
+
+    # -- model steps -----------------------------------------------------------------------
+
+    async def model(
+        self, messages: Sequence[Mapping[str, Any]], *, model: str | None = None, key: str | None = None, **params: Any
+    ) -> dict[str, Any]:
+        """One model call: the provider's answer (recorded, or fetched once with an idempotency key)."""
+        return (await self.model_step(messages, model=model, key=key, **params)).response
+
+    async def model_step(
+        self, messages: Sequence[Mapping[str, Any]], *, model: str | None = None, key: str | None = None, **params: Any
+    ) -> ModelStep:
+        self._check_open("a model call")
+        name = model or self.gateway.model
+        body: dict[str, Any] = {**params, "model": name, "messages": list(messages)}
+        body = ids.normalized(body, "the model request body")
+        body_digest = ids.body_digest(body)
+        sid = self._next_id(key)
+        fp = ids.fingerprint("model", name, None)
+        pkey = ids.provider_key(self.run_id, sid, body)
+        step = self._state.step(sid)
+        if step is not None:
+            self._check_same(step, "model", name, fp)
+            if step.args_digest != body_digest:
+                raise IdempotencyConflict(
+                    f"the journal recorded this model call with body {step.args_digest[:16]} (key "
+                    f"{step.idempotency_key}); this pass sends body {body_digest[:16]}: a key names one request, "
+                    "so a changed task or changed instructions need a new run id",
+                    run_id=self.run_id,
+                    step_id=sid,
+                    recorded_body=step.args_digest,
+                    body=body_digest,
+                )
+        while True:
+            step = self._state.step(sid)
+            action = decide(step)
+            if action is Action.SKIP:
+                assert step is not None
+                return ModelStep(step_id=sid, model=name, response=step.receipt, replayed=True)
+            if action is Action.CONFIRM_RECORDED:
+                assert step is not None
+                self._record((ev.StepConfirmed, {"step_id": sid, "attempt": step.attempt, "rebuilt": True}))
+                continue
+            if action is Action.EXECUTE:
+                self._crash_point("before_intent", sid)
+                self._record(
+                    (
+                        ev.StepRequested,
+                        {
+                            "step_id": sid,
+                            "adapter": name,
+                            "kind": "model",
+                            "idempotency_key": pkey,
+                            "args_digest": body_digest,
+                            "idempotent": True,
+                            "fingerprint": fp,
+                        },
+                    )
+                )
+                self._crash_point("after_intent", sid)
+            elif action is Action.RESEND:
+                assert step is not None
+                self._resend(step)
+            else:
+                assert step is not None
+                raise RunFailed(f"the model step is {step.state}", run_id=self.run_id, step_id=sid)
+            break
+        self.model_calls += 1
+        response = await self.gateway.complete(body, idempotency_key=pkey)
+        response = ids.normalized(response, f"the answer of model {name!r}")
+        self._crash_point("after_call", sid)
+        self._record(
+            (ev.StepEffected, {"step_id": sid, "receipt": response}),
+            (ev.StepConfirmed, {"step_id": sid}),
+        )
+        self._crash_point("after_result", sid)
+        return ModelStep(step_id=sid, model=name, response=response)
+
+    def _resend(self, step: StepState) -> None:
+        self._record(
+            (
+                ev.StepResent,
+                {
+                    "step_id": step.step_id,
+                    "attempt": step.attempt,
+                    "resend": step.resends + 1,
+                    "reason": "resumed: intent without result; same key",
+                },
+            )
+        )
+        self._crash_point("after_resend", step.step_id)
+
+    # -- tool steps ------------------------------------------------------------------------
+
+    async def tool(self, name: str, args: Mapping[str, Any] | None = None, *, key: str | None = None) -> Any:
+        """One tool call: its result, recorded or produced now.
+
+        Raises ``ToolDenied`` (a policy said no), ``ApprovalRequired`` (suspended until a
+        person decides), ``NotApplied`` (the tool said it did nothing) and
+        ``UncertainEffect`` (a non-idempotent call whose outcome is unknown).
+        """
+        step = await self.tool_step(name, args, key=key)
+        if step.status in ("ok", "reconciled"):
+            return step.result
+        if step.status == "failed":
+            raise NotApplied(step.reason)
+        if step.decision == "require_approval":
+            approval = self.approval_for(step)
+            raise ApprovalRequired(
+                f"tool {name!r} waits for approval: {approval.command}",
+                run_id=self.run_id,
+                step_id=step.step_id,
+                tool_call_hash=step.tool_call_hash,
+                command=approval.command,
+            )
+        raise ToolDenied(f"tool {name!r} denied: {step.reason}", run_id=self.run_id, step_id=step.step_id)
+
+    def approval_for(self, step: ToolStep) -> ApprovalStep:
+        """What a person is asked to approve for a held tool step."""
+        return ApprovalStep(
+            run_id=self.run_id,
+            step_id=step.step_id,
+            tool=step.tool,
+            args=step.args,
+            tool_call_hash=step.tool_call_hash,
+            reason=step.reason,
+            command=approve_command(self.store.location, self.run_id, step.step_id),
+        )
+
+    async def tool_step(self, name: str, args: Mapping[str, Any] | None = None, *, key: str | None = None) -> ToolStep:
+        """One tool call as a ``ToolStep`` (denied, held and failed calls are outcomes, not errors)."""
+        self._check_open("a tool call")
+        info = self.gateway.tool(name)
+        call_args: dict[str, Any] = ids.normalized(dict(args or {}), f"tool {name!r} args")
+        sid = self._next_id(key)
+        fp = ids.fingerprint("tool", name, call_args)
+        call_hash = ids.tool_call_hash(sid, name, call_args)
+        step = self._state.step(sid)
+        if step is not None:
+            self._check_same(step, "tool", name, fp)
+        return await ToolDriver(self, info, sid, args=call_args, fp=fp, call_hash=call_hash).drive()
+
+    # -- closing ---------------------------------------------------------------------------
+
+    def finish(self, result: Any = None) -> Any:
+        """Complete the run with ``result`` (a ``FinalStep``); a closed run is never reopened."""
+        result = ids.normalized(result, "the run's result")
+        state = self._state
+        if state.state == "completed":
+            if ids.canonical(state.result, "the recorded result") == ids.canonical(result, "the result"):
+                return state.result
+            raise RunClosed("the run is already completed with another result", run_id=self.run_id)
+        self._check_open("finish")
+        self._check_all_visited()
+        self._record((ev.RunCompleted, {"result": result}))
+        return result
+
+    def fail(self, reason: str) -> None:
+        """Close the run as failed (for example: the agent gave up)."""
+        if self._state.closed:
+            self._check_open("fail")
+        self._record((ev.RunFailed, {"reason": reason}))
+
+    def _check_all_visited(self) -> None:
+        unvisited = [s.step_id for s in self._state.ordered_steps() if s.step_id not in self._visited]
+        if unvisited:
+            raise ReplayDivergence(
+                f"the journal recorded step(s) {', '.join(unvisited)} that this pass never reached; "
+                "finishing would drop effects that happened",
+                run_id=self.run_id,
+                step_id=unvisited[0],
+            )

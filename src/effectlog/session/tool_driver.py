@@ -1,0 +1,211 @@
+"""Driving one tool step, from whatever the journal says about it to an outcome.
+
+The order of writes is the whole point: a policy's verdict, and for a call that runs,
+``step.requested`` (the intent, with the step's idempotency key) durable before the
+gateway is called; the result and its confirmation durable in one batch after.
+"""
+
+from __future__ import annotations
+
+import shlex
+from typing import TYPE_CHECKING, Any
+
+from effectlog import events as ev
+from effectlog.adapters.protocol import idempotency_key
+from effectlog.errors import BadInput, NotApplied, UncertainEffect
+from effectlog.fold import StepState
+from effectlog.recovery import Action, decide
+from effectlog.session import identity as ids
+from effectlog.session.steps import Reconciled, ToolCall, ToolStep
+from effectlog.session.tools import ToolInfo
+
+if TYPE_CHECKING:
+    from effectlog.session.durable import Session
+
+
+def reconcile_command(location: str, run_id: str, step_id: str) -> str:
+    q = shlex.quote
+    return (
+        f"effectlog reconcile --journal {q(location)} --run-id {q(run_id)} --step {q(step_id)} "
+        "--outcome applied|not-applied --evidence TEXT --operator NAME"
+    )
+
+
+class ToolDriver:
+    """Drives one tool step from whatever the journal says about it to an outcome."""
+
+    def __init__(
+        self, session: Session, info: ToolInfo, sid: str, *, args: dict[str, Any], fp: str, call_hash: str
+    ) -> None:
+        self.s = session
+        self.info = info
+        self.sid = sid
+        self.args = args
+        self.fp = fp
+        self.call_hash = call_hash
+
+    def _step(self, status: Any, *, replayed: bool, **fields: Any) -> ToolStep:
+        return ToolStep(
+            step_id=self.sid,
+            tool=self.info.name,
+            args=self.args,
+            status=status,
+            tool_call_hash=self.call_hash,
+            replayed=replayed,
+            **fields,
+        )
+
+    def _recorded(self) -> StepState | None:
+        return self.s.state.step(self.sid)
+
+    async def drive(self) -> ToolStep:
+        s, sid = self.s, self.sid
+        while True:
+            step = self._recorded()
+            action = decide(step)
+            if action is Action.SKIP:
+                assert step is not None
+                if step.state == "reconciled":
+                    result = Reconciled(
+                        outcome=step.outcome or "applied",
+                        evidence=step.evidence or "",
+                        operator=step.operator or "",
+                        automated=step.automated,
+                    )
+                    return self._step("reconciled", replayed=True, result=result, reason=step.evidence or "")
+                return self._step("ok", replayed=True, result=step.receipt)
+            if action is Action.CONFIRM_RECORDED:
+                assert step is not None
+                s._record((ev.StepConfirmed, {"step_id": sid, "attempt": step.attempt, "rebuilt": True}))
+                continue
+            if action is Action.FAIL:
+                assert step is not None
+                if step.state == "denied":
+                    return self._step("denied", replayed=True, decision="deny", reason=step.reason)
+                return self._step("failed", replayed=True, reason=step.reason)
+            if action is Action.WAIT_APPROVAL:
+                assert step is not None
+                if s.state.state == "running":
+                    s._record((ev.RunSuspended, {"step_id": sid, "reason": "waiting for approval"}))
+                return self._step("denied", replayed=True, decision="require_approval", reason=step.reason)
+            if action is Action.STOP_UNCERTAIN:
+                assert step is not None
+                if step.state == "requested":
+                    self._doubt(step, "requested before the process ended; no result recorded")
+                elif s.state.state == "running":
+                    s._record((ev.RunStopped, {"step_id": sid, "reason": "uncertain effect"}))
+                raise self._uncertain()
+            if action is Action.RESEND:
+                assert step is not None
+                s._resend(step)
+                return await self._invoke()
+            return await self._execute(step)
+
+    async def _execute(self, step: StepState | None) -> ToolStep:
+        s, sid = self.s, self.sid
+        attempt = step.attempt if step is not None else 1
+        now = s.clock()
+        if step is not None and step.state == "approved":
+            expires = step.approval_expires_at
+            if expires is not None and now > expires:
+                return self._hold(attempt, "the approval expired before use", by="effectlog", ts=now)
+        else:
+            verdict = s.policy(
+                ToolCall(
+                    run_id=s.run_id, step_id=sid, tool=self.info.name, args=self.args, idempotent=self.info.idempotent
+                )
+            )
+            if verdict == "deny":
+                s._record((ev.StepDenied, self._denial(attempt, "deny", "denied by policy", by="policy")), ts=now)
+                return self._step("denied", replayed=False, decision="deny", reason="denied by policy")
+            if verdict == "require_approval":
+                return self._hold(attempt, "approval required by policy", by="policy", ts=now)
+            if verdict != "allow":
+                raise BadInput(
+                    f"a policy must answer allow, deny or require_approval, not {verdict!r}",
+                    run_id=s.run_id,
+                    step_id=sid,
+                )
+        s._crash_point("before_intent", sid)
+        s._record(
+            (
+                ev.StepRequested,
+                {
+                    "step_id": sid,
+                    "attempt": attempt,
+                    "adapter": self.info.name,
+                    "kind": "tool",
+                    "idempotency_key": idempotency_key(s.run_id, sid, attempt),
+                    "args_digest": self.call_hash,
+                    "idempotent": self.info.idempotent,
+                    "fingerprint": self.fp,
+                },
+            ),
+            ts=now,
+        )
+        s._crash_point("after_intent", sid)
+        return await self._invoke()
+
+    def _denial(self, attempt: int, decision: str, reason: str, *, by: str) -> dict[str, Any]:
+        return {
+            "step_id": self.sid,
+            "attempt": attempt,
+            "decision": decision,
+            "by": by,
+            "reason": reason,
+            "args_digest": self.call_hash,
+            "adapter": self.info.name,
+            "fingerprint": self.fp,
+        }
+
+    def _hold(self, attempt: int, reason: str, *, by: str, ts: int) -> ToolStep:
+        self.s._record(
+            (ev.StepDenied, self._denial(attempt, "require_approval", reason, by=by)),
+            (ev.RunSuspended, {"step_id": self.sid, "reason": reason}),
+            ts=ts,
+        )
+        return self._step("denied", replayed=False, decision="require_approval", reason=reason)
+
+    async def _invoke(self) -> ToolStep:
+        s, sid = self.s, self.sid
+        step = self._recorded()
+        assert step is not None
+        try:
+            s.tool_calls += 1
+            value = await s.gateway.call_tool(self.info.name, self.args, idempotency_key=step.idempotency_key)
+        except NotApplied as exc:
+            s._record(
+                (ev.StepFailed, {"step_id": sid, "attempt": step.attempt, "reason": exc.reason, "applied": False})
+            )
+            return self._step("failed", replayed=False, reason=exc.reason)
+        except Exception as exc:
+            if step.idempotent:
+                raise  # the intent stays: the next pass sends the same key again
+            self._doubt(step, f"outcome unknown: {type(exc).__name__}: {exc}")
+            raise self._uncertain() from exc
+        s._crash_point("after_call", sid)
+        value = ids.normalized(value, f"the result of tool {self.info.name!r}")
+        s._record(
+            (ev.StepEffected, {"step_id": sid, "attempt": step.attempt, "receipt": value}),
+            (ev.StepConfirmed, {"step_id": sid, "attempt": step.attempt}),
+        )
+        s._crash_point("after_result", sid)
+        return self._step("ok", replayed=False, result=value)
+
+    def _doubt(self, step: StepState, reason: str) -> None:
+        self.s._record(
+            (ev.StepUncertain, {"step_id": self.sid, "attempt": step.attempt, "reason": reason}),
+            (ev.RunStopped, {"step_id": self.sid, "reason": "uncertain effect"}),
+        )
+
+    def _uncertain(self) -> UncertainEffect:
+        s = self.s
+        command = reconcile_command(s.store.location, s.run_id, self.sid)
+        return UncertainEffect(
+            f"tool {self.info.name!r} was requested and its outcome is unknown; it is not idempotent, so "
+            f"effectlog will not guess. Reconcile it with evidence: {command}",
+            run_id=s.run_id,
+            step_id=self.sid,
+            tool=self.info.name,
+            command=command,
+        )

@@ -1,0 +1,86 @@
+"""A closed run is never reopened, and the store gives back the timeline of what happened."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from effectlog.errors import PlanMismatch, RunClosed, UnknownRun
+from effectlog.session import FinalStep, Session, SqliteCheckpointer
+from effectlog.testing import sample_run
+from session_kit import count, drive, scripted
+
+RUN = "run-1"
+
+
+def complete_run(tmp_path: Path) -> None:
+    with SqliteCheckpointer(tmp_path / "runs.db") as store:
+        steps = asyncio.run(drive(Session(RUN, scripted(tmp_path / "calls.log"), store)))
+    assert FinalStep(run_id=RUN, result="sent 5 to bob") == steps[-1]
+
+
+def test_a_closed_run_returns_its_recorded_outcome_with_zero_calls(tmp_path: Path) -> None:
+    """Resuming a completed run yields its FinalStep alone: no model call, no tool call, no event written."""
+    complete_run(tmp_path)
+    gateway = scripted(tmp_path / "calls-after.log")
+    with SqliteCheckpointer(tmp_path / "runs.db") as store:
+        before = store.state(RUN).seq
+        steps = asyncio.run(drive(Session(RUN, gateway, store)))
+        after = store.state(RUN).seq
+    assert [FinalStep(run_id=RUN, result="sent 5 to bob", replayed=True)] == steps
+    assert (0, 0) == (gateway.calls, count(tmp_path / "calls-after.log", "transfer"))
+    assert before == after
+
+
+def test_low_level_calls_on_a_closed_run_are_refused(tmp_path: Path) -> None:
+    """A completed run takes no new step; finishing again with the same result is a no-op, another is refused."""
+    complete_run(tmp_path)
+
+    async def body(s: Session) -> None:
+        await s.model([{"role": "user", "content": "again"}])
+
+    with SqliteCheckpointer(tmp_path / "runs.db") as store:
+        session = Session(RUN, scripted(tmp_path / "calls-after.log"), store)
+        with pytest.raises(RunClosed):
+            asyncio.run(body(session))
+        assert "sent 5 to bob" == session.finish("sent 5 to bob")
+        with pytest.raises(RunClosed):
+            session.finish("something else")
+
+
+def test_load_returns_the_timeline(tmp_path: Path) -> None:
+    """store.load(run_id) is the recorded timeline: the steps that happened, not the conversation."""
+    complete_run(tmp_path)
+    with SqliteCheckpointer(tmp_path / "runs.db") as store:
+        timeline = store.load(RUN)
+    expected = [
+        "run.started",
+        "step.requested", "step.effected", "step.confirmed",
+        "step.requested", "step.effected", "step.confirmed",
+        "step.requested", "step.effected", "step.confirmed",
+        "run.completed",
+    ]  # fmt: skip
+    assert expected == [type(e).__struct_config__.tag for e in timeline.events]  # type: ignore[misc]
+    assert [("step-0", "model"), ("step-1", "tool"), ("step-2", "model")] == [
+        (s.step_id, s.kind) for s in timeline.steps
+    ]
+    assert ("completed", "sent 5 to bob", "session") == (timeline.state, timeline.result, timeline.run.kind)
+    started: Any = timeline.events[0]
+    assert started.plan is None
+
+
+def test_load_of_an_unknown_run_says_so(tmp_path: Path) -> None:
+    """No run, no timeline: UnknownRun rather than an empty answer."""
+    with SqliteCheckpointer(tmp_path / "runs.db") as store, pytest.raises(UnknownRun):
+        store.load("nope")
+
+
+def test_a_plan_run_id_cannot_be_used_as_a_session(tmp_path: Path) -> None:
+    """One journal holds plans and sessions; a session refuses a run id that belongs to a plan."""
+    with SqliteCheckpointer(tmp_path / "runs.db") as store:
+        store.append(sample_run(RUN))
+        with pytest.raises(PlanMismatch):
+            Session(RUN, scripted(tmp_path / "calls.log"), store)
