@@ -22,12 +22,30 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy --strict src
 
+# Every test, the crash matrix and the soak included; PostgreSQL is installed if missing
+# and started by the tests themselves on 127.0.0.1.
 test: lint typecheck
+	@bash .ci/ensure-postgres
 	$(BIN)/python -m pytest
+
+# The main job: kill real workers at every boundary, on every journal backend, count
+# effects in the independent effect store, verify the report from its evidence, print the table.
+crash-matrix: $(STAMP)
+	@bash .ci/ensure-postgres
+	@mkdir -p work
+	$(BIN)/effectlog crash-matrix run --backend sqlite --backend postgres --output work/crash-matrix.json
+	$(BIN)/effectlog crash-matrix verify work/crash-matrix.json > /dev/null
+	@echo "verified: work/crash-matrix.json"
 
 diagrams: $(STAMP)
 	$(BIN)/effectlog diagram step --format mermaid > docs/diagrams/step.mmd
 	$(BIN)/effectlog diagram run --format mermaid > docs/diagrams/run.mmd
+
+# Side by side in one run: the SQLite floor, effectlog, DBOS and LangGraph; writes
+# experiments/results/bench.json and docs/performance.md (with plots in docs/img/).
+bench: $(STAMP)
+	$(BIN)/python -m pip install -q -e '.[dev,bench]'
+	$(BIN)/python experiments/bench.py
 
 clean:
 	rm -rf $(VENV) work .pytest_cache .mypy_cache .ruff_cache

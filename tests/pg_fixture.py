@@ -16,7 +16,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from pg_cluster import ClusterUnavailable, PgCluster
+from effectlog.pgcluster import ClusterUnavailable, PgCluster
 
 
 def unavailable(reason: str) -> NoReturn:

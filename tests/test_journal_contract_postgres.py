@@ -286,7 +286,7 @@ def test_runs_sort_by_code_point_whatever_the_database_collation(pg_cluster: Any
 
 def test_an_unreachable_server_is_a_storage_error_without_the_password(pg_url: str) -> None:
     """A refused connection is StorageError, and neither it nor location shows the password."""
-    from pg_cluster import free_port
+    from effectlog.pgcluster import free_port
 
     url = f"postgresql://someone:hunter2@127.0.0.1:{free_port()}/nowhere"
     with pytest.raises(StorageError) as caught:

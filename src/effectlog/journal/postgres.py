@@ -25,7 +25,7 @@ session, and ``lock_timeout`` turns a long wait for a run into ``JournalLocked``
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -146,6 +146,8 @@ class PostgresJournal:
     ) -> None:
         self.location = redact(url)
         self.chain = chain or Chain()
+        # Test hook: called inside the transaction, after the rows are written, before COMMIT.
+        self.before_commit: Callable[[Sequence[Event]], None] | None = None
         self.writer = writer
         self._settings = {
             "lock_timeout": f"{int(lock_timeout_s * 1000)}ms",
@@ -330,6 +332,8 @@ class PostgresJournal:
         if rows:
             with conn.cursor() as cur:
                 cur.executemany(_INSERT, rows)
+        if self.before_commit is not None:
+            self.before_commit(events)
         return out
 
     @staticmethod

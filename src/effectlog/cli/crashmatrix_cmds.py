@@ -1,0 +1,168 @@
+"""``effectlog crash-matrix run|verify|soak`` (and the hidden ``worker`` they start)."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from effectlog.errors import BadInput, ExitStatus
+
+
+def register(sub: Any) -> None:
+    cm = sub.add_parser("crash-matrix", help="kill real workers at every boundary and count effects")
+    cms = cm.add_subparsers(dest="cm_command", metavar="ACTION", parser_class=type(cm))
+    cms.required = True
+
+    p = cms.add_parser("run", help="run the matrix and write a report")
+    p.add_argument("--output", metavar="F", required=True, help="report JSON to write")
+    p.add_argument("--jobs", metavar="N", type=int, default=1, help="cases in parallel (separate files)")
+    p.add_argument(
+        "--backend",
+        action="append",
+        choices=("sqlite", "postgres"),
+        default=None,
+        help="journal backend(s) to run every case against (default: sqlite)",
+    )
+    p.add_argument(
+        "--postgres-url",
+        metavar="URL",
+        help="postgresql:// URL for --backend postgres (default: start a throwaway local cluster)",
+    )
+    p.add_argument("--adapter", metavar="MODULE:FACTORY", help="run the matrix against your own adapter")
+    p.add_argument("--ledger", metavar="MODULE:COUNTER", help="counter(run_id, step_id) -> effects in your ledger")
+    p.add_argument("--workdir", metavar="DIR", help="where case files go (default: a temporary directory)")
+    p.set_defaults(handler=cmd_run)
+
+    p = cms.add_parser("verify", help="recompute every expectation of a report from its evidence")
+    p.add_argument("report", metavar="F")
+    p.set_defaults(handler=cmd_verify)
+
+    p = cms.add_parser("soak", help="SIGKILL a worker at random moments until its runs complete")
+    p.add_argument("--kills", metavar="N", type=int, default=50)
+    p.add_argument("--seed", metavar="S", type=int, default=1)
+    p.add_argument("--steps", metavar="K", type=int, default=12, help="steps per run")
+    p.add_argument("--output", metavar="F", help="soak report JSON")
+    p.add_argument("--workdir", metavar="DIR")
+    p.set_defaults(handler=cmd_soak)
+
+    p = cms.add_parser("worker", help=argparse.SUPPRESS)
+    p.add_argument("--plan", required=True)
+    p.add_argument("--journal")
+    p.add_argument("--effects")
+    p.add_argument("--arm")
+    p.add_argument("--notify-fd", type=int)
+    p.add_argument("--blind")
+    p.add_argument("--user-adapter")
+    p.set_defaults(handler=cmd_worker)
+
+
+def _progress(line: str) -> None:
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
+
+
+def _workdir(arg: str | None) -> Path:
+    if arg:
+        path = Path(arg)
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+    return Path(tempfile.mkdtemp(prefix="effectlog-crash-matrix-"))
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from effectlog.crashmatrix.report import render_table, save_report, verify
+    from effectlog.crashmatrix.runner import Target, run_matrix
+
+    if args.jobs < 1:
+        raise BadInput("--jobs must be at least 1")
+    if args.adapter and not args.ledger:
+        raise BadInput("crash-matrix run: --adapter needs --ledger MODULE:COUNTER")
+    backends = args.backend or ["sqlite"]
+    out = Path(args.output)
+    out.parent.mkdir(parents=True, exist_ok=True)
+
+    def progress(line: str) -> None:
+        sys.stderr.write(line + "\n")
+        sys.stderr.flush()
+
+    with contextlib.ExitStack() as stack:
+        url = args.postgres_url
+        if "postgres" in backends and not url:
+            from effectlog.pgcluster import ClusterUnavailable, PgCluster
+
+            cluster = PgCluster(durable=True)
+            try:
+                cluster.start()
+            except ClusterUnavailable as exc:
+                raise BadInput(f"crash-matrix: --backend postgres: {exc}") from None
+            stack.callback(cluster.stop)
+            url = cluster.create_database()
+            progress(f"started a throwaway PostgreSQL cluster on 127.0.0.1:{cluster.port}")
+        targets = [Target(backend=b, url=url if b == "postgres" else None) for b in backends]
+        report = run_matrix(
+            _workdir(args.workdir),
+            targets,
+            jobs=args.jobs,
+            progress=progress,
+            user_adapter=args.adapter,
+            ledger_spec=args.ledger,
+        )
+    save_report(report, out)
+    problems = verify(report)
+    sys.stdout.write(render_table(report))
+    if problems:
+        for p in problems:
+            sys.stderr.write(f"effectlog: crash-matrix: {p}\n")
+        return int(ExitStatus.RUN_FAILED)
+    sys.stdout.write(f"\nreport written to {out}; every case verified from its evidence\n")
+    return 0
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    from effectlog.crashmatrix.report import load_report, render_table, verify
+
+    report = load_report(args.report)
+    problems = verify(report)
+    if problems:
+        for p in problems:
+            sys.stderr.write(f"effectlog: crash-matrix verify: {p}\n")
+        return int(ExitStatus.INTEGRITY)
+    sys.stdout.write(render_table(report))
+    sys.stdout.write(f"\nok: {len(report.cases)} case(s) recomputed from their evidence\n")
+    return 0
+
+
+def cmd_soak(args: argparse.Namespace) -> int:
+    from effectlog.crashmatrix.soak import render_soak, run_soak, save_soak
+
+    if args.kills < 1 or args.steps < 2:
+        raise BadInput("soak: --kills must be >= 1 and --steps >= 2")
+    result = run_soak(
+        _workdir(args.workdir),
+        kills=args.kills,
+        seed=args.seed,
+        steps=args.steps,
+        progress=_progress,
+    )
+    if args.output:
+        save_soak(result, args.output)
+    sys.stdout.write(render_soak(result))
+    return 0 if result.violations == 0 else int(ExitStatus.RUN_FAILED)
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    from effectlog.crashmatrix.worker import work
+
+    return work(
+        args.plan,
+        args.journal,
+        args.effects,
+        arm=args.arm,
+        notify_fd=args.notify_fd,
+        blind=args.blind,
+        user_adapter=args.user_adapter,
+    )
