@@ -157,3 +157,23 @@ class JournalContract:
         """Backend failures surface as effectlog's own errors, never driver exceptions."""
         with pytest.raises(EffectlogError):
             journal.append([sample_run()[2]])
+
+
+def run_crash_matrix(adapter: str, ledger: str, workdir: Any, *, jobs: int = 1) -> tuple[Any, list[str]]:
+    """Run the crash matrix against your own adapter from your pytest suite.
+
+    ``adapter`` is ``"module:factory"`` (``factory(decl, context) -> adapter``) and
+    ``ledger`` is ``"module:counter"`` (``counter(run_id, step_id) -> int``, counting
+    effects in *your* tool's own records). Returns ``(report, problems)``; an adapter
+    that honours its idempotency contract gives no problems::
+
+        report, problems = run_crash_matrix("myapp.tools:make_adapter", "myapp.tools:count", tmp_path)
+        assert [] == problems
+    """
+    from pathlib import Path
+
+    from effectlog.crashmatrix.report import verify
+    from effectlog.crashmatrix.runner import Target, run_matrix
+
+    report = run_matrix(Path(workdir), [Target(backend="sqlite")], jobs=jobs, user_adapter=adapter, ledger_spec=ledger)
+    return report, verify(report)
