@@ -1,6 +1,35 @@
-"""effectlog: durable execution of AI-agent tool calls."""
+"""effectlog: durable execution of AI-agent tool calls.
+
+The public surface is small: ``Runtime`` runs plans (``load_plan``) durably;
+``effectlog.session`` runs agent loops; ``effectlog.testing`` ships the contract
+suites and the crash matrix for your own backends and adapters. Everything else
+is importable but private by convention (modules named in docs/architecture.md).
+"""
 
 from __future__ import annotations
 
+from effectlog.adapters import Evidence, Receipt, Registry, Request
+from effectlog.errors import EffectlogError, ExitStatus, NotApplied
+from effectlog.fold import RunState, StepState, replay
+from effectlog.plan import Plan, load_plan, parse_plan
+from effectlog.runtime import RunOutcome, Runtime
+
 __version__ = "0.1.0.dev0"
-__all__ = ["__version__"]
+__all__ = [
+    "EffectlogError",
+    "Evidence",
+    "ExitStatus",
+    "NotApplied",
+    "Plan",
+    "Receipt",
+    "Registry",
+    "Request",
+    "RunOutcome",
+    "RunState",
+    "Runtime",
+    "StepState",
+    "__version__",
+    "load_plan",
+    "parse_plan",
+    "replay",
+]
