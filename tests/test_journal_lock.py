@@ -1,9 +1,8 @@
 """One writer per journal file, enforced by an OS lock between real processes; readers need none.
 
-No CLI command writes a journal yet, so the second writer is a tiny ``python -c``
-program that opens the journal for writing and reports an error the way
-``effectlog.cli.main`` does (one line ``effectlog: <code>: <message>``, exit status
-from the error). When a writing command lands, it should replace that program.
+The second writer is the real ``effectlog run`` command, and also a tiny ``python -c``
+program that opens the journal with the library API and reports the error the way
+``effectlog.cli.main`` does.
 """
 
 from __future__ import annotations
@@ -123,3 +122,20 @@ def test_the_lock_is_released_when_the_writer_exits(journal: Path, holder: subpr
     assert 0 == holder.returncode
     result = python(SECOND_WRITER, str(journal))
     assert (0, "opened\n", "") == (result.returncode, result.stdout, result.stderr)
+
+
+def test_effectlog_run_against_a_locked_journal_exits_6_and_writes_nothing(
+    journal: Path, holder: subprocess.Popen[str]
+) -> None:
+    """The real CLI, as a second process, gets exit 6 naming the holder's pid; the journal is unchanged."""
+    plan = Path(__file__).resolve().parents[1] / "examples" / "payment.json"
+    before = journal.read_bytes()
+    done = subprocess.run(
+        [sys.executable, "-m", "effectlog", "run", str(plan), "--journal", str(journal), "--effects",
+         str(journal.parent / "effects.db")],
+        capture_output=True, text=True, timeout=60, check=False,
+    )
+    assert 6 == done.returncode
+    assert f"pid {holder.pid}" in done.stderr
+    assert 1 == len(done.stderr.strip().splitlines())
+    assert before == journal.read_bytes()
