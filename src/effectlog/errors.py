@@ -173,6 +173,12 @@ class IdempotencyConflict(Conflict):
     code = "idempotency_conflict"
 
 
+class StaleLease(Conflict):
+    """A runner's write carried a lease (attempt, runner, fencing token) that is no longer current."""
+
+    code = "stale_lease"
+
+
 class ReplayDivergence(Conflict):
     """On resume, the step at a position differs from the one the journal recorded."""
 

@@ -1,0 +1,199 @@
+"""Fleet commands: submit, runner, operator, recovery, requests.
+
+``--store`` is a file path (a SQLite fleet store: runner processes on one host) or a
+``postgresql://`` URL (runners on many hosts). The runs' journal lives in the same
+store, so ``effectlog status|timeline|reconcile --journal STORE`` work on it too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from typing import Any
+
+from effectlog.cli.output import emit_json, table
+from effectlog.errors import BadInput
+from effectlog.fleet import FleetStore, open_store
+from effectlog.fleet.model import RequestView
+from effectlog.journal import chain_from_env
+
+# CLI verbs for operator decisions -> the attempt spec's operator triggers.
+OPERATOR_TRIGGERS = {"requeue": "requeue", "fail": "give_up"}
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("submit", help="create a durable execution request (idempotent by --scope and --key)")
+    p.add_argument("plan", metavar="PLAN", help="plan JSON file")
+    _store_args(p)
+    p.add_argument("--scope", required=True, metavar="S")
+    p.add_argument("--key", required=True, metavar="K", help="idempotency key, unique within the scope")
+    p.add_argument("--requires", default="", metavar="CAP,...", help="capabilities a runner must declare")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(handler=cmd_submit)
+
+    p = sub.add_parser("runner", help="pull requests from a store and run them (the store never calls a runner)")
+    _store_args(p)
+    p.add_argument("--capabilities", default="", metavar="A,B", help="what this runner offers")
+    p.add_argument("--capacity", type=int, default=1, metavar="N", help="attempts run at once")
+    p.add_argument("--runner-id", default="", metavar="ID", help="default: host:pid")
+    p.add_argument("--lease-s", type=float, default=30.0, metavar="S", help="lease duration (default 30)")
+    p.add_argument("--heartbeat-s", type=float, metavar="S", help="heartbeat interval (default: lease / 3)")
+    p.add_argument("--poll-s", type=float, default=0.5, metavar="S", help="pause between idle polls")
+    p.add_argument("--effects", metavar="E", help="effect store file, for the effects.* adapters")
+    p.add_argument("--adapters", metavar="MODULE:ATTR", action="append", default=[], help="adapter factories")
+    p.add_argument("--max-attempts", type=int, metavar="N", help="exit after N attempts have ended")
+    p.add_argument("--exit-when-idle", action="store_true", help="exit when nothing it can take is queued")
+    p.add_argument("--no-recovery", action="store_true", help="do not run recovery passes (run `effectlog recovery`)")
+    # Test hooks: stop at a point once, say so on a pipe, block (or wait for a byte on --resume-fd).
+    p.add_argument("--arm", help=argparse.SUPPRESS)
+    p.add_argument("--notify-fd", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--resume-fd", type=int, help=argparse.SUPPRESS)
+    p.set_defaults(handler=cmd_runner)
+
+    p = sub.add_parser("operator", help="decide a request that needs an operator (audited)")
+    p.add_argument("action", choices=("requeue", "fail", "cancel"))
+    _store_args(p)
+    p.add_argument("--request", type=int, required=True, metavar="ID")
+    p.add_argument("--reason", required=True, metavar="TEXT")
+    p.add_argument("--by", required=True, metavar="NAME")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(handler=cmd_operator)
+
+    p = sub.add_parser("recovery", help="run the recovery service: decide what each expired lease means")
+    _store_args(p)
+    p.add_argument("--once", action="store_true", help="one pass, then exit")
+    p.add_argument("--interval", type=float, default=1.0, metavar="S")
+    p.set_defaults(handler=cmd_recovery)
+
+    p = sub.add_parser("requests", help="execution requests, or one request's attempts and history")
+    _store_args(p)
+    p.add_argument("--request", type=int, metavar="ID")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(handler=cmd_requests)
+
+
+def _store_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--store", required=True, metavar="URL", help="fleet store: file path or postgresql:// URL")
+    p.add_argument("--key-file", metavar="F", help="HMAC key for the journal chain (else EFFECTLOG_JOURNAL_KEY)")
+
+
+def _open(args: argparse.Namespace) -> FleetStore:
+    return open_store(args.store, chain=chain_from_env(args.key_file))
+
+
+def _caps(text: str) -> list[str]:
+    return [c.strip() for c in text.split(",") if c.strip()]
+
+
+def _show(view: RequestView) -> str:
+    return f"request {view.request_id} ({view.scope}/{view.key}, run {view.run_id}): {view.state}"
+
+
+def cmd_submit(args: argparse.Namespace) -> int:
+    from effectlog.plan import load_plan
+
+    plan = load_plan(args.plan)  # validate before touching the store
+    store = _open(args)
+    try:
+        done = store.submit(args.scope, args.key, plan, _caps(args.requires))
+    finally:
+        store.close()
+    if args.json:
+        emit_json({"created": done.created, "request": done.request})
+    else:
+        sys.stdout.write(f"{_show(done.request)}{'' if done.created else ' (already submitted)'}\n")
+    return 0
+
+
+def cmd_runner(args: argparse.Namespace) -> int:
+    from effectlog.fleet.runner import RunnerConfig, run_runner
+
+    if args.max_attempts is not None and args.max_attempts < 1:
+        raise BadInput("--max-attempts must be at least 1")
+    if (args.arm is None) != (args.notify_fd is None):
+        raise BadInput("--arm and --notify-fd go together")
+    config = RunnerConfig(
+        store=args.store,
+        capabilities=frozenset(_caps(args.capabilities)),
+        capacity=args.capacity,
+        runner_id=args.runner_id,
+        lease_s=args.lease_s,
+        heartbeat_s=args.heartbeat_s,
+        poll_s=args.poll_s,
+        effects=args.effects,
+        adapters=tuple(args.adapters),
+        max_attempts=args.max_attempts,
+        exit_when_idle=args.exit_when_idle,
+        recover=not args.no_recovery,
+        arm=args.arm,
+        notify_fd=args.notify_fd,
+        resume_fd=args.resume_fd,
+    )
+    chain = chain_from_env(args.key_file)
+    return run_runner(config, lambda location: open_store(location, chain=chain, pool_size=args.capacity + 2))
+
+
+def cmd_operator(args: argparse.Namespace) -> int:
+    store = _open(args)
+    try:
+        if args.action == "cancel":
+            view = store.cancel(args.request, by=args.by, reason=args.reason)
+        else:
+            view = store.operate(args.request, OPERATOR_TRIGGERS[args.action], by=args.by, reason=args.reason)
+    finally:
+        store.close()
+    if args.json:
+        emit_json(view)
+    else:
+        sys.stdout.write(f"{_show(view)} (attempt {view.attempt_no}); recorded: {args.action} by {args.by}\n")
+    return 0
+
+
+def cmd_recovery(args: argparse.Namespace) -> int:
+    from effectlog.fleet.recovery import recover_once
+
+    if args.interval <= 0:
+        raise BadInput("--interval must be positive")
+    store = _open(args)
+    try:
+        while True:
+            for done in recover_once(store):
+                sys.stdout.write(f"request {done.request_id} attempt {done.attempt_id}: {done.state}: {done.reason}\n")
+                sys.stdout.flush()
+            if args.once:
+                return 0
+            time.sleep(args.interval)
+    finally:
+        store.close()
+
+
+def cmd_requests(args: argparse.Namespace) -> int:
+    store = _open(args)
+    try:
+        if args.request is None:
+            views = store.requests()
+            if args.json:
+                emit_json(views)
+            else:
+                listed = [(v.request_id, v.scope, v.key, v.run_id, v.state, v.attempt_no) for v in views]
+                sys.stdout.write(table(("request", "scope", "key", "run", "state", "attempt"), listed) + "\n")
+            return 0
+        view = store.request(args.request)
+        attempts = store.attempts(args.request)
+        history = store.history(args.request)
+    finally:
+        store.close()
+    if args.json:
+        emit_json({"request": view, "attempts": attempts, "history": history})
+        return 0
+    sys.stdout.write(_show(view) + "\n")
+    rows: list[Any] = [(a.attempt_no, a.state, a.runner_id or "", a.token or "") for a in attempts]
+    sys.stdout.write(table(("attempt", "state", "runner", "token"), rows) + "\n")
+    by_id: dict[int, Any] = {a.attempt_id: a.attempt_no for a in attempts}
+    rows = [
+        (by_id.get(h.attempt_id, "?"), h.transition, f"{h.from_state} -> {h.to_state}", h.actor, h.actor_name, h.reason)
+        for h in history
+    ]
+    sys.stdout.write(table(("attempt", "transition", "states", "actor", "by", "reason"), rows) + "\n")
+    return 0

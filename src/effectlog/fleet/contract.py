@@ -1,0 +1,518 @@
+"""The fleet contract: one test suite every fleet store must pass, shipped for your backends too.
+
+Subclass ``FleetContract`` in a pytest module and provide a ``fleet_backend`` fixture
+returning a ``FleetBackend``: how to open a store on a fresh database (the same
+database on every call), and a raw SQL hook so the suite can prove the *database*
+refuses what the fleet promises never happens::
+
+    class TestMyFleet(FleetContract):
+        @pytest.fixture
+        def fleet_backend(self, tmp_path): ...
+
+Leases in here are short and the suite waits until the store's own clock is past
+them; nothing asserts on wall time.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any, Protocol
+
+import msgspec
+import pytest
+
+from effectlog import events as ev
+from effectlog.errors import (
+    BadInput,
+    EffectlogError,
+    EventConflict,
+    IdempotencyConflict,
+    IllegalTransition,
+    NotReconcilable,
+    PlanMismatch,
+    SequenceGap,
+    StaleLease,
+)
+from effectlog.fleet import attempts as am
+from effectlog.fleet.model import Lease, Verdict
+from effectlog.fleet.protocol import FleetStore
+from effectlog.fleet.recovery import decide_expired, recover_once
+from effectlog.journal import load_run
+from effectlog.plan import Plan, parse_plan
+from effectlog.runtime import Runtime
+
+LONG = 300.0  # seconds: a lease that does not expire during a test
+SHORT = 0.05  # seconds: a lease the suite waits out (by the store's clock)
+T0 = 1_700_000_000_000_000_000
+
+
+class FleetBackend(Protocol):
+    def open(self) -> FleetStore:
+        """A store on a fresh, empty database: the same database on every call."""
+        ...
+
+    def raw_sql(self, sql: str) -> Any:
+        """Execute SQL directly on the store's database, bypassing effectlog.
+
+        ``{requests}``, ``{attempts}``, ``{history}`` and ``{operations}`` name the fleet tables.
+        """
+        ...
+
+
+def noop_plan(run_id: str, steps: int = 1, adapter: str = "noop", idempotent: bool = True) -> Plan:
+    """A plan of ``steps`` steps on one adapter type."""
+    raw = {
+        "run_id": run_id,
+        "adapters": {"a": {"type": adapter, "idempotent": idempotent}},
+        "steps": [{"id": f"s{i}", "adapter": "a"} for i in range(steps)],
+    }
+    return parse_plan(msgspec.json.encode(raw), "contract plan")
+
+
+def wait_past(store: FleetStore, moment: float) -> None:
+    """Wait until the store's clock is past ``moment`` (a lease's expiry)."""
+    while store.now() <= moment:
+        time.sleep(0.01)
+
+
+def started(run_id: str, seq: int = 1) -> ev.Event:
+    """A run.started whose plan has steps s0 and s1."""
+    plan = {"run_id": run_id, "steps": [{"id": "s0"}, {"id": "s1"}]}
+    return ev.RunStarted(run_id=run_id, seq=seq, ts=T0, plan=plan, plan_digest="d")
+
+
+def requested(run_id: str, seq: int, step: str = "s0", idempotent: bool = False) -> ev.Event:
+    return ev.StepRequested(
+        run_id=run_id, seq=seq, ts=T0 + seq, step_id=step, adapter="a", idempotency_key=f"k-{step}",
+        args_digest="x", idempotent=idempotent,
+    )  # fmt: skip
+
+
+def counts(store: FleetStore, run_id: str) -> tuple[int, int, int]:
+    """(attempts, history rows, journal head seq): what a refused write must leave unchanged."""
+    return len(store.attempts()), len(store.history()), store.journal().head(run_id)[0]
+
+
+class FleetContract:
+    """Every fleet store must pass these; each test names the guarantee it checks."""
+
+    @pytest.fixture
+    def store(self, fleet_backend: FleetBackend) -> Iterator[FleetStore]:
+        s = fleet_backend.open()
+        yield s
+        s.close()
+
+    def _leased(self, store: FleetStore, run_id: str = "run-1", lease_s: float = LONG, runner: str = "r1") -> Lease:
+        request = store.submit("contract", run_id, noop_plan(run_id)).request
+        lease = store.claim(request.request_id, runner, lease_s)
+        assert lease is not None
+        return lease
+
+    def _expire_and_lose(self, store: FleetStore, lease: Lease) -> None:
+        wait_past(store, lease.expires_at)
+        done = store.recover(lease.attempt_id, lease.token, decide_expired)
+        assert done is not None
+        assert "lost" == done.state
+
+    # -- execution requests -------------------------------------------------------------
+
+    def test_submit_creates_one_queued_request(self, store: FleetStore) -> None:
+        """A new (scope, key) is a new request whose first attempt is queued (the spec's initial state)."""
+        done = store.submit("s", "k", noop_plan("run-1"), ["gpu", "py", "gpu"])
+        assert done.created
+        assert (am.QUEUED, 1, ("gpu", "py")) == (done.request.state, done.request.attempt_no, done.request.requires)
+        assert [done.request] == store.requests()
+
+    def test_same_key_and_fingerprint_returns_the_existing_request(self, store: FleetStore) -> None:
+        """Submitting the same request twice gives back the first one and creates nothing."""
+        first = store.submit("s", "k", noop_plan("run-1"), ["py"])
+        again = store.submit("s", "k", noop_plan("run-1"), ["py"])
+        assert (first.request, False) == (again.request, again.created)
+        assert 1 == len(store.attempts())
+
+    @pytest.mark.parametrize("change", ["plan", "requires"])
+    def test_same_key_with_another_fingerprint_is_an_idempotency_conflict(self, store: FleetStore, change: str) -> None:
+        """The same (scope, key) with another plan or other requirements is refused (exit 5); nothing changes."""
+        store.submit("s", "k", noop_plan("run-1"), ["py"])
+        plan, needs = (noop_plan("run-1", steps=2), ["py"]) if change == "plan" else (noop_plan("run-1"), ["gpu"])
+        with pytest.raises(IdempotencyConflict) as caught:
+            store.submit("s", "k", plan, needs)
+        assert 5 == caught.value.exit_status
+        assert 1 == len(store.requests())
+
+    def test_a_run_id_belongs_to_one_request(self, store: FleetStore) -> None:
+        """Another key for the same run id would share a journal: refused as a plan mismatch."""
+        store.submit("s", "k1", noop_plan("run-1"))
+        with pytest.raises(PlanMismatch):
+            store.submit("s", "k2", noop_plan("run-1"))
+        assert 1 == len(store.requests())
+
+    def test_candidates_are_queued_requests_oldest_first(self, store: FleetStore) -> None:
+        """The scheduler's input lists only queued requests, in submission order."""
+        ids = [store.submit("s", f"k{i}", noop_plan(f"run-{i}"), [f"c{i}"]).request.request_id for i in range(3)]
+        assert store.claim(ids[1], "r1", LONG) is not None
+        assert [(ids[0], ("c0",)), (ids[2], ("c2",))] == [(c.request_id, c.requires) for c in store.candidates(10)]
+
+    # -- claims and leases ------------------------------------------------------------
+
+    def test_a_claim_gives_token_one_and_happens_once(self, store: FleetStore) -> None:
+        """The first lease of a request carries fencing token 1; a second claim finds nothing queued."""
+        lease = self._leased(store)
+        assert (1, "r1", "run-1") == (lease.token, lease.runner_id, lease.run_id)
+        assert store.claim(lease.request_id, "r2", LONG) is None
+        assert ["leased"] == [a.state for a in store.attempts()]
+
+    def test_tokens_are_max_plus_one_per_request(self, store: FleetStore) -> None:
+        """Each new lease of a request gets MAX(fencing_token) + 1, across its attempts."""
+        first = self._leased(store, lease_s=SHORT)
+        other = self._leased(store, "run-2")
+        self._expire_and_lose(store, first)
+        second = store.claim(first.request_id, "r2", SHORT)
+        assert second is not None
+        self._expire_and_lose(store, second)
+        third = store.claim(first.request_id, "r3", LONG)
+        assert third is not None
+        assert [1, 2, 3, 1] == [first.token, second.token, third.token, other.token]
+        assert [1, 2, 3] == [a.attempt_no for a in store.attempts(first.request_id)]
+
+    def test_a_heartbeat_renews_the_lease(self, store: FleetStore) -> None:
+        """After a heartbeat, writes are accepted past the original expiry."""
+        lease = self._leased(store, lease_s=0.3)
+        beat = store.heartbeat(lease, LONG)
+        assert beat.expires_at > lease.expires_at
+        wait_past(store, lease.expires_at)
+        assert "preparing" == store.advance(lease, "prepare", op_key="prepare")
+
+    @pytest.mark.parametrize("write", ["heartbeat", "advance", "journal", "final"])
+    def test_writes_after_expiry_are_refused_even_before_recovery(self, store: FleetStore, write: str) -> None:
+        """An expired lease is stale at once: the store refuses its writes before anyone recovers it."""
+        lease = self._leased(store, lease_s=SHORT)
+        wait_past(store, lease.expires_at)
+        before = counts(store, "run-1")
+        with pytest.raises(StaleLease):
+            _write(store, lease, write)
+        assert before == counts(store, "run-1")
+
+    @pytest.mark.parametrize("write", ["heartbeat", "advance", "journal", "final"])
+    def test_a_zombie_cannot_write_after_another_runner_took_the_request(self, store: FleetStore, write: str) -> None:
+        """Token 1's writes are refused once token 2 holds the request; the record stays exactly as it was."""
+        zombie = self._leased(store, lease_s=SHORT)
+        self._expire_and_lose(store, zombie)
+        current = store.claim(zombie.request_id, "r2", LONG)
+        assert current is not None
+        store.leased_journal(current).append([started("run-1")])
+        before = counts(store, "run-1"), [r.body for r in store.journal().read("run-1")]
+        with pytest.raises(StaleLease, match="newest fencing token is 2"):
+            _write(store, zombie, write, seq=2)
+        assert before == (counts(store, "run-1"), [r.body for r in store.journal().read("run-1")])
+        assert "leased" == store.request(zombie.request_id).state
+
+    def test_a_lease_with_another_runner_id_is_refused(self, store: FleetStore) -> None:
+        """The check is on (attempt, runner, token) together: the right token under another name is stale."""
+        lease = self._leased(store)
+        forged = Lease(**{**_fields(lease), "runner_id": "intruder"})
+        with pytest.raises(StaleLease):
+            store.heartbeat(forged, LONG)
+        with pytest.raises(StaleLease):
+            store.leased_journal(forged).append([started("run-1")])
+        assert 0 == store.journal().head("run-1")[0]
+
+    def test_a_lease_covers_its_own_run_only(self, store: FleetStore) -> None:
+        """A lease on one run cannot append events of another."""
+        lease = self._leased(store)
+        with pytest.raises(StaleLease):
+            store.leased_journal(lease).append([started("run-2")])
+        assert [] == store.journal().runs()
+
+    # -- idempotent reports -------------------------------------------------------------
+
+    def test_a_repeated_report_is_a_no_op_and_another_body_a_conflict(self, store: FleetStore) -> None:
+        """The same operation key and body returns the first answer; another body is idempotency_conflict."""
+        lease = self._leased(store)
+        store.advance(lease, "prepare", op_key="prepare")
+        store.advance(lease, "start", op_key="start")
+        assert "succeeded" == store.advance(lease, "succeed", op_key="final", detail={"n": 1})
+        history = store.history()
+        assert "succeeded" == store.advance(lease, "succeed", op_key="final", detail={"n": 1})
+        with pytest.raises(IdempotencyConflict):
+            store.advance(lease, "fail", op_key="final", reason="changed my mind")
+        assert history == store.history()
+        assert "succeeded" == store.request(lease.request_id).state
+
+    def test_a_repeated_event_batch_is_a_no_op_and_another_body_a_conflict(self, store: FleetStore) -> None:
+        """Re-sending a batch returns the stored records; the same batch key with other bytes is refused."""
+        lease = self._leased(store)
+        journal = store.leased_journal(lease)
+        batch = [started("run-1"), requested("run-1", 2)]
+        first = journal.append(batch)
+        assert first == journal.append(batch)
+        changed = [started("run-1"), requested("run-1", 2, step="s1")]
+        with pytest.raises(IdempotencyConflict):
+            journal.append(changed)
+        assert [r.body for r in first] == [r.body for r in store.journal().read("run-1")]
+
+    def test_a_fenced_batch_keeps_the_journals_guarantees(self, store: FleetStore) -> None:
+        """Under a valid lease the journal still refuses gaps and other bytes at a seq, atomically."""
+        lease = self._leased(store)
+        journal = store.leased_journal(lease)
+        journal.append([started("run-1")])
+        with pytest.raises(SequenceGap):
+            journal.append([requested("run-1", 3)])
+        with pytest.raises(EventConflict):  # another batch key, other bytes at seq 1: the journal refuses it
+            journal.append(
+                [ev.RunStarted(run_id="run-1", seq=1, ts=T0 + 1, plan_digest="other"), requested("run-1", 2)]
+            )
+        assert 1 == store.journal().head("run-1")[0]
+        journal.append([requested("run-1", 2)])
+        assert 2 == store.journal().head("run-1")[0]
+
+    # -- the attempt machine --------------------------------------------------------------
+
+    def test_a_transition_the_spec_forbids_is_refused(self, store: FleetStore) -> None:
+        """succeed from leased is not in specs/attempt.toml: refused, nothing written."""
+        lease = self._leased(store)
+        before = store.history()
+        with pytest.raises(IllegalTransition):
+            store.advance(lease, "succeed", op_key="final")
+        assert before == store.history()
+
+    def test_a_lease_owner_cannot_make_another_actors_transition(self, store: FleetStore) -> None:
+        """The spec names an actor per transition: a lease owner cannot `requeue` its own attempt."""
+        lease = self._leased(store)
+        with pytest.raises(IllegalTransition, match="operator"):
+            store.advance(lease, "requeue", op_key="x")
+
+    def test_every_transition_is_history_with_its_actor(self, store: FleetStore) -> None:
+        """Claim, owner steps and recovery each append a history row naming the actor the spec gives."""
+        lease = self._leased(store, lease_s=SHORT)
+        store.advance(lease, "prepare", op_key="prepare")
+        self._expire_and_lose(store, lease)
+        rows = [(h.transition, h.actor, h.from_state, h.to_state) for h in store.history()]
+        assert [
+            ("lease", "scheduler", "queued", "leased"),
+            ("prepare", "lease_owner", "leased", "preparing"),
+            ("lose", "recovery_service", "preparing", "lost"),
+        ] == rows
+        assert [am.BY_TRIGGER[t].actor for t, *_ in rows] == [a for _, a, *_ in rows]
+
+    # -- recovery ---------------------------------------------------------------------
+
+    def test_recovery_requeues_an_attempt_that_requested_no_step(self, store: FleetStore) -> None:
+        """Journal shows no step requested during the lease: attempt lost, request queued with a new attempt."""
+        lease = self._leased(store, lease_s=SHORT)
+        store.leased_journal(lease).append([started("run-1")])
+        wait_past(store, lease.expires_at)
+        done = recover_once(store)
+        assert [("lost", 2)] == [(d.state, store.request(d.request_id).attempt_no) for d in done]
+        assert ["lost", am.QUEUED] == [a.state for a in store.attempts(lease.request_id)]
+
+    @pytest.mark.parametrize("idempotent", [False, True])
+    def test_recovery_sends_an_attempt_that_requested_a_step_to_needs_operator(
+        self, store: FleetStore, idempotent: bool
+    ) -> None:
+        """Any step requested during the lease: attempt and request need an operator, with an audit record."""
+        lease = self._leased(store, lease_s=SHORT)
+        store.leased_journal(lease).append([started("run-1"), requested("run-1", 2, idempotent=idempotent)])
+        wait_past(store, lease.expires_at)
+        recover_once(store)
+        assert ["needs_operator"] == [a.state for a in store.attempts(lease.request_id)]
+        assert "needs_operator" == store.request(lease.request_id).state
+        audit = store.history()[-1]
+        assert ("expire", "recovery_service") == (audit.transition, audit.actor)
+        assert ["s0"] == audit.detail["requested"]
+
+    def test_recovery_marks_an_unanswered_non_idempotent_step_uncertain(self, store: FleetStore) -> None:
+        """So the operator can reconcile at once: step.uncertain + run.stopped are appended, nothing else."""
+        lease = self._leased(store, lease_s=SHORT)
+        store.leased_journal(lease).append([started("run-1"), requested("run-1", 2)])
+        wait_past(store, lease.expires_at)
+        recover_once(store)
+        recover_once(store)  # a second pass finds nothing more to mark
+        state = load_run(store.journal(), "run-1")
+        assert ("stopped", "uncertain", 4) == (state.state, state.steps["s0"].state, state.seq)
+
+    def test_recovery_leaves_live_leases_alone(self, store: FleetStore) -> None:
+        """A lease that has not expired is not the recovery service's business."""
+        lease = self._leased(store)
+        assert [] == recover_once(store)
+        assert store.recover(lease.attempt_id, lease.token, decide_expired) is None
+        assert ["leased"] == [a.state for a in store.attempts()]
+
+    def test_an_expired_lease_is_recovered_once(self, store: FleetStore) -> None:
+        """Two recovery services racing on one lease: one decides, the other finds nothing to do."""
+        lease = self._leased(store, lease_s=SHORT)
+        wait_past(store, lease.expires_at)
+        calls: list[int] = []
+
+        def decide(bodies: Any) -> Verdict:
+            calls.append(1)
+            return decide_expired(bodies)
+
+        results = [store.recover(lease.attempt_id, lease.token, decide) for _ in range(2)]
+        assert [True, False] == [r is not None for r in results]
+        assert [1] == calls
+        assert 2 == len(store.attempts())
+
+    # -- operators ----------------------------------------------------------------------
+
+    @pytest.mark.parametrize("trigger", ["requeue", "give_up"])
+    def test_operator_decisions_need_needs_operator(self, store: FleetStore, trigger: str) -> None:
+        """requeue and fail are refused from queued and from a live lease; nothing is written."""
+        queued = store.submit("s", "q", noop_plan("run-q")).request
+        leased = self._leased(store)
+        for request_id in (queued.request_id, leased.request_id):
+            before = store.history()
+            with pytest.raises(NotReconcilable):
+                store.operate(request_id, trigger, by="alice", reason="try")
+            assert before == store.history()
+
+    def _needing_operator(self, store: FleetStore) -> Lease:
+        lease = self._leased(store, lease_s=SHORT)
+        store.leased_journal(lease).append([started("run-1"), requested("run-1", 2)])
+        wait_past(store, lease.expires_at)
+        recover_once(store)
+        return lease
+
+    def test_operator_requeue_makes_a_new_attempt_and_is_audited(self, store: FleetStore) -> None:
+        """From needs_operator, requeue ends the attempt (lost) and queues attempt 2; history names who and why."""
+        lease = self._needing_operator(store)
+        view = store.operate(lease.request_id, "requeue", by="alice", reason="ledger shows no charge")
+        assert (am.QUEUED, 2) == (view.state, view.attempt_no)
+        audit = store.history()[-1]
+        assert ("requeue", "operator", "alice", "ledger shows no charge", "needs_operator", "lost") == (
+            audit.transition, audit.actor, audit.actor_name, audit.reason, audit.from_state, audit.to_state,
+        )  # fmt: skip
+        again = store.claim(lease.request_id, "r2", LONG)
+        assert again is not None
+        assert 2 == again.token
+
+    def test_operator_fail_ends_the_request(self, store: FleetStore) -> None:
+        """From needs_operator, fail ends the attempt and the request for good."""
+        lease = self._needing_operator(store)
+        view = store.operate(lease.request_id, "give_up", by="bob", reason="charged twice upstream")
+        assert ("failed", 1) == (view.state, view.attempt_no)
+        assert view.finished_at is not None
+        assert ("give_up", "bob") == (store.history()[-1].transition, store.history()[-1].actor_name)
+
+    def test_cancelling_a_queued_request_withdraws_it(self, store: FleetStore) -> None:
+        """No runner holds it: the operator's cancellation ends it at once."""
+        request = store.submit("s", "k", noop_plan("run-1")).request
+        view = store.cancel(request.request_id, by="alice", reason="not needed")
+        assert ("cancelled", True) == (view.state, view.cancel_requested)
+        assert [] == store.candidates(10)
+
+    def test_cancelling_a_leased_request_is_seen_at_the_next_heartbeat(self, store: FleetStore) -> None:
+        """The owner learns of the cancellation from its heartbeat and cancels its attempt itself."""
+        lease = self._leased(store)
+        assert not store.heartbeat(lease, LONG).cancel_requested
+        assert "leased" == store.cancel(lease.request_id, by="alice", reason="stop").state
+        assert store.heartbeat(lease, LONG).cancel_requested
+        assert "cancelled" == store.advance(lease, "cancel", op_key="final")
+        assert store.request(lease.request_id).finished_at is not None
+
+    def test_an_unknown_request_is_bad_input(self, store: FleetStore) -> None:
+        """Operators naming a request that does not exist get exit status 2."""
+        with pytest.raises(BadInput):
+            store.operate(999, "requeue", by="alice", reason="x")
+
+    # -- what the database itself refuses ------------------------------------------------
+
+    @pytest.mark.parametrize(
+        "sql",
+        [
+            "UPDATE {history} SET reason = 'rewritten'",
+            "DELETE FROM {history}",
+            "UPDATE {operations} SET digest = 'x'",
+            "DELETE FROM {operations}",
+            "DELETE FROM {attempts}",
+            "DELETE FROM {requests}",
+            "UPDATE {attempts} SET fencing_token = 7",
+            "UPDATE {attempts} SET request_id = request_id + 1",
+            "UPDATE {requests} SET plan = 'other'",
+            "UPDATE {attempts} SET state = 'queued' WHERE state = 'succeeded'",
+            "UPDATE {requests} SET finished_at = finished_at + 1",
+        ],
+    )
+    def test_the_database_keeps_history_immutable(
+        self, fleet_backend: FleetBackend, store: FleetStore, sql: str
+    ) -> None:
+        """History, operation records, attempts' identity, finished attempts and ended requests cannot be rewritten."""
+        lease = self._leased(store)
+        store.advance(lease, "prepare", op_key="prepare")
+        store.advance(lease, "start", op_key="start")
+        store.advance(lease, "succeed", op_key="final")
+        before = (store.requests(), store.attempts(), store.history())
+        with pytest.raises(Exception, match="effectlog"):
+            fleet_backend.raw_sql(sql)
+        assert before == (store.requests(), store.attempts(), store.history())
+
+    def test_the_database_allows_one_open_attempt_per_request(
+        self, fleet_backend: FleetBackend, store: FleetStore
+    ) -> None:
+        """A second open attempt for a request is refused by a unique index, whoever writes it."""
+        request = store.submit("s", "k", noop_plan("run-1")).request
+        with pytest.raises(Exception, match=r"(?i)unique|duplicate"):
+            fleet_backend.raw_sql(
+                f"INSERT INTO {{attempts}} (request_id, attempt_no, state, created_at)"
+                f" VALUES ({request.request_id}, 2, '{am.QUEUED}', 0)"
+            )
+        assert 1 == len(store.attempts())
+
+    # -- concurrency and the runtime ------------------------------------------------------
+
+    def test_concurrent_claims_of_one_request_have_one_winner(self, fleet_backend: FleetBackend) -> None:
+        """Eight stores (as eight processes or hosts) claim the same request at once: exactly one lease."""
+        stores = [fleet_backend.open() for _ in range(8)]
+        try:
+            request = stores[0].submit("s", "k", noop_plan("run-1")).request
+            barrier = threading.Barrier(len(stores))
+            results: list[object] = [None] * len(stores)
+
+            def claim(i: int) -> None:
+                barrier.wait()
+                try:
+                    results[i] = stores[i].claim(request.request_id, f"r{i}", LONG)
+                except EffectlogError as exc:
+                    results[i] = exc
+
+            threads = [threading.Thread(target=claim, args=(i,)) for i in range(len(stores))]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            assert 1 == sum(isinstance(r, Lease) for r in results), results
+            assert [1] == [a.token for a in stores[0].attempts()]
+        finally:
+            for s in stores:
+                s.close()
+
+    def test_the_runtime_runs_a_plan_through_a_leased_journal(self, store: FleetStore) -> None:
+        """End to end in one process: claim, run the plan with the runtime, report; the journal replays clean."""
+        plan = noop_plan("run-1", steps=3)
+        request = store.submit("s", "k", plan).request
+        lease = store.claim(request.request_id, "r1", LONG)
+        assert lease is not None
+        store.advance(lease, "prepare", op_key="prepare")
+        store.advance(lease, "start", op_key="start")
+        with Runtime(store.leased_journal(lease)) as runtime:
+            outcome = runtime.run(plan)
+        assert "completed" == outcome.state
+        assert "succeeded" == store.advance(lease, "succeed", op_key="final")
+        assert "completed" == load_run(store.journal(), "run-1").state
+
+
+def _fields(lease: Lease) -> dict[str, Any]:
+    return {f: getattr(lease, f) for f in lease.__struct_fields__}
+
+
+def _write(store: FleetStore, lease: Lease, write: str, seq: int = 1) -> None:
+    if write == "heartbeat":
+        store.heartbeat(lease, LONG)
+    elif write == "advance":
+        store.advance(lease, "prepare", op_key="prepare")
+    elif write == "final":
+        store.advance(lease, "cancel", op_key="final")
+    else:
+        store.leased_journal(lease).append([started(lease.run_id, seq) if seq == 1 else requested(lease.run_id, seq)])

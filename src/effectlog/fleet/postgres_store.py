@@ -1,0 +1,278 @@
+"""The fleet store on PostgreSQL: many runner hosts, one database.
+
+The fleet tables live in schema ``effectlog_fleet``, beside the runs' journal
+(schema ``effectlog``) in the same database. Leases are timed by the database's
+clock, so the runners' clocks never matter. Rows are locked, never tables: a claim
+locks the request's current attempt ``FOR UPDATE SKIP LOCKED`` (two runners never
+wait on each other for the same request), a fenced write ``FOR SHARE``, recovery and
+operators ``FOR UPDATE``. The database enforces the same invariants as on SQLite,
+with triggers that fire even under ``session_replication_role = replica``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
+from typing import Any
+
+import psycopg
+from psycopg.conninfo import conninfo_to_dict
+from psycopg_pool import ConnectionPool, PoolTimeout
+
+from effectlog.chain import Chain
+from effectlog.errors import BadInput, JournalUnreadable
+from effectlog.events import Event
+from effectlog.fleet import attempts as am
+from effectlog.fleet.leased_journal import LeasedJournal
+from effectlog.fleet.model import Lease
+from effectlog.fleet.postgres_journal import FLEET_SCHEMA, POSTGRES, FleetPostgresJournal, PgTx, translate
+from effectlog.fleet.sqlstore import SqlFleetStore, Tx
+from effectlog.journal.postgres import redact
+
+FLEET_SCHEMA_VERSION = 1
+FLEET_MIGRATE_LOCK = (0x45464C02, 0)  # 'EFL' + 2: beside the journal's advisory lock classes
+_S = FLEET_SCHEMA
+_FINAL = am.sql_list(am.FINAL)
+
+
+def _guard(table: str, body: str) -> tuple[str, ...]:
+    return (
+        f"""CREATE FUNCTION {_S}.guard_{table}() RETURNS trigger LANGUAGE plpgsql AS $$
+            BEGIN
+                IF TG_OP = 'DELETE' THEN
+                    RAISE EXCEPTION 'effectlog: DELETE on {_S}.{table} refused: it is history';
+                END IF;
+                {body}
+                RETURN NEW;
+            END $$""",
+        f"""CREATE TRIGGER {table}_guard BEFORE UPDATE OR DELETE ON {_S}.{table}
+            FOR EACH ROW EXECUTE FUNCTION {_S}.guard_{table}()""",
+        f"ALTER TABLE {_S}.{table} ENABLE ALWAYS TRIGGER {table}_guard",
+        f"""CREATE TRIGGER {table}_no_truncate BEFORE TRUNCATE ON {_S}.{table}
+            FOR EACH STATEMENT EXECUTE FUNCTION {_S}.refuse_change()""",
+        f"ALTER TABLE {_S}.{table} ENABLE ALWAYS TRIGGER {table}_no_truncate",
+    )
+
+
+def _append_only(table: str) -> tuple[str, ...]:
+    return (
+        f"""CREATE TRIGGER {table}_append_only BEFORE UPDATE OR DELETE OR TRUNCATE ON {_S}.{table}
+            FOR EACH STATEMENT EXECUTE FUNCTION {_S}.refuse_change()""",
+        f"ALTER TABLE {_S}.{table} ENABLE ALWAYS TRIGGER {table}_append_only",
+    )
+
+
+def _raise(message: str) -> str:
+    return f"RAISE EXCEPTION 'effectlog: {message}';"
+
+
+DDL: tuple[str, ...] = (
+    f"CREATE SCHEMA IF NOT EXISTS {_S}",
+    f"CREATE TABLE {_S}.meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
+    f"""CREATE TABLE {_S}.requests (
+        request_id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+        scope TEXT NOT NULL,
+        idem_key TEXT NOT NULL,
+        fingerprint TEXT NOT NULL,
+        run_id TEXT NOT NULL CONSTRAINT requests_run_id UNIQUE,
+        plan TEXT NOT NULL,
+        requires TEXT NOT NULL,
+        created_at DOUBLE PRECISION NOT NULL,
+        current_attempt BIGINT,
+        cancel_requested_at DOUBLE PRECISION,
+        cancel_by TEXT,
+        cancel_reason TEXT,
+        finished_at DOUBLE PRECISION,
+        CONSTRAINT requests_scope_key UNIQUE (scope, idem_key)
+    )""",
+    f"""CREATE TABLE {_S}.attempts (
+        attempt_id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+        request_id BIGINT NOT NULL REFERENCES {_S}.requests (request_id),
+        attempt_no INTEGER NOT NULL,
+        state TEXT NOT NULL,
+        runner_id TEXT,
+        fencing_token BIGINT,
+        lease_expires_at DOUBLE PRECISION,
+        base_seq BIGINT,
+        created_at DOUBLE PRECISION NOT NULL,
+        CONSTRAINT attempts_no UNIQUE (request_id, attempt_no),
+        CONSTRAINT attempts_token UNIQUE (request_id, fencing_token)
+    )""",
+    f"CREATE UNIQUE INDEX attempts_one_open ON {_S}.attempts (request_id) WHERE state NOT IN {_FINAL}",
+    f"CREATE INDEX attempts_state ON {_S}.attempts (state, lease_expires_at)",
+    f"""CREATE TABLE {_S}.history (
+        id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+        attempt_id BIGINT NOT NULL,
+        request_id BIGINT NOT NULL,
+        transition TEXT NOT NULL,
+        event TEXT NOT NULL,
+        actor TEXT NOT NULL,
+        actor_name TEXT NOT NULL,
+        from_state TEXT NOT NULL,
+        to_state TEXT NOT NULL,
+        reason TEXT NOT NULL,
+        at DOUBLE PRECISION NOT NULL,
+        detail TEXT NOT NULL
+    )""",
+    f"CREATE INDEX history_request ON {_S}.history (request_id, id)",
+    f"""CREATE TABLE {_S}.operations (
+        attempt_id BIGINT NOT NULL,
+        op_key TEXT NOT NULL,
+        digest TEXT NOT NULL,
+        result TEXT NOT NULL,
+        at DOUBLE PRECISION NOT NULL,
+        PRIMARY KEY (attempt_id, op_key)
+    )""",
+    f"""CREATE FUNCTION {_S}.refuse_change() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN
+            RAISE EXCEPTION 'effectlog: % on %.% refused: it is append-only', TG_OP, TG_TABLE_SCHEMA, TG_TABLE_NAME;
+        END $$""",
+    *_append_only("history"),
+    *_append_only("operations"),
+    *_guard(
+        "attempts",
+        f"""IF NEW.attempt_id <> OLD.attempt_id OR NEW.request_id <> OLD.request_id
+                    OR NEW.attempt_no <> OLD.attempt_no OR NEW.created_at <> OLD.created_at THEN
+                    {_raise("an attempt''s identity is immutable")}
+                END IF;
+                IF OLD.fencing_token IS NOT NULL AND (NEW.fencing_token IS DISTINCT FROM OLD.fencing_token
+                    OR NEW.runner_id IS DISTINCT FROM OLD.runner_id OR NEW.base_seq IS DISTINCT FROM OLD.base_seq) THEN
+                    {_raise("a lease''s runner, fencing token and base are immutable")}
+                END IF;
+                IF OLD.state IN {_FINAL} THEN
+                    {_raise("a finished attempt never changes")}
+                END IF;""",
+    ),
+    *_guard(
+        "requests",
+        f"""IF (NEW.request_id, NEW.scope, NEW.idem_key, NEW.fingerprint, NEW.run_id, NEW.plan, NEW.requires,
+                    NEW.created_at) IS DISTINCT FROM (OLD.request_id, OLD.scope, OLD.idem_key, OLD.fingerprint,
+                    OLD.run_id, OLD.plan, OLD.requires, OLD.created_at) THEN
+                    {_raise("a request''s identity is immutable")}
+                END IF;
+                IF OLD.cancel_requested_at IS NOT NULL AND (NEW.cancel_requested_at, NEW.cancel_by, NEW.cancel_reason)
+                    IS DISTINCT FROM (OLD.cancel_requested_at, OLD.cancel_by, OLD.cancel_reason) THEN
+                    {_raise("a cancellation is recorded once")}
+                END IF;
+                IF OLD.finished_at IS NOT NULL AND NEW.finished_at IS DISTINCT FROM OLD.finished_at THEN
+                    {_raise("a request ends once")}
+                END IF;""",
+    ),
+)
+
+
+class PostgresFleetStore(SqlFleetStore):
+    """A fleet store in one PostgreSQL database; every runner host connects to the same URL."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        chain: Chain | None = None,
+        pool_size: int = 4,
+        lock_timeout_s: float = 10.0,
+        idle_in_transaction_timeout_s: float = 60.0,
+    ) -> None:
+        self.location = redact(url)
+        self.dialect = POSTGRES
+        try:
+            params = conninfo_to_dict(url)
+        except psycopg.ProgrammingError as exc:
+            raise BadInput(f"{self.location}: not a usable PostgreSQL URL ({exc})") from None
+        self._settings = {
+            "lock_timeout": f"{int(lock_timeout_s * 1000)}ms",
+            "idle_in_transaction_session_timeout": f"{int(idle_in_transaction_timeout_s * 1000)}ms",
+        }
+        kwargs: dict[str, Any] = {"autocommit": True}
+        if "connect_timeout" not in params:
+            kwargs["connect_timeout"] = 10
+        if "application_name" not in params:
+            kwargs["application_name"] = "effectlog-fleet"
+        # The journal first: it creates (or checks) schema `effectlog` that claims and recovery read.
+        self._journal = FleetPostgresJournal(
+            url,
+            chain=chain,
+            pool_size=pool_size,
+            lock_timeout_s=lock_timeout_s,
+            idle_in_transaction_timeout_s=idle_in_transaction_timeout_s,
+        )
+        try:
+            with psycopg.connect(url, **kwargs) as conn:
+                self._configure(conn)
+                self._migrate(conn)
+            self._pool: ConnectionPool[psycopg.Connection[tuple[Any, ...]]] = ConnectionPool(
+                url,
+                kwargs=kwargs,
+                min_size=1,
+                max_size=max(1, pool_size),
+                configure=self._configure,
+                open=False,
+                name="effectlog-fleet",
+            )
+            self._pool.open(wait=True, timeout=float(kwargs.get("connect_timeout", 10)) + 5)
+        except (psycopg.Error, PoolTimeout) as exc:
+            self._journal.close()
+            raise translate(exc, self.location) from None
+        except BaseException:
+            self._journal.close()
+            raise
+
+    def _configure(self, conn: psycopg.Connection[Any]) -> None:
+        conn.isolation_level = psycopg.IsolationLevel.READ_COMMITTED
+        for name, value in self._settings.items():
+            conn.execute("SELECT set_config(%s, %s, false)", (name, value))
+
+    def _migrate(self, conn: psycopg.Connection[Any]) -> None:
+        with conn.transaction():
+            # Many runners may open a fresh database at once: one creates the schema, the others wait and see it.
+            conn.execute("SELECT pg_advisory_xact_lock(%s, %s)", FLEET_MIGRATE_LOCK)
+            exists = conn.execute(
+                "SELECT 1 FROM pg_catalog.pg_tables WHERE schemaname = %s AND tablename = 'meta'", (FLEET_SCHEMA,)
+            ).fetchone()
+            if exists is not None:
+                row = conn.execute(f"SELECT value FROM {FLEET_SCHEMA}.meta WHERE key = 'schema_version'").fetchone()
+                version = int(row[0]) if row and str(row[0]).isdigit() else 0
+                if version > FLEET_SCHEMA_VERSION:
+                    raise JournalUnreadable(
+                        f"{self.location}: fleet schema v{version} is newer than this effectlog "
+                        f"(v{FLEET_SCHEMA_VERSION})"
+                    )
+                if version == FLEET_SCHEMA_VERSION:
+                    return
+                raise JournalUnreadable(f"{self.location}: schema {FLEET_SCHEMA} exists but is not an effectlog fleet")
+            for sql in DDL:
+                conn.execute(sql)  # module constants, never input
+            conn.execute(
+                f"INSERT INTO {FLEET_SCHEMA}.meta (key, value) VALUES ('schema_version', %s)",
+                (str(FLEET_SCHEMA_VERSION),),
+            )
+
+    @contextmanager
+    def _transaction(self) -> Iterator[Tx]:
+        try:
+            with self._pool.connection() as conn, conn.transaction():
+                yield PgTx(conn)
+        except (psycopg.Error, PoolTimeout) as exc:
+            raise translate(exc, self.location) from None
+
+    def _tx(self, *, write: bool = True) -> AbstractContextManager[Tx]:
+        del write  # row locks, not a database lock: reads and writes open the same kind of transaction
+        return self._transaction()
+
+    def journal(self) -> FleetPostgresJournal:
+        return self._journal
+
+    def leased_journal(
+        self, lease: Lease, before_append: Callable[[Sequence[Event]], None] | None = None
+    ) -> LeasedJournal:
+        return LeasedJournal(self._journal, lease, before_append)
+
+    def close(self) -> None:
+        self._pool.close()
+        self._journal.close()
+
+    def __enter__(self) -> PostgresFleetStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,107 @@
+"""The fleet store Protocol: what runners, the recovery service and operators need from storage.
+
+Two small halves. Writes: submit a request, list what is queued, claim, heartbeat,
+advance (a lease owner's fenced, idempotent transition), find and recover expired
+leases, operator actions. Reads: requests, attempts, history, the store's clock.
+SQLite and PostgreSQL implement it; ``effectlog.fleet.contract.FleetContract`` is the
+test suite every implementation must pass.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol, runtime_checkable
+
+from effectlog.events import Event
+from effectlog.fleet.leased_journal import FencedJournal, LeasedJournal
+from effectlog.fleet.model import (
+    AttemptView,
+    Candidate,
+    Expired,
+    Heartbeat,
+    HistoryRow,
+    Lease,
+    Recovered,
+    RequestView,
+    Submitted,
+    Verdict,
+)
+from effectlog.plan import Plan
+
+
+@runtime_checkable
+class FleetStore(Protocol):
+    location: str
+
+    # -- writes -----------------------------------------------------------------------
+
+    def submit(self, scope: str, key: str, plan: Plan, requires: Sequence[str] = ()) -> Submitted:
+        """Create a request (and its first, queued attempt) unless ``(scope, key)`` exists.
+
+        Same fingerprint: the existing request. Another fingerprint: ``IdempotencyConflict``.
+        """
+        ...
+
+    def candidates(self, limit: int) -> list[Candidate]:
+        """Queued requests, oldest first, for the scheduler."""
+        ...
+
+    def claim(self, request_id: int, runner_id: str, lease_s: float) -> Lease | None:
+        """Lease the request's queued attempt with token ``MAX(token) + 1``; ``None`` if not queued."""
+        ...
+
+    def heartbeat(self, lease: Lease, lease_s: float) -> Heartbeat:
+        """Renew a current lease (else ``StaleLease``); reports a requested cancellation."""
+        ...
+
+    def advance(
+        self, lease: Lease, trigger: str, *, op_key: str, reason: str = "", detail: dict[str, Any] | None = None
+    ) -> str:
+        """A lease owner's transition: fenced, checked against the attempt spec, idempotent by ``op_key``."""
+        ...
+
+    def expired(self, limit: int = 100) -> list[Expired]:
+        """Live attempts whose lease has run out."""
+        ...
+
+    def recover(self, attempt_id: int, token: int, decide: Callable[[Sequence[bytes]], Verdict]) -> Recovered | None:
+        """Apply ``decide`` (given the run's journal since the lease began) to an expired lease."""
+        ...
+
+    def operate(self, request_id: int, trigger: str, *, by: str, reason: str) -> RequestView:
+        """An operator's transition (``requeue``, ``give_up``), audited in the history."""
+        ...
+
+    def cancel(self, request_id: int, *, by: str, reason: str) -> RequestView:
+        """Ask for a request's cancellation (a queued one is withdrawn at once)."""
+        ...
+
+    # -- the runs' journal ------------------------------------------------------------
+
+    def journal(self) -> FencedJournal:
+        """The runs' journal in this store (unfenced appends: recovery and operators)."""
+        ...
+
+    def leased_journal(
+        self, lease: Lease, before_append: Callable[[Sequence[Event]], None] | None = None
+    ) -> LeasedJournal:
+        """The journal as ``lease``'s holder writes it: every append fenced by the lease."""
+        ...
+
+    # -- reads ------------------------------------------------------------------------
+
+    def now(self) -> float: ...
+
+    def request(self, request_id: int) -> RequestView: ...
+
+    def requests(self, states: Sequence[str] | None = None) -> list[RequestView]: ...
+
+    def attempts(self, request_id: int | None = None) -> list[AttemptView]: ...
+
+    def history(self, request_id: int | None = None) -> list[HistoryRow]: ...
+
+    def close(self) -> None: ...
+
+    def __enter__(self) -> FleetStore: ...
+
+    def __exit__(self, *exc: object) -> None: ...

@@ -1,0 +1,351 @@
+"""A runner: pulls work from a fleet store, runs plans with the runtime, reports what happened.
+
+The store never calls a runner; credentials (adapters, effect stores) stay on the
+runner's machine. The main thread asks for work (the pure scheduler picks what fits
+this runner's capabilities and free capacity) and runs a recovery pass each round; one
+thread per attempt drives the run; one heartbeat thread renews the leases and carries
+back an operator's cancellation, which the attempt's thread acts on after the current
+step's commit.
+
+Every write an attempt makes, journal events included, carries its lease. When the
+store refuses one (``StaleLease``: the lease expired and the request moved on) the
+attempt stops writing at once: its record is no longer its own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import TextIO
+
+import msgspec
+
+from effectlog import events as ev
+from effectlog.adapters.registry import Registry
+from effectlog.errors import BadInput, EffectlogError, ExitStatus, StaleLease
+from effectlog.fleet.model import Lease, Offer
+from effectlog.fleet.protocol import FleetStore
+from effectlog.fleet.recovery import recover_once
+from effectlog.fleet.scheduler import schedule
+from effectlog.journal import Journal, load_run
+from effectlog.plan import Plan, parse_plan
+from effectlog.recorder import record_now
+from effectlog.recovery import still_blocked
+from effectlog.runtime import Runtime
+
+
+class RunnerConfig(msgspec.Struct, kw_only=True):
+    store: str
+    capabilities: frozenset[str] = frozenset()
+    capacity: int = 1
+    runner_id: str = ""  # default: host:pid
+    lease_s: float = 30.0
+    heartbeat_s: float | None = None  # default: a third of the lease
+    poll_s: float = 0.5
+    effects: str | None = None
+    adapters: tuple[str, ...] = ()
+    max_attempts: int | None = None  # exit after this many attempts have ended
+    exit_when_idle: bool = False  # exit when nothing this runner can take is queued and nothing runs
+    recover: bool = True  # run the recovery service's pass each round
+    # Test hooks (hidden in the CLI): reach ``arm`` once, say so on ``notify_fd``, then block
+    # for good, or until a byte arrives on ``resume_fd``.
+    arm: str | None = None
+    notify_fd: int | None = None
+    resume_fd: int | None = None
+
+
+class CancelObserved(BaseException):
+    """Deliberate control flow: an operator's cancellation, acted on after a step's commit."""
+
+
+class LeaseLost(BaseException):
+    """Deliberate control flow: a heartbeat was refused, so no further tool is invoked."""
+
+
+class Slot:
+    """One attempt in progress."""
+
+    def __init__(self, lease: Lease) -> None:
+        self.lease = lease
+        self.cancel = threading.Event()
+        self.lost = threading.Event()
+        self.thread: threading.Thread | None = None
+        self.outcome = ""
+
+
+class Runner:
+    def __init__(self, config: RunnerConfig, store: FleetStore, *, log: TextIO | None = None) -> None:
+        if config.capacity < 1:
+            raise BadInput("--capacity must be at least 1")
+        if config.lease_s <= 0 or config.poll_s <= 0:
+            raise BadInput("--lease-s and --poll-s must be positive")
+        self.config = config
+        self.store = store
+        self.runner_id = config.runner_id or f"{socket.gethostname()}:{os.getpid()}"
+        self.heartbeat_s = config.heartbeat_s or config.lease_s / 3
+        self.registry = Registry()
+        for spec in config.adapters:
+            self.registry.add_module(spec)
+        self.log_stream = log or sys.stderr
+        self.slots: dict[int, Slot] = {}
+        self.ended = 0
+        self.started = 0
+        self._mutex = threading.Lock()
+        self._wake = threading.Event()
+        self._stopping = threading.Event()
+        self._done = threading.Event()
+        self._armed = config.arm
+
+    # -- the main loop ------------------------------------------------------------------
+
+    def serve(self) -> int:
+        """Pull and run work until stopped (SIGTERM/SIGINT), idle (``exit_when_idle``) or ``max_attempts``."""
+        self._install_signals()
+        beat = threading.Thread(target=self._heartbeats, name="effectlog-heartbeat", daemon=True)
+        beat.start()
+        self.log(f"ready: capabilities {sorted(self.config.capabilities)}, capacity {self.config.capacity}")
+        try:
+            while not self._should_exit():
+                self._wake.clear()
+                if self.config.recover and not self._stopping.is_set():
+                    self._recovery_pass()
+                claimed, fitting = self._claim_round()
+                if self.config.exit_when_idle and not self.slots and not claimed and not fitting:
+                    break
+                if not claimed or len(self.slots) >= self.config.capacity:
+                    self._wake.wait(self.config.poll_s)
+        finally:
+            self._stopping.set()
+            for slot in list(self.slots.values()):
+                if slot.thread is not None:
+                    slot.thread.join()
+            self._done.set()
+            beat.join()
+        self.log(f"exiting: {self.ended} attempt(s) ended")
+        return 0
+
+    def _should_exit(self) -> bool:
+        with self._mutex:
+            busy = bool(self.slots)
+        if self._stopping.is_set() and not busy:
+            return True
+        limit = self.config.max_attempts
+        return limit is not None and self.ended >= limit and not busy
+
+    def _install_signals(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+
+        def stop(signum: int, frame: object) -> None:
+            del frame
+            self.log(f"signal {signum}: finishing running attempts, claiming nothing more")
+            self._stopping.set()
+            self._wake.set()
+
+        signal.signal(signal.SIGTERM, stop)
+        signal.signal(signal.SIGINT, stop)
+
+    def _recovery_pass(self) -> None:
+        try:
+            for done in recover_once(self.store):
+                self.log(
+                    f"recovery: request {done.request_id} attempt {done.attempt_id} -> {done.state}: {done.reason}"
+                )
+        except EffectlogError as exc:
+            self.log(f"recovery pass failed: {exc.code}: {exc}")
+
+    def _claim_round(self) -> tuple[int, bool]:
+        """Claim what fits; returns (claimed, whether anything queued fits this runner)."""
+        if self._stopping.is_set():
+            return 0, False
+        free = self.config.capacity - len(self.slots)
+        if self.config.max_attempts is not None:
+            free = min(free, self.config.max_attempts - self.started)
+        offer = Offer(runner_id=self.runner_id, capabilities=self.config.capabilities, free=max(free, 0))
+        try:
+            candidates = self.store.candidates(max(16, 4 * self.config.capacity))
+        except EffectlogError as exc:
+            self.log(f"cannot list work: {exc.code}: {exc}")
+            return 0, True
+        fitting = bool(schedule(candidates, msgspec.structs.replace(offer, free=1)))
+        claimed = 0
+        for request_id in schedule(candidates, offer):
+            try:
+                lease = self.store.claim(request_id, self.runner_id, self.config.lease_s)
+            except EffectlogError as exc:
+                self.log(f"claim of request {request_id} failed: {exc.code}: {exc}")
+                continue
+            if lease is not None:
+                self._start(lease)
+                claimed += 1
+        return claimed, fitting
+
+    def _start(self, lease: Lease) -> None:
+        slot = Slot(lease)
+        slot.thread = threading.Thread(target=self._work, args=(slot,), name=f"effectlog-attempt-{lease.attempt_id}")
+        with self._mutex:
+            self.slots[lease.attempt_id] = slot
+            self.started += 1
+        self.log(f"request {lease.request_id} attempt {lease.attempt_no}: leased with token {lease.token}")
+        slot.thread.start()
+
+    def _heartbeats(self) -> None:
+        while not self._done.wait(self.heartbeat_s):
+            with self._mutex:
+                slots = list(self.slots.values())
+            for slot in slots:
+                if slot.lost.is_set():
+                    continue
+                try:
+                    beat = self.store.heartbeat(slot.lease, self.config.lease_s)
+                except StaleLease as exc:
+                    slot.lost.set()
+                    self.log(f"heartbeat refused: {exc.code}: {exc}")
+                    continue
+                except EffectlogError as exc:  # the store is unreachable: keep trying until the lease runs out
+                    self.log(f"heartbeat failed: {exc.code}: {exc}")
+                    continue
+                if beat.cancel_requested and not slot.cancel.is_set():
+                    self.log(f"request {slot.lease.request_id}: cancellation observed at a heartbeat")
+                    slot.cancel.set()
+
+    # -- one attempt --------------------------------------------------------------------
+
+    def _work(self, slot: Slot) -> None:
+        lease = slot.lease
+        try:
+            slot.outcome = self._attempt(slot)
+        except StaleLease as exc:
+            slot.outcome = "fenced"
+            self.log(
+                f"request {lease.request_id} attempt {lease.attempt_no}: write refused, stopping: {exc.code}: {exc}"
+            )
+        except LeaseLost:
+            slot.outcome = "lease lost"
+            self.log(f"request {lease.request_id} attempt {lease.attempt_no}: lease lost, no further tool is invoked")
+        except Exception as exc:
+            slot.outcome = "error"
+            self.log(f"request {lease.request_id} attempt {lease.attempt_no}: {type(exc).__name__}: {exc}")
+        finally:
+            with self._mutex:
+                self.slots.pop(lease.attempt_id, None)
+                self.ended += 1
+            self.log(f"request {lease.request_id} attempt {lease.attempt_no}: {slot.outcome}")
+            self._wake.set()
+
+    def _attempt(self, slot: Slot) -> str:
+        lease = slot.lease
+        store = self.store
+        journal = store.leased_journal(lease, before_append=lambda events: self._before_append(slot, events))
+        if lease.cancel_requested:
+            self._record_cancel(journal, lease)
+            return store.advance(lease, "cancel", op_key="final", reason="cancelled before it started")
+        store.advance(lease, "prepare", op_key="prepare")
+        self._point(slot, "prepared", "")
+        try:
+            plan = parse_plan(lease.plan.encode(), f"request {lease.request_id}")
+            runtime = Runtime(journal, adapters=self.registry, effects=self.config.effects, crash_hook=self._hook(slot))
+        except BadInput as exc:
+            return store.advance(lease, "fail", op_key="final", reason=f"cannot prepare: {exc}")
+        try:
+            store.advance(lease, "start", op_key="start")
+            return self._drive(slot, runtime, plan, journal)
+        finally:
+            runtime.close()
+
+    def _drive(self, slot: Slot, runtime: Runtime, plan: Plan, journal: Journal) -> str:
+        lease, store = slot.lease, self.store
+        waits = 0
+        while True:
+            try:
+                outcome = runtime.run(plan)
+            except CancelObserved:
+                self._record_cancel(journal, lease)
+                return store.advance(lease, "cancel", op_key="final", reason="cancelled by an operator")
+            except (StaleLease, LeaseLost):
+                raise
+            except BadInput as exc:  # plan pinned differently, adapter missing: nothing was invoked
+                return store.advance(lease, "fail", op_key="final", reason=str(exc))
+            except EffectlogError as exc:  # the record may be half-way: a person looks, nobody guesses
+                return store.advance(lease, "escalate", op_key="final", reason=f"{exc.code}: {exc}")
+            status = outcome.exit_status
+            if status == ExitStatus.DONE:
+                return store.advance(lease, "succeed", op_key="final", detail={"events": outcome.events_written})
+            if status == ExitStatus.STOPPED_UNCERTAIN:
+                return store.advance(lease, "escalate", op_key="final", reason=outcome.message)
+            if status != ExitStatus.SUSPENDED:
+                return store.advance(lease, "fail", op_key="final", reason=outcome.message)
+            waits += 1
+            store.advance(lease, "await_decision", op_key=f"wait#{waits}", reason=outcome.message)
+            if not self._wait_for_decision(slot, journal, plan.run_id):
+                self._record_cancel(journal, lease)
+                return store.advance(lease, "cancel", op_key="final", reason="cancelled while waiting for a decision")
+            store.advance(lease, "resume", op_key=f"resume#{waits}")
+
+    def _wait_for_decision(self, slot: Slot, journal: Journal, run_id: str) -> bool:
+        """Hold the lease (heartbeats go on) until a person approves or denies; False if cancelled."""
+        while True:
+            if slot.cancel.is_set():
+                return False
+            if slot.lost.is_set():
+                raise LeaseLost
+            if still_blocked(load_run(journal, run_id)) is None:
+                return True
+            slot.cancel.wait(self.config.poll_s)
+
+    def _record_cancel(self, journal: Journal, lease: Lease) -> None:
+        """Close the run in the journal (fenced like every write) if it was started and is open."""
+        if journal.head(lease.run_id)[0] == 0:
+            return
+        state = load_run(journal, lease.run_id)
+        if not state.closed:
+            fields = {"by": "operator", "reason": f"request {lease.request_id} cancelled"}
+            record_now(journal, state, [(ev.RunCancelled, fields)], time.time_ns)
+
+    # -- hooks ----------------------------------------------------------------------------
+
+    def _hook(self, slot: Slot) -> Callable[[str, str], None]:
+        def hook(point: str, step_id: str) -> None:
+            self._point(slot, point, step_id)
+
+        return hook
+
+    def _before_append(self, slot: Slot, events: Sequence[ev.Event]) -> None:
+        self._point(slot, f"before_append:{ev.tag_of(events[0])}", getattr(events[0], "step_id", "") or "")
+
+    def _point(self, slot: Slot, point: str, step_id: str) -> None:
+        if self._armed is not None and point == self._armed:
+            self._armed = None  # once per process
+            self._reached(point, step_id)
+        if point == "after_request" and slot.lost.is_set():
+            raise LeaseLost  # the lease is gone: do not invoke the tool
+        if point == "after_confirm" and slot.cancel.is_set():
+            raise CancelObserved
+
+    def _reached(self, point: str, step_id: str) -> None:
+        if self.config.notify_fd is not None:
+            os.write(self.config.notify_fd, f"{point} {step_id or '-'}\n".encode())
+        if self.config.resume_fd is not None:
+            os.read(self.config.resume_fd, 1)
+            return
+        while True:  # the test's SIGKILL ends this
+            time.sleep(3600)
+
+    def log(self, message: str) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            self.log_stream.write(f"effectlog runner {self.runner_id}: {message}\n")
+            self.log_stream.flush()
+
+
+def run_runner(config: RunnerConfig, open_store: Callable[[str], FleetStore]) -> int:
+    store = open_store(config.store)
+    try:
+        return Runner(config, store).serve()
+    finally:
+        store.close()

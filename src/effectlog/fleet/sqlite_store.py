@@ -1,0 +1,181 @@
+"""The fleet store on SQLite: many runner processes on one host, one file.
+
+Requests, attempts, their history and the runs' journal share one file, so a lease
+check and the write it guards are one ``BEGIN IMMEDIATE`` transaction. The database
+enforces what the fleet promises: one open attempt per request (partial unique
+index), attempts' identity and leases immutable, finished attempts frozen, history
+and operation records append-only, a request's cancellation and end recorded once.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
+
+from effectlog.chain import Chain
+from effectlog.errors import JournalUnreadable
+from effectlog.events import Event
+from effectlog.fleet import attempts as am
+from effectlog.fleet.leased_journal import LeasedJournal
+from effectlog.fleet.model import Lease
+from effectlog.fleet.sqlite_journal import SQLITE, Durability, FleetSqliteJournal, SqliteTx, connect, transaction
+from effectlog.fleet.sqlstore import SqlFleetStore, Tx
+
+FLEET_SCHEMA_VERSION = 1
+_FINAL = am.sql_list(am.FINAL)
+
+
+def _refuse(name: str, message: str, when: str = "") -> str:
+    return f"CREATE TRIGGER {name} {when} BEGIN SELECT RAISE(ABORT, 'effectlog: {message}'); END"
+
+
+DDL: tuple[str, ...] = (
+    """CREATE TABLE fleet_requests (
+        request_id INTEGER PRIMARY KEY,
+        scope TEXT NOT NULL,
+        idem_key TEXT NOT NULL,
+        fingerprint TEXT NOT NULL,
+        run_id TEXT NOT NULL UNIQUE,
+        plan TEXT NOT NULL,
+        requires TEXT NOT NULL,
+        created_at REAL NOT NULL,
+        current_attempt INTEGER,
+        cancel_requested_at REAL,
+        cancel_by TEXT,
+        cancel_reason TEXT,
+        finished_at REAL,
+        UNIQUE (scope, idem_key)
+    )""",
+    """CREATE TABLE fleet_attempts (
+        attempt_id INTEGER PRIMARY KEY,
+        request_id INTEGER NOT NULL REFERENCES fleet_requests (request_id),
+        attempt_no INTEGER NOT NULL,
+        state TEXT NOT NULL,
+        runner_id TEXT,
+        fencing_token INTEGER,
+        lease_expires_at REAL,
+        base_seq INTEGER,
+        created_at REAL NOT NULL,
+        UNIQUE (request_id, attempt_no),
+        UNIQUE (request_id, fencing_token)
+    )""",
+    f"CREATE UNIQUE INDEX fleet_one_open_attempt ON fleet_attempts (request_id) WHERE state NOT IN {_FINAL}",
+    "CREATE INDEX fleet_attempts_state ON fleet_attempts (state, lease_expires_at)",
+    """CREATE TABLE fleet_history (
+        id INTEGER PRIMARY KEY,
+        attempt_id INTEGER NOT NULL,
+        request_id INTEGER NOT NULL,
+        transition TEXT NOT NULL,
+        event TEXT NOT NULL,
+        actor TEXT NOT NULL,
+        actor_name TEXT NOT NULL,
+        from_state TEXT NOT NULL,
+        to_state TEXT NOT NULL,
+        reason TEXT NOT NULL,
+        at REAL NOT NULL,
+        detail TEXT NOT NULL
+    )""",
+    "CREATE INDEX fleet_history_request ON fleet_history (request_id, id)",
+    """CREATE TABLE fleet_operations (
+        attempt_id INTEGER NOT NULL,
+        op_key TEXT NOT NULL,
+        digest TEXT NOT NULL,
+        result TEXT NOT NULL,
+        at REAL NOT NULL,
+        PRIMARY KEY (attempt_id, op_key)
+    ) WITHOUT ROWID""",
+    *(
+        _refuse(f"{table}_append_only_{op.lower()}", f"{table} is append-only", f"BEFORE {op} ON {table}")
+        for table in ("fleet_history", "fleet_operations")
+        for op in ("UPDATE", "DELETE")
+    ),
+    _refuse(
+        "fleet_attempts_identity",
+        "an attempt''s identity is immutable",
+        "BEFORE UPDATE OF attempt_id, request_id, attempt_no, created_at ON fleet_attempts",
+    ),
+    _refuse(
+        "fleet_attempts_lease_identity",
+        "a lease''s runner, fencing token and base are immutable",
+        "BEFORE UPDATE OF runner_id, fencing_token, base_seq ON fleet_attempts WHEN OLD.fencing_token IS NOT NULL",
+    ),
+    _refuse(
+        "fleet_attempts_final",
+        "a finished attempt never changes",
+        f"BEFORE UPDATE ON fleet_attempts WHEN OLD.state IN {_FINAL}",
+    ),
+    _refuse("fleet_attempts_no_delete", "attempts are history", "BEFORE DELETE ON fleet_attempts"),
+    _refuse(
+        "fleet_requests_identity",
+        "a request''s identity is immutable",
+        "BEFORE UPDATE OF request_id, scope, idem_key, fingerprint, run_id, plan, requires, created_at"
+        " ON fleet_requests",
+    ),
+    _refuse(
+        "fleet_requests_cancel_once",
+        "a cancellation is recorded once",
+        "BEFORE UPDATE OF cancel_requested_at, cancel_by, cancel_reason ON fleet_requests"
+        " WHEN OLD.cancel_requested_at IS NOT NULL",
+    ),
+    _refuse(
+        "fleet_requests_end_once",
+        "a request ends once",
+        "BEFORE UPDATE OF finished_at ON fleet_requests WHEN OLD.finished_at IS NOT NULL",
+    ),
+    _refuse("fleet_requests_no_delete", "requests are history", "BEFORE DELETE ON fleet_requests"),
+)
+
+
+class SqliteFleetStore(SqlFleetStore):
+    """A fleet store in one SQLite file (created 0600 if missing)."""
+
+    def __init__(
+        self, path: str | os.PathLike[str], *, chain: Chain | None = None, durability: Durability = "full"
+    ) -> None:
+        self.location = os.fspath(path)
+        self.dialect = SQLITE
+        self._journal = FleetSqliteJournal(self.location, chain=chain, durability=durability)  # journal tables first
+        self._db = connect(self.location, durability)
+        self._lock = threading.Lock()
+        try:
+            with transaction(self._db, self._lock, self.location) as tx:
+                self._migrate(tx)
+        except BaseException:
+            self.close()
+            raise
+
+    def _migrate(self, tx: SqliteTx) -> None:
+        row = tx.one("SELECT value FROM meta WHERE key = 'fleet_schema_version'")
+        if row is not None:
+            if int(row[0]) > FLEET_SCHEMA_VERSION:
+                raise JournalUnreadable(
+                    f"{self.location}: fleet schema v{row[0]} is newer than this effectlog (v{FLEET_SCHEMA_VERSION})"
+                )
+            return
+        for sql in DDL:
+            tx.run(sql)
+        tx.run("INSERT INTO meta (key, value) VALUES ('fleet_schema_version', ?)", (str(FLEET_SCHEMA_VERSION),))
+
+    def _tx(self, *, write: bool = True) -> AbstractContextManager[Tx]:
+        return transaction(self._db, self._lock, self.location, write=write)
+
+    def journal(self) -> FleetSqliteJournal:
+        return self._journal
+
+    def leased_journal(
+        self, lease: Lease, before_append: Callable[[Sequence[Event]], None] | None = None
+    ) -> LeasedJournal:
+        return LeasedJournal(self._journal, lease, before_append)
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+        self._journal.close()
+
+    def __enter__(self) -> SqliteFleetStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,710 @@
+"""The fleet store's operations, written once over a small SQL dialect.
+
+``SqliteFleetStore`` and ``PostgresFleetStore`` differ only in how they open a
+transaction, how they lock rows, whose clock is "now" and their DDL; what a claim, a
+heartbeat or a recovery *means* is here, once. Every write runs in one transaction:
+
+* a claim leases the request's queued attempt with ``MAX(fencing_token) + 1``;
+* a lease-owner write is accepted only while ``(attempt, runner, token)`` is the
+  current, unexpired lease (``check_lease``), else ``StaleLease``;
+* a lease-owner report carries an operation key: the same key with the same body is
+  a no-op, with another body ``IdempotencyConflict``;
+* every attempt transition is checked against ``specs/attempt.toml`` (actor
+  included) and appended to the history table, which the database keeps append-only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
+from typing import Any, Literal, Protocol
+
+import msgspec
+
+from effectlog.canonical import canonical_json, digest
+from effectlog.errors import BadInput, IdempotencyConflict, IntegrityError, NotReconcilable, PlanMismatch, StaleLease
+from effectlog.events import Event
+from effectlog.fleet import attempts as am
+from effectlog.fleet.model import (
+    AttemptView,
+    Candidate,
+    Expired,
+    Heartbeat,
+    HistoryRow,
+    Lease,
+    Recovered,
+    RequestView,
+    Submitted,
+    Verdict,
+)
+from effectlog.plan import Plan
+
+Lock = Literal["share", "update", "none"]
+Decide = Callable[[Sequence[bytes]], Verdict]
+_MAX_TEXT = 200
+_TOKEN = re.compile(r"\{(\w+)\}")
+
+
+class Tx(Protocol):
+    """One open transaction, as the operations below need it."""
+
+    def one(self, sql: str, params: Sequence[Any] = ()) -> tuple[Any, ...] | None: ...
+
+    def all(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]: ...
+
+    def run(self, sql: str, params: Sequence[Any] = ()) -> int: ...
+
+    def now(self) -> float:
+        """Seconds since the epoch by the store's clock (the database's, on PostgreSQL)."""
+        ...
+
+
+class Dialect:
+    """Table names, placeholder and row-lock clauses of one backend; SQL templates are formatted once."""
+
+    def __init__(self, tables: dict[str, str], *, placeholder: str, locks: dict[str, str]) -> None:
+        self.values = {**tables, **locks}
+        self.placeholder = placeholder
+        self._cache: dict[str, str] = {}
+
+    def sql(self, template: str) -> str:
+        done = self._cache.get(template)
+        if done is None:
+            done = _TOKEN.sub(lambda m: self.values[m.group(1)], template)
+            if self.placeholder != "?":
+                done = done.replace("?", self.placeholder)
+            self._cache[template] = done
+        return done
+
+
+_LIVE = am.sql_list(am.LIVE)
+_REQUEST = (
+    "SELECT r.request_id, r.scope, r.idem_key, r.run_id, r.fingerprint, r.requires, a.state, a.attempt_id,"
+    " a.attempt_no, r.created_at, r.cancel_requested_at, r.finished_at"
+    " FROM {requests} r JOIN {attempts} a ON a.attempt_id = r.current_attempt"
+)
+_ATTEMPT = (
+    "SELECT attempt_id, request_id, attempt_no, state, runner_id, fencing_token, lease_expires_at, base_seq,"
+    " created_at FROM {attempts}"
+)
+_HISTORY = (
+    "SELECT id, attempt_id, request_id, transition, event, actor, actor_name, from_state, to_state, reason, at,"
+    " detail FROM {history}"
+)
+
+
+def _request_view(row: tuple[Any, ...]) -> RequestView:
+    return RequestView(
+        request_id=int(row[0]),
+        scope=row[1],
+        key=row[2],
+        run_id=row[3],
+        fingerprint=row[4],
+        requires=tuple(msgspec.json.decode(row[5])),
+        state=row[6],
+        attempt_id=int(row[7]),
+        attempt_no=int(row[8]),
+        created_at=float(row[9]),
+        cancel_requested=row[10] is not None,
+        finished_at=None if row[11] is None else float(row[11]),
+    )
+
+
+def _attempt_view(row: tuple[Any, ...]) -> AttemptView:
+    return AttemptView(
+        attempt_id=int(row[0]),
+        request_id=int(row[1]),
+        attempt_no=int(row[2]),
+        state=row[3],
+        runner_id=row[4],
+        token=None if row[5] is None else int(row[5]),
+        lease_expires_at=None if row[6] is None else float(row[6]),
+        base_seq=None if row[7] is None else int(row[7]),
+        created_at=float(row[8]),
+    )
+
+
+# -- fencing and idempotency, shared with the journals' fenced appends ----------------
+
+
+def check_lease(tx: Tx, d: Dialect, lease: Lease, now: float, *, lock: Lock) -> tuple[str, bool]:
+    """``(attempt state, cancel requested)`` while ``lease`` is the current unexpired lease; else ``StaleLease``.
+
+    ``lock`` holds the attempt row until the transaction ends (PostgreSQL; SQLite's
+    ``BEGIN IMMEDIATE`` already holds the whole database), so the recovery service
+    cannot expire the lease between this check and the write it guards.
+    """
+    clause = {"share": " {share}", "update": " {update}", "none": ""}[lock]
+    row = tx.one(
+        d.sql(
+            "SELECT a.state, r.cancel_requested_at FROM {attempts} a JOIN {requests} r ON r.request_id = a.request_id"
+            " WHERE a.attempt_id = ? AND a.runner_id = ? AND a.fencing_token = ? AND a.lease_expires_at > ?"
+            f" AND a.state IN {_LIVE}" + clause
+        ),
+        (lease.attempt_id, lease.runner_id, lease.token, now),
+    )
+    if row is None:
+        raise stale(tx, d, lease, now)
+    return str(row[0]), row[1] is not None
+
+
+def stale(tx: Tx, d: Dialect, lease: Lease, now: float) -> StaleLease:
+    """Why ``lease`` is not current, in words (the attempt's state, the newest token)."""
+    row = tx.one(
+        d.sql("SELECT state, runner_id, fencing_token, lease_expires_at FROM {attempts} WHERE attempt_id = ?"),
+        (lease.attempt_id,),
+    )
+    newest = tx.one(d.sql("SELECT MAX(fencing_token) FROM {attempts} WHERE request_id = ?"), (lease.request_id,))
+    fields: dict[str, Any] = {
+        "attempt_id": lease.attempt_id,
+        "request_id": lease.request_id,
+        "runner": lease.runner_id,
+        "token": lease.token,
+    }
+    if row is None:
+        why = "no such attempt"
+    elif (row[1], row[2]) != (lease.runner_id, lease.token):
+        why = f"attempt {lease.attempt_id} is leased to {row[1]!r} with token {row[2]}"
+    elif row[0] not in am.LIVE:
+        why = f"attempt {lease.attempt_id} is {row[0]}"
+    else:
+        why = f"the lease expired {now - float(row[3]):.3f}s ago"
+    if newest is not None and newest[0] is not None and int(newest[0]) > lease.token:
+        why += f"; the request's newest fencing token is {int(newest[0])}"
+    return StaleLease(
+        f"write refused: token {lease.token} of runner {lease.runner_id!r} is not the current lease ({why})",
+        run_id=lease.run_id,
+        **fields,
+    )
+
+
+def replayed(tx: Tx, d: Dialect, lease: Lease, op_key: str, body_digest: str) -> str | None:
+    """The stored result when this attempt already made operation ``op_key`` with the same body."""
+    row = tx.one(
+        d.sql(
+            "SELECT o.digest, o.result, a.runner_id, a.fencing_token FROM {operations} o"
+            " JOIN {attempts} a ON a.attempt_id = o.attempt_id WHERE o.attempt_id = ? AND o.op_key = ?"
+        ),
+        (lease.attempt_id, op_key),
+    )
+    if row is None:
+        return None
+    if (row[2], row[3]) != (lease.runner_id, lease.token):
+        raise stale(tx, d, lease, tx.now())
+    if row[0] != body_digest:
+        raise IdempotencyConflict(
+            f"operation {op_key!r} of attempt {lease.attempt_id} was already reported with another body",
+            run_id=lease.run_id,
+            attempt_id=lease.attempt_id,
+            op_key=op_key,
+        )
+    return str(row[1])
+
+
+def record_operation(
+    tx: Tx, d: Dialect, lease: Lease, op_key: str, *, body_digest: str, result: str, now: float
+) -> None:
+    tx.run(
+        d.sql("INSERT INTO {operations} (attempt_id, op_key, digest, result, at) VALUES (?, ?, ?, ?, ?)"),
+        (lease.attempt_id, op_key, body_digest, result, now),
+    )
+
+
+def batch_identity(events: Sequence[Event], encoded: Sequence[bytes]) -> tuple[str, str]:
+    """The operation key and body digest of a batch of journal events (one run)."""
+    run_ids = {e.run_id for e in events}
+    key = f"events:{','.join(sorted(run_ids))}:{events[0].seq}-{events[-1].seq}"
+    h = hashlib.sha256()
+    for body in encoded:
+        h.update(len(body).to_bytes(8, "big"))
+        h.update(body)
+    return key, h.hexdigest()
+
+
+def check_batch_runs(events: Sequence[Event], lease: Lease) -> None:
+    """A lease covers its own run only."""
+    for event in events:
+        if event.run_id != lease.run_id:
+            raise StaleLease(
+                f"a lease on run {lease.run_id!r} cannot write run {event.run_id!r}",
+                run_id=event.run_id,
+                attempt_id=lease.attempt_id,
+            )
+
+
+class Change(msgspec.Struct, frozen=True, kw_only=True):
+    """One attempt transition about to be written: who makes it, from where to where, and why."""
+
+    attempt_id: int
+    request_id: int
+    trigger: str
+    actor: str
+    actor_name: str
+    state: str
+    new: str
+    now: float
+    reason: str = ""
+    detail: dict[str, Any] = {}
+
+
+# -- the store ----------------------------------------------------------------------
+
+
+def _check_text(name: str, value: str) -> None:
+    if not value.strip() or len(value) > _MAX_TEXT or any(ord(c) < 32 for c in value):
+        raise BadInput(f"{name}: give a non-empty single line of at most {_MAX_TEXT} characters")
+
+
+def request_fingerprint(plan: Plan, requires: Sequence[str]) -> str:
+    """What makes two submissions the same request: the plan and what it requires."""
+    return digest({"plan": msgspec.to_builtins(plan), "requires": sorted(set(requires))})
+
+
+class SqlFleetStore:
+    """The operations of ``effectlog.fleet.protocol.FleetStore``; subclasses supply ``_tx`` and the dialect."""
+
+    dialect: Dialect
+    location: str
+
+    def _tx(self, *, write: bool = True) -> AbstractContextManager[Tx]:
+        """A transaction; ``write=False`` promises no writes (SQLite then takes no write lock)."""
+        raise NotImplementedError
+
+    # -- requests -------------------------------------------------------------------
+
+    def submit(self, scope: str, key: str, plan: Plan, requires: Sequence[str] = ()) -> Submitted:
+        _check_text("--scope", scope)
+        _check_text("--key", key)
+        for cap in requires:
+            _check_text("--requires", cap)
+        needs = sorted(set(requires))
+        fingerprint = request_fingerprint(plan, needs)
+        plan_json = canonical_json(msgspec.to_builtins(plan)).decode()
+        d = self.dialect
+        with self._tx() as tx:
+            now = tx.now()
+            row = tx.one(
+                d.sql(
+                    "INSERT INTO {requests} (scope, idem_key, fingerprint, run_id, plan, requires, created_at)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING RETURNING request_id"
+                ),
+                (scope, key, fingerprint, plan.run_id, plan_json, canonical_json(needs).decode(), now),
+            )
+            if row is None:
+                return self._existing(tx, scope, key, fingerprint, plan.run_id)
+            request_id = int(row[0])
+            self._new_attempt(tx, request_id, 1, now)
+            return Submitted(request=self._request(tx, request_id), created=True)
+
+    def _existing(self, tx: Tx, scope: str, key: str, fingerprint: str, run_id: str) -> Submitted:
+        d = self.dialect
+        found = tx.one(d.sql(_REQUEST + " WHERE r.scope = ? AND r.idem_key = ?"), (scope, key))
+        if found is not None:
+            view = _request_view(found)
+            if view.fingerprint != fingerprint:
+                raise IdempotencyConflict(
+                    f"scope {scope!r} key {key!r} is request {view.request_id}, submitted with another plan or "
+                    f"requirements (fingerprint {view.fingerprint[:12]}, given {fingerprint[:12]}); use a new key",
+                    request_id=view.request_id,
+                )
+            return Submitted(request=view, created=False)
+        other = tx.one(d.sql("SELECT request_id, scope, idem_key FROM {requests} WHERE run_id = ?"), (run_id,))
+        if other is None:  # the conflicting row was there a moment ago; the database says it is gone
+            raise IntegrityError(f"submit: a conflicting request vanished (scope {scope!r}, key {key!r})")
+        raise PlanMismatch(
+            f"run id {run_id!r} already belongs to request {other[0]} (scope {other[1]!r}, key {other[2]!r}); "
+            "give the plan its own run_id",
+            run_id=run_id,
+        )
+
+    def _new_attempt(self, tx: Tx, request_id: int, attempt_no: int, now: float) -> int:
+        d = self.dialect
+        row = tx.one(
+            d.sql(
+                "INSERT INTO {attempts} (request_id, attempt_no, state, created_at) VALUES (?, ?, ?, ?)"
+                " RETURNING attempt_id"
+            ),
+            (request_id, attempt_no, am.QUEUED, now),
+        )
+        assert row is not None
+        tx.run(d.sql("UPDATE {requests} SET current_attempt = ? WHERE request_id = ?"), (row[0], request_id))
+        return int(row[0])
+
+    def _request(self, tx: Tx, request_id: int) -> RequestView:
+        row = tx.one(self.dialect.sql(_REQUEST + " WHERE r.request_id = ?"), (request_id,))
+        if row is None:
+            raise BadInput(f"no request {request_id} in {self.location}")
+        return _request_view(row)
+
+    # -- scheduling and leases --------------------------------------------------------
+
+    def candidates(self, limit: int) -> list[Candidate]:
+        """Queued requests, oldest first: what the (pure) scheduler chooses from."""
+        with self._tx(write=False) as tx:
+            rows = tx.all(
+                self.dialect.sql(
+                    "SELECT r.request_id, r.requires FROM {requests} r"
+                    " JOIN {attempts} a ON a.attempt_id = r.current_attempt"
+                    " WHERE a.state = ? ORDER BY r.request_id LIMIT ?"
+                ),
+                (am.QUEUED, limit),
+            )
+        return [Candidate(request_id=int(r[0]), requires=tuple(msgspec.json.decode(r[1]))) for r in rows]
+
+    def claim(self, request_id: int, runner_id: str, lease_s: float) -> Lease | None:
+        """Lease the request's queued attempt to ``runner_id``; ``None`` if it is not queued (any more)."""
+        _check_text("runner id", runner_id)
+        d = self.dialect
+        with self._tx() as tx:
+            now = tx.now()
+            row = tx.one(
+                d.sql(
+                    "SELECT a.attempt_id, a.state, a.attempt_no, r.run_id, r.plan, r.cancel_requested_at"
+                    " FROM {requests} r JOIN {attempts} a ON a.attempt_id = r.current_attempt"
+                    " WHERE r.request_id = ? {claim}"
+                ),
+                (request_id,),
+            )
+            if row is None or row[1] != am.QUEUED:
+                return None
+            attempt_id, state, attempt_no, run_id, plan = int(row[0]), str(row[1]), int(row[2]), row[3], row[4]
+            token_row = tx.one(
+                d.sql("SELECT COALESCE(MAX(fencing_token), 0) + 1 FROM {attempts} WHERE request_id = ?"),
+                (request_id,),
+            )
+            base_row = tx.one(d.sql("SELECT COALESCE(MAX(seq), 0) FROM {events} WHERE run_id = ?"), (run_id,))
+            assert token_row is not None
+            assert base_row is not None
+            token, base_seq = int(token_row[0]), int(base_row[0])
+            new = am.move(state, "lease", "scheduler")
+            expires = now + lease_s
+            moved = tx.run(
+                d.sql(
+                    "UPDATE {attempts} SET state = ?, runner_id = ?, fencing_token = ?, lease_expires_at = ?,"
+                    " base_seq = ? WHERE attempt_id = ? AND state = ?"
+                ),
+                (new, runner_id, token, expires, base_seq, attempt_id, state),
+            )
+            if moved != 1:
+                return None
+            self._history(
+                tx,
+                Change(
+                    attempt_id=attempt_id,
+                    request_id=request_id,
+                    trigger="lease",
+                    actor="scheduler",
+                    actor_name=runner_id,
+                    state=state,
+                    new=new,
+                    now=now,
+                    detail={"token": token},
+                ),
+            )
+        return Lease(
+            request_id=request_id,
+            attempt_id=attempt_id,
+            attempt_no=attempt_no,
+            runner_id=runner_id,
+            token=token,
+            expires_at=expires,
+            run_id=run_id,
+            plan=plan,
+            cancel_requested=row[5] is not None,
+        )
+
+    def heartbeat(self, lease: Lease, lease_s: float) -> Heartbeat:
+        """Renew the lease; tells the owner whether an operator asked to cancel."""
+        d = self.dialect
+        with self._tx() as tx:
+            now = tx.now()
+            _, cancel = check_lease(tx, d, lease, now, lock="update")
+            tx.run(
+                d.sql("UPDATE {attempts} SET lease_expires_at = ? WHERE attempt_id = ?"),
+                (now + lease_s, lease.attempt_id),
+            )
+        return Heartbeat(expires_at=now + lease_s, cancel_requested=cancel)
+
+    def advance(
+        self, lease: Lease, trigger: str, *, op_key: str, reason: str = "", detail: dict[str, Any] | None = None
+    ) -> str:
+        """A lease owner's transition, fenced and idempotent by ``op_key``; returns the attempt's new state."""
+        d = self.dialect
+        body = digest({"transition": trigger, "reason": reason, "detail": detail or {}})
+        with self._tx() as tx:
+            done = replayed(tx, d, lease, op_key, body)
+            if done is not None:
+                return done
+            now = tx.now()
+            state, _ = check_lease(tx, d, lease, now, lock="update")
+            new = am.move(state, trigger, "lease_owner")
+            self._transition(
+                tx,
+                Change(
+                    attempt_id=lease.attempt_id,
+                    request_id=lease.request_id,
+                    trigger=trigger,
+                    actor="lease_owner",
+                    actor_name=lease.runner_id,
+                    state=state,
+                    new=new,
+                    now=now,
+                    reason=reason,
+                    detail=detail or {},
+                ),
+            )
+            record_operation(tx, d, lease, op_key, body_digest=body, result=new, now=now)
+        return new
+
+    # -- recovery -------------------------------------------------------------------
+
+    def expired(self, limit: int = 100) -> list[Expired]:
+        """Live attempts whose lease has run out, oldest first."""
+        with self._tx(write=False) as tx:
+            rows = tx.all(
+                self.dialect.sql(
+                    "SELECT a.attempt_id, a.request_id, a.fencing_token, r.run_id FROM {attempts} a"
+                    " JOIN {requests} r ON r.request_id = a.request_id"
+                    f" WHERE a.state IN {_LIVE} AND a.lease_expires_at <= ? ORDER BY a.attempt_id LIMIT ?"
+                ),
+                (tx.now(), limit),
+            )
+        return [Expired(attempt_id=int(r[0]), request_id=int(r[1]), token=int(r[2]), run_id=r[3]) for r in rows]
+
+    def recover(self, attempt_id: int, token: int, decide: Decide) -> Recovered | None:
+        """Apply the recovery service's verdict to an expired lease, reading the run's journal in the same transaction.
+
+        ``None`` when the lease is no longer live and expired (renewed, or recovered by someone else).
+        """
+        d = self.dialect
+        with self._tx() as tx:
+            now = tx.now()
+            row = tx.one(
+                d.sql(
+                    "SELECT a.state, a.request_id, a.base_seq, r.run_id FROM {attempts} a"
+                    " JOIN {requests} r ON r.request_id = a.request_id WHERE a.attempt_id = ? AND a.fencing_token = ?"
+                    f" AND a.state IN {_LIVE} AND a.lease_expires_at <= ? {{update}}"
+                ),
+                (attempt_id, token, now),
+            )
+            if row is None:
+                return None
+            state, request_id, base_seq, run_id = str(row[0]), int(row[1]), int(row[2]), row[3]
+            bodies = [
+                bytes(r[0])
+                for r in tx.all(
+                    d.sql("SELECT body FROM {events} WHERE run_id = ? AND seq > ? ORDER BY seq"), (run_id, base_seq)
+                )
+            ]
+            verdict = decide(bodies)
+            new = am.move(state, verdict.trigger, "recovery_service")
+            detail = {**verdict.detail, "token": token, "base_seq": base_seq}
+            requeued = self._transition(
+                tx,
+                Change(
+                    attempt_id=attempt_id,
+                    request_id=request_id,
+                    trigger=verdict.trigger,
+                    actor="recovery_service",
+                    actor_name="recovery-service",
+                    state=state,
+                    new=new,
+                    now=now,
+                    reason=verdict.reason,
+                    detail=detail,
+                ),
+            )
+        return Recovered(
+            attempt_id=attempt_id, request_id=request_id, state=new, reason=verdict.reason, requeued_attempt=requeued
+        )
+
+    # -- operators ------------------------------------------------------------------
+
+    def operate(self, request_id: int, trigger: str, *, by: str, reason: str) -> RequestView:
+        """An operator's transition of the request's current attempt (``requeue``, ``give_up``, ``withdraw``)."""
+        _check_text("--by", by)
+        _check_text("--reason", reason)
+        with self._tx() as tx:
+            now = tx.now()
+            attempt_id, state, attempt_no = self._current(tx, request_id)
+            if not am.allowed(state, trigger):
+                sources = sorted(am.BY_TRIGGER[trigger].source) if trigger in am.BY_TRIGGER else []
+                raise NotReconcilable(
+                    f"request {request_id}: {trigger} is allowed only from {' or '.join(sources) or 'nowhere'}, "
+                    f"and its attempt {attempt_no} is {state}; nothing was written",
+                    request_id=request_id,
+                )
+            new = am.move(state, trigger, "operator")
+            self._transition(
+                tx,
+                Change(
+                    attempt_id=attempt_id,
+                    request_id=request_id,
+                    trigger=trigger,
+                    actor="operator",
+                    actor_name=by,
+                    state=state,
+                    new=new,
+                    now=now,
+                    reason=reason,
+                ),
+            )
+            return self._request(tx, request_id)
+
+    def cancel(self, request_id: int, *, by: str, reason: str) -> RequestView:
+        """Record an operator's cancellation.
+
+        A queued request is withdrawn at once; a leased one's owner sees it at its next heartbeat.
+        """
+        _check_text("--by", by)
+        _check_text("--reason", reason)
+        d = self.dialect
+        with self._tx() as tx:
+            now = tx.now()
+            attempt_id, state, _ = self._current(tx, request_id)
+            if state in am.FINAL:
+                raise NotReconcilable(f"request {request_id} has already ended ({state}); nothing was written")
+            if state in am.AWAITING_OPERATOR:
+                raise NotReconcilable(
+                    f"request {request_id} is {state}: decide with `effectlog operator requeue|fail`; "
+                    "nothing was written"
+                )
+            tx.run(
+                d.sql(
+                    "UPDATE {requests} SET cancel_requested_at = ?, cancel_by = ?, cancel_reason = ?"
+                    " WHERE request_id = ? AND cancel_requested_at IS NULL"
+                ),
+                (now, by, reason, request_id),
+            )
+            if state == am.QUEUED:
+                new = am.move(state, "withdraw", "operator")
+                self._transition(
+                    tx,
+                    Change(
+                        attempt_id=attempt_id,
+                        request_id=request_id,
+                        trigger="withdraw",
+                        actor="operator",
+                        actor_name=by,
+                        state=state,
+                        new=new,
+                        now=now,
+                        reason=reason,
+                    ),
+                )
+            return self._request(tx, request_id)
+
+    def _current(self, tx: Tx, request_id: int) -> tuple[int, str, int]:
+        row = tx.one(
+            self.dialect.sql(
+                "SELECT a.attempt_id, a.state, a.attempt_no FROM {requests} r"
+                " JOIN {attempts} a ON a.attempt_id = r.current_attempt WHERE r.request_id = ? {update}"
+            ),
+            (request_id,),
+        )
+        if row is None:
+            raise BadInput(f"no request {request_id} in {self.location}")
+        return int(row[0]), str(row[1]), int(row[2])
+
+    # -- transitions ----------------------------------------------------------------
+
+    def _transition(self, tx: Tx, c: Change) -> int | None:
+        """Move the attempt (guarded by its current state), record history, then requeue or finish the request."""
+        d = self.dialect
+        moved = tx.run(
+            d.sql("UPDATE {attempts} SET state = ? WHERE attempt_id = ? AND state = ?"), (c.new, c.attempt_id, c.state)
+        )
+        if moved != 1:
+            raise IntegrityError(f"attempt {c.attempt_id} changed under a locked transition ({c.state} -> {c.new})")
+        self._history(tx, c)
+        if c.trigger in am.REQUEUES:
+            row = tx.one(d.sql("SELECT attempt_no FROM {attempts} WHERE attempt_id = ?"), (c.attempt_id,))
+            assert row is not None
+            return self._new_attempt(tx, c.request_id, int(row[0]) + 1, c.now)
+        if c.new in am.FINAL:
+            ended = tx.run(
+                d.sql("UPDATE {requests} SET finished_at = ? WHERE request_id = ? AND finished_at IS NULL"),
+                (c.now, c.request_id),
+            )
+            if ended != 1:
+                raise IntegrityError(f"request {c.request_id} would end twice (attempt {c.attempt_id} -> {c.new})")
+        return None
+
+    def _history(self, tx: Tx, c: Change) -> None:
+        tx.run(
+            self.dialect.sql(
+                "INSERT INTO {history} (attempt_id, request_id, transition, event, actor, actor_name, from_state,"
+                " to_state, reason, at, detail) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+            ),
+            (
+                c.attempt_id,
+                c.request_id,
+                c.trigger,
+                am.event_of(c.trigger),
+                c.actor,
+                c.actor_name,
+                c.state,
+                c.new,
+                c.reason,
+                c.now,
+                canonical_json(c.detail).decode(),
+            ),
+        )
+
+    # -- reading --------------------------------------------------------------------
+
+    def now(self) -> float:
+        with self._tx(write=False) as tx:
+            return tx.now()
+
+    def request(self, request_id: int) -> RequestView:
+        with self._tx(write=False) as tx:
+            return self._request(tx, request_id)
+
+    def requests(self, states: Sequence[str] | None = None) -> list[RequestView]:
+        """Every request, or those whose current attempt is in one of ``states``, oldest first."""
+        with self._tx(write=False) as tx:
+            if states is None:
+                rows = tx.all(self.dialect.sql(_REQUEST + " ORDER BY r.request_id"))
+            elif not states:
+                rows = []
+            else:
+                marks = ", ".join("?" * len(states))
+                rows = tx.all(
+                    self.dialect.sql(_REQUEST + f" WHERE a.state IN ({marks}) ORDER BY r.request_id"), tuple(states)
+                )
+        return [_request_view(r) for r in rows]
+
+    def attempts(self, request_id: int | None = None) -> list[AttemptView]:
+        with self._tx(write=False) as tx:
+            if request_id is None:
+                rows = tx.all(self.dialect.sql(_ATTEMPT + " ORDER BY attempt_id"))
+            else:
+                rows = tx.all(self.dialect.sql(_ATTEMPT + " WHERE request_id = ? ORDER BY attempt_id"), (request_id,))
+        return [_attempt_view(r) for r in rows]
+
+    def history(self, request_id: int | None = None) -> list[HistoryRow]:
+        with self._tx(write=False) as tx:
+            if request_id is None:
+                rows = tx.all(self.dialect.sql(_HISTORY + " ORDER BY id"))
+            else:
+                rows = tx.all(self.dialect.sql(_HISTORY + " WHERE request_id = ? ORDER BY id"), (request_id,))
+        return [
+            HistoryRow(
+                id=int(r[0]),
+                attempt_id=int(r[1]),
+                request_id=int(r[2]),
+                transition=r[3],
+                event=r[4],
+                actor=r[5],
+                actor_name=r[6],
+                from_state=r[7],
+                to_state=r[8],
+                reason=r[9],
+                at=float(r[10]),
+                detail=msgspec.json.decode(r[11]),
+            )
+            for r in rows
+        ]

@@ -1,0 +1,101 @@
+"""The fleet contract suite on PostgreSQL, against a real throwaway server."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+import pytest
+
+from effectlog.fleet.contract import FleetContract, started
+from effectlog.fleet.postgres_journal import POSTGRES, FleetPostgresJournal
+from effectlog.fleet.postgres_store import PostgresFleetStore
+from effectlog.journal.postgres import SCHEMA
+from effectlog.testing import JournalContract
+
+pytest_plugins = ["pg_fixture"]
+pytestmark = pytest.mark.postgres
+
+
+class PostgresFleetBackend:
+    """Stores on one database (each with its own pool, as on separate hosts); ``raw_sql`` talks to the server."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+
+    def open(self) -> PostgresFleetStore:
+        return PostgresFleetStore(self.url, pool_size=2)
+
+    def raw_sql(self, sql: str) -> Any:
+        with psycopg.connect(self.url, autocommit=True) as conn:
+            cur = conn.execute(POSTGRES.sql(sql))
+            return cur.fetchall() if cur.description else cur.rowcount
+
+
+class TestPostgresFleet(FleetContract):
+    @pytest.fixture
+    def fleet_backend(self, pg_url: str) -> PostgresFleetBackend:
+        return PostgresFleetBackend(pg_url)
+
+
+class JournalBackend:
+    def __init__(self, url: str) -> None:
+        self.url = url
+
+    def open(self) -> FleetPostgresJournal:
+        return FleetPostgresJournal(self.url)
+
+    def raw_sql(self, sql: str) -> Any:
+        with psycopg.connect(self.url, autocommit=True, options=f"-c search_path={SCHEMA}") as conn:
+            cur = conn.execute(sql)
+            return cur.fetchall() if cur.description else cur.rowcount
+
+
+class TestFleetPostgresJournal(JournalContract):
+    """The journal class the PostgreSQL fleet writes through keeps every journal guarantee."""
+
+    @pytest.fixture
+    def backend(self, pg_url: str) -> JournalBackend:
+        return JournalBackend(pg_url)
+
+
+def test_the_fleet_tables_share_the_journals_database(pg_url: str) -> None:
+    """One database: schema effectlog holds the runs, schema effectlog_fleet the requests and attempts."""
+    with PostgresFleetStore(pg_url) as store:
+        store.journal().append([started("run-1")])
+    with psycopg.connect(pg_url) as conn:
+        rows = conn.execute(
+            "SELECT schemaname, tablename FROM pg_tables WHERE schemaname LIKE 'effectlog%' ORDER BY 1, 2"
+        ).fetchall()
+    assert [
+        ("effectlog", "events"),
+        ("effectlog", "meta"),
+        ("effectlog_fleet", "attempts"),
+        ("effectlog_fleet", "history"),
+        ("effectlog_fleet", "meta"),
+        ("effectlog_fleet", "operations"),
+        ("effectlog_fleet", "requests"),
+    ] == rows
+
+
+def test_many_stores_opening_a_fresh_database_at_once_create_the_schema_once(pg_url: str) -> None:
+    """Runners on several hosts starting together: every open succeeds."""
+    import threading
+
+    opened: list[object] = []
+
+    def go() -> None:
+        try:
+            opened.append(PostgresFleetStore(pg_url, pool_size=1))
+        except Exception as exc:
+            opened.append(exc)
+
+    threads = [threading.Thread(target=go) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert [True] * 4 == [isinstance(s, PostgresFleetStore) for s in opened], opened
+    for s in opened:
+        assert isinstance(s, PostgresFleetStore)
+        s.close()
