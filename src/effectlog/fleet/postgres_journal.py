@@ -18,8 +18,8 @@ from psycopg_pool import PoolTimeout
 
 from effectlog.errors import EventConflict, StorageError
 from effectlog.events import Event, encode
+from effectlog.fleet.fencing import Dialect, batch_identity, check_batch_runs, check_lease, record_operation, replayed
 from effectlog.fleet.model import Lease
-from effectlog.fleet.sqlstore import Dialect, batch_identity, check_batch_runs, check_lease, record_operation, replayed
 from effectlog.fold import Record
 from effectlog.journal.postgres import SCHEMA, PostgresJournal
 from effectlog.journal.postgres import _translate as translate

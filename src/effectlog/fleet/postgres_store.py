@@ -23,10 +23,11 @@ from effectlog.chain import Chain
 from effectlog.errors import BadInput, JournalUnreadable
 from effectlog.events import Event
 from effectlog.fleet import attempts as am
+from effectlog.fleet.fencing import Tx
 from effectlog.fleet.leased_journal import LeasedJournal
 from effectlog.fleet.model import Lease
 from effectlog.fleet.postgres_journal import FLEET_SCHEMA, POSTGRES, FleetPostgresJournal, PgTx, translate
-from effectlog.fleet.sqlstore import SqlFleetStore, Tx
+from effectlog.fleet.sqlstore import SqlFleetStore
 from effectlog.journal.postgres import redact
 
 FLEET_SCHEMA_VERSION = 1

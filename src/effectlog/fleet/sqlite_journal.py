@@ -32,8 +32,8 @@ from effectlog.errors import (
     StorageError,
 )
 from effectlog.events import Event, encode
+from effectlog.fleet.fencing import Dialect, batch_identity, check_batch_runs, check_lease, record_operation, replayed
 from effectlog.fleet.model import Lease
-from effectlog.fleet.sqlstore import Dialect, batch_identity, check_batch_runs, check_lease, record_operation, replayed
 from effectlog.fold import Record
 from effectlog.journal.protocol import SCHEMA_VERSION
 from effectlog.journal.sqlite import MIGRATIONS

@@ -18,10 +18,11 @@ from effectlog.chain import Chain
 from effectlog.errors import JournalUnreadable
 from effectlog.events import Event
 from effectlog.fleet import attempts as am
+from effectlog.fleet.fencing import Tx
 from effectlog.fleet.leased_journal import LeasedJournal
 from effectlog.fleet.model import Lease
 from effectlog.fleet.sqlite_journal import SQLITE, Durability, FleetSqliteJournal, SqliteTx, connect, transaction
-from effectlog.fleet.sqlstore import SqlFleetStore, Tx
+from effectlog.fleet.sqlstore import SqlFleetStore
 
 FLEET_SCHEMA_VERSION = 1
 _FINAL = am.sql_list(am.FINAL)

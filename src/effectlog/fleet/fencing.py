@@ -1,0 +1,159 @@
+"""Fencing and idempotency checks, run inside the transaction of the write they guard.
+
+Shared by the store's own writes (heartbeat, transitions) and by the journals'
+fenced appends, so "is this lease current?" has one answer, in one place.
+``Tx`` and ``Dialect`` are the small SQL surface both backends provide.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Sequence
+from typing import Any, Literal, Protocol
+
+from effectlog.errors import IdempotencyConflict, StaleLease
+from effectlog.events import Event
+from effectlog.fleet import attempts as am
+from effectlog.fleet.model import Lease
+
+Lock = Literal["share", "update", "none"]
+_TOKEN = re.compile(r"\{(\w+)\}")
+_LIVE = am.sql_list(am.LIVE)
+
+
+class Tx(Protocol):
+    """One open transaction, as the operations below need it."""
+
+    def one(self, sql: str, params: Sequence[Any] = ()) -> tuple[Any, ...] | None: ...
+
+    def all(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]: ...
+
+    def run(self, sql: str, params: Sequence[Any] = ()) -> int: ...
+
+    def now(self) -> float:
+        """Seconds since the epoch by the store's clock (the database's, on PostgreSQL)."""
+        ...
+
+
+class Dialect:
+    """Table names, placeholder and row-lock clauses of one backend; SQL templates are formatted once."""
+
+    def __init__(self, tables: dict[str, str], *, placeholder: str, locks: dict[str, str]) -> None:
+        self.values = {**tables, **locks}
+        self.placeholder = placeholder
+        self._cache: dict[str, str] = {}
+
+    def sql(self, template: str) -> str:
+        done = self._cache.get(template)
+        if done is None:
+            done = _TOKEN.sub(lambda m: self.values[m.group(1)], template)
+            if self.placeholder != "?":
+                done = done.replace("?", self.placeholder)
+            self._cache[template] = done
+        return done
+
+
+def check_lease(tx: Tx, d: Dialect, lease: Lease, now: float, *, lock: Lock) -> tuple[str, bool]:
+    """``(attempt state, cancel requested)`` while ``lease`` is the current unexpired lease; else ``StaleLease``.
+
+    ``lock`` holds the attempt row until the transaction ends (PostgreSQL; SQLite's
+    ``BEGIN IMMEDIATE`` already holds the whole database), so the recovery service
+    cannot expire the lease between this check and the write it guards.
+    """
+    clause = {"share": " {share}", "update": " {update}", "none": ""}[lock]
+    row = tx.one(
+        d.sql(
+            "SELECT a.state, r.cancel_requested_at FROM {attempts} a JOIN {requests} r ON r.request_id = a.request_id"
+            " WHERE a.attempt_id = ? AND a.runner_id = ? AND a.fencing_token = ? AND a.lease_expires_at > ?"
+            f" AND a.state IN {_LIVE}" + clause
+        ),
+        (lease.attempt_id, lease.runner_id, lease.token, now),
+    )
+    if row is None:
+        raise stale(tx, d, lease, now)
+    return str(row[0]), row[1] is not None
+
+
+def stale(tx: Tx, d: Dialect, lease: Lease, now: float) -> StaleLease:
+    """Why ``lease`` is not current, in words (the attempt's state, the newest token)."""
+    row = tx.one(
+        d.sql("SELECT state, runner_id, fencing_token, lease_expires_at FROM {attempts} WHERE attempt_id = ?"),
+        (lease.attempt_id,),
+    )
+    newest = tx.one(d.sql("SELECT MAX(fencing_token) FROM {attempts} WHERE request_id = ?"), (lease.request_id,))
+    fields: dict[str, Any] = {
+        "attempt_id": lease.attempt_id,
+        "request_id": lease.request_id,
+        "runner": lease.runner_id,
+        "token": lease.token,
+    }
+    if row is None:
+        why = "no such attempt"
+    elif (row[1], row[2]) != (lease.runner_id, lease.token):
+        why = f"attempt {lease.attempt_id} is leased to {row[1]!r} with token {row[2]}"
+    elif row[0] not in am.LIVE:
+        why = f"attempt {lease.attempt_id} is {row[0]}"
+    else:
+        why = f"the lease expired {now - float(row[3]):.3f}s ago"
+    if newest is not None and newest[0] is not None and int(newest[0]) > lease.token:
+        why += f"; the request's newest fencing token is {int(newest[0])}"
+    return StaleLease(
+        f"write refused: token {lease.token} of runner {lease.runner_id!r} is not the current lease ({why})",
+        run_id=lease.run_id,
+        **fields,
+    )
+
+
+def replayed(tx: Tx, d: Dialect, lease: Lease, op_key: str, body_digest: str) -> str | None:
+    """The stored result when this attempt already made operation ``op_key`` with the same body."""
+    row = tx.one(
+        d.sql(
+            "SELECT o.digest, o.result, a.runner_id, a.fencing_token FROM {operations} o"
+            " JOIN {attempts} a ON a.attempt_id = o.attempt_id WHERE o.attempt_id = ? AND o.op_key = ?"
+        ),
+        (lease.attempt_id, op_key),
+    )
+    if row is None:
+        return None
+    if (row[2], row[3]) != (lease.runner_id, lease.token):
+        raise stale(tx, d, lease, tx.now())
+    if row[0] != body_digest:
+        raise IdempotencyConflict(
+            f"operation {op_key!r} of attempt {lease.attempt_id} was already reported with another body",
+            run_id=lease.run_id,
+            attempt_id=lease.attempt_id,
+            op_key=op_key,
+        )
+    return str(row[1])
+
+
+def record_operation(
+    tx: Tx, d: Dialect, lease: Lease, op_key: str, *, body_digest: str, result: str, now: float
+) -> None:
+    tx.run(
+        d.sql("INSERT INTO {operations} (attempt_id, op_key, digest, result, at) VALUES (?, ?, ?, ?, ?)"),
+        (lease.attempt_id, op_key, body_digest, result, now),
+    )
+
+
+def batch_identity(events: Sequence[Event], encoded: Sequence[bytes]) -> tuple[str, str]:
+    """The operation key and body digest of a batch of journal events (one run)."""
+    run_ids = {e.run_id for e in events}
+    key = f"events:{','.join(sorted(run_ids))}:{events[0].seq}-{events[-1].seq}"
+    h = hashlib.sha256()
+    for body in encoded:
+        h.update(len(body).to_bytes(8, "big"))
+        h.update(body)
+    return key, h.hexdigest()
+
+
+def check_batch_runs(events: Sequence[Event], lease: Lease) -> None:
+    """A lease covers its own run only."""
+    for event in events:
+        if event.run_id != lease.run_id:
+            raise StaleLease(
+                f"a lease on run {lease.run_id!r} cannot write run {event.run_id!r}",
+                run_id=event.run_id,
+                attempt_id=lease.attempt_id,
+            )
