@@ -114,3 +114,26 @@ def test_recovery_once_decides_expired_leases(store: str, plan: Path, capsys: py
 def test_runner_arguments_are_checked(store: str, argv: list[str]) -> None:
     """Impossible runner settings are bad input (exit 2) before any work is claimed."""
     assert 2 == main(["runner", "--store", store, *argv])
+
+
+def _explode(decl: object, context: object) -> object:
+    raise RuntimeError("factory bug")
+
+
+BROKEN = {"broken": _explode}
+
+
+def test_an_adapter_bug_sends_the_request_to_an_operator(
+    store: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An adapter that raises instead of answering is neither re-queued for ever nor guessed: needs_operator."""
+    plan = tmp_path / "broken.json"
+    plan.write_text(
+        json.dumps({"run_id": "b-1", "adapters": {"b": {"type": "broken"}}, "steps": [{"id": "s", "adapter": "b"}]})
+    )
+    assert 0 == submit(store, plan)
+    argv = ["runner", "--store", store, "--adapters", "test_fleet_cli:BROKEN", "--exit-when-idle", "--poll-s", "0.01"]
+    assert 0 == main(argv)
+    with open_store(store) as s:
+        assert ["needs_operator"] == [r.state for r in s.requests()]
+        assert "RuntimeError: factory bug" in s.history()[-1].reason

@@ -2,7 +2,7 @@
 
 Each test starts `effectlog runner` children, kills or stops them with real signals
 (SIGKILL, SIGSTOP/SIGCONT), and proves its claim from the store's records, the runs'
-journal and the effect ledger. Leases are short (about a second) and configurable;
+journal and the effect ledger. Leases are short (two seconds) and configurable;
 nothing asserts on wall time.
 """
 
@@ -26,7 +26,7 @@ from fleet_kit import RunnerProcess, effectlog, snapshot, wait_until, write_plan
 pytest_plugins = ["pg_fixture"]
 pytestmark = pytest.mark.crash
 
-FAST = ("--lease-s", "1.0", "--heartbeat-s", "0.2", "--poll-s", "0.05")
+FAST = ("--lease-s", "2.0", "--heartbeat-s", "0.2", "--poll-s", "0.05")
 
 
 @pytest.fixture(params=["sqlite", "postgres"])

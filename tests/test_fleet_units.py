@@ -168,3 +168,9 @@ def test_the_recovery_verdict_names_its_evidence() -> None:
     """The audit record says which steps were requested and where."""
     verdict = decide_expired([_body(STARTED), _body(REQUESTED)])
     assert {"events": 2, "requested": ["s"], "last_requested_seq": 2} == verdict.detail
+
+
+def test_the_fleet_doc_shows_the_generated_attempt_diagram() -> None:
+    """docs/fleet.md embeds exactly what specs/attempt.toml renders, so the page cannot drift from the spec."""
+    doc = (ROOT / "docs" / "fleet.md").read_text(encoding="utf-8")
+    assert f"```mermaid\n{render('attempt', 'mermaid')}```" in doc

@@ -89,14 +89,19 @@ def mark_uncertain(store: FleetStore, run_id: str) -> str | None:
 
 
 def recover_once(store: FleetStore, *, limit: int = 100) -> list[Recovered]:
-    """One pass: decide every expired lease, then mark uncertain steps of requests awaiting an operator."""
+    """One pass: decide every expired lease; mark the uncertain step of each run it sent to an operator.
+
+    If a process dies between the two, nothing is lost: the next attempt's runtime
+    records the same ``step.uncertain`` on resume and the request comes back to an operator.
+    """
     done: list[Recovered] = []
     for expired in store.expired(limit):
         outcome = store.recover(expired.attempt_id, expired.token, decide_expired)
-        if outcome is not None:
-            done.append(outcome)
-    for view in store.requests(sorted(am.AWAITING_OPERATOR)):
-        # A run whose history does not replay is for `effectlog verify` and a person; the others go on.
-        with contextlib.suppress(IntegrityError):
-            mark_uncertain(store, view.run_id)
+        if outcome is None:
+            continue
+        done.append(outcome)
+        if outcome.state in am.AWAITING_OPERATOR:
+            # A run whose history does not replay is for `effectlog verify` and a person; the others go on.
+            with contextlib.suppress(IntegrityError):
+                mark_uncertain(store, expired.run_id)
     return done

@@ -21,6 +21,7 @@ import socket
 import sys
 import threading
 import time
+import zlib
 from collections.abc import Callable, Sequence
 from typing import TextIO
 
@@ -28,7 +29,7 @@ import msgspec
 
 from effectlog import events as ev
 from effectlog.adapters.registry import Registry
-from effectlog.errors import BadInput, EffectlogError, ExitStatus, StaleLease
+from effectlog.errors import BadInput, EffectlogError, ExitStatus, StaleLease, StorageError
 from effectlog.fleet.model import Lease, Offer
 from effectlog.fleet.protocol import FleetStore
 from effectlog.fleet.recovery import recover_once
@@ -58,6 +59,19 @@ class RunnerConfig(msgspec.Struct, kw_only=True):
     arm: str | None = None
     notify_fd: int | None = None
     resume_fd: int | None = None
+
+
+def spread(picks: list[int], runner_id: str) -> list[int]:
+    """The scheduler's picks, tried from a place that depends on the runner.
+
+    Runners polling together see the same oldest requests; starting each at its own
+    offset means they mostly claim different ones instead of queueing on the first.
+    The set of picks (and the scheduler's choice) is unchanged.
+    """
+    if len(picks) < 2:
+        return picks
+    start = zlib.crc32(runner_id.encode()) % len(picks)
+    return picks[start:] + picks[:start]
 
 
 class CancelObserved(BaseException):
@@ -110,11 +124,13 @@ class Runner:
         beat = threading.Thread(target=self._heartbeats, name="effectlog-heartbeat", daemon=True)
         beat.start()
         self.log(f"ready: capabilities {sorted(self.config.capabilities)}, capacity {self.config.capacity}")
+        next_recovery = 0.0  # a pass per heartbeat interval: often enough for leases, cheap when idle
         try:
             while not self._should_exit():
                 self._wake.clear()
-                if self.config.recover and not self._stopping.is_set():
+                if self.config.recover and not self._stopping.is_set() and time.monotonic() >= next_recovery:
                     self._recovery_pass()
+                    next_recovery = time.monotonic() + self.heartbeat_s
                 claimed, fitting = self._claim_round()
                 if self.config.exit_when_idle and not self.slots and not claimed and not fitting:
                     break
@@ -167,7 +183,9 @@ class Runner:
         free = self.config.capacity - len(self.slots)
         if self.config.max_attempts is not None:
             free = min(free, self.config.max_attempts - self.started)
-        offer = Offer(runner_id=self.runner_id, capabilities=self.config.capabilities, free=max(free, 0))
+        if free <= 0:
+            return 0, True
+        offer = Offer(runner_id=self.runner_id, capabilities=self.config.capabilities, free=free)
         try:
             candidates = self.store.candidates(max(16, 4 * self.config.capacity))
         except EffectlogError as exc:
@@ -175,7 +193,7 @@ class Runner:
             return 0, True
         fitting = bool(schedule(candidates, msgspec.structs.replace(offer, free=1)))
         claimed = 0
-        for request_id in schedule(candidates, offer):
+        for request_id in spread(schedule(candidates, offer), self.runner_id):
             try:
                 lease = self.store.claim(request_id, self.runner_id, self.config.lease_s)
             except EffectlogError as exc:
@@ -251,7 +269,7 @@ class Runner:
         try:
             plan = parse_plan(lease.plan.encode(), f"request {lease.request_id}")
             runtime = Runtime(journal, adapters=self.registry, effects=self.config.effects, crash_hook=self._hook(slot))
-        except BadInput as exc:
+        except (BadInput, StorageError) as exc:
             return store.advance(lease, "fail", op_key="final", reason=f"cannot prepare: {exc}")
         try:
             store.advance(lease, "start", op_key="start")
@@ -274,6 +292,9 @@ class Runner:
                 return store.advance(lease, "fail", op_key="final", reason=str(exc))
             except EffectlogError as exc:  # the record may be half-way: a person looks, nobody guesses
                 return store.advance(lease, "escalate", op_key="final", reason=f"{exc.code}: {exc}")
+            except Exception as exc:  # an adapter's bug: re-queueing it on every runner would loop for ever
+                reason = f"unexpected error: {type(exc).__name__}: {exc}"
+                return store.advance(lease, "escalate", op_key="final", reason=reason)
             status = outcome.exit_status
             if status == ExitStatus.DONE:
                 return store.advance(lease, "succeed", op_key="final", detail={"events": outcome.events_written})

@@ -13,6 +13,7 @@ store file as on any journal.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import sqlite3
 import threading
@@ -109,14 +110,62 @@ class SqliteTx:
         return time.time()
 
 
+class Handle:
+    """One connection to a store file, and how its users take turns.
+
+    Threads of one process share the connection under a thread lock. Writer processes
+    queue on an OS lock of ``<store>.writers`` before ``BEGIN IMMEDIATE``: SQLite's own
+    busy handler sleeps up to 100 ms between tries, so under contention a free database
+    would sit idle while its waiters sleep; polling the OS lock hands it over within
+    about a millisecond. The database's lock is still what protects the data.
+    """
+
+    def __init__(self, path: str, durability: Durability = "full", busy_timeout_s: float = 60.0) -> None:
+        self.where = path
+        self.busy_timeout_s = busy_timeout_s
+        self.db = connect(path, durability, busy_timeout_s)
+        self.lock = threading.Lock()
+        try:
+            self.gate = os.open(path + ".writers", os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError as exc:
+            self.db.close()
+            raise StorageError(f"{path}.writers: cannot open the writers' lock ({exc.strerror})") from None
+
+    @contextmanager
+    def writing(self) -> Iterator[None]:
+        deadline = time.monotonic() + self.busy_timeout_s
+        pause = 0.0002
+        while True:
+            try:
+                fcntl.flock(self.gate, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise JournalLocked(f"{self.where}: another process kept the store's write lock") from None
+                time.sleep(pause)
+                pause = min(pause * 2, 0.002)
+        try:
+            yield
+        finally:
+            fcntl.flock(self.gate, fcntl.LOCK_UN)
+
+    def close(self) -> None:
+        with self.lock:
+            with contextlib.suppress(sqlite3.Error):
+                self.db.close()
+            with contextlib.suppress(OSError):
+                os.close(self.gate)
+
+
 @contextmanager
-def transaction(db: sqlite3.Connection, lock: threading.Lock, where: str, *, write: bool = True) -> Iterator[SqliteTx]:
-    """One transaction (``BEGIN IMMEDIATE`` for writes); threads of one process take turns on the connection."""
-    with lock:
+def transaction(handle: Handle, *, write: bool = True) -> Iterator[SqliteTx]:
+    """One transaction (``BEGIN IMMEDIATE`` for writes, after the writers' OS lock)."""
+    with handle.lock, handle.writing() if write else contextlib.nullcontext():
+        db = handle.db
         try:
             db.execute("BEGIN IMMEDIATE" if write else "BEGIN")
         except sqlite3.Error as exc:
-            raise translate(exc, where) from None
+            raise translate(exc, handle.where) from None
         try:
             yield SqliteTx(db)
             db.execute("COMMIT")
@@ -125,7 +174,7 @@ def transaction(db: sqlite3.Connection, lock: threading.Lock, where: str, *, wri
                 with contextlib.suppress(sqlite3.Error):
                     db.execute("ROLLBACK")
             if isinstance(exc, sqlite3.Error):
-                raise translate(exc, where) from None
+                raise translate(exc, handle.where) from None
             raise
 
 
@@ -137,13 +186,12 @@ class FleetSqliteJournal:
     ) -> None:
         self.location = os.fspath(path)
         self.chain = chain or Chain()
-        self._db = connect(self.location, durability)
-        self._lock = threading.Lock()
+        self._handle = Handle(self.location, durability)
         try:
-            with transaction(self._db, self._lock, self.location) as tx:
+            with transaction(self._handle) as tx:
                 self._migrate(tx)
         except BaseException:
-            self._db.close()
+            self._handle.close()
             raise
 
     def _migrate(self, tx: SqliteTx) -> None:
@@ -184,7 +232,7 @@ class FleetSqliteJournal:
         if lease is not None:
             check_batch_runs(events, lease)
         encoded = [encode(e) for e in events]
-        with transaction(self._db, self._lock, self.location) as tx:
+        with transaction(self._handle) as tx:
             if lease is None:
                 return self._insert(tx, events, encoded)
             op_key, body = batch_identity(events, encoded)
@@ -243,9 +291,9 @@ class FleetSqliteJournal:
         )
 
     def _query(self, sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
-        with self._lock:
+        with self._handle.lock:
             try:
-                return [tuple(r) for r in self._db.execute(sql, params).fetchall()]
+                return [tuple(r) for r in self._handle.db.execute(sql, params).fetchall()]
             except sqlite3.Error as exc:
                 raise translate(exc, self.location) from None
 
@@ -264,8 +312,7 @@ class FleetSqliteJournal:
         return [str(r[0]) for r in self._query("SELECT DISTINCT run_id FROM events ORDER BY run_id", ())]
 
     def close(self) -> None:
-        with self._lock, contextlib.suppress(sqlite3.Error):
-            self._db.close()
+        self._handle.close()
 
     def __enter__(self) -> FleetSqliteJournal:
         return self

@@ -10,7 +10,6 @@ and operation records append-only, a request's cancellation and end recorded onc
 from __future__ import annotations
 
 import os
-import threading
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 
@@ -21,7 +20,7 @@ from effectlog.fleet import attempts as am
 from effectlog.fleet.fencing import Tx
 from effectlog.fleet.leased_journal import LeasedJournal
 from effectlog.fleet.model import Lease
-from effectlog.fleet.sqlite_journal import SQLITE, Durability, FleetSqliteJournal, SqliteTx, connect, transaction
+from effectlog.fleet.sqlite_journal import SQLITE, Durability, FleetSqliteJournal, Handle, SqliteTx, transaction
 from effectlog.fleet.sqlstore import SqlFleetStore
 
 FLEET_SCHEMA_VERSION = 1
@@ -138,10 +137,9 @@ class SqliteFleetStore(SqlFleetStore):
         self.location = os.fspath(path)
         self.dialect = SQLITE
         self._journal = FleetSqliteJournal(self.location, chain=chain, durability=durability)  # journal tables first
-        self._db = connect(self.location, durability)
-        self._lock = threading.Lock()
+        self._handle = Handle(self.location, durability)
         try:
-            with transaction(self._db, self._lock, self.location) as tx:
+            with transaction(self._handle) as tx:
                 self._migrate(tx)
         except BaseException:
             self.close()
@@ -160,7 +158,7 @@ class SqliteFleetStore(SqlFleetStore):
         tx.run("INSERT INTO meta (key, value) VALUES ('fleet_schema_version', ?)", (str(FLEET_SCHEMA_VERSION),))
 
     def _tx(self, *, write: bool = True) -> AbstractContextManager[Tx]:
-        return transaction(self._db, self._lock, self.location, write=write)
+        return transaction(self._handle, write=write)
 
     def journal(self) -> FleetSqliteJournal:
         return self._journal
@@ -171,8 +169,7 @@ class SqliteFleetStore(SqlFleetStore):
         return LeasedJournal(self._journal, lease, before_append)
 
     def close(self) -> None:
-        with self._lock:
-            self._db.close()
+        self._handle.close()
         self._journal.close()
 
     def __enter__(self) -> SqliteFleetStore:
