@@ -40,6 +40,7 @@ crash-matrix: $(STAMP)
 diagrams: $(STAMP)
 	$(BIN)/effectlog diagram step --format mermaid > docs/diagrams/step.mmd
 	$(BIN)/effectlog diagram run --format mermaid > docs/diagrams/run.mmd
+	$(BIN)/effectlog diagram attempt --format mermaid > docs/diagrams/attempt.mmd
 
 # Side by side in one run: the SQLite floor, effectlog, DBOS and LangGraph; writes
 # experiments/results/bench.json and docs/performance.md (with plots in docs/img/).

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from effectlog.errors import IllegalTransition
-from effectlog.machines import SpecModel, run_machine, step_machine
+from effectlog.machines import SpecModel, attempt_machine, run_machine, step_machine
 from effectlog.spec import compiled, load
 
 NO_SUCH_TRIGGER = "no_such_trigger"
@@ -97,6 +97,11 @@ TestStepMachine.__doc__ = (
 
 TestRunMachine = machine_test("run", run_machine).TestCase
 TestRunMachine.__doc__ = "Random triggers on run_machine() follow specs/run.toml exactly; illegal ones change nothing."
+
+TestAttemptMachine = machine_test("attempt", attempt_machine).TestCase
+TestAttemptMachine.__doc__ = (
+    "Random triggers on attempt_machine() follow specs/attempt.toml exactly; illegal ones change nothing."
+)
 
 
 def test_step_machine_write_ahead_path() -> None:

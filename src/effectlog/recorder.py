@@ -11,6 +11,7 @@ from typing import Any
 from effectlog.events import Event
 from effectlog.fold import RunState, apply
 from effectlog.journal.protocol import Journal
+from effectlog.seal import SealingJournal, seal_row
 from effectlog.trace import Trace
 
 Clock = Callable[[], int]
@@ -36,7 +37,10 @@ def record_now(
 ) -> RunState:
     """Prepare, append durably (one atomic batch), trace; returns the new state."""
     events, new_state = prepare(state, specs, clock())
-    journal.append(events)
+    if new_state.closed and isinstance(journal, SealingJournal):  # closed for good: seal it with its last event
+        journal.append_sealed(events, [seal_row(new_state)])
+    else:
+        journal.append(events)
     if trace is not None:
         for event in events:
             trace.record(event)

@@ -25,10 +25,11 @@ from effectlog.adapters.protocol import Receipt, Request, idempotency_key
 from effectlog.adapters.registry import AdapterContext, Factory, Registry
 from effectlog.errors import ExitStatus, NotApplied, PlanMismatch
 from effectlog.fold import RunState
-from effectlog.journal import Journal, load_run, open_journal
+from effectlog.journal import Journal, load_resumable, load_run, open_journal
 from effectlog.plan import Plan, StepDecl, args_digest, load_plan
 from effectlog.recorder import Clock, EventSpec, prepare
 from effectlog.recovery import Action, decide, still_blocked
+from effectlog.seal import seal_row
 from effectlog.trace import Trace
 
 Decision = Literal["allow", "deny", "require_approval"]
@@ -153,6 +154,9 @@ class Runtime:
         actor = RunActor(self, plan)
         self.writer.active_runs += 1
         try:
+            # Let runs started together (arun_many) all register before any writes, so their
+            # batches queue for shared commits instead of the first running alone, inline.
+            await asyncio.sleep(0)
             return await actor.drive()
         finally:
             self.writer.active_runs -= 1
@@ -234,7 +238,7 @@ class RunActor:
         self.rt = runtime
         self.plan = plan
         self.adapters, self.identities = runtime.registry.build(plan, runtime.context)
-        self.state = load_run(runtime.journal, plan.run_id)
+        self.state = load_resumable(runtime.journal, plan.run_id)  # a sealed run is not replayed
         self.events_written = 0
         self.adapter_calls = 0
 
@@ -242,6 +246,9 @@ class RunActor:
 
     async def _record(self, *specs: EventSpec) -> None:
         events, new_state = prepare(self.state, specs, self.rt.clock())
+        # The event that closes a run carries its seal, in the same transaction.
+        if new_state.closed and self.rt.writer.sealing:
+            self.rt.writer.seal_next(seal_row(new_state))
         await self.rt.writer.append(events)
         self.state = new_state
         self.events_written += len(events)

@@ -5,6 +5,12 @@ flight, batches from other runs queue up and go out together in the next
 transaction (group commit): each run still waits for its own batch to be durable
 before it invokes a tool or advances, so no ordering guarantee is weakened.
 With a single active run it appends inline, which is the fastest path.
+
+A group's commit runs on a worker thread (SQLite releases the GIL while it
+syncs), so the event loop stays free while the disk is busy: runs that are not in
+the group (a tool running on a thread, a run just starting) go on, and their
+batches form the next group. A batch may carry the seal of the run it closes
+(``effectlog.seal``); the seal is written in the same transaction.
 """
 
 from __future__ import annotations
@@ -15,47 +21,76 @@ from collections.abc import Sequence
 from effectlog.events import Event
 from effectlog.fold import Record
 from effectlog.journal.protocol import Journal
+from effectlog.seal import SealingJournal, SealRow
+
+_Pending = tuple[Sequence[Event], SealRow | None, "asyncio.Future[list[Record]]"]
 
 
 class JournalWriter:
     def __init__(self, journal: Journal) -> None:
         self.journal = journal
         self.active_runs = 0
-        self._queue: list[tuple[Sequence[Event], asyncio.Future[list[Record]]]] = []
+        self._queue: list[_Pending] = []
         self._flushing = False
         self.commits = 0
+        self.sealing = isinstance(journal, SealingJournal)
+        self._seals: dict[str, SealRow] = {}
+
+    def seal_next(self, seal: SealRow) -> None:
+        """Write ``seal`` with the next batch appended for its run (the batch that closes it)."""
+        self._seals[seal[0]] = seal
 
     async def append(self, events: Sequence[Event]) -> list[Record]:
+        """Append ``events`` atomically (with a seal from ``seal_next``); returns once durable."""
+        seal = self._seals.pop(events[0].run_id, None) if self._seals and events else None
         if self.active_runs <= 1 and not self._flushing and not self._queue:
-            return self._append_now(events)
+            return self._append_now(events, [seal] if seal is not None else [])
         future: asyncio.Future[list[Record]] = asyncio.get_running_loop().create_future()
-        self._queue.append((events, future))
+        self._queue.append((events, seal, future))
         if not self._flushing:
             self._flushing = True
             asyncio.get_running_loop().create_task(self._flush())
         return await future
 
-    def _append_now(self, events: Sequence[Event]) -> list[Record]:
+    def _append_now(self, events: Sequence[Event], seals: Sequence[SealRow] = ()) -> list[Record]:
         self.commits += 1
+        if seals and isinstance(self.journal, SealingJournal):
+            return self.journal.append_sealed(events, seals)
         return self.journal.append(events)
 
     async def _flush(self) -> None:
         try:
             while self._queue:
                 group, self._queue = self._queue, []
-                merged = [e for events, _ in group for e in events]
+                merged = [e for events, _, _ in group for e in events]
+                seals = [seal for _, seal, _ in group if seal is not None]
                 try:
-                    records = await asyncio.to_thread(self._append_now, merged)
+                    records = await asyncio.to_thread(self._append_now, merged, seals)
                 except Exception:
                     # One run's bad batch must not fail the others: retry each alone.
-                    for events, future in group:
+                    for events, seal, future in group:
                         try:
-                            future.set_result(await asyncio.to_thread(self._append_now, events))
+                            alone = [seal] if seal is not None else []
+                            future.set_result(await asyncio.to_thread(self._append_now, events, alone))
                         except Exception as exc:
                             future.set_exception(exc)
                     continue
+                except BaseException as exc:
+                    # A simulated crash, an interrupt or a cancellation inside the commit: every
+                    # run of the group and every run still waiting learns it; none hears "durable".
+                    for _, _, future in [*group, *self._queue]:
+                        if future.done():
+                            continue
+                        if isinstance(exc, asyncio.CancelledError):
+                            future.cancel()
+                        else:
+                            future.set_exception(exc)
+                    self._queue = []
+                    if isinstance(exc, asyncio.CancelledError):
+                        raise
+                    return
                 at = 0
-                for events, future in group:
+                for events, _, future in group:
                     future.set_result(records[at : at + len(events)])
                     at += len(events)
         finally:

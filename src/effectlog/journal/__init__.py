@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import os
+import zlib
+from collections.abc import Iterator
+
+import msgspec
 
 from effectlog.chain import Chain
 from effectlog.fold import RunState, replay_records
 from effectlog.journal.protocol import SCHEMA_VERSION, Journal
 from effectlog.journal.sqlite import SqliteJournal
+from effectlog.seal import SealingJournal, state_from_seal
 
-__all__ = ["SCHEMA_VERSION", "Journal", "SqliteJournal", "chain_from_env", "load_run", "open_journal"]
+__all__ = ["SCHEMA_VERSION", "Journal", "SqliteJournal", "chain_from_env", "load_resumable", "load_run", "open_journal"]
 
 
 def chain_from_env(key_file: str | None = None) -> Chain:
@@ -40,4 +47,39 @@ def open_journal(location: str, *, writer: bool = True, chain: Chain | None = No
 
 def load_run(journal: Journal, run_id: str) -> RunState:
     """Replay one run from the journal, checking chain, sequence and legality."""
-    return replay_records(journal.read(run_id), journal.chain, run_id=run_id)
+    with _no_cyclic_gc():
+        return replay_records(journal.read(run_id), journal.chain, run_id=run_id)
+
+
+@contextlib.contextmanager
+def _no_cyclic_gc() -> Iterator[None]:
+    """Pause the cyclic garbage collector for a replay.
+
+    A long replay keeps many acyclic objects alive (steps, receipts, map nodes), and the
+    collector would re-scan them all again and again: about a fifth of the replay's time at
+    100,000 events. Nothing a replay creates is cyclic, reference counting still frees as
+    usual, and the collector resumes (if it was on) as soon as the replay ends.
+    """
+    if not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+
+
+def load_resumable(journal: Journal, run_id: str) -> RunState:
+    """The state a run actor starts from: a closed run's seal when it has one, else ``load_run``.
+
+    A sealed run is closed for good, so its actor only reports it; the seal (bound to the
+    run's chain head) has every run-level field and each step's id, state and attempt.
+    """
+    found = journal.sealed(run_id) if isinstance(journal, SealingJournal) else None
+    if found is not None:
+        try:
+            return state_from_seal(*found)
+        except (zlib.error, msgspec.DecodeError, msgspec.ValidationError):
+            pass  # a seal that does not decode is no shortcut: replay in full
+    return load_run(journal, run_id)

@@ -3,6 +3,12 @@
 Append-only is enforced by the database (triggers abort UPDATE and DELETE), and
 deduplication is a constraint (primary key ``(run_id, seq)``, unique
 ``(run_id, step_id, phase, attempt)``), never a check before the insert.
+
+Closed runs may carry a seal (``effectlog.seal``) in the append-only ``seals``
+table, written in the same transaction as the closing event and bound to it by the
+chain. Seals are derived data, not part of the event schema: a writer adds the
+table if it is missing (older journals), readers treat a missing table as "no
+seals", so the schema version does not change.
 """
 
 from __future__ import annotations
@@ -54,6 +60,28 @@ assert len(MIGRATIONS) == SCHEMA_VERSION
 
 _INSERT = (
     "INSERT INTO events (run_id, seq, step_id, phase, attempt, body, hash) VALUES (?, ?, ?, ?, ?, ?, ?)"
+)
+
+SEALS_DDL: tuple[str, ...] = (
+    """CREATE TABLE seals (
+        run_id TEXT PRIMARY KEY,
+        seq INTEGER NOT NULL CHECK (seq > 0),
+        body BLOB NOT NULL,
+        hash BLOB NOT NULL
+    )""",
+    """CREATE TRIGGER seals_append_only_update BEFORE UPDATE ON seals
+       BEGIN SELECT RAISE(ABORT, 'effectlog: seals are append-only'); END""",
+    """CREATE TRIGGER seals_append_only_delete BEFORE DELETE ON seals
+       BEGIN SELECT RAISE(ABORT, 'effectlog: seals are append-only'); END""",
+)
+READ_PAGE_ROWS = 2000
+_READ_PAGE = "SELECT seq, body, hash FROM events WHERE run_id = ? AND seq > ? ORDER BY seq LIMIT ?"
+WAL_AUTOCHECKPOINT_PAGES = 8000  # about 32 MiB of WAL between checkpoints (SQLite's default: 1,000 pages)
+_INSERT_SEAL = "INSERT INTO seals (run_id, seq, body, hash) VALUES (?, ?, ?, ?)"
+# One statement, so one snapshot: the seal and the run's last event together.
+_SELECT_SEAL = (
+    "SELECT s.seq, s.body, s.hash, e.seq, e.hash FROM seals s JOIN events e ON e.run_id = s.run_id "
+    "WHERE s.run_id = ? ORDER BY e.seq DESC LIMIT 1"
 )
 
 
@@ -128,7 +156,10 @@ class SqliteJournal:
             self._lock.acquire()
         try:
             self._db = self._connect(durability)
+            self._cursor = self._db.cursor()  # reused by append: one cursor instead of one per row
             self._migrate()
+            if writer:
+                self._ensure_seals()
         except BaseException:
             if self._lock:
                 self._lock.release()
@@ -155,6 +186,10 @@ class SqliteJournal:
                     raise StorageError(f"{self.location}: could not switch the journal to WAL (got {mode})")
                 # FULL: a committed append survives power loss. NORMAL is an explicit, unsafe opt-in.
                 db.execute(f"PRAGMA synchronous = {'FULL' if durability == 'full' else 'NORMAL'}")
+                # Checkpoints run inside a commit and sync the database file too. A group commit
+                # of many runs dirties a few pages per run, so the default (1,000 pages) made
+                # every few commits pay for one. Durability does not depend on it: the WAL is.
+                db.execute(f"PRAGMA wal_autocheckpoint = {WAL_AUTOCHECKPOINT_PAGES}")
             else:
                 uri = Path(self.location).resolve().as_uri() + "?mode=ro"
                 db = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False)
@@ -213,6 +248,21 @@ class SqliteJournal:
                 f"{self.location}: journal chain is {recorded}, opened as {self.chain.name} ({hint})"
             )
 
+    def _ensure_seals(self) -> None:
+        try:
+            if self._db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'seals'").fetchone():
+                return
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                for sql in SEALS_DDL:
+                    self._db.execute(sql)
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+        except sqlite3.Error as exc:
+            raise _translate(exc, self.location) from None
+
     # -- the Protocol -------------------------------------------------------------
 
     def head(self, run_id: str) -> tuple[int, bytes]:
@@ -231,9 +281,13 @@ class SqliteJournal:
         return head
 
     def append(self, events: Sequence[Event]) -> list[Record]:
+        return self.append_sealed(events, ())
+
+    def append_sealed(self, events: Sequence[Event], seals: Sequence[tuple[str, int, bytes]]) -> list[Record]:
+        """``append``, plus seals of runs this batch closes, in the same transaction (``effectlog.seal``)."""
         if not self.writer:
             raise StorageError(f"{self.location}: journal opened read-only")
-        if not events:
+        if not events and not seals:
             return []
         db = self._db
         heads: dict[str, tuple[int, bytes]] = {}
@@ -241,27 +295,25 @@ class SqliteJournal:
         try:
             db.execute("BEGIN IMMEDIATE")
             try:
+                link, insert = self.chain.link, self._cursor.execute  # bound once: this loop is the hot path
                 for event in events:
-                    run_id = event.run_id
+                    run_id, seq = event.run_id, event.seq
                     last_seq, last_hash = heads.get(run_id) or self.head(run_id)
                     body = encode(event)
-                    if event.seq <= last_seq:
-                        out.append(self._existing(run_id, event.seq, body))
+                    if seq <= last_seq:
+                        out.append(self._existing(run_id, seq, body))
                         continue
-                    if event.seq != last_seq + 1:
-                        raise SequenceGap(
-                            f"append expected seq {last_seq + 1}, got {event.seq}", run_id=run_id, seq=event.seq
-                        )
-                    digest = self.chain.link(last_hash, body)
+                    if seq != last_seq + 1:
+                        raise SequenceGap(f"append expected seq {last_seq + 1}, got {seq}", run_id=run_id, seq=seq)
+                    digest = link(last_hash, body)
                     try:
-                        db.execute(
-                            _INSERT,
-                            (run_id, event.seq, event.step_key, event.phase, event.attempt_no, body, digest),
-                        )
+                        insert(_INSERT, (run_id, seq, event.step_key, event.phase, event.attempt_no, body, digest))
                     except sqlite3.IntegrityError:
                         raise self._dedup_conflict(event) from None
-                    heads[run_id] = (event.seq, digest)
-                    out.append(Record(run_id, event.seq, body, digest))
+                    heads[run_id] = (seq, digest)
+                    out.append(Record(run_id, seq, body, digest))
+                for run_id, seq, seal in seals:
+                    self._insert_seal(run_id, seq, seal, heads.get(run_id) or self.head(run_id))
                 if self.before_commit is not None:
                     self.before_commit(events)
                 db.execute("COMMIT")
@@ -273,6 +325,35 @@ class SqliteJournal:
             raise _translate(exc, self.location) from None
         self._heads.update(heads)
         return out
+
+    def _insert_seal(self, run_id: str, seq: int, seal: bytes, head: tuple[int, bytes]) -> None:
+        if seq != head[0]:
+            raise SequenceGap(
+                f"a seal must follow the run's last event (seq {head[0]}), not seq {seq}", run_id=run_id, seq=seq
+            )
+        try:
+            self._cursor.execute(_INSERT_SEAL, (run_id, seq, seal, self.chain.link(head[1], seal)))
+        except sqlite3.IntegrityError:
+            row = self._db.execute("SELECT body FROM seals WHERE run_id = ?", (run_id,)).fetchone()
+            if row is None or bytes(row[0]) != seal:
+                raise EventConflict("the run is already sealed with another seal", run_id=run_id, seq=seq) from None
+
+    def sealed(self, run_id: str) -> tuple[bytes, bytes] | None:
+        """``(seal, chain head)`` when the run's seal is bound to its last event; ``None`` otherwise."""
+        try:
+            row = self._db.execute(_SELECT_SEAL, (run_id,)).fetchone()
+        except sqlite3.OperationalError as exc:
+            if "no such table" in str(exc):  # a journal no writer has opened since seals exist
+                return None
+            raise _translate(exc, self.location) from None
+        except sqlite3.Error as exc:
+            raise _translate(exc, self.location) from None
+        if row is None:
+            return None
+        seq, seal, digest, head_seq, head = row[0], bytes(row[1]), bytes(row[2]), row[3], bytes(row[4])
+        if seq != head_seq or self.chain.link(head, seal) != digest:
+            return None
+        return seal, head
 
     def _existing(self, run_id: str, seq: int, body: bytes) -> Record:
         row = self._db.execute("SELECT body, hash FROM events WHERE run_id = ? AND seq = ?", (run_id, seq)).fetchone()
@@ -294,14 +375,20 @@ class SqliteJournal:
         )
 
     def read(self, run_id: str, after_seq: int = 0) -> Iterator[Record]:
-        try:
-            rows = self._db.execute(
-                "SELECT seq, body, hash FROM events WHERE run_id = ? AND seq > ? ORDER BY seq", (run_id, after_seq)
-            ).fetchall()
-        except sqlite3.Error as exc:
-            raise _translate(exc, self.location) from None
-        for seq, body, digest in rows:
-            yield Record(run_id, seq, bytes(body), bytes(digest))
+        # Page by page, so a long history is never all in memory at once (and its rows die
+        # young instead of filling the GC's old generation). Each page is a finished statement,
+        # so nothing stays open on the writer's connection between pages; the log is
+        # append-only and gap-free per run, so the pages are the history as of the last one.
+        while True:
+            try:
+                rows = self._db.execute(_READ_PAGE, (run_id, after_seq, READ_PAGE_ROWS)).fetchall()
+            except sqlite3.Error as exc:
+                raise _translate(exc, self.location) from None
+            for seq, body, digest in rows:
+                yield Record(run_id, seq, bytes(body), bytes(digest))
+            if len(rows) < READ_PAGE_ROWS:
+                return
+            after_seq = rows[-1][0]
 
     def runs(self) -> list[str]:
         try:

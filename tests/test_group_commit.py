@@ -1,0 +1,148 @@
+"""Group commit: concurrent runs in one process share durable commits, and each run's
+write-ahead is still durable before its tool runs (and its result before it advances)."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from effectlog import events as ev
+from effectlog.adapters.protocol import Receipt, Request
+from effectlog.errors import SequenceGap
+from effectlog.fold import Record
+from effectlog.journal import SqliteJournal
+from effectlog.plan import AdapterDecl, Plan, StepDecl
+from effectlog.runtime import Runtime, SimulatedCrash
+from effectlog.testing import sample_run
+from effectlog.writer import JournalWriter
+
+RUNS, STEPS = 8, 4
+
+
+def plans(adapter_type: str = "noop") -> list[Plan]:
+    return [
+        Plan(
+            run_id=f"group-{i}",
+            adapters={"tool": AdapterDecl(type=adapter_type, idempotent=True)},
+            steps=tuple(StepDecl(id=f"s{j}", adapter="tool") for j in range(STEPS)),
+        )
+        for i in range(RUNS)
+    ]
+
+
+def record_commits(journal: SqliteJournal) -> list[set[str]]:
+    """Wrap the journal so each commit notes which runs it carried."""
+    commits: list[set[str]] = []
+    append, append_sealed = journal.append, journal.append_sealed
+
+    def counted(events: Sequence[ev.Event]) -> list[Record]:
+        commits.append({e.run_id for e in events})
+        return append(events)
+
+    def counted_sealed(events: Sequence[ev.Event], seals: Sequence[tuple[str, int, bytes]]) -> list[Record]:
+        commits.append({e.run_id for e in events})
+        return append_sealed(events, seals)
+
+    journal.append = counted  # type: ignore[method-assign]
+    journal.append_sealed = counted_sealed  # type: ignore[method-assign]
+    return commits
+
+
+def test_concurrent_runs_share_commits(tmp_path: Path) -> None:
+    """Eight runs started together commit together: some commit carries all eight runs, and
+    there are far fewer commits than batches (one per run per durable point without grouping)."""
+    batches_per_run = 1 + 2 * STEPS + 1  # started; requested, effected+confirmed per step; completed
+    with Runtime(tmp_path / "j.db") as rt:
+        commits = record_commits(rt.journal)  # type: ignore[arg-type]
+        outcomes = asyncio.run(rt.arun_many(plans()))
+    assert ["completed"] * RUNS == [o.state for o in outcomes]
+    assert RUNS == max(len(runs) for runs in commits)
+    assert len(commits) * 4 <= RUNS * batches_per_run
+
+
+class Witness:
+    """A tool that, when called, looks at the journal through its own connection: a row it can
+    see there is committed, and with ``synchronous=FULL`` a committed row is durable."""
+
+    blocking = False  # called inline on the event loop, while other groups may be committing
+
+    def __init__(self, path: Path, seen: list[str]) -> None:
+        self.db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, check_same_thread=False)
+        self.seen = seen
+
+    def committed(self, run_id: str, step_id: str) -> set[str]:
+        rows = self.db.execute("SELECT phase FROM events WHERE run_id = ? AND step_id = ?", (run_id, step_id))
+        return {phase for (phase,) in rows}
+
+    def invoke(self, request: Request) -> Receipt:
+        if "step.requested" not in self.committed(request.run_id, request.step_id):
+            self.seen.append(f"{request.run_id}/{request.step_id}: called before its request was durable")
+        index = int(request.step_id[1:])
+        if index and "step.confirmed" not in self.committed(request.run_id, f"s{index - 1}"):
+            self.seen.append(f"{request.run_id}/{request.step_id}: called before s{index - 1} was confirmed")
+        return Receipt(data={"ok": True})
+
+
+def test_each_write_ahead_is_durable_before_its_tool_runs_while_commits_are_shared(tmp_path: Path) -> None:
+    """With commits shared across eight runs, every tool call finds its own ``step.requested``
+    and the previous step's ``step.confirmed`` already committed (hence durable)."""
+    path = tmp_path / "j.db"
+    problems: list[str] = []
+    with Runtime(path, adapters={"witness": lambda decl, ctx: Witness(path, problems)}) as rt:
+        commits = record_commits(rt.journal)  # type: ignore[arg-type]
+        outcomes = asyncio.run(rt.arun_many(plans("witness")))
+    assert [] == problems
+    assert [STEPS] * RUNS == [o.adapter_calls for o in outcomes]
+    assert max(len(runs) for runs in commits) > 1  # the property held while commits were shared
+
+
+def test_a_bad_batch_in_a_shared_commit_fails_alone(tmp_path: Path) -> None:
+    """One run's bad batch makes the shared commit fail; the writer then commits each batch
+    alone, so the good runs are stored and only the bad one gets the error."""
+    with SqliteJournal(tmp_path / "j.db") as journal:
+        writer = JournalWriter(journal)
+        writer.active_runs = 3  # three runs are active: batches queue for a shared commit
+
+        async def three() -> list[Any]:
+            good_a, bad, good_b = sample_run("a", 1), sample_run("c", 1)[1:2], sample_run("b", 1)
+            return await asyncio.gather(
+                writer.append(good_a), writer.append(bad), writer.append(good_b), return_exceptions=True
+            )
+
+        a, c, b = asyncio.run(three())
+        assert isinstance(c, SequenceGap)
+        assert [len(sample_run("a", 1))] * 2 == [len(a), len(b)]
+        assert ["a", "b"] == journal.runs()
+
+
+def test_a_crash_inside_a_shared_commit_reaches_every_run_in_it(tmp_path: Path) -> None:
+    """A crash during a shared commit is a crash for every run in the group: each run stops
+    with it, none is told its batch is durable, and nothing of the group is stored."""
+    with Runtime(tmp_path / "j.db") as rt:
+
+        def crash(events: Sequence[ev.Event]) -> None:
+            if len({e.run_id for e in events}) > 1:
+                raise SimulatedCrash("before_commit")
+
+        rt.journal.before_commit = crash  # type: ignore[attr-defined]
+
+        async def all_runs() -> list[Any]:
+            return await asyncio.gather(*(rt.arun(p) for p in plans()), return_exceptions=True)
+
+        results = asyncio.run(all_runs())
+        assert [SimulatedCrash] * RUNS == [type(r) for r in results]
+        assert [] == rt.journal.runs()
+
+
+@pytest.mark.parametrize("runs", [1, 2])
+def test_few_runs_still_complete_with_grouping(tmp_path: Path, runs: int) -> None:
+    """With one run the writer appends inline; with two it groups; both complete every step."""
+    with Runtime(tmp_path / "j.db") as rt:
+        outcomes = asyncio.run(rt.arun_many(plans()[:runs]))
+        assert ["completed"] * runs == [o.state for o in outcomes]
+        assert [STEPS] * runs == [len(o.steps) for o in outcomes]
