@@ -22,6 +22,9 @@ class ExitStatus(IntEnum):
     CONFLICT = 5
     LOCKED = 6
     INTEGRITY = 7
+    # Stopped by a signal after the current step's durable commit; the run is resumable.
+    INTERRUPTED = 130  # SIGINT (128 + 2), as shells report it
+    TERMINATED = 143  # SIGTERM (128 + 15)
 
 
 class EffectlogError(Exception):
@@ -145,6 +148,12 @@ class ChainBroken(IntegrityError):
 
 class CorruptEvent(IntegrityError):
     code = "corrupt_event"
+
+
+class JournalDamaged(IntegrityError):
+    """The journal file itself is damaged (SQLite reports a malformed database image)."""
+
+    code = "journal_damaged"
 
 
 # -- conflicts (exit 5) -------------------------------------------------------

@@ -81,6 +81,28 @@ def args_digest(step: StepDecl) -> str:
     return digest(step.args)
 
 
+def redact(step: StepDecl, text: str) -> str:
+    """``text`` (a tool's error message, say) with the step's secret arg values replaced by ``<secret NAME>``."""
+    for name in step.secret:
+        forms: set[str] = set()
+        _secret_forms(step.args.get(name), forms)
+        for form in sorted(forms, key=len, reverse=True):  # longest first: a value inside another stays hidden
+            text = text.replace(form, f"<secret {name}>")
+    return text
+
+
+def _secret_forms(value: Any, forms: set[str]) -> None:
+    """The ways a secret value may appear in text: each string or number in it, its JSON, its repr."""
+    if isinstance(value, bool) or value is None:
+        return
+    if isinstance(value, dict | list):
+        forms.add(canonical_json(value).decode())
+        for item in value.values() if isinstance(value, dict) else value:
+            _secret_forms(item, forms)
+        return
+    forms.update(f for f in (str(value), repr(value), canonical_json(value).decode()) if f)
+
+
 def _path(loc: str) -> str:
     # msgspec says "at `$.steps[3].adapter`"; we say "steps[3].adapter"
     return loc.removeprefix("$").lstrip(".") or "plan"
@@ -116,9 +138,11 @@ def parse_plan(data: bytes, origin: str = "plan", *, max_args_bytes: int = MAX_A
     except UnicodeDecodeError as exc:
         raise PlanError(f"{origin}: not UTF-8 (byte {exc.start})") from None
     try:
-        raw = msgspec.json.decode(text.encode())
+        raw = _PLAN_JSON.decode(text.encode())
     except msgspec.DecodeError as exc:
         raise PlanError(f"{origin}: not valid JSON ({exc})") from None
+    except RecursionError:  # nesting so deep the decoder gives up before our own depth check runs
+        raise PlanError(f"{origin}: plan: nested deeper than {MAX_DEPTH} levels") from None
     _check_json_values(raw, origin, "", 0)
     try:
         plan = msgspec.convert(raw, Plan)
@@ -134,6 +158,16 @@ def load_plan(path: str | Path, *, max_args_bytes: int = MAX_ARGS_BYTES) -> Plan
     except OSError as exc:
         raise PlanError(f"{path}: cannot read the plan ({exc.strerror})") from None
     return parse_plan(data, str(path), max_args_bytes=max_args_bytes)
+
+
+# float_hook: an out-of-range number (1e999) decodes to inf, which the value check then
+# reports with its JSON path, instead of msgspec's "Number out of range" with no usable path.
+_PLAN_JSON = msgspec.json.Decoder(float_hook=float)
+
+
+def _shown(value: str) -> str:
+    """An id as an error message shows it: quoted, and cut short when it is long."""
+    return repr(value) if len(value) <= 64 else f"{value[:32]!r}... ({len(value)} characters)"
 
 
 def _check_json_values(value: Any, origin: str, where: str, depth: int) -> None:
@@ -154,7 +188,7 @@ def _check_json_values(value: Any, origin: str, where: str, depth: int) -> None:
 def check_plan(plan: Plan, origin: str = "plan", *, max_args_bytes: int = MAX_ARGS_BYTES) -> None:
     """Checks msgspec's types cannot express: ids, references, uniqueness, contracts, sizes."""
     if not _ID.match(plan.run_id):
-        raise PlanError(f"{origin}: run_id: {plan.run_id!r} is not a valid id (letters, digits, . _ : @ -)")
+        raise PlanError(f"{origin}: run_id: {_shown(plan.run_id)} is not a valid id (letters, digits, . _ : @ -)")
     for name, decl in plan.adapters.items():
         if not _ID.match(name):
             raise PlanError(f"{origin}: adapters.{name}: not a valid adapter name")
@@ -165,7 +199,7 @@ def check_plan(plan: Plan, origin: str = "plan", *, max_args_bytes: int = MAX_AR
     for i, step in enumerate(plan.steps):
         where = f"{origin}: steps[{i}]"
         if not _ID.match(step.id):
-            raise PlanError(f"{where}.id: {step.id!r} is not a valid id (letters, digits, . _ : @ -)")
+            raise PlanError(f"{where}.id: {_shown(step.id)} is not a valid id (letters, digits, . _ : @ -)")
         if step.id in seen:
             raise PlanError(f"{where}.id: duplicate step id {step.id!r}")
         seen.add(step.id)

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import os
 import random
+import signal
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -26,7 +27,7 @@ from effectlog.adapters.registry import AdapterContext, Factory, Registry
 from effectlog.errors import ExitStatus, NotApplied, PlanMismatch
 from effectlog.fold import RunState
 from effectlog.journal import Journal, load_resumable, load_run, open_journal
-from effectlog.plan import Plan, StepDecl, args_digest, load_plan
+from effectlog.plan import Plan, StepDecl, args_digest, load_plan, redact
 from effectlog.recorder import Clock, EventSpec, prepare
 from effectlog.recovery import Action, decide, still_blocked
 from effectlog.seal import seal_row
@@ -135,6 +136,7 @@ class Runtime:
         self.crash_hook = crash_hook
         self.rng = rng or random.Random()
         self.sleep = sleep or asyncio.sleep
+        self.stop_signal: int | None = None  # set by request_stop; every run stops before its next step
         from effectlog.writer import JournalWriter
 
         self.writer = JournalWriter(self.journal)
@@ -163,6 +165,10 @@ class Runtime:
 
     async def arun_many(self, plans: Iterable[Plan]) -> list[RunOutcome]:
         return list(await asyncio.gather(*(self.arun(p) for p in plans)))
+
+    def request_stop(self, signum: int) -> None:
+        """Stop every run before its next step, so after the current step's durable commit (SIGINT/SIGTERM)."""
+        self.stop_signal = signum
 
     def load(self, run_id: str) -> RunState:
         """The run's state (its timeline is in ``ordered_steps()``), replayed and verified."""
@@ -284,11 +290,25 @@ class RunActor:
                 return self._blocked_outcome(blocked, self.state.blocked_step or "")
             await self._record((ev.RunResumed, {"pid": os.getpid()}))
         for decl in plan.steps:
+            if self.rt.stop_signal is not None:
+                return self._interrupted(self.rt.stop_signal)
             stop = await self._drive_step(decl)
             if stop is not None:
                 return stop
         await self._record((ev.RunCompleted, {}))
         return self._outcome()
+
+    def _interrupted(self, signum: int) -> RunOutcome:
+        """Stopped on request between steps: nothing is in flight, the run stays open and resumable."""
+        try:
+            name = signal.Signals(signum).name
+        except ValueError:
+            name = f"signal {signum}"
+        message = (
+            f"run {self.plan.run_id} interrupted by {name} after its last durable commit; "
+            "run the same plan again to resume it"
+        )
+        return msgspec.structs.replace(self._outcome(message), exit_status=128 + signum)
 
     def _check_pinned(self) -> None:
         recorded, plan = self.state, self.plan
@@ -480,6 +500,10 @@ class RunActor:
         idempotent = self.plan.adapters[decl.adapter].idempotent
         max_sends = decl.retry.attempts if decl.retry is not None else 1
         sends = 1
+        entry = self.state.step(sid)
+        # "Not applied" is definite only if no send of this attempt had an unknown outcome: a send
+        # lost to a crash (a resume resends) or to a timeout may still land after a later refusal.
+        every_send_refused = entry is not None and entry.resends == 0
         while True:
             step = self.state.step(sid)
             assert step is not None
@@ -494,12 +518,16 @@ class RunActor:
             try:
                 receipt = await self._call(adapter, request, decl.timeout_s)
             except NotApplied as exc:
+                reason = redact(decl, f"not applied: {exc.reason}")
                 if idempotent and sends < max_sends:
-                    sends = await self._backoff_resend(decl, step.attempt, sends, f"not applied: {exc.reason}")
+                    sends = await self._backoff_resend(decl, step.attempt, sends, reason)
                     continue
-                return await self._fail(sid, step.attempt, f"not applied: {exc.reason}", applied=False)
+                if not every_send_refused:
+                    reason += " (an earlier send of this attempt has an unknown outcome)"
+                return await self._fail(sid, step.attempt, reason, applied=False if every_send_refused else None)
             except Exception as exc:
-                reason = f"outcome unknown: {type(exc).__name__}: {exc}"
+                every_send_refused = False
+                reason = redact(decl, f"outcome unknown: {type(exc).__name__}: {exc}")  # a tool may echo its args
                 if idempotent and sends < max_sends:
                     sends = await self._backoff_resend(decl, step.attempt, sends, reason)
                     continue

@@ -61,8 +61,11 @@ class Trace:
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
-        prev = _last_hash(self.path)
-        self._fh: TextIO = self.path.open("a", encoding="utf-8")
+        try:
+            prev = _last_hash(self.path)
+            self._fh: TextIO = self.path.open("a", encoding="utf-8")
+        except OSError as exc:
+            raise BadInput(f"{self.path}: cannot open the trace file ({exc.strerror})") from None
         self._log = structlog.wrap_logger(
             structlog.WriteLogger(self._fh),
             processors=[HashChain(prev), structlog.processors.JSONRenderer(sort_keys=True)],

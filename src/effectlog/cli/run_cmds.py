@@ -13,8 +13,9 @@ import msgspec
 from effectlog.cli.inspect_cmds import add_journal_args
 from effectlog.cli.output import emit_json, table
 from effectlog.errors import BadInput, UnknownRun
-from effectlog.fold import RunState
+from effectlog.fold import RunState, replay_records
 from effectlog.journal import chain_from_env, load_run, open_journal
+from effectlog.plan import MAX_ARGS_BYTES
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -30,6 +31,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="mapping of adapter type to factory, from your code (repeatable)",
     )
     p.add_argument("--trace", metavar="F", help="append a hash-chained JSON-lines trace to F")
+    p.add_argument(
+        "--max-args-bytes",
+        metavar="N",
+        type=_positive_int,
+        default=MAX_ARGS_BYTES,
+        help=f"largest canonical JSON of one step's args (default {MAX_ARGS_BYTES})",
+    )
     p.add_argument("--json", action="store_true")
     p.set_defaults(handler=cmd_run)
 
@@ -80,6 +88,16 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.set_defaults(handler=cmd_schema)
 
 
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is not positive")
+    return value
+
+
 def _writer(args: argparse.Namespace) -> Any:
     return open_journal(args.journal, writer=True, chain=chain_from_env(args.key_file))
 
@@ -96,16 +114,23 @@ def _state(journal: Any, run_id: str, location: str) -> RunState:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from effectlog.adapters.registry import Registry
+    from effectlog.cli.signals import stop_on_signals
+    from effectlog.errors import AdapterNotFound
     from effectlog.plan import load_plan
     from effectlog.runtime import Runtime
 
-    plan = load_plan(args.plan)  # validate before touching the journal
+    plan = load_plan(args.plan, max_args_bytes=args.max_args_bytes)  # validate before touching the journal
     registry = Registry()
     for spec in args.adapters:
         registry.add_module(spec)
-    if args.effects is not None and not os.path.isdir(os.path.dirname(os.path.abspath(args.effects))):
-        raise BadInput(f"--effects {args.effects}: directory does not exist")
-    with Runtime(_writer(args), adapters=registry, effects=args.effects, trace=args.trace) as runtime:
+    for name, decl in plan.adapters.items():
+        if decl.type not in registry.factories:
+            raise AdapterNotFound(f"{args.plan}: adapters.{name}: no adapter of type {decl.type!r} is registered")
+    for flag, path in (("--effects", args.effects), ("--trace", args.trace)):
+        if path is not None and not os.path.isdir(os.path.dirname(os.path.abspath(path))):
+            raise BadInput(f"{flag} {path}: directory does not exist")
+    runtime = Runtime(_writer(args), adapters=registry, effects=args.effects, trace=args.trace)
+    with runtime, stop_on_signals(runtime):  # SIGINT/SIGTERM: stop after the current step's commit (130/143)
         outcome = runtime.run(plan)
     if args.json:
         emit_json(outcome)
@@ -154,8 +179,11 @@ def cmd_timeline(args: argparse.Namespace) -> int:
 
     journal = _reader(args)
     try:
-        _state(journal, args.run_id, args.journal)  # verifies the whole run first
-        events = [decode(r.body) for r in journal.read(args.run_id)]
+        if args.run_id not in journal.runs():
+            raise UnknownRun(f"no run {args.run_id!r} in {args.journal}")
+        records = list(journal.read(args.run_id))  # one snapshot: what is verified is what is printed
+        replay_records(records, journal.chain, run_id=args.run_id)
+        events = [decode(r.body) for r in records]
     finally:
         journal.close()
     if args.json:

@@ -24,6 +24,7 @@ from typing import Literal
 from effectlog.chain import GENESIS, Chain
 from effectlog.errors import (
     EventConflict,
+    JournalDamaged,
     JournalLocked,
     JournalUnreadable,
     SequenceGap,
@@ -89,11 +90,22 @@ def _translate(exc: sqlite3.Error, path: str) -> Exception:
     text = str(exc)
     if isinstance(exc, sqlite3.DatabaseError) and "not a database" in text:
         return JournalUnreadable(f"{path}: not an effectlog journal (file is not a SQLite database)")
+    if isinstance(exc, sqlite3.DatabaseError) and "malformed" in text:
+        return JournalDamaged(f"{path}: the journal file is damaged ({text}); restore it from a copy")
     if "readonly" in text or "read-only" in text:
         return StorageError(f"{path}: journal is read-only ({text})")
     if "full" in text:
         return StorageError(f"{path}: disk full while writing the journal ({text})")
+    if getattr(exc, "sqlite_errorname", "") == "SQLITE_IOERR_WRITE":  # e.g. a file size limit (EFBIG)
+        return StorageError(f"{path}: the journal could not be written ({text}); the write was not committed")
     return StorageError(f"{path}: {text}")
+
+
+def _size(path: str) -> int:
+    try:
+        return os.stat(path).st_size
+    except OSError:
+        return 0
 
 
 class WriterLock:
@@ -168,6 +180,9 @@ class SqliteJournal:
     @staticmethod
     def _create_private(path: str) -> None:
         """A new journal file is created readable by its owner only (0600)."""
+        if _size(path + "-wal") and not _size(path):
+            # SQLite would replay a stray WAL into a new or empty file: history that is not this journal's.
+            raise JournalUnreadable(f"{path}-wal: a WAL without its database; restore {path} or move the WAL away")
         try:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         except FileExistsError:
@@ -221,6 +236,8 @@ class SqliteJournal:
                 self._check_chain()
                 return
             if not self.writer:
+                if version == 0:
+                    raise JournalUnreadable(f"{self.location}: no journal there yet (the database is empty)")
                 raise JournalUnreadable(f"{self.location}: journal schema v{version} needs a writer to migrate")
             self._db.execute("BEGIN IMMEDIATE")
             try:
