@@ -1,0 +1,417 @@
+"""The run actor: owns one run's state and drives its steps in order.
+
+Per step: ``step.requested`` is durable before the adapter is invoked (commit 1);
+the receipt and confirmation are durable before the run advances (commit 2). The
+actor decides with ``recovery.decide`` from recorded state alone, builds events
+with ``recorder.prepare`` (the fold checks them before anything is written) and
+hands batches to the shared journal-writer actor.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+from effectlog import events as ev
+from effectlog.adapters.protocol import Receipt, Request, idempotency_key
+from effectlog.errors import NotApplied, PlanMismatch
+from effectlog.journal import load_resumable
+from effectlog.outcome import (
+    Decision,
+    PolicyRequest,
+    RunOutcome,
+    outcome_of,
+    reconcile_hint,
+)
+from effectlog.plan import Plan, StepDecl, args_digest, redact
+from effectlog.recorder import EventSpec, prepare
+from effectlog.recovery import Action, decide, still_blocked
+from effectlog.seal import seal_row
+
+if TYPE_CHECKING:
+    from effectlog.runtime import Runtime
+
+
+class RunActor:
+    """Owns one run: its state, its adapters, the order of its steps."""
+
+    def __init__(self, runtime: Runtime, plan: Plan) -> None:
+        self.rt = runtime
+        self.plan = plan
+        self.adapters, self.identities = runtime.registry.build(plan, runtime.context)
+        self.state = load_resumable(runtime.journal, plan.run_id)  # a sealed run is not replayed
+        self.events_written = 0
+        self.adapter_calls = 0
+
+    # -- recording --------------------------------------------------------------------
+
+    async def _record(self, *specs: EventSpec) -> None:
+        events, new_state = prepare(self.state, specs, self.rt.clock())
+        # The event that closes a run carries its seal, in the same transaction.
+        if new_state.closed and self.rt.writer.sealing:
+            self.rt.writer.seal_next(seal_row(new_state))
+        await self.rt.writer.append(events)
+        self.state = new_state
+        self.events_written += len(events)
+        if self.rt.trace is not None:
+            for event in events:
+                self.rt.trace.record(event)
+            self.rt.trace.flush()
+
+    def _crash_point(self, point: str, step_id: str) -> None:
+        if self.rt.crash_hook is not None:
+            self.rt.crash_hook(point, step_id)
+
+    def _outcome(self, message: str = "") -> RunOutcome:
+        return outcome_of(self.state, message, events_written=self.events_written, adapter_calls=self.adapter_calls)
+
+    # -- the run ----------------------------------------------------------------------
+
+    async def drive(self) -> RunOutcome:
+        plan = self.plan
+        if self.state.seq == 0:
+            await self._record(
+                (
+                    ev.RunStarted,
+                    {"plan": plan.pinned(), "plan_digest": plan.digest, "adapters": self.identities},
+                )
+            )
+        else:
+            self._check_pinned()
+            if self.state.closed:
+                return self._outcome()  # a closed run never reopens: nothing runs, nothing is written
+            blocked = still_blocked(self.state)
+            if blocked is not None:
+                return self._blocked_outcome(blocked, self.state.blocked_step or "")
+            await self._record((ev.RunResumed, {"pid": os.getpid()}))
+        for decl in plan.steps:
+            if self.rt.stop_signal is not None:
+                return self._interrupted(self.rt.stop_signal)
+            stop = await self._drive_step(decl)
+            if stop is not None:
+                return stop
+        await self._record((ev.RunCompleted, {}))
+        return self._outcome()
+
+    def _interrupted(self, signum: int) -> RunOutcome:
+        """Stopped on request between steps: nothing is in flight, the run stays open and resumable."""
+        try:
+            name = signal.Signals(signum).name
+        except ValueError:
+            name = f"signal {signum}"
+        message = (
+            f"run {self.plan.run_id} interrupted by {name} after its last durable commit; "
+            "run the same plan again to resume it"
+        )
+        return msgspec.structs.replace(self._outcome(message), exit_status=128 + signum)
+
+    def _check_pinned(self) -> None:
+        recorded, plan = self.state, self.plan
+        if recorded.plan_digest != plan.digest:
+            raise PlanMismatch(
+                f"run id reused with a different plan (journal has plan {recorded.plan_digest[:12]}, "
+                f"given {plan.digest[:12]}); use a new run id",
+                run_id=plan.run_id,
+            )
+        for name in sorted(set(recorded.adapters) | set(self.identities)):
+            old, new = recorded.adapters.get(name), self.identities.get(name)
+            if old != new:
+                diffs = (
+                    [
+                        f"{f}: {getattr(old, f)!r} -> {getattr(new, f)!r}"
+                        for f in old.__struct_fields__
+                        if getattr(old, f) != getattr(new, f)
+                    ]
+                    if old is not None and new is not None
+                    else ["added or removed"]
+                )
+                raise PlanMismatch(
+                    f"adapter {name!r} differs from the one pinned by the run ({'; '.join(diffs)})",
+                    run_id=plan.run_id,
+                )
+
+    def _blocked_outcome(self, action: Action, step_id: str) -> RunOutcome:
+        if action is Action.STOP_UNCERTAIN:
+            return self._outcome(
+                f"run {self.plan.run_id} stopped: step {step_id!r} was requested and its outcome is unknown; "
+                f"its tool is not idempotent, so effectlog will not guess. Reconcile it with evidence: "
+                + reconcile_hint(self.rt.journal.location, self.plan.run_id, step_id)
+            )
+        return self._outcome(
+            f"run {self.plan.run_id} suspended: step {step_id!r} waits for approval "
+            f"(effectlog approve|deny --journal {self.rt.journal.location} --run-id {self.plan.run_id} "
+            f"--step {step_id} --by NAME)"
+        )
+
+    async def _drive_step(self, decl: StepDecl) -> RunOutcome | None:
+        sid = decl.id
+        while True:
+            step = self.state.step(sid)
+            action = decide(step)
+            if action is Action.SKIP:
+                return None
+            if action is Action.EXECUTE:
+                held = await self._policy_gate(decl)
+                if held is not None:
+                    return held
+                if step is not None and step.state == "approved":
+                    self._crash_point("after_approval", sid)
+                attempt = step.attempt if step is not None else 1
+                if step is not None and step.outcome == "not_applied":
+                    self._crash_point("after_reconcile", sid)
+                decl_adapter = self.plan.adapters[decl.adapter]
+                await self._record(
+                    (
+                        ev.StepRequested,
+                        {
+                            "step_id": sid,
+                            "attempt": attempt,
+                            "adapter": decl.adapter,
+                            "idempotency_key": idempotency_key(self.plan.run_id, sid, attempt),
+                            "args_digest": args_digest(decl),
+                            "idempotent": decl_adapter.idempotent,
+                        },
+                    )
+                )
+                self._crash_point("after_request", sid)
+                return await self._invoke(decl)
+            if action is Action.RESEND:
+                assert step is not None
+                await self._record(
+                    (
+                        ev.StepResent,
+                        {
+                            "step_id": sid,
+                            "attempt": step.attempt,
+                            "resend": step.resends + 1,
+                            "reason": "resumed after a crash: same key",
+                        },
+                    )
+                )
+                self._crash_point("after_resend", sid)
+                return await self._invoke(decl)
+            if action is Action.CONFIRM_RECORDED:
+                assert step is not None
+                if step.ok is False:
+                    return await self._fail(sid, step.attempt, "the tool reported failure", applied=None)
+                await self._record((ev.StepConfirmed, {"step_id": sid, "attempt": step.attempt, "rebuilt": True}))
+                continue
+            if action is Action.STOP_UNCERTAIN:
+                assert step is not None
+                if step.state == "requested":
+                    await self._record(
+                        (
+                            ev.StepUncertain,
+                            {
+                                "step_id": sid,
+                                "attempt": step.attempt,
+                                "reason": "requested before a crash; no result recorded",
+                            },
+                        ),
+                        (ev.RunStopped, {"step_id": sid, "reason": "uncertain effect"}),
+                    )
+                return self._blocked_outcome(action, sid)
+            if action is Action.WAIT_APPROVAL:
+                await self._record((ev.RunSuspended, {"step_id": sid, "reason": "waiting for approval"}))
+                return self._blocked_outcome(action, sid)
+            # FAIL: denied or failed before; close the run if a crash left it open
+            assert step is not None
+            if not self.state.closed:
+                await self._record((ev.RunFailed, {"step_id": sid, "reason": step.reason or step.state}))
+            return self._outcome()
+
+    async def _policy_gate(self, decl: StepDecl) -> RunOutcome | None:
+        step = self.state.step(decl.id)
+        attempt = step.attempt if step is not None else 1
+        if step is not None and step.state == "approved":
+            expires = step.approval_expires_at
+            if expires is None or self.rt.clock() <= expires:
+                return None
+            return await self._hold(decl, attempt, "the approval expired before use", "effectlog")
+        decision: Decision = "require_approval" if decl.approval == "required" else "allow"
+        if self.rt.policy is not None:
+            verdict = self.rt.policy(
+                PolicyRequest(
+                    run_id=self.plan.run_id,
+                    step_id=decl.id,
+                    adapter=decl.adapter,
+                    args=decl.args,
+                    idempotent=self.plan.adapters[decl.adapter].idempotent,
+                )
+            )
+            if verdict == "deny" or (verdict == "require_approval" and decision == "allow"):
+                decision = verdict
+        if decision == "allow":
+            return None
+        if decision == "deny":
+            await self._record(
+                (
+                    ev.StepDenied,
+                    {
+                        "step_id": decl.id,
+                        "attempt": attempt,
+                        "decision": "deny",
+                        "by": "policy",
+                        "reason": "denied by policy",
+                        "args_digest": args_digest(decl),
+                    },
+                ),
+                (ev.RunFailed, {"step_id": decl.id, "reason": "denied by policy"}),
+            )
+            return self._outcome(f"run {self.plan.run_id} failed: step {decl.id!r} denied by policy")
+        return await self._hold(decl, attempt, "approval required", "policy")
+
+    async def _hold(self, decl: StepDecl, attempt: int, reason: str, by: str) -> RunOutcome:
+        await self._record(
+            (
+                ev.StepDenied,
+                {
+                    "step_id": decl.id,
+                    "attempt": attempt,
+                    "decision": "require_approval",
+                    "by": by,
+                    "reason": reason,
+                    "args_digest": args_digest(decl),
+                },
+            ),
+            (ev.RunSuspended, {"step_id": decl.id, "reason": reason}),
+        )
+        return self._blocked_outcome(Action.WAIT_APPROVAL, decl.id)
+
+    async def _call(self, adapter: Any, request: Request, timeout: float | None) -> Receipt:
+        self.adapter_calls += 1
+        if not getattr(adapter, "blocking", True) and timeout is None:
+            result = adapter.invoke(request)
+        else:
+            # An adapter that enforces the timeout itself (the shell kills its process group)
+            # gets a grace period to finish that cleanup before the outcome is declared unknown.
+            grace = float(getattr(adapter, "timeout_grace_s", 0.0))
+            result = await _in_thread(adapter.invoke, request, timeout + grace if timeout is not None else None)
+        return result if isinstance(result, Receipt) else Receipt(data=result)
+
+    async def _invoke(self, decl: StepDecl) -> RunOutcome | None:
+        sid = decl.id
+        adapter = self.adapters[decl.adapter]
+        idempotent = self.plan.adapters[decl.adapter].idempotent
+        max_sends = decl.retry.attempts if decl.retry is not None else 1
+        sends = 1
+        entry = self.state.step(sid)
+        # "Not applied" is definite only if no send of this attempt had an unknown outcome: a send
+        # lost to a crash (a resume resends) or to a timeout may still land after a later refusal.
+        every_send_refused = entry is not None and entry.resends == 0
+        while True:
+            step = self.state.step(sid)
+            assert step is not None
+            request = Request(
+                run_id=self.plan.run_id,
+                step_id=sid,
+                attempt=step.attempt,
+                idempotency_key=step.idempotency_key,
+                args=decl.args,
+                timeout_s=decl.timeout_s,
+            )
+            try:
+                receipt = await self._call(adapter, request, decl.timeout_s)
+            except NotApplied as exc:
+                reason = redact(decl, f"not applied: {exc.reason}")
+                if idempotent and sends < max_sends:
+                    sends = await self._backoff_resend(decl, step.attempt, sends, reason)
+                    continue
+                if not every_send_refused:
+                    reason += " (an earlier send of this attempt has an unknown outcome)"
+                return await self._fail(sid, step.attempt, reason, applied=False if every_send_refused else None)
+            except Exception as exc:
+                every_send_refused = False
+                reason = redact(decl, f"outcome unknown: {type(exc).__name__}: {exc}")  # a tool may echo its args
+                if idempotent and sends < max_sends:
+                    sends = await self._backoff_resend(decl, step.attempt, sends, reason)
+                    continue
+                if idempotent:
+                    return await self._fail(
+                        sid, step.attempt, f"{reason} (after {sends} send(s) of the same key)", applied=None
+                    )
+                await self._record(
+                    (ev.StepUncertain, {"step_id": sid, "attempt": step.attempt, "reason": reason}),
+                    (ev.RunStopped, {"step_id": sid, "reason": "uncertain effect"}),
+                )
+                return self._blocked_outcome(Action.STOP_UNCERTAIN, sid)
+            self._crash_point("after_effect", sid)
+            if not receipt.ok:
+                await self._record(
+                    (ev.StepEffected, {"step_id": sid, "attempt": step.attempt, "receipt": receipt.data, "ok": False}),
+                )
+                return await self._fail(sid, step.attempt, "the tool reported failure", applied=None)
+            await self._record(
+                (ev.StepEffected, {"step_id": sid, "attempt": step.attempt, "receipt": receipt.data}),
+                (ev.StepConfirmed, {"step_id": sid, "attempt": step.attempt}),
+            )
+            self._crash_point("after_confirm", sid)
+            return None
+
+    async def _backoff_resend(self, decl: StepDecl, attempt: int, sends: int, reason: str) -> int:
+        retry = decl.retry
+        assert retry is not None
+        delay = min(retry.backoff_cap_s, retry.backoff_base_s * 2 ** (sends - 1))
+        delay *= 1 - retry.jitter * self.rt.rng.random()
+        await self.rt.sleep(delay)
+        step = self.state.step(decl.id)
+        assert step is not None
+        await self._record(
+            (ev.StepResent, {"step_id": decl.id, "attempt": attempt, "resend": step.resends + 1, "reason": reason})
+        )
+        self._crash_point("after_resend", decl.id)
+        return sends + 1
+
+    async def _fail(self, sid: str, attempt: int, reason: str, *, applied: bool | None) -> RunOutcome:
+        await self._record(
+            (ev.StepFailed, {"step_id": sid, "attempt": attempt, "reason": reason, "applied": applied}),
+            (ev.RunFailed, {"step_id": sid, "reason": reason}),
+        )
+        return self._outcome(f"run {self.plan.run_id} failed at step {sid!r}: {reason}")
+
+
+async def _in_thread(fn: Callable[[Request], Any], request: Request, timeout: float | None) -> Any:
+    """Call a blocking adapter on a daemon thread; a timeout means "outcome unknown".
+
+    A daemon thread (not the default executor) so that a hung tool cannot keep the
+    process from exiting; the shell adapter kills its own process group on timeout.
+    """
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[Any] = loop.create_future()
+
+    def target() -> None:
+        result: Any = None
+        error: BaseException | None = None
+        try:
+            result = fn(request)
+        except BaseException as exc:
+            error = exc
+        # After a timeout the loop may be closed: nobody waits for this answer any more.
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(_settle, future, result, error)
+
+    threading.Thread(target=target, name=f"effectlog-{request.step_id}", daemon=True).start()
+    if timeout is None:
+        return await future
+    try:
+        return await asyncio.wait_for(future, timeout)
+    except TimeoutError:
+        if not future.cancelled():  # the adapter's own TimeoutError (e.g. ShellTimeout): keep its message
+            raise
+        raise TimeoutError(f"no answer within {timeout}s") from None
+
+
+def _settle(future: asyncio.Future[Any], result: Any, exc: BaseException | None) -> None:
+    if future.done():
+        return
+    if exc is not None:
+        future.set_exception(exc)
+    else:
+        future.set_result(result)
