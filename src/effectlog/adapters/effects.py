@@ -178,31 +178,27 @@ class EffectStore:
             self._db.close()
 
 
-class IdempotentEffects:
-    """``effects.idempotent``: one effect per idempotency key; repeats return the stored receipt."""
+class _LedgerBacked:
+    """An adapter over the effect store; ``lookup`` inspects the ledger for reconciliation."""
 
     blocking = True
 
     def __init__(self, store: EffectStore) -> None:
         self.store = store
+
+    def lookup(self, request: Request) -> Evidence:
+        return self.store.lookup(request)
+
+
+class IdempotentEffects(_LedgerBacked):
+    """``effects.idempotent``: one effect per idempotency key; repeats return the stored receipt."""
 
     def invoke(self, request: Request) -> Receipt:
         return self.store.apply_idempotent(request)
 
-    def lookup(self, request: Request) -> Evidence:
-        return self.store.lookup(request)
 
-
-class ControlEffects:
+class ControlEffects(_LedgerBacked):
     """``effects.control``: an effect on every call (the tool without an idempotency contract)."""
-
-    blocking = True
-
-    def __init__(self, store: EffectStore) -> None:
-        self.store = store
 
     def invoke(self, request: Request) -> Receipt:
         return self.store.apply_control(request)
-
-    def lookup(self, request: Request) -> Evidence:
-        return self.store.lookup(request)
