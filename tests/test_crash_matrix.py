@@ -229,3 +229,13 @@ def test_docs_show_the_committed_reports_table() -> None:
     spec.loader.exec_module(module)
     block = module.table_block(str(ROOT / "experiments" / "results" / "crash-matrix.json"))
     assert block in (ROOT / "docs" / "crash-matrix.md").read_text()
+
+
+def test_docs_show_the_committed_soak() -> None:
+    """docs/crash-matrix.md shows exactly the committed soak's counts, and that soak had no violation."""
+    from effectlog.crashmatrix.soak import SoakResult, render_soak
+
+    result = msgspec.json.decode((ROOT / "experiments" / "results" / "soak.json").read_bytes(), type=SoakResult)
+    assert 0 == result.violations
+    assert result.kills >= 50
+    assert render_soak(result).rstrip() in (ROOT / "docs" / "crash-matrix.md").read_text()

@@ -59,4 +59,9 @@ def work(
     with Runtime(open_journal(journal), adapters=registry, effects=effects, crash_hook=hook) as runtime:
         if announce_start:  # the soak: "my run begins now"; the parent kills at a random moment after
             os.write(notify_fd, f"{START} -\n".encode())  # type: ignore[arg-type]
-        return runtime.run(plan).exit_status
+        status = runtime.run(plan).exit_status
+    if announce_start:
+        # Leave at once: the journal is closed and durable; interpreter teardown would only
+        # widen the soak's kill window with moments where there is nothing left to kill.
+        os._exit(status)
+    return status
