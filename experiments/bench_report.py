@@ -404,6 +404,22 @@ def write_doc(results: dict[str, Any], doc: Path, images: dict[str, str], json_p
             "- Written with `synchronous=NORMAL` to keep the benchmark short; the bytes on disk and the "
             "memory do not depend on it.",
         ]
+    lines += ["", *fleet_section(doc.parent / "fleet.md")]
     lines.append("")
     doc.parent.mkdir(parents=True, exist_ok=True)
     doc.write_text("\n".join(lines))
+
+
+def fleet_section(fleet_doc: Path) -> list[str]:
+    """The runner fleet's numbers, as experiments/fleet_bench.py last wrote them into docs/fleet.md."""
+    text = fleet_doc.read_text() if fleet_doc.exists() else ""
+    start, end = "<!-- fleet-bench:start -->", "<!-- fleet-bench:end -->"
+    body = text.split(start, 1)[1].split(end, 1)[0].strip() if start in text and end in text else ""
+    return [
+        "## Runner fleet: claims and runs per second",
+        "",
+        body or "Not measured yet: run `python experiments/fleet_bench.py`.",
+        "",
+        "Measured by `experiments/fleet_bench.py` (1, 2, 4 and 8 runner processes on each backend); "
+        "how to read them is in [fleet.md](fleet.md#numbers).",
+    ]
