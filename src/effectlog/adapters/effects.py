@@ -14,6 +14,7 @@ import os
 import sqlite3
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -71,43 +72,37 @@ class EffectStore:
         except sqlite3.Error as exc:
             raise StorageError(f"{self.path}: cannot open the effect store ({exc})") from None
 
-    def apply_idempotent(self, request: Request) -> Receipt:
+    @contextlib.contextmanager
+    def _immediate(self) -> Iterator[sqlite3.Connection]:
+        """One write transaction at a time (adapter threads share the connection); rolled back on any error."""
         with self._lock:
-            return self._apply_idempotent(request)
+            db = self._db
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                yield db
+                db.execute("COMMIT")
+            except BaseException:
+                if db.in_transaction:
+                    db.execute("ROLLBACK")
+                raise
 
-    def _apply_idempotent(self, request: Request) -> Receipt:
-        db = self._db
-        db.execute("BEGIN IMMEDIATE")
-        try:
+    def apply_idempotent(self, request: Request) -> Receipt:
+        """Effect and receipt in ONE transaction keyed by the idempotency key; a repeat returns the receipt."""
+        with self._immediate() as db:
             row = db.execute(
                 "SELECT receipt FROM effects WHERE kind = 'idempotent' AND idempotency_key = ?",
                 (request.idempotency_key,),
             ).fetchone()
             if row is not None:
-                db.execute("COMMIT")
                 return Receipt(data={**msgspec.json.decode(row[0]), "replayed": True})
             data = self._insert("idempotent", request)
-            db.execute("COMMIT")
-        except BaseException:
-            if db.in_transaction:
-                db.execute("ROLLBACK")
-            raise
         return Receipt(data=data)
 
     def apply_control(self, request: Request) -> Receipt:
-        with self._lock:
-            return self._apply_control(request)
-
-    def _apply_control(self, request: Request) -> Receipt:
-        db = self._db
-        db.execute("BEGIN IMMEDIATE")
-        try:
+        """An effect on every call: no deduplication (run, step and attempt recorded beside it)."""
+        with self._immediate() as db:
+            del db
             data = self._insert("control", request)
-            db.execute("COMMIT")
-        except BaseException:
-            if db.in_transaction:
-                db.execute("ROLLBACK")
-            raise
         return Receipt(data=data)
 
     def _insert(self, kind: str, request: Request) -> dict[str, Any]:
