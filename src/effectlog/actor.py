@@ -54,10 +54,9 @@ class RunActor:
 
     async def _record(self, *specs: EventSpec) -> None:
         events, new_state = prepare(self.state, specs, self.rt.clock())
-        # The event that closes a run carries its seal, in the same transaction.
-        if new_state.closed and self.rt.writer.sealing:
-            self.rt.writer.seal_next(seal_row(new_state))
-        await self.rt.writer.append(events)
+        # The batch that closes a run carries its seal, in the same transaction.
+        seal = seal_row(new_state) if new_state.closed and self.rt.writer.sealing else None
+        await self.rt.writer.append(events, seal)
         self.state = new_state
         self.events_written += len(events)
         if self.rt.trace is not None:

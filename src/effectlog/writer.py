@@ -34,15 +34,9 @@ class JournalWriter:
         self._flushing = False
         self.commits = 0
         self.sealing = isinstance(journal, SealingJournal)
-        self._seals: dict[str, SealRow] = {}
 
-    def seal_next(self, seal: SealRow) -> None:
-        """Write ``seal`` with the next batch appended for its run (the batch that closes it)."""
-        self._seals[seal[0]] = seal
-
-    async def append(self, events: Sequence[Event]) -> list[Record]:
-        """Append ``events`` atomically (with a seal from ``seal_next``); returns once durable."""
-        seal = self._seals.pop(events[0].run_id, None) if self._seals and events else None
+    async def append(self, events: Sequence[Event], seal: SealRow | None = None) -> list[Record]:
+        """Append ``events`` atomically, with the seal of the run they close if given; returns once durable."""
         if self.active_runs <= 1 and not self._flushing and not self._queue:
             return self._append_now(events, [seal] if seal is not None else [])
         future: asyncio.Future[list[Record]] = asyncio.get_running_loop().create_future()
