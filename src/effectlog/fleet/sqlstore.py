@@ -390,21 +390,7 @@ class SqlFleetStore:
                     f"and its attempt {attempt_no} is {state}; nothing was written",
                     request_id=request_id,
                 )
-            new = am.move(state, trigger, "operator")
-            self._transition(
-                tx,
-                Change(
-                    attempt_id=attempt_id,
-                    request_id=request_id,
-                    trigger=trigger,
-                    actor="operator",
-                    actor_name=by,
-                    state=state,
-                    new=new,
-                    now=now,
-                    reason=reason,
-                ),
-            )
+            self._operator_move(tx, request_id, attempt_id, state, trigger, by=by, reason=reason, now=now)
             return self._request(tx, request_id)
 
     def cancel(self, request_id: int, *, by: str, reason: str) -> RequestView:
@@ -433,22 +419,25 @@ class SqlFleetStore:
                 (now, by, reason, request_id),
             )
             if state == am.QUEUED:
-                new = am.move(state, "withdraw", "operator")
-                self._transition(
-                    tx,
-                    Change(
-                        attempt_id=attempt_id,
-                        request_id=request_id,
-                        trigger="withdraw",
-                        actor="operator",
-                        actor_name=by,
-                        state=state,
-                        new=new,
-                        now=now,
-                        reason=reason,
-                    ),
-                )
+                self._operator_move(tx, request_id, attempt_id, state, "withdraw", by=by, reason=reason, now=now)
             return self._request(tx, request_id)
+
+    def _operator_move(
+        self, tx: Tx, request_id: int, attempt_id: int, state: str, trigger: str, *, by: str, reason: str, now: float
+    ) -> None:
+        """An operator's transition, checked against the attempt spec, recorded with who and why."""
+        change = Change(
+            attempt_id=attempt_id,
+            request_id=request_id,
+            trigger=trigger,
+            actor="operator",
+            actor_name=by,
+            state=state,
+            new=am.move(state, trigger, "operator"),
+            now=now,
+            reason=reason,
+        )
+        self._transition(tx, change)
 
     def _current(self, tx: Tx, request_id: int) -> tuple[int, str, int]:
         row = tx.one(
