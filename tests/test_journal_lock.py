@@ -1,8 +1,9 @@
-"""One writer per journal file, enforced by an OS lock between real processes; readers need none.
+"""One owner per run, enforced between real processes; other runs of the file and readers are free.
 
-The second writer is the real ``effectlog run`` command, and also a tiny ``python -c``
-program that opens the journal with the library API and reports the error the way
-``effectlog.cli.main`` does.
+The holder is a tiny ``python -c`` program that claims run ``payment-001`` with the
+library API and holds it until its stdin closes; the second writer is the real
+``effectlog run`` command and the same library API in another process, reporting
+errors the way ``effectlog.cli.main`` does.
 """
 
 from __future__ import annotations
@@ -14,34 +15,36 @@ from pathlib import Path
 
 import pytest
 
-from effectlog.errors import ExitStatus, JournalLocked
 from effectlog.journal import SqliteJournal
 
-# Holds the writer lock until its stdin closes; says "ready" once it holds it.
+# Claims run payment-001 (its first event names the owner) and writes run-1; says "ready".
 HOLDER = """
 import sys
 from effectlog.journal import SqliteJournal
 from effectlog.testing import sample_run
 
 journal = SqliteJournal(sys.argv[1])
+journal.claim("payment-001")
+journal.append(sample_run("payment-001")[:1])
 journal.append(sample_run("run-1"))
 print("ready", flush=True)
 sys.stdin.read()
 journal.close()
 """
 
-# Opens the journal for writing; errors are reported as effectlog.cli.main reports them.
+# Claims a run (argv[2]) for writing; errors are reported as effectlog.cli.main reports them.
 SECOND_WRITER = """
 import sys
 from effectlog.errors import EffectlogError
 from effectlog.journal import SqliteJournal
 
 try:
-    SqliteJournal(sys.argv[1]).close()
+    with SqliteJournal(sys.argv[1]) as journal:
+        journal.release(journal.claim(sys.argv[2]))
 except EffectlogError as exc:
     sys.stderr.write(f"effectlog: {exc.code}: {exc}\\n")
     raise SystemExit(int(exc.exit_status))
-print("opened")
+print("claimed")
 """
 
 
@@ -83,28 +86,26 @@ def release(proc: subprocess.Popen[str]) -> None:
             proc.communicate()
 
 
-def test_second_writer_process_exits_6_naming_the_holder(journal: Path, holder: subprocess.Popen[str]) -> None:
-    """While one process writes, another opening the journal for writing gets journal_locked, exit 6, with the pid."""
-    result = python(SECOND_WRITER, str(journal))
-    expected = f"effectlog: journal_locked: journal {journal} is being written by another process (pid {holder.pid})\n"
-    assert (6, "", expected) == (result.returncode, result.stdout, result.stderr)
+def test_a_second_process_claiming_the_run_exits_6_naming_the_holder(
+    journal: Path, holder: subprocess.Popen[str]
+) -> None:
+    """While one process owns a run, another claiming it gets run_owned, exit 6, naming the holder's pid and host."""
+    result = python(SECOND_WRITER, str(journal), "payment-001")
+    assert (6, "") == (result.returncode, result.stdout)
+    expected = f"effectlog: run_owned: run 'payment-001': the run is driven by run pid {holder.pid} on "
+    assert result.stderr.startswith(expected)
 
 
-def test_second_writer_gets_journal_locked_with_the_holder_pid(journal: Path, holder: subprocess.Popen[str]) -> None:
-    """The error is JournalLocked, exit status LOCKED (6), and carries the holder's pid as a field."""
-    with pytest.raises(JournalLocked) as info:
-        SqliteJournal(journal)
-    assert (ExitStatus.LOCKED, 6, holder.pid) == (
-        info.value.exit_status,
-        int(info.value.exit_status),
-        info.value.fields["holder_pid"],
-    )
+def test_another_run_of_the_same_file_is_free(journal: Path, holder: subprocess.Popen[str]) -> None:
+    """Ownership is per run, not per file: a second process claims another run of the same journal."""
+    result = python(SECOND_WRITER, str(journal), "payment-002")
+    assert (0, "claimed\n", "") == (result.returncode, result.stdout, result.stderr)
 
 
 def test_readers_need_no_lock(journal: Path, holder: subprocess.Popen[str]) -> None:
     """While the writer holds the lock, a reader opens the journal and `effectlog verify` succeeds."""
     with SqliteJournal(journal, writer=False) as reader:
-        assert (["run-1"], 8) == (reader.runs(), reader.head("run-1")[0])
+        assert (["payment-001", "run-1"], 8) == (reader.runs(), reader.head("run-1")[0])
     result = subprocess.run(
         [sys.executable, "-m", "effectlog", "verify", "--journal", str(journal)],
         capture_output=True,
@@ -112,19 +113,19 @@ def test_readers_need_no_lock(journal: Path, holder: subprocess.Popen[str]) -> N
         timeout=60,
         check=False,
     )
-    assert (0, "ok: 1 run(s), 8 event(s) verified\n") == (result.returncode, result.stdout)
+    assert (0, "ok: 2 run(s), 9 event(s) verified\n") == (result.returncode, result.stdout)
 
 
-def test_the_lock_is_released_when_the_writer_exits(journal: Path, holder: subprocess.Popen[str]) -> None:
-    """Once the holding process has closed the journal and exited, another process may write."""
-    assert 6 == python(SECOND_WRITER, str(journal)).returncode
+def test_the_run_is_released_when_the_writer_exits(journal: Path, holder: subprocess.Popen[str]) -> None:
+    """Once the holding process has closed the journal and exited, another process may claim the run."""
+    assert 6 == python(SECOND_WRITER, str(journal), "payment-001").returncode
     release(holder)
     assert 0 == holder.returncode
-    result = python(SECOND_WRITER, str(journal))
-    assert (0, "opened\n", "") == (result.returncode, result.stdout, result.stderr)
+    result = python(SECOND_WRITER, str(journal), "payment-001")
+    assert (0, "claimed\n", "") == (result.returncode, result.stdout, result.stderr)
 
 
-def test_effectlog_run_against_a_locked_journal_exits_6_and_writes_nothing(
+def test_effectlog_run_of_an_owned_run_exits_6_and_writes_nothing(
     journal: Path, holder: subprocess.Popen[str]
 ) -> None:
     """The real CLI, as a second process, gets exit 6 naming the holder's pid; the journal is unchanged."""

@@ -204,6 +204,21 @@ class JournalLocked(EffectlogError):
     exit_status = ExitStatus.LOCKED
 
 
+class RunOwned(JournalLocked):
+    """A live owner (another process, another actor, a runner's lease) drives this run (exit 6).
+
+    ``owner`` names it (pid and host, or runner id); nothing was written.
+    """
+
+    code = "run_owned"
+
+
+class JournalAliased(JournalLocked):
+    """The journal file has another name (a hard link): SQLite would keep a second WAL beside it (exit 6)."""
+
+    code = "journal_aliased"
+
+
 class StorageError(EffectlogError):
     """A backend failure translated at the boundary (disk full, read-only, I/O)."""
 
@@ -236,6 +251,12 @@ class ToolDenied(EffectlogError):
 
     code = "tool_denied"
     exit_status = ExitStatus.RUN_FAILED
+
+
+class RunBound(Conflict):
+    """The run belongs to a fleet request: it is written only under that request's lease (exit 5)."""
+
+    code = "run_bound"
 
 
 class RunClosed(Conflict):

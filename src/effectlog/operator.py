@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from effectlog.errors import NotReconcilable, UnknownRun, UnknownStep
+from effectlog.errors import NotReconcilable, RunOwned, UnknownRun, UnknownStep
 from effectlog.fold import RunState, StepState
 from effectlog.journal import Journal, load_run
+from effectlog.journal.ownership import describe
 from effectlog.recorder import Clock, EventSpec, record_now
 from effectlog.trace import Trace
 
@@ -20,6 +21,14 @@ from effectlog.trace import Trace
 def load_step(
     journal: Journal, run_id: str, step_id: str, *, needs: Sequence[str], action: str
 ) -> tuple[RunState, StepState]:
+    found = journal.owner(run_id)
+    if found.live:
+        # Said first, and plainly; the append itself is refused the same way if an owner comes in between.
+        raise RunOwned(
+            f"cannot {action}: the run is driven by {describe(found.owner)}; decide once it stops or waits",
+            run_id=run_id,
+            step_id=step_id,
+        )
     state = load_run(journal, run_id)
     if state.seq == 0:
         raise UnknownRun(f"no run {run_id!r} in {journal.location}", run_id=run_id)

@@ -52,7 +52,7 @@ __all__ = [
 
 
 class Runtime:
-    """Runs plans durably against one journal (holding its writer lock until ``close``)."""
+    """Runs plans durably against one journal; each run is owned by its actor while it is driven."""
 
     def __init__(
         self,
@@ -93,15 +93,21 @@ class Runtime:
     async def arun(self, plan: Plan | str | Path) -> RunOutcome:
         if not isinstance(plan, Plan):
             plan = load_plan(plan)
-        actor = RunActor(self, plan)
-        self.writer.active_runs += 1
+        # One owner per run: claimed before its state is read, so nobody else writes it while
+        # this actor drives it (RunOwned, exit 6, for a second actor here or anywhere else).
+        claim = self.journal.claim(plan.run_id, "run")
         try:
-            # Let runs started together (arun_many) all register before any writes, so their
-            # batches queue for shared commits instead of the first running alone, inline.
-            await asyncio.sleep(0)
-            return await actor.drive()
+            actor = RunActor(self, plan)
+            self.writer.active_runs += 1
+            try:
+                # Let runs started together (arun_many) all register before any writes, so their
+                # batches queue for shared commits instead of the first running alone, inline.
+                await asyncio.sleep(0)
+                return await actor.drive()
+            finally:
+                self.writer.active_runs -= 1
         finally:
-            self.writer.active_runs -= 1
+            self.journal.release(claim)
 
     async def arun_many(self, plans: Iterable[Plan]) -> list[RunOutcome]:
         return list(await asyncio.gather(*(self.arun(p) for p in plans)))

@@ -12,6 +12,7 @@ prove the *database* rejects updates and deletes)::
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -19,7 +20,7 @@ import pytest
 
 from effectlog import events as ev
 from effectlog.chain import GENESIS
-from effectlog.errors import EffectlogError, EventConflict, SequenceGap
+from effectlog.errors import EffectlogError, EventConflict, RunOwned, SequenceGap
 from effectlog.fold import replay_records
 from effectlog.journal.protocol import Journal
 
@@ -157,6 +158,41 @@ class JournalContract:
         """Backend failures surface as effectlog's own errors, never driver exceptions."""
         with pytest.raises(EffectlogError):
             journal.append([sample_run()[2]])
+
+    # -- one owner per run --------------------------------------------------------------
+
+    def test_a_claimed_run_refuses_every_other_writer_and_names_its_owner(
+        self, backend: JournalBackend, journal: Journal
+    ) -> None:
+        """While one journal object owns a run, another's claim and append are refused (RunOwned), nothing is
+        written, and ``owner`` names the live owner; other runs stay writable by anyone."""
+        other = backend.open()
+        try:
+            claim = journal.claim("owned")
+            journal.append(sample_run("owned")[:1])
+            with pytest.raises(RunOwned):
+                other.claim("owned")
+            with pytest.raises(RunOwned):
+                other.append([sample_run("owned")[1]])
+            assert 1 == journal.head("owned")[0]
+            found = other.owner("owned")
+            assert (True, os.getpid()) == (found.live, found.owner.pid if found.owner else None)
+            other.append(sample_run("free")[:1])  # another run of the same journal
+            journal.release(claim)
+            assert not other.owner("owned").live
+            other.append([sample_run("owned")[1]])
+            assert 2 == journal.head("owned")[0]
+        finally:
+            other.close()
+
+    def test_one_object_cannot_claim_a_run_twice(self, journal: Journal) -> None:
+        """Two actors of one process never both own a run: the second claim is refused until the first is released."""
+        claim = journal.claim("twice")
+        with pytest.raises(RunOwned):
+            journal.claim("twice")
+        journal.release(claim)
+        journal.release(claim)  # releasing twice is harmless
+        journal.release(journal.claim("twice"))
 
 
 def run_crash_matrix(adapter: str, ledger: str, workdir: Any, *, jobs: int = 1) -> tuple[Any, list[str]]:

@@ -12,9 +12,11 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Protocol
 
 from effectlog.chain import Chain
+from effectlog.errors import StaleLease
 from effectlog.events import Event
 from effectlog.fleet.model import Lease
 from effectlog.fold import Record
+from effectlog.journal.ownership import Claim, OwnerStatus, new_owner
 
 
 class FencedJournal(Protocol):
@@ -36,6 +38,12 @@ class FencedJournal(Protocol):
     def read(self, run_id: str, after_seq: int = 0) -> Iterator[Record]: ...
 
     def head(self, run_id: str) -> tuple[int, bytes]: ...
+
+    def claim(self, run_id: str, kind: str = "run", *, runner: str | None = None) -> Claim: ...
+
+    def release(self, claim: Claim) -> None: ...
+
+    def owner(self, run_id: str) -> OwnerStatus: ...
 
     def runs(self) -> list[str]: ...
 
@@ -68,6 +76,21 @@ class LeasedJournal:
 
     def head(self, run_id: str) -> tuple[int, bytes]:
         return self.base.head(run_id)
+
+    def claim(self, run_id: str, kind: str = "run", *, runner: str | None = None) -> Claim:
+        """The lease is this attempt's ownership of its one run (fenced in every append): nothing more to take."""
+        if run_id != self.lease.run_id:
+            raise StaleLease(
+                f"lease of attempt {self.lease.attempt_id} covers run {self.lease.run_id!r}, not {run_id!r}",
+                run_id=run_id,
+            )
+        return Claim(run_id=run_id, owner=new_owner("runner", self.lease.runner_id), token=self.lease.token)
+
+    def release(self, claim: Claim) -> None:
+        """The lease ends with the attempt, not with the run actor."""
+
+    def owner(self, run_id: str) -> OwnerStatus:
+        return self.base.owner(run_id)
 
     def runs(self) -> list[str]:
         return self.base.runs()

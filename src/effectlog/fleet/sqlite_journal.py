@@ -36,8 +36,10 @@ from effectlog.events import Event, encode
 from effectlog.fleet.fencing import Dialect, batch_identity, check_batch_runs, check_lease, record_operation, replayed
 from effectlog.fleet.model import Lease
 from effectlog.fold import Record
+from effectlog.journal import filelocks
+from effectlog.journal.ownership import Claim, OwnerStatus
 from effectlog.journal.protocol import SCHEMA_VERSION
-from effectlog.journal.sqlite import MIGRATIONS
+from effectlog.journal.sqlite import MIGRATIONS, SqliteJournal
 
 Durability = Literal["full", "normal"]
 
@@ -125,10 +127,15 @@ class Handle:
         self.busy_timeout_s = busy_timeout_s
         self.db = connect(path, durability, busy_timeout_s)
         self.lock = threading.Lock()
+        self.file: filelocks.SharedFile | None = None
+        # Registered with the journal files of this process, so no descriptor of the file is
+        # closed while this connection holds SQLite's locks on it (effectlog.journal.filelocks).
+        self.file = filelocks.acquire(path)
         try:
             self.gate = os.open(path + ".writers", os.O_RDWR | os.O_CREAT, 0o600)
         except OSError as exc:
             self.db.close()
+            filelocks.release(self.file)
             raise StorageError(f"{path}.writers: cannot open the writers' lock ({exc.strerror})") from None
 
     @contextmanager
@@ -155,6 +162,9 @@ class Handle:
                 self.db.close()
             with contextlib.suppress(OSError):
                 os.close(self.gate)
+            if self.file is not None:
+                filelocks.release(self.file)
+                self.file = None
 
 
 @contextmanager
@@ -187,6 +197,7 @@ class FleetSqliteJournal:
         self.location = os.fspath(path)
         self.chain = chain or Chain()
         self._handle = Handle(self.location, durability)
+        self._journal: SqliteJournal | None = None
         try:
             with transaction(self._handle) as tx:
                 self._migrate(tx)
@@ -226,15 +237,30 @@ class FleetSqliteJournal:
     def append(self, events: Sequence[Event]) -> list[Record]:
         return self.append_fenced(events, None)
 
+    def _plain(self) -> SqliteJournal:
+        """The store file as the one SQLite journal: unfenced appends and run ownership go through it."""
+        if self._journal is None:
+            self._journal = SqliteJournal(self.location, chain=self.chain)
+        return self._journal
+
+    def claim(self, run_id: str, kind: str = "run", *, runner: str | None = None) -> Claim:
+        return self._plain().claim(run_id, kind, runner=runner)
+
+    def release(self, claim: Claim) -> None:
+        self._plain().release(claim)
+
+    def owner(self, run_id: str) -> OwnerStatus:
+        return self._plain().owner(run_id)
+
     def append_fenced(self, events: Sequence[Event], lease: Lease | None) -> list[Record]:
         if not events:
             return []
-        if lease is not None:
-            check_batch_runs(events, lease)
+        if lease is None:
+            # Not under a lease: an operator's or a plain writer's batch, owned by the one rule.
+            return self._plain().append(events)
+        check_batch_runs(events, lease)
         encoded = [encode(e) for e in events]
         with transaction(self._handle) as tx:
-            if lease is None:
-                return self._insert(tx, events, encoded)
             op_key, body = batch_identity(events, encoded)
             if replayed(tx, SQLITE, lease, op_key, body) is not None:
                 return [self._existing(tx, e.run_id, e.seq, b) for e, b in zip(events, encoded, strict=True)]
@@ -312,6 +338,9 @@ class FleetSqliteJournal:
         return [str(r[0]) for r in self._query("SELECT DISTINCT run_id FROM events ORDER BY run_id", ())]
 
     def close(self) -> None:
+        if self._journal is not None:
+            self._journal.close()
+            self._journal = None
         self._handle.close()
 
     def __enter__(self) -> FleetSqliteJournal:

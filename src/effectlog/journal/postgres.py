@@ -17,6 +17,14 @@ and gets ``EventConflict`` (other bytes) or a no-op (same bytes), or
 cannot fork. Heads are never cached across appends, since another host may have
 moved them.
 
+Owners. A run's owner (``effectlog.journal.ownership``) holds a *session* advisory lock
+``(OWNER_LOCK_CLASS, hashtext(run_id))`` on a connection of its own, which the server
+releases when that connection ends (a killed process, a lost host). The owner row's
+token is bumped by every claim and checked inside every owner's append, so an owner
+whose connection was lost while another took the run over is refused, never merged.
+Anyone else's append takes the same lock for its transaction (``pg_try_advisory_xact_lock``)
+and is refused while a live owner holds it.
+
 A writer stopped inside a transaction (SIGSTOP, a hung host) would hold its run
 locks forever; ``idle_in_transaction_session_timeout`` makes the server end such a
 session, and ``lock_timeout`` turns a long wait for a run into ``JournalLocked``.
@@ -41,11 +49,14 @@ from effectlog.errors import (
     EventConflict,
     JournalLocked,
     JournalUnreadable,
+    RunOwned,
     SequenceGap,
     StorageError,
 )
 from effectlog.events import Event, encode
 from effectlog.fold import Record
+from effectlog.journal.bindings import check_binding
+from effectlog.journal.ownership import Claim, OwnerStatus, decode_owner, describe, encode_owner, new_owner
 from effectlog.journal.protocol import SCHEMA_VERSION
 
 SCHEMA = "effectlog"
@@ -53,6 +64,7 @@ SCHEMA = "effectlog"
 # so our locks never collide with an application's single-bigint advisory locks.
 MIGRATE_LOCK_CLASS = 0x45464C00
 RUN_LOCK_CLASS = 0x45464C01
+OWNER_LOCK_CLASS = 0x45464C02
 
 # Ordered migrations: index i brings schema version i to i + 1. DDL is transactional
 # in PostgreSQL, so a migration applies whole or not at all.
@@ -91,6 +103,15 @@ _INSERT = (
 _HEAD = f"SELECT seq, hash FROM {SCHEMA}.events WHERE run_id = %s ORDER BY seq DESC LIMIT 1"
 _READ = f"SELECT seq, body, hash FROM {SCHEMA}.events WHERE run_id = %s AND seq > %s ORDER BY seq"
 _LOCK_RUN = "SELECT pg_advisory_xact_lock(%s, hashtext(%s))"
+OWNERS_DDL: tuple[str, ...] = (
+    f"CREATE TABLE IF NOT EXISTS {SCHEMA}.owners"
+    " (run_id TEXT PRIMARY KEY, token BIGINT NOT NULL, holder TEXT NOT NULL)",
+)
+_UPSERT_OWNER = (
+    f"INSERT INTO {SCHEMA}.owners (run_id, token, holder) VALUES (%s, 1, %s) ON CONFLICT (run_id) "
+    f"DO UPDATE SET token = {SCHEMA}.owners.token + 1, holder = EXCLUDED.holder RETURNING token"
+)
+_OWNER_ROW = f"SELECT token, holder FROM {SCHEMA}.owners WHERE run_id = %s"
 
 
 def redact(url: str) -> str:
@@ -149,6 +170,9 @@ class PostgresJournal:
         # Test hook: called inside the transaction, after the rows are written, before COMMIT.
         self.before_commit: Callable[[Sequence[Event]], None] | None = None
         self.writer = writer
+        self._url = url
+        self._claims: dict[str, Claim] = {}
+        self._owner_conn: psycopg.Connection[Any] | None = None  # holds the claims' session locks
         self._settings = {
             "lock_timeout": f"{int(lock_timeout_s * 1000)}ms",
             "idle_in_transaction_session_timeout": f"{int(idle_in_transaction_timeout_s * 1000)}ms",
@@ -217,6 +241,21 @@ class PostgresJournal:
         return int(found[0])
 
     def _migrate(self, conn: psycopg.Connection[Any]) -> None:
+        self._migrate_events(conn)
+        if self.writer and not self._has_owners(conn):
+            with conn.transaction():
+                conn.execute("SELECT pg_advisory_xact_lock(%s, 0)", (MIGRATE_LOCK_CLASS,))
+                for sql in OWNERS_DDL:
+                    conn.execute(sql)
+
+    @staticmethod
+    def _has_owners(conn: psycopg.Connection[Any]) -> bool:
+        found = conn.execute(
+            "SELECT 1 FROM pg_catalog.pg_tables WHERE schemaname = %s AND tablename = 'owners'", (SCHEMA,)
+        ).fetchone()
+        return found is not None
+
+    def _migrate_events(self, conn: psycopg.Connection[Any]) -> None:
         version = self._version(conn)
         if version == SCHEMA_VERSION:
             self._check_chain(conn)
@@ -276,6 +315,124 @@ class PostgresJournal:
         row = conn.execute(_HEAD, (run_id,)).fetchone()
         return (int(row[0]), bytes(row[1])) if row else (0, GENESIS)
 
+    # -- ownership ----------------------------------------------------------------
+
+    def claim(self, run_id: str, kind: str = "run", *, runner: str | None = None) -> Claim:
+        """Take ``run_id`` until ``release``; ``RunOwned`` (exit 6) if a live owner (any host) has it."""
+        if not self.writer:
+            raise StorageError(f"{self.location}: journal opened read-only")
+        if run_id in self._claims:
+            raise RunOwned("the run is driven by another actor in this process; nothing was written", run_id=run_id)
+        claim = Claim(run_id=run_id, owner=new_owner(kind, runner))
+        try:
+            conn = self._owner_connection()
+            got = conn.execute("SELECT pg_try_advisory_lock(%s, hashtext(%s))", (OWNER_LOCK_CLASS, run_id)).fetchone()
+            if not (got and got[0]):
+                raise RunOwned(
+                    f"the run is driven by {describe(self.owner(run_id).owner)}; nothing was written", run_id=run_id
+                )
+            try:
+                with self._pool.connection() as pooled, pooled.transaction():
+                    pooled.execute(_LOCK_RUN, (RUN_LOCK_CLASS, run_id))  # no append of the run is in flight
+                    self._check_binding(pooled, run_id, kind)
+                    row = pooled.execute(_UPSERT_OWNER, (run_id, encode_owner(claim.owner))).fetchone()
+                    assert row is not None
+                    claim.token = int(row[0])
+            except BaseException:
+                conn.execute("SELECT pg_advisory_unlock(%s, hashtext(%s))", (OWNER_LOCK_CLASS, run_id))
+                raise
+        except (psycopg.Error, PoolTimeout) as exc:
+            raise _translate(exc, self.location) from None
+        self._claims[run_id] = claim
+        return claim
+
+    def release(self, claim: Claim) -> None:
+        if claim.released or self._claims.get(claim.run_id) is not claim:
+            return
+        claim.released = True
+        del self._claims[claim.run_id]
+        conn = self._owner_conn
+        if conn is None:
+            return
+        try:
+            conn.execute("SELECT pg_advisory_unlock(%s, hashtext(%s))", (OWNER_LOCK_CLASS, claim.run_id))
+        except psycopg.Error:
+            # The connection is gone, and with it the lock: the server released it already.
+            with contextlib.suppress(psycopg.Error):
+                conn.close()
+            self._owner_conn = None
+
+    def owner(self, run_id: str) -> OwnerStatus:
+        try:
+            with self._pool.connection() as conn:
+                row = conn.execute(_OWNER_ROW, (run_id,)).fetchone() if self._has_owners(conn) else None
+                if run_id in self._claims:
+                    live = True
+                else:
+                    got = conn.execute(
+                        "SELECT pg_try_advisory_lock(%s, hashtext(%s))", (OWNER_LOCK_CLASS, run_id)
+                    ).fetchone()
+                    live = not (got and got[0])
+                    if not live:
+                        conn.execute("SELECT pg_advisory_unlock(%s, hashtext(%s))", (OWNER_LOCK_CLASS, run_id))
+        except (psycopg.Error, PoolTimeout) as exc:
+            raise _translate(exc, self.location) from None
+        return OwnerStatus(owner=decode_owner(row[1]) if row else None, live=live)
+
+    def _owner_connection(self) -> psycopg.Connection[Any]:
+        conn = self._owner_conn
+        if conn is None or conn.closed or conn.broken:
+            if not self._claims:
+                conn = None
+            else:
+                # The connection that held our claims is gone, so are its locks: another may own them now.
+                lost = ", ".join(sorted(self._claims))
+                raise RunOwned(f"the connection holding this process's claims was lost (runs {lost})")
+        if conn is None:
+            conn = psycopg.connect(self._url, **{**self._kwargs, "application_name": "effectlog-owner"})
+            self._owner_conn = conn
+        return conn
+
+    def _check_binding(self, conn: psycopg.Connection[Any], run_id: str, kind: str) -> None:
+        fleet = conn.execute("SELECT to_regclass('effectlog_fleet.requests') IS NOT NULL").fetchone()
+        if not (fleet and fleet[0]):
+            return
+        now = conn.execute("SELECT extract(epoch FROM clock_timestamp())::float8").fetchone()
+        assert now is not None
+        check_binding(
+            lambda sql, params: [tuple(r) for r in conn.execute(sql, params).fetchall()],
+            requests="effectlog_fleet.requests",
+            attempts="effectlog_fleet.attempts",
+            placeholder="%s",
+            run_id=run_id,
+            kind=kind,
+            now=float(now[0]),
+        )
+
+    def _check_owners(self, conn: psycopg.Connection[Any], events: Sequence[Event]) -> None:
+        """Inside the append's transaction, after the run locks: every run's writer may write it."""
+        for run_id in sorted({e.run_id for e in events}):
+            claim = self._claims.get(run_id)
+            if claim is None:
+                got = conn.execute(
+                    "SELECT pg_try_advisory_xact_lock(%s, hashtext(%s))", (OWNER_LOCK_CLASS, run_id)
+                ).fetchone()
+                if not (got and got[0]):
+                    row = conn.execute(_OWNER_ROW, (run_id,)).fetchone()
+                    who = describe(decode_owner(row[1]) if row else None)
+                    raise RunOwned(f"the run is driven by {who}; nothing was written", run_id=run_id)
+                self._check_binding(conn, run_id, "operator")
+                continue
+            row = conn.execute(_OWNER_ROW, (run_id,)).fetchone()
+            if row is None or int(row[0]) != claim.token:
+                who = describe(decode_owner(row[1]) if row else None)
+                raise RunOwned(
+                    f"this process lost the run to {who} (its claim's connection ended); nothing was written",
+                    run_id=run_id,
+                )
+
+    # -- appends ------------------------------------------------------------------
+
     def append(self, events: Sequence[Event]) -> list[Record]:
         if not self.writer:
             raise StorageError(f"{self.location}: journal opened read-only")
@@ -285,6 +442,8 @@ class PostgresJournal:
             with self._pool.connection() as conn:
                 try:
                     with conn.transaction():
+                        self._lock_runs(conn, events)
+                        self._check_owners(conn, events)
                         return self._append_locked(conn, events)
                 except pg_errors.UniqueViolation as exc:
                     # The transaction is rolled back; explain the conflict from committed rows.
@@ -292,12 +451,17 @@ class PostgresJournal:
         except (psycopg.Error, PoolTimeout) as exc:
             raise _translate(exc, self.location) from None
 
+    @staticmethod
+    def _lock_runs(conn: psycopg.Connection[Any], events: Sequence[Event]) -> None:
+        """The runs' transaction locks, in sorted order (two batches cannot deadlock); re-taking one is free."""
+        for run_id in sorted({e.run_id for e in events}):
+            conn.execute(_LOCK_RUN, (RUN_LOCK_CLASS, run_id))
+
     def _append_locked(self, conn: psycopg.Connection[Any], events: Sequence[Event]) -> list[Record]:
         # Lock and head are separate statements on purpose: under READ COMMITTED each
         # statement takes its snapshot when it starts, so only a head query issued
         # after the lock is granted sees the previous holder's commit.
-        for run_id in sorted({e.run_id for e in events}):
-            conn.execute(_LOCK_RUN, (RUN_LOCK_CLASS, run_id))
+        self._lock_runs(conn, events)
         heads: dict[str, tuple[int, bytes]] = {}
         pending: dict[tuple[str, int], Record] = {}
         stored: dict[tuple[str, int], Record] = {}
@@ -393,6 +557,12 @@ class PostgresJournal:
         return [str(r[0]) for r in rows]
 
     def close(self) -> None:
+        for claim in list(self._claims.values()):
+            self.release(claim)
+        if self._owner_conn is not None:
+            with contextlib.suppress(psycopg.Error):
+                self._owner_conn.close()
+            self._owner_conn = None
         with contextlib.suppress(psycopg.Error, PoolTimeout):
             self._pool.close()
 

@@ -1,9 +1,9 @@
 """The storage Protocol every journal backend implements (SQLite, PostgreSQL).
 
 Deliberately small: append a batch atomically, read a run from a sequence number,
-know a run's head, list runs. Backend errors are translated into effectlog errors
-at this boundary. ``effectlog.testing.journal_contract`` is the one test suite
-every backend must pass.
+know a run's head, list runs, and own a run (``effectlog.journal.ownership``).
+Backend errors are translated into effectlog errors at this boundary.
+``effectlog.testing.journal_contract`` is the one test suite every backend must pass.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from typing import Protocol, runtime_checkable
 from effectlog.chain import Chain
 from effectlog.events import Event
 from effectlog.fold import Record
+from effectlog.journal.ownership import Claim, OwnerStatus
 
 SCHEMA_VERSION = 1
 
@@ -40,6 +41,24 @@ class Journal(Protocol):
 
     def head(self, run_id: str) -> tuple[int, bytes]:
         """``(last seq, last hash)`` of a run; ``(0, GENESIS)`` when it has no events."""
+        ...
+
+    def claim(self, run_id: str, kind: str = "run", *, runner: str | None = None) -> Claim:
+        """Own ``run_id`` until ``release``: appends to it are this object's alone.
+
+        Raises ``RunOwned`` (exit 6, naming the owner) while another live claim holds the
+        run, in this process or any other; ``RunBound`` (exit 5) for a fleet request's run.
+        Appends to runs this object has not claimed are one-shot claims for their own
+        transaction, refused the same way.
+        """
+        ...
+
+    def release(self, claim: Claim) -> None:
+        """Give the run up; the owner row stays, naming the last owner."""
+        ...
+
+    def owner(self, run_id: str) -> OwnerStatus:
+        """The run's last recorded owner, and whether a live claim holds it now."""
         ...
 
     def runs(self) -> list[str]:

@@ -1,4 +1,11 @@
-"""The SQLite journal: WAL, ``synchronous=FULL``, one writer per file by OS lock.
+"""The SQLite journal: WAL, ``synchronous=FULL``, one owner per run (``effectlog.journal.ownership``).
+
+Many processes may write one journal file at once, each driving its own runs: every
+append is one ``BEGIN IMMEDIATE`` transaction, and a run is written only by the
+claim that holds its OS lock on the database file (``effectlog.journal.filelocks``).
+The file is opened by its real path (symlinks, ``./`` and ``..`` resolved) and refused
+when it has a second name (a hard link): SQLite keeps its WAL beside the name it was
+given, so two names would be two journals over one file.
 
 Append-only is enforced by the database (triggers abort UPDATE and DELETE), and
 deduplication is a constraint (primary key ``(run_id, seq)``, unique
@@ -14,9 +21,9 @@ seals", so the schema version does not change.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 import sqlite3
+import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Literal
@@ -24,14 +31,18 @@ from typing import Literal
 from effectlog.chain import GENESIS, Chain
 from effectlog.errors import (
     EventConflict,
+    JournalAliased,
     JournalDamaged,
-    JournalLocked,
     JournalUnreadable,
+    RunOwned,
     SequenceGap,
     StorageError,
 )
 from effectlog.events import Event, encode
 from effectlog.fold import Record
+from effectlog.journal import filelocks
+from effectlog.journal.bindings import check_binding
+from effectlog.journal.ownership import Claim, Owner, OwnerStatus, decode_owner, describe, encode_owner, new_owner
 from effectlog.journal.protocol import SCHEMA_VERSION
 
 Durability = Literal["full", "normal"]
@@ -75,6 +86,15 @@ SEALS_DDL: tuple[str, ...] = (
     """CREATE TRIGGER seals_append_only_delete BEFORE DELETE ON seals
        BEGIN SELECT RAISE(ABORT, 'effectlog: seals are append-only'); END""",
 )
+# Who drives (or last drove) each run: operational state beside the history, not part of it.
+# The OS lock decides who owns a run; this row only names the owner (``status``, messages).
+OWNERS_DDL: tuple[str, ...] = (
+    "CREATE TABLE owners (run_id TEXT PRIMARY KEY, token INTEGER NOT NULL, holder TEXT NOT NULL)",
+)
+_UPSERT_OWNER = (
+    "INSERT INTO owners (run_id, token, holder) VALUES (?, 1, ?) "
+    "ON CONFLICT (run_id) DO UPDATE SET token = token + 1, holder = excluded.holder RETURNING token"
+)
 READ_PAGE_ROWS = 2000
 _READ_PAGE = "SELECT seq, body, hash FROM events WHERE run_id = ? AND seq > ? ORDER BY seq LIMIT ?"
 WAL_AUTOCHECKPOINT_PAGES = 8000  # about 32 MiB of WAL between checkpoints (SQLite's default: 1,000 pages)
@@ -108,42 +128,8 @@ def _size(path: str) -> int:
         return 0
 
 
-class WriterLock:
-    """An exclusive OS lock on ``<journal>.lock``, holding the writer's pid."""
-
-    def __init__(self, journal_path: str) -> None:
-        self.path = journal_path + ".lock"
-        self._fd: int | None = None
-
-    def acquire(self) -> None:
-        try:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
-        except OSError as exc:
-            raise StorageError(f"{self.path}: cannot open the writer lock ({exc.strerror})") from None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 32, 0).decode(errors="replace").strip()
-            os.close(fd)
-            pid = f" (pid {holder})" if holder.isdigit() else ""
-            raise JournalLocked(
-                f"journal {self.path[:-5]} is being written by another process{pid}",
-                holder_pid=int(holder) if holder.isdigit() else None,
-            ) from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, str(os.getpid()).encode(), 0)
-        self._fd = fd
-
-    def release(self) -> None:
-        if self._fd is not None:
-            with contextlib.suppress(OSError):
-                fcntl.flock(self._fd, fcntl.LOCK_UN)
-            os.close(self._fd)
-            self._fd = None
-
-
 class SqliteJournal:
-    """A journal in one SQLite file. ``writer=True`` takes the file's writer lock."""
+    """A journal in one SQLite file. ``writer=False`` opens it read-only (it must exist)."""
 
     def __init__(
         self,
@@ -154,28 +140,49 @@ class SqliteJournal:
         durability: Durability = "full",
     ) -> None:
         self.location = str(path)
+        # Every name of the file leads to one path, so to one WAL and one set of locks.
+        self.path = os.path.realpath(self.location)
         self.chain = chain or Chain()
         self.writer = writer
-        self._heads: dict[str, tuple[int, bytes]] = {}
+        self._heads: dict[str, tuple[int, bytes]] = {}  # only for runs this object holds a claim on
+        self._claims: dict[str, Claim] = {}
         # Test hook: called inside the transaction, after the rows are written, before COMMIT.
         self.before_commit: Callable[[Sequence[Event]], None] | None = None
-        self._lock: WriterLock | None = None
-        if not writer and not Path(self.location).is_file():
+        self._file: filelocks.SharedFile | None = None
+        if not writer and not Path(self.path).is_file():
             raise JournalUnreadable(f"{self.location}: no journal file there")
         if writer:
-            self._create_private(self.location)
-            self._lock = WriterLock(self.location)
-            self._lock.acquire()
+            self._create_private(self.path)
         try:
+            self._file = filelocks.acquire(self.path, write=writer)
+        except PermissionError as exc:
+            raise StorageError(f"{self.location}: journal is read-only ({exc.strerror})") from None
+        except OSError as exc:
+            raise StorageError(f"{self.location}: cannot open the journal ({exc.strerror})") from None
+        try:
+            self._refuse_aliases()
             self._db = self._connect(durability)
             self._cursor = self._db.cursor()  # reused by append: one cursor instead of one per row
             self._migrate()
             if writer:
-                self._ensure_seals()
+                self._ensure_table("seals", SEALS_DDL)
+                self._ensure_table("owners", OWNERS_DDL)
         except BaseException:
-            if self._lock:
-                self._lock.release()
+            with contextlib.suppress(Exception):
+                self._db.close()
+            filelocks.release(self._file)
+            self._file = None
             raise
+
+    def _refuse_aliases(self) -> None:
+        assert self._file is not None
+        links = os.fstat(self._file.fd).st_nlink
+        if links > 1:
+            raise JournalAliased(
+                f"{self.location}: the journal file has {links} names (hard links); SQLite keeps its WAL beside "
+                "the name it is opened by, so two names would be two journals over one file. Remove the extra "
+                "link(s) and open it by one name (a symlink is fine)"
+            )
 
     @staticmethod
     def _create_private(path: str) -> None:
@@ -194,7 +201,7 @@ class SqliteJournal:
     def _connect(self, durability: Durability) -> sqlite3.Connection:
         try:
             if self.writer:
-                db = sqlite3.connect(self.location, isolation_level=None, check_same_thread=False)
+                db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
                 db.execute("PRAGMA busy_timeout = 5000")
                 mode = db.execute("PRAGMA journal_mode = WAL").fetchone()[0]
                 if mode != "wal":
@@ -206,7 +213,7 @@ class SqliteJournal:
                 # every few commits pay for one. Durability does not depend on it: the WAL is.
                 db.execute(f"PRAGMA wal_autocheckpoint = {WAL_AUTOCHECKPOINT_PAGES}")
             else:
-                uri = Path(self.location).resolve().as_uri() + "?mode=ro"
+                uri = Path(self.path).as_uri() + "?mode=ro"
                 db = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False)
                 db.execute("PRAGMA busy_timeout = 5000")
         except sqlite3.Error as exc:
@@ -241,6 +248,11 @@ class SqliteJournal:
                 raise JournalUnreadable(f"{self.location}: journal schema v{version} needs a writer to migrate")
             self._db.execute("BEGIN IMMEDIATE")
             try:
+                version = self._version()  # another writer may have migrated while this one waited
+                if version == SCHEMA_VERSION:
+                    self._db.execute("COMMIT")
+                    self._check_chain()
+                    return
                 for statements in MIGRATIONS[version:]:
                     for sql in statements:
                         self._db.execute(sql)
@@ -265,14 +277,17 @@ class SqliteJournal:
                 f"{self.location}: journal chain is {recorded}, opened as {self.chain.name} ({hint})"
             )
 
-    def _ensure_seals(self) -> None:
+    def _ensure_table(self, name: str, ddl: Sequence[str]) -> None:
+        """Add a derived table (seals, owners) that older journals lack; no schema version change."""
+        exists = "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?"
         try:
-            if self._db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'seals'").fetchone():
+            if self._db.execute(exists, (name,)).fetchone():
                 return
             self._db.execute("BEGIN IMMEDIATE")
             try:
-                for sql in SEALS_DDL:
-                    self._db.execute(sql)
+                if not self._db.execute(exists, (name,)).fetchone():
+                    for sql in ddl:
+                        self._db.execute(sql)
                 self._db.execute("COMMIT")
             except BaseException:
                 self._db.execute("ROLLBACK")
@@ -293,25 +308,136 @@ class SqliteJournal:
         except sqlite3.Error as exc:
             raise _translate(exc, self.location) from None
         head = (row[0], bytes(row[1])) if row else (0, GENESIS)
-        if self.writer:  # only the lock holder may trust a cached head
+        if run_id in self._claims:  # only the run's owner may trust a cached head: nobody else appends to it
             self._heads[run_id] = head
         return head
+
+    # -- ownership ----------------------------------------------------------------
+
+    def claim(self, run_id: str, kind: str = "run", *, runner: str | None = None) -> Claim:
+        """Take ``run_id`` for this object until ``release``; ``RunOwned`` (exit 6) if a live owner has it.
+
+        The OS lock is the claim; the owner row that names it is written with the
+        claim's first append (a run that is only looked at costs no commit).
+        """
+        if not self.writer:
+            raise StorageError(f"{self.location}: journal opened read-only")
+        claim = Claim(run_id=run_id, owner=new_owner(kind, runner))
+        self._lock_run(run_id, claim)
+        try:
+            self._check_binding(run_id, kind)
+        except BaseException:
+            self._unlock_run(run_id, claim)
+            raise
+        self._claims[run_id] = claim
+        self._heads.pop(run_id, None)  # written by others until now
+        return claim
+
+    def release(self, claim: Claim) -> None:
+        """Give the run up (its owner row stays, naming the last owner); safe to call twice."""
+        if claim.released or self._claims.get(claim.run_id) is not claim:
+            return
+        claim.released = True
+        del self._claims[claim.run_id]
+        self._heads.pop(claim.run_id, None)
+        self._unlock_run(claim.run_id, claim)
+
+    def owner(self, run_id: str) -> OwnerStatus:
+        """The run's last recorded owner, and whether a live claim holds the run now."""
+        assert self._file is not None
+        try:
+            row = self._db.execute("SELECT holder FROM owners WHERE run_id = ?", (run_id,)).fetchone()
+        except sqlite3.OperationalError as exc:
+            if "no such table" not in str(exc):  # a journal no writer has opened since owners exist
+                raise _translate(exc, self.location) from None
+            row = None
+        except sqlite3.Error as exc:
+            raise _translate(exc, self.location) from None
+        live = self._file.locked_anywhere(run_id)
+        return OwnerStatus(owner=decode_owner(row[0]) if row else None, live=live)
+
+    def _lock_run(self, run_id: str, claim: Claim) -> None:
+        assert self._file is not None
+        if self._file.try_lock(run_id, id(claim)):
+            return
+        raise RunOwned(
+            f"the run is driven by {describe(self._recorded_owner(run_id, claim.owner))}; nothing was written",
+            run_id=run_id,
+        )
+
+    def _unlock_run(self, run_id: str, claim: Claim) -> None:
+        if self._file is not None:
+            self._file.unlock(run_id, id(claim))
+
+    def _recorded_owner(self, run_id: str, me: Owner) -> Owner | None:
+        """Who holds the run, for the message: the owner row, or this process if it holds it itself."""
+        assert self._file is not None
+        if run_id in self._file.held:
+            return Owner(pid=me.pid, host=me.host, kind="another actor in this process")
+        with contextlib.suppress(sqlite3.Error):
+            row = self._db.execute("SELECT holder FROM owners WHERE run_id = ?", (run_id,)).fetchone()
+            if row:
+                return decode_owner(row[0])
+        return None
+
+    def _check_binding(self, run_id: str, kind: str) -> None:
+        try:
+            if not self._db.execute("SELECT 1 FROM sqlite_master WHERE name = 'fleet_requests'").fetchone():
+                return
+            check_binding(
+                lambda sql, params: self._db.execute(sql, params).fetchall(),
+                requests="fleet_requests",
+                attempts="fleet_attempts",
+                placeholder="?",
+                run_id=run_id,
+                kind=kind,
+                now=time.time(),
+            )
+        except sqlite3.Error as exc:
+            raise _translate(exc, self.location) from None
+
+    # -- appends ------------------------------------------------------------------
 
     def append(self, events: Sequence[Event]) -> list[Record]:
         return self.append_sealed(events, ())
 
     def append_sealed(self, events: Sequence[Event], seals: Sequence[tuple[str, int, bytes]]) -> list[Record]:
-        """``append``, plus seals of runs this batch closes, in the same transaction (``effectlog.seal``)."""
+        """``append``, plus seals of runs this batch closes, in the same transaction (``effectlog.seal``).
+
+        A run this object holds a claim on is appended as its owner; any other run gets a
+        one-shot claim for this transaction (an operator's decision), refused while a live
+        owner drives it.
+        """
         if not self.writer:
             raise StorageError(f"{self.location}: journal opened read-only")
         if not events and not seals:
             return []
+        claims = self._claims
+        one_shot: list[tuple[str, Claim]] = []
+        try:
+            for run_id in sorted({e.run_id for e in events} | {s[0] for s in seals}):
+                if run_id not in claims:
+                    shot = Claim(run_id=run_id, owner=new_owner("operator"))
+                    self._lock_run(run_id, shot)
+                    one_shot.append((run_id, shot))
+            return self._append_owned(events, seals, [run_id for run_id, _ in one_shot])
+        finally:
+            for run_id, shot in one_shot:
+                self._unlock_run(run_id, shot)
+
+    def _append_owned(
+        self, events: Sequence[Event], seals: Sequence[tuple[str, int, bytes]], one_shot: Sequence[str]
+    ) -> list[Record]:
         db = self._db
         heads: dict[str, tuple[int, bytes]] = {}
         out: list[Record] = []
+        named: list[Claim] = []
         try:
             db.execute("BEGIN IMMEDIATE")
             try:
+                for run_id in one_shot:
+                    self._check_binding(run_id, "operator")
+                named = self._write_owner_rows(events)
                 link, insert = self.chain.link, self._cursor.execute  # bound once: this loop is the hot path
                 for event in events:
                     run_id, seq = event.run_id, event.seq
@@ -337,11 +463,26 @@ class SqliteJournal:
             except BaseException:
                 if db.in_transaction:
                     db.execute("ROLLBACK")
+                for claim in named:
+                    claim.token = 0  # the owner row was rolled back with the batch: write it next time
                 raise
         except sqlite3.Error as exc:
             raise _translate(exc, self.location) from None
-        self._heads.update(heads)
+        for run_id, head in heads.items():
+            if run_id in self._claims:
+                self._heads[run_id] = head
         return out
+
+    def _write_owner_rows(self, events: Sequence[Event]) -> list[Claim]:
+        """Name each claim's owner in the owners table, with the claim's first append."""
+        named: list[Claim] = []
+        for event in events:
+            claim = self._claims.get(event.run_id)
+            if claim is not None and claim.token == 0:
+                row = self._cursor.execute(_UPSERT_OWNER, (event.run_id, encode_owner(claim.owner))).fetchone()
+                claim.token = int(row[0])
+                named.append(claim)
+        return named
 
     def _insert_seal(self, run_id: str, seq: int, seal: bytes, head: tuple[int, bytes]) -> None:
         if seq != head[0]:
@@ -414,11 +555,13 @@ class SqliteJournal:
             raise _translate(exc, self.location) from None
 
     def close(self) -> None:
+        for claim in list(self._claims.values()):
+            self.release(claim)
         with contextlib.suppress(sqlite3.Error):
             self._db.close()
-        if self._lock:
-            self._lock.release()
-            self._lock = None
+        if self._file is not None:  # after the connection: closing the descriptor drops SQLite's locks too
+            filelocks.release(self._file)
+            self._file = None
 
     def __enter__(self) -> SqliteJournal:
         return self

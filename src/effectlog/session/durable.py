@@ -26,6 +26,7 @@ from effectlog import events as ev
 from effectlog.errors import (
     ApprovalRequired,
     BadInput,
+    EventConflict,
     IdempotencyConflict,
     NotApplied,
     PlanMismatch,
@@ -36,6 +37,7 @@ from effectlog.errors import (
     UncertainEffect,
 )
 from effectlog.fold import RunState, StepState
+from effectlog.journal.ownership import Claim
 from effectlog.recorder import Clock, EventSpec, prepare
 from effectlog.recovery import Action, decide
 from effectlog.session import identity as ids
@@ -85,6 +87,7 @@ class Session:
                 f"run {run_id!r} is a {self._state.kind} run, not a session; use another run id", run_id=run_id
             )
         self._opened = False  # has this pass recorded run.started / run.resumed yet
+        self._claim: Claim | None = None  # held from this pass's first write until the run waits or ends
         self._position = 0
         self._visited: set[str] = set()
         self.model_calls = 0  # calls made in this pass, not replayed ones
@@ -120,9 +123,37 @@ class Session:
             else:
                 batch.insert(0, (ev.RunResumed, {"pid": os.getpid()}))
         events, new_state = prepare(self._state, batch, ts if ts is not None else self.clock())
-        self.store.append(events)
+        self._own()
+        try:
+            self.store.append(events)
+        except BaseException:
+            self.release()
+            raise
         self._state = new_state
         self._opened = True
+        if new_state.closed or new_state.state in ("suspended", "stopped"):
+            self.release()  # waits for a person (or is done): the pass drives it no more
+
+    def _own(self) -> None:
+        """Claim the run for this pass before its first write, and check nobody wrote it since it was read."""
+        if self._claim is not None:
+            return
+        claim = self.store.claim(self.run_id)
+        fresh = self.store.state(self.run_id)
+        if fresh.seq != self._state.seq:
+            self.store.release(claim)
+            raise EventConflict(
+                f"the run was written elsewhere since this pass read it (seq {self._state.seq} -> {fresh.seq}); "
+                "start a new Session to resume it",
+                run_id=self.run_id,
+            )
+        self._claim = claim
+
+    def release(self) -> None:
+        """Give the run up (after a pass that stopped early); a later write claims it again."""
+        if self._claim is not None:
+            self.store.release(self._claim)
+            self._claim = None
 
     def _crash_point(self, point: str, step_id: str) -> None:
         if self.crash_hook is not None:

@@ -20,6 +20,7 @@ from effectlog.chain import Chain
 from effectlog.errors import UnknownRun
 from effectlog.fold import RunState, StepState, replay_records
 from effectlog.journal import Journal, chain_from_env, load_run
+from effectlog.journal.ownership import Claim
 from effectlog.journal.sqlite import SqliteJournal
 from effectlog.recorder import Clock
 
@@ -70,6 +71,12 @@ class Checkpointer(Protocol):
         """The run's timeline; ``UnknownRun`` when nothing was recorded."""
         ...
 
+    def claim(self, run_id: str) -> Claim:
+        """Own the run while a pass writes it (``Journal.claim``): ``RunOwned`` if another drives it."""
+        ...
+
+    def release(self, claim: Claim) -> None: ...
+
     def close(self) -> None: ...
 
 
@@ -85,6 +92,12 @@ class JournalCheckpointer:
 
     def append(self, events: Sequence[ev.Event]) -> None:
         self.journal.append(events)
+
+    def claim(self, run_id: str) -> Claim:
+        return self.journal.claim(run_id, "session")
+
+    def release(self, claim: Claim) -> None:
+        self.journal.release(claim)
 
     def load(self, run_id: str) -> Timeline:
         records = list(self.journal.read(run_id))
@@ -144,10 +157,10 @@ class JournalCheckpointer:
 
 
 class SqliteCheckpointer(JournalCheckpointer):
-    """The default store: a SQLite journal file, opened as its (single) writer.
+    """The default store: a SQLite journal file.
 
-    The writer lock is held until ``close``: the CLI's ``approve``/``reconcile`` on the
-    same file run after this process closes the store (or ends).
+    A pass owns its run only while it writes it (``Session``): the CLI's ``approve``,
+    ``deny`` and ``reconcile`` of a run no pass drives succeed while this store stays open.
     """
 
     def __init__(self, path: str | os.PathLike[str], *, chain: Chain | None = None) -> None:

@@ -1,0 +1,60 @@
+"""Runs that belong to a fleet request: the fleet's tables, as the journal must respect them.
+
+A fleet store keeps its requests beside the runs' journal, in the same database. A
+run that belongs to a request is written only under that request's lease (the
+fleet's fencing), so the journal refuses to let a plain ``run`` or a session claim
+it (``RunBound``, exit 5), and lets an operator's one-shot decision through only
+while no runner drives it under a live lease (``RunOwned``, exit 6); a runner that
+waits for a person's decision drives nothing. The states come from
+``specs/attempt.toml``, as everywhere else.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from effectlog.errors import RunBound, RunOwned
+from effectlog.spec import compiled
+
+_ATTEMPT = compiled("attempt").spec
+_LIVE = {s for t in _ATTEMPT.transitions if t.actor == "recovery_service" for s in t.source}
+# A lease owner that waits for a person's decision (``await_decision``) holds the lease but
+# drives nothing: an operator's approve, deny or reconcile is exactly what it waits for.
+_WAITING = {t.dest for t in _ATTEMPT.transitions if t.trigger == "await_decision"}
+DRIVING: tuple[str, ...] = tuple(sorted(_LIVE - _WAITING))
+
+Query = Callable[[str, Sequence[Any]], list[tuple[Any, ...]]]
+
+
+def check_binding(
+    query: Query, *, requests: str, attempts: str, placeholder: str, run_id: str, kind: str, now: float
+) -> None:
+    """Raise if ``kind`` may not write ``run_id`` because a fleet request owns it."""
+    p = placeholder
+    rows = query(f"SELECT request_id, scope FROM {requests} WHERE run_id = {p}", (run_id,))
+    if not rows:
+        return
+    request_id, scope = rows[0]
+    if kind != "operator":
+        raise RunBound(
+            f"the run belongs to fleet request {request_id} in scope {scope!r}: it is written only under "
+            "that request's lease (effectlog runner), and decided with effectlog operator",
+            run_id=run_id,
+            request_id=int(request_id),
+            scope=str(scope),
+        )
+    states = ", ".join(p for _ in DRIVING)
+    live = query(
+        f"SELECT runner_id, attempt_no FROM {attempts} WHERE request_id = {p} AND state IN ({states})"
+        f" AND lease_expires_at > {p}",
+        (request_id, *DRIVING, now),
+    )
+    if live:
+        runner, attempt_no = live[0]
+        raise RunOwned(
+            f"runner {runner} holds a live lease on this run (fleet request {request_id}, attempt {attempt_no}); "
+            "nothing was written",
+            run_id=run_id,
+            runner=str(runner),
+        )

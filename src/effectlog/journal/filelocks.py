@@ -1,0 +1,134 @@
+"""Per-run OS locks on a SQLite journal file, shared by every journal object of a process.
+
+One byte of the database file per run (an offset derived from the run id, far below
+the bytes SQLite itself locks at 1 GiB) carries an open-file-description lock
+(``F_OFD_SETLK``): exclusive between processes, released by the kernel when the holder
+dies, and bound to the file's inode, so every path that reaches the file (symlink,
+hard link, ``./``, ``..``) meets the same lock.
+
+Two rules of POSIX locks shape this module:
+
+- Closing *any* descriptor of a file drops every classic POSIX lock the process holds
+  on it, SQLite's own included. So a process opens the journal file once, keeps that
+  descriptor while any journal object uses the file, and closes it only after the
+  last one has closed its SQLite connection (reference counted per inode).
+- OFD locks taken through one shared descriptor do not exclude each other, so two
+  claims of one run inside one process are told apart here, in ``held``.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import hashlib
+import os
+import struct
+import threading
+
+# 256 MiB .. 384 MiB: far from SQLite's lock bytes (PENDING_BYTE is at 1 GiB), and a
+# range wide enough (2**27 slots) that two run ids sharing a byte is a curiosity.
+SLOT_BASE = 0x1000_0000
+SLOT_SPAN = 0x0800_0000
+
+_FLOCK = "hhqqi4x"  # struct flock on Linux: type, whence, start, len, pid (0 for OFD locks)
+
+
+def slot(run_id: str) -> int:
+    digest = hashlib.blake2b(run_id.encode("utf-8", "surrogatepass"), digest_size=8).digest()
+    return SLOT_BASE + int.from_bytes(digest, "big") % SLOT_SPAN
+
+
+def _ofd(fd: int, command: int, lock_type: int, start: int) -> int:
+    packed = fcntl.fcntl(fd, command, struct.pack(_FLOCK, lock_type, os.SEEK_SET, start, 1, 0))
+    return int(struct.unpack(_FLOCK, packed)[0])
+
+
+class SharedFile:
+    """This process's one descriptor of a journal file, and the runs it holds."""
+
+    def __init__(self, key: tuple[int, int], fd: int, *, writable: bool) -> None:
+        self.key = key
+        self.fd = fd
+        self.writable = writable
+        self.refs = 0
+        self.held: dict[str, int] = {}  # run id -> id() of the claim that holds it
+
+    def try_lock(self, run_id: str, holder: int) -> bool:
+        """Take the run's lock for ``holder``; False if another claim (here or elsewhere) has it."""
+        with _registry_lock:
+            if run_id in self.held:
+                return False
+            try:
+                _ofd(self.fd, fcntl.F_OFD_SETLK, fcntl.F_WRLCK, slot(run_id))
+            except OSError as exc:
+                if exc.errno in (errno.EAGAIN, errno.EACCES):
+                    return False
+                raise
+            self.held[run_id] = holder
+            return True
+
+    def unlock(self, run_id: str, holder: int) -> None:
+        with _registry_lock:
+            if self.held.get(run_id) != holder:
+                return
+            del self.held[run_id]
+            if any(slot(other) == slot(run_id) for other in self.held):
+                return  # another run of this process shares the byte: keep it locked
+            _ofd(self.fd, fcntl.F_OFD_SETLK, fcntl.F_UNLCK, slot(run_id))
+
+    def holds(self, run_id: str, holder: int) -> bool:
+        return self.held.get(run_id) == holder
+
+    def locked_anywhere(self, run_id: str) -> bool:
+        """Whether some live claim (this process's or another's) holds the run's lock."""
+        with _registry_lock:
+            if run_id in self.held:
+                return True
+            probe = _ofd(self.fd, fcntl.F_OFD_GETLK, fcntl.F_WRLCK, slot(run_id))
+            return probe != fcntl.F_UNLCK
+
+
+_registry_lock = threading.RLock()
+_files: dict[tuple[int, int], SharedFile] = {}
+
+
+def acquire(path: str, *, write: bool = True) -> SharedFile:
+    """The shared descriptor of the file at ``path`` (which must exist), one more reference to it.
+
+    Locks need a descriptor open for writing; a reader (which only probes locks) makes do
+    with a read-only one, replaced by a writable one when a writer of the process comes.
+    """
+    fd = os.open(path, (os.O_RDWR if write else os.O_RDONLY) | os.O_CLOEXEC)
+    try:
+        st = os.fstat(fd)
+        key = (st.st_dev, st.st_ino)
+        with _registry_lock:
+            shared = _files.get(key)
+            if shared is None:
+                shared = _files[key] = SharedFile(key, fd, writable=write)
+                fd = -1  # kept: it is the shared one now
+            elif write and not shared.writable:
+                _spare.setdefault(key, []).append(shared.fd)  # readers' locks were only probes
+                shared.fd, shared.writable, fd = fd, True, -1
+            shared.refs += 1
+            return shared
+    finally:
+        if fd >= 0:
+            # Another descriptor of this file is already open and shared: closing this one
+            # would drop the process's POSIX locks on the file (SQLite's). Keep it open
+            # beside the shared one instead; it is closed with it.
+            _spare.setdefault(key, []).append(fd)
+
+
+_spare: dict[tuple[int, int], list[int]] = {}
+
+
+def release(shared: SharedFile) -> None:
+    """One reference less; the descriptors close once no journal object of this process uses the file."""
+    with _registry_lock:
+        shared.refs -= 1
+        if shared.refs > 0:
+            return
+        _files.pop(shared.key, None)
+        for fd in [shared.fd, *_spare.pop(shared.key, [])]:
+            os.close(fd)

@@ -1,0 +1,94 @@
+"""Who may write a run: one live owner per run, a fact of the journal itself.
+
+A process that drives a run (``effectlog run``, a runtime's run actor, a session's
+pass) first *claims* it from the journal; every append to a claimed run is checked
+inside the append's own transaction, and an append by anyone else to a run that has
+a live owner is refused with ``RunOwned`` (exit 6), naming the owner. Operators
+(approve, deny, reconcile) make a one-shot claim for the length of their one
+transaction, so they write a run nobody drives, while other runs in the same journal
+are driven by other processes.
+
+What makes an owner *live* is the backend's, and never a guess:
+
+- SQLite: an open-file-description (OFD) lock on one byte of the database file
+  itself, at an offset derived from the run id. The kernel releases it when the
+  owner's process dies (SIGKILL included), and it is a lock on the file, not on a
+  path: symlinks, hard links, ``./`` and ``..`` all name the same bytes.
+- PostgreSQL: a session advisory lock, held on a connection kept for the claim; the
+  server releases it when that connection ends, whichever host the owner was on.
+
+The owner row (pid, host, kind, since, token) names the owner for messages and
+``status``; on PostgreSQL its token fences appends of an owner whose connection was
+lost while another took the run over.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from typing import Literal
+
+import msgspec
+
+OwnerKind = Literal["run", "session", "operator", "runner"]
+
+
+class Owner(msgspec.Struct, frozen=True, kw_only=True):
+    """The process that drives (or last drove) a run."""
+
+    pid: int
+    host: str
+    kind: str = "run"
+    since: int = 0  # ns since the epoch, when the claim was taken
+    runner: str | None = None
+
+    def describe(self) -> str:
+        who = f"runner {self.runner}" if self.runner else f"pid {self.pid}"
+        return f"{self.kind} {who} on {self.host}"
+
+
+class Claim(msgspec.Struct, kw_only=True):
+    """This process's ownership of one run, from ``Journal.claim`` until ``Journal.release``."""
+
+    run_id: str
+    owner: Owner
+    token: int = 0  # the owner row's token written for this claim (0 until written)
+    released: bool = False
+
+
+class OwnerStatus(msgspec.Struct, frozen=True, kw_only=True):
+    """What a reader can say about a run's owner: the last one recorded, and whether it still lives."""
+
+    owner: Owner | None
+    live: bool
+
+
+def this_host() -> str:
+    return socket.gethostname() or "localhost"
+
+
+def new_owner(kind: str = "run", runner: str | None = None) -> Owner:
+    return Owner(pid=os.getpid(), host=this_host(), kind=kind, since=time.time_ns(), runner=runner)
+
+
+_encoder = msgspec.json.Encoder()
+_decoder = msgspec.json.Decoder(Owner)
+
+
+def encode_owner(owner: Owner) -> str:
+    return _encoder.encode(owner).decode()
+
+
+def decode_owner(text: str | bytes | None) -> Owner | None:
+    """The owner row's JSON; ``None`` for a missing or unreadable row (it only ever names, never decides)."""
+    if not text:
+        return None
+    try:
+        return _decoder.decode(text)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return None
+
+
+def describe(owner: Owner | None) -> str:
+    return owner.describe() if owner is not None else "another process"

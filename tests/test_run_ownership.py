@@ -1,0 +1,328 @@
+"""One owner per run, that nothing can get around (issue 11): real processes, real aliases, real kills.
+
+Writer 1 is a real ``effectlog run`` whose second step (a shell tool, not idempotent)
+has applied its effect and blocks until the test lets it go. While it blocks, a second
+writer comes through every alias of the journal file (a symlink, a hard link, ``..``)
+and through the operator commands, on SQLite and PostgreSQL: each is refused with the
+documented exit status (6, naming the owner), the journal is byte for byte unchanged,
+and after writer 1 finishes, every step's effect happened exactly once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from effectlog.adapters import Receipt
+from effectlog.errors import ExitStatus, RunOwned
+from effectlog.journal import SqliteJournal, open_journal
+from effectlog.plan import load_plan
+from effectlog.runtime import Runtime
+from effectlog.testing import sample_run
+
+pytest_plugins = ["pg_fixture"]
+
+SAFETY_S = 60.0
+
+
+def effectlog(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != "EFFECTLOG_JOURNAL_KEY"}
+    return subprocess.run(
+        [sys.executable, "-m", "effectlog", *args],
+        capture_output=True, text=True, timeout=SAFETY_S, check=False, cwd=cwd, env=env,
+    )  # fmt: skip
+
+
+def blocking_plan(tmp: Path, run_id: str = "r1") -> Path:
+    """Step a appends 'a'; step b appends 'b', says it started, then waits for the file `go`."""
+    log, started, go = tmp / "effects.log", tmp / f"started-{run_id}", tmp / f"go-{run_id}"
+    block = f"echo b >> {log}; touch {started}; while [ ! -f {go} ]; do sleep 0.02; done"
+    plan = {
+        "run_id": run_id,
+        "adapters": {"sh": {"type": "shell", "version": "1", "idempotent": False}},
+        "steps": [
+            {"id": "a", "adapter": "sh", "args": {"argv": ["sh", "-c", f"echo a >> {log}"]}},
+            {"id": "b", "adapter": "sh", "args": {"argv": ["sh", "-c", block]}},
+        ],
+    }
+    path = tmp / f"{run_id}.json"
+    path.write_text(json.dumps(plan))
+    return path
+
+
+def effects(tmp: Path) -> list[str]:
+    path = tmp / "effects.log"
+    return path.read_text().split() if path.exists() else []
+
+
+def rows(journal: Path) -> list[tuple[Any, ...]]:
+    """Every stored byte of the events table (read-only, from the test process)."""
+    db = sqlite3.connect(f"{journal.resolve().as_uri()}?mode=ro", uri=True)
+    try:
+        every = "SELECT run_id, seq, step_id, phase, attempt, body, hash FROM events ORDER BY 1, 2"
+        return db.execute(every).fetchall()
+    finally:
+        db.close()
+
+
+def wait_for(path: Path, proc: subprocess.Popen[str]) -> None:
+    deadline = time.monotonic() + SAFETY_S
+    while not path.exists():
+        if proc.poll() is not None:
+            pytest.fail(f"writer 1 exited {proc.returncode} before its tool started: {proc.communicate()}")
+        if time.monotonic() > deadline:
+            pytest.fail(f"writer 1 never reached {path.name}")
+        time.sleep(0.02)
+
+
+class Writer1:
+    """A real `effectlog run` holding run r1 while its step b blocks."""
+
+    def __init__(self, tmp: Path, journal: str, run_id: str = "r1") -> None:
+        self.tmp, self.run_id = tmp, run_id
+        self.plan = blocking_plan(tmp, run_id)
+        env = {k: v for k, v in os.environ.items() if k != "EFFECTLOG_JOURNAL_KEY"}
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "effectlog", "run", str(self.plan), "--journal", journal],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+        )  # fmt: skip
+        wait_for(tmp / f"started-{run_id}", self.proc)
+
+    def finish(self) -> int:
+        (self.tmp / f"go-{self.run_id}").touch()
+        return self.proc.wait(timeout=SAFETY_S)
+
+    def kill(self) -> None:
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(timeout=SAFETY_S)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        if self.proc.stdout:
+            self.proc.stdout.close()
+        if self.proc.stderr:
+            self.proc.stderr.close()
+
+
+@pytest.fixture
+def sqlite_writer(tmp_path: Path) -> Iterator[Writer1]:
+    writer = Writer1(tmp_path, str(tmp_path / "j.db"))
+    try:
+        yield writer
+    finally:
+        writer.stop()
+
+
+def refused(done: subprocess.CompletedProcess[str]) -> str:
+    assert int(ExitStatus.LOCKED) == done.returncode, done.stderr
+    assert "Traceback" not in done.stderr
+    assert 1 == len(done.stderr.strip().splitlines()), done.stderr
+    return done.stderr
+
+
+def alias(tmp: Path, how: str) -> str:
+    journal = tmp / "j.db"
+    if how == "symlink":
+        (tmp / "link.db").symlink_to(journal)
+        return str(tmp / "link.db")
+    if how == "hardlink":
+        os.link(journal, tmp / "hard.db")
+        return str(tmp / "hard.db")
+    if how == "dotdot":
+        (tmp / "sub").mkdir()
+        return str(tmp / "sub" / ".." / "." / "j.db")
+    raise AssertionError(how)
+
+
+@pytest.mark.parametrize("how", ["symlink", "hardlink", "dotdot"])
+def test_a_second_run_through_any_alias_is_refused_and_each_effect_happens_once(
+    tmp_path: Path, sqlite_writer: Writer1, how: str
+) -> None:
+    """Reproductions 1 and 2: `run` and `reconcile` through a symlink, a hard link or `..` get exit 6,
+    change no byte, and after writer 1 finishes each step's effect happened exactly once."""
+    journal = tmp_path / "j.db"
+    before = rows(journal)
+    path = alias(tmp_path, how)
+    message = refused(effectlog("run", str(sqlite_writer.plan), "--journal", path))
+    assert ("hard links" in message) if how == "hardlink" else (f"pid {sqlite_writer.proc.pid}" in message)
+    if how != "hardlink":
+        refused(
+            effectlog(
+                "reconcile", "--journal", path, "--run-id", "r1", "--step", "b", "--outcome", "not-applied",
+                "--evidence", "guess", "--operator", "mallory",
+            )
+        )  # fmt: skip
+    assert before == rows(journal)
+    if how == "hardlink":
+        os.unlink(tmp_path / "hard.db")
+    assert 0 == sqlite_writer.finish()
+    assert 0 == effectlog("run", str(sqlite_writer.plan), "--journal", str(journal)).returncode
+    assert ["a", "b"] == effects(tmp_path)
+
+
+def test_no_side_file_decides_who_owns_a_run(tmp_path: Path, sqlite_writer: Writer1) -> None:
+    """Reproduction 3: no lock file beside the journal exists to be deleted; deleting every side
+    file that can be deleted without destroying data (none is a lock) still leaves the run owned."""
+    journal = tmp_path / "j.db"
+    assert [] == sorted(p.name for p in tmp_path.iterdir() if p.name.endswith(".lock"))
+    before = rows(journal)
+    refused(effectlog("run", str(sqlite_writer.plan), "--journal", str(journal)))
+    assert before == rows(journal)
+    assert 0 == sqlite_writer.finish()
+    assert ["a", "b"] == effects(tmp_path)
+
+
+def test_a_killed_owner_is_taken_over_at_once_and_its_step_is_uncertain(tmp_path: Path, sqlite_writer: Writer1) -> None:
+    """After SIGKILL of the owner, the journal says the run has no live owner, and the next `run`
+    takes it over at once: the in-flight step is uncertain (exit 3), never re-sent."""
+    journal = tmp_path / "j.db"
+    with SqliteJournal(journal, writer=False) as reader:
+        alive = reader.owner("r1")
+        assert (True, sqlite_writer.proc.pid) == (alive.live, alive.owner.pid if alive.owner else None)
+        sqlite_writer.kill()
+        dead = reader.owner("r1")
+        assert (False, sqlite_writer.proc.pid) == (dead.live, dead.owner.pid if dead.owner else None)
+    done = effectlog("run", str(sqlite_writer.plan), "--journal", str(journal))
+    assert int(ExitStatus.STOPPED_UNCERTAIN) == done.returncode, done.stderr
+    assert ["a", "b"] == effects(tmp_path)
+
+
+def test_other_runs_of_one_file_are_driven_and_decided_while_one_is_owned(tmp_path: Path) -> None:
+    """A drives run 1 while B approves run 2 (suspended) and C reconciles run 3 (stopped), in the
+    same SQLite journal, all as real processes: all succeed; B approving run 1 is refused (exit 6)."""
+    journal = str(tmp_path / "j.db")
+    held = {
+        "run_id": "r2",
+        "adapters": {"sh": {"type": "shell", "version": "1", "idempotent": False}},
+        "steps": [{"id": "pay", "adapter": "sh", "args": {"argv": ["true"]}, "approval": "required"}],
+    }
+    (tmp_path / "r2.json").write_text(json.dumps(held))
+    assert int(ExitStatus.SUSPENDED) == effectlog("run", str(tmp_path / "r2.json"), "--journal", journal).returncode
+    lost = {
+        "run_id": "r3",
+        "adapters": {"sh": {"type": "shell", "version": "1", "idempotent": False}},
+        "steps": [{"id": "mail", "adapter": "sh", "args": {"argv": ["sh", "-c", "kill -9 $PPID; sleep 5"]}}],
+    }
+    (tmp_path / "r3.json").write_text(json.dumps(lost))
+    effectlog("run", str(tmp_path / "r3.json"), "--journal", journal)  # the tool kills its own runner
+    resumed = effectlog("run", str(tmp_path / "r3.json"), "--journal", journal)
+    assert int(ExitStatus.STOPPED_UNCERTAIN) == resumed.returncode
+
+    writer = Writer1(tmp_path, journal, "r1")
+    try:
+        approve2 = effectlog("approve", "--journal", journal, "--run-id", "r2", "--step", "pay", "--by", "bob")
+        reconcile3 = effectlog(
+            "reconcile", "--journal", journal, "--run-id", "r3", "--step", "mail", "--outcome", "applied",
+            "--evidence", "mail server log 42", "--operator", "carol",
+        )  # fmt: skip
+        assert (0, 0) == (approve2.returncode, reconcile3.returncode), approve2.stderr + reconcile3.stderr
+        refused(effectlog("approve", "--journal", journal, "--run-id", "r1", "--step", "b", "--by", "bob"))
+        assert 0 == writer.finish()
+    finally:
+        writer.stop()
+    assert 0 == effectlog("run", str(tmp_path / "r2.json"), "--journal", journal).returncode
+    assert 0 == effectlog("run", str(tmp_path / "r3.json"), "--journal", journal).returncode
+
+
+class Counting:
+    """An in-process, non-idempotent tool that counts its calls and yields to the loop once."""
+
+    calls: list[str] = []
+
+    def __init__(self) -> None:
+        self.blocking = False
+
+    def invoke(self, request: Any) -> Receipt:
+        Counting.calls.append(request.step_id)
+        return Receipt(data={"ok": True})
+
+
+def test_two_actors_of_one_runtime_never_both_drive_a_run(tmp_path: Path) -> None:
+    """Reproduction 5: two actors for one run in one process, with a coarse clock that makes their
+    events byte-identical: the second is refused (RunOwned) and every tool runs once."""
+    plan_path = tmp_path / "p.json"
+    plan_path.write_text(
+        json.dumps(
+            {
+                "run_id": "twice",
+                "adapters": {"t": {"type": "count", "version": "1", "idempotent": False}},
+                "steps": [{"id": "s1", "adapter": "t", "args": {}}, {"id": "s2", "adapter": "t", "args": {}}],
+            }
+        )
+    )
+    plan = load_plan(plan_path)
+    Counting.calls = []
+
+    async def both() -> list[Any]:
+        with Runtime(tmp_path / "j.db", adapters={"count": lambda decl, ctx: Counting()}, clock=lambda: 1000) as rt:
+            return list(await asyncio.gather(rt.arun(plan), rt.arun(plan), return_exceptions=True))
+
+    results = asyncio.run(both())
+    assert 1 == sum(isinstance(r, RunOwned) for r in results), results
+    assert ["s1", "s2"] == Counting.calls
+
+
+def test_a_second_runtime_in_one_process_is_refused_too(tmp_path: Path) -> None:
+    """Two journal objects of one file in one process share one claim table: the second claim is refused."""
+    with SqliteJournal(tmp_path / "j.db") as first, SqliteJournal(tmp_path / "j.db") as second:
+        claim = first.claim("r")
+        with pytest.raises(RunOwned):
+            second.claim("r")
+        with pytest.raises(RunOwned):
+            second.append(sample_run("r")[:1])
+        first.release(claim)
+        second.append(sample_run("r")[:1])
+        assert 1 == second.head("r")[0]
+
+
+@pytest.mark.postgres
+def test_postgres_run_and_reconcile_are_refused_while_the_run_is_owned(tmp_path: Path, pg_url: str) -> None:
+    """Reproduction 4: against a postgresql:// journal, a second `run` and a `reconcile` get exit 6 while
+    writer 1 drives the run; the journal is unchanged; afterwards each effect happened once; after
+    SIGKILL of an owner the server releases its lock and the next run takes over at once."""
+    writer = Writer1(tmp_path, pg_url)
+    try:
+        with open_journal(pg_url, writer=False) as reader:
+            before = [(r.seq, r.body) for r in reader.read("r1")]
+            assert reader.owner("r1").live
+            refused(effectlog("run", str(writer.plan), "--journal", pg_url))
+            refused(
+                effectlog(
+                    "reconcile", "--journal", pg_url, "--run-id", "r1", "--step", "b", "--outcome", "not-applied",
+                    "--evidence", "guess", "--operator", "mallory",
+                )
+            )  # fmt: skip
+            assert before == [(r.seq, r.body) for r in reader.read("r1")]
+            assert 0 == writer.finish()
+            assert not reader.owner("r1").live
+    finally:
+        writer.stop()
+    assert 0 == effectlog("run", str(writer.plan), "--journal", pg_url).returncode
+    assert ["a", "b"] == effects(tmp_path)
+
+    killed = Writer1(tmp_path, pg_url, "r9")
+    try:
+        killed.kill()
+    finally:
+        killed.stop()
+    deadline = time.monotonic() + SAFETY_S
+    with open_journal(pg_url, writer=False) as reader:
+        while reader.owner("r9").live:  # the server notices the closed connection within moments
+            assert time.monotonic() < deadline, "the server never released a killed owner's lock"
+            time.sleep(0.05)
+    done = effectlog("run", str(killed.plan), "--journal", pg_url)
+    assert int(ExitStatus.STOPPED_UNCERTAIN) == done.returncode, done.stderr
+    assert ["a", "b", "a", "b"] == effects(tmp_path)
