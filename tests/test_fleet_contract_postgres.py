@@ -60,7 +60,7 @@ class TestFleetPostgresJournal(JournalContract):
 
 
 def test_the_fleet_tables_share_the_journals_database(pg_url: str) -> None:
-    """One database: schema effectlog holds the runs, schema effectlog_fleet the requests and attempts."""
+    """One database: schema effectlog holds the runs and their owners, schema effectlog_fleet the requests."""
     with PostgresFleetStore(pg_url) as store:
         store.journal().append([started("run-1")])
     with psycopg.connect(pg_url) as conn:
@@ -70,6 +70,7 @@ def test_the_fleet_tables_share_the_journals_database(pg_url: str) -> None:
     assert [
         ("effectlog", "events"),
         ("effectlog", "meta"),
+        ("effectlog", "owners"),
         ("effectlog_fleet", "attempts"),
         ("effectlog_fleet", "history"),
         ("effectlog_fleet", "meta"),

@@ -44,7 +44,7 @@ from effectlog.plan import Plan, parse_plan
 from effectlog.runtime import Runtime
 
 LONG = 300.0  # seconds: a lease that does not expire during a test
-SHORT = 0.05  # seconds: a lease the suite waits out (by the store's clock)
+SHORT = 0.3  # seconds: a lease the suite waits out (by the store's clock); longer than a loaded disk's fsync
 T0 = 1_700_000_000_000_000_000
 
 

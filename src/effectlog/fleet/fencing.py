@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Literal, Protocol
 
 from effectlog.errors import IdempotencyConflict, StaleLease
@@ -157,3 +157,34 @@ def check_batch_runs(events: Sequence[Event], lease: Lease) -> None:
                 run_id=event.run_id,
                 attempt_id=lease.attempt_id,
             )
+
+
+class LeaseFence:
+    """A lease as the journal's ``Fence``: the batch is admitted only while the lease is current.
+
+    In the append's transaction: the batch must be the lease's own run; a batch this
+    attempt already wrote with the same bytes is admitted as "already written" (the
+    journal returns its records); then the lease is checked (row lock ``share`` on
+    PostgreSQL); after the inserts the operation is recorded, so a retried batch is known.
+    """
+
+    def __init__(self, lease: Lease, dialect: Dialect, tx_of: Callable[[Any], Tx]) -> None:
+        self.lease = lease
+        self.dialect = dialect
+        self.tx_of = tx_of
+        self._op: tuple[str, str] = ("", "")
+        self._now = 0.0
+
+    def admit(self, conn: Any, events: Sequence[Event], encoded: Sequence[bytes]) -> bool:
+        check_batch_runs(events, self.lease)
+        tx = self.tx_of(conn)
+        self._op = op_key, body = batch_identity(events, encoded)
+        if replayed(tx, self.dialect, self.lease, op_key, body) is not None:
+            return False
+        self._now = tx.now()
+        check_lease(tx, self.dialect, self.lease, self._now, lock="share")
+        return True
+
+    def written(self, conn: Any, events: Sequence[Event], encoded: Sequence[bytes]) -> None:
+        op_key, body = self._op
+        record_operation(self.tx_of(conn), self.dialect, self.lease, op_key, body_digest=body, result="", now=self._now)

@@ -1,8 +1,9 @@
-"""The journal inside a PostgreSQL fleet store: ``PostgresJournal`` plus fenced appends.
+"""The journal inside a PostgreSQL fleet store: the one ``PostgresJournal``, appends fenced by a lease.
 
 The runs' journal lives in the same database as the fleet tables, so a fenced append
-is ONE transaction: lock the attempt row ``FOR SHARE`` and check the lease, then the
-journal's own append (run lock, head, chain, insert), then the operation record. The
+is ONE transaction (``PostgresJournal.append_under`` with a ``LeaseFence``): the run
+locks, the attempt row locked ``FOR SHARE`` and the lease checked, the journal's own
+append (head, chain, insert), then the operation record. The
 recovery service locks the same row ``FOR UPDATE`` before it reads the journal, so it
 either sees the append or the append sees the lease gone; never half of each.
 """
@@ -13,16 +14,12 @@ from collections.abc import Sequence
 from typing import Any
 
 import psycopg
-from psycopg import errors as pg_errors
-from psycopg_pool import PoolTimeout
 
-from effectlog.errors import EventConflict, StorageError
-from effectlog.events import Event, encode
-from effectlog.fleet.fencing import Dialect, batch_identity, check_batch_runs, check_lease, record_operation, replayed
+from effectlog.events import Event
+from effectlog.fleet.fencing import Dialect, LeaseFence
 from effectlog.fleet.model import Lease
 from effectlog.fold import Record
-from effectlog.journal.postgres import SCHEMA, PostgresJournal
-from effectlog.journal.postgres import _translate as translate
+from effectlog.journal.postgres import SCHEMA, PostgresJournal, translate
 
 FLEET_SCHEMA = "effectlog_fleet"
 
@@ -66,42 +63,9 @@ class PgTx:
 
 
 class FleetPostgresJournal(PostgresJournal):
-    """A ``PostgresJournal`` whose ``append_fenced`` checks a lease in the append's own transaction.
-
-    It reuses the journal's private append step (``_append_locked``) so the chain, the
-    run lock and the deduplication stay the journal's; the journal contract suite runs
-    against this class through ``append_fenced`` to keep that coupling honest.
-    """
+    """The one PostgreSQL journal, plus appends fenced by a lease (``LeaseFence``) in the append's transaction."""
 
     def append_fenced(self, events: Sequence[Event], lease: Lease | None) -> list[Record]:
         if lease is None:
-            return self.append(events)
-        if not self.writer:
-            raise StorageError(f"{self.location}: journal opened read-only")
-        if not events:
-            return []
-        check_batch_runs(events, lease)
-        encoded = [encode(e) for e in events]
-        op_key, body = batch_identity(events, encoded)
-        try:
-            with self._pool.connection() as conn:
-                try:
-                    with conn.transaction():
-                        tx = PgTx(conn)
-                        if replayed(tx, POSTGRES, lease, op_key, body) is not None:
-                            return [self._same(conn, e, b) for e, b in zip(events, encoded, strict=True)]
-                        now = tx.now()
-                        check_lease(tx, POSTGRES, lease, now, lock="share")
-                        records = self._append_locked(conn, events)
-                        record_operation(tx, POSTGRES, lease, op_key, body_digest=body, result="", now=now)
-                        return records
-                except pg_errors.UniqueViolation as exc:
-                    raise self._unique_conflict(conn, events, exc) from None
-        except (psycopg.Error, PoolTimeout) as exc:
-            raise translate(exc, self.location) from None
-
-    def _same(self, conn: psycopg.Connection[Any], event: Event, body: bytes) -> Record:
-        known = self._stored(conn, event.run_id, event.seq)
-        if known is None or known.body != body:
-            raise EventConflict("a different event is already recorded at this seq", run_id=event.run_id, seq=event.seq)
-        return known
+            return self.append(events)  # not under a lease: an operator's or a plain writer's batch
+        return self.append_under(events, LeaseFence(lease, POSTGRES, PgTx))

@@ -24,11 +24,21 @@ import hashlib
 import os
 import struct
 import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from effectlog.errors import JournalLocked
 
 # 256 MiB .. 384 MiB: far from SQLite's lock bytes (PENDING_BYTE is at 1 GiB), and a
 # range wide enough (2**27 slots) that two run ids sharing a byte is a curiosity.
 SLOT_BASE = 0x1000_0000
 SLOT_SPAN = 0x0800_0000
+
+# The writers' gate, one byte below the runs' range: writers of the file take turns here
+# before ``BEGIN IMMEDIATE``. SQLite's own lock still protects the data; its busy handler
+# sleeps up to 100 ms between tries, so under contention a free database would sit idle.
+GATE = SLOT_BASE - 1
 
 _FLOCK = "hhqqi4x"  # struct flock on Linux: type, whence, start, len, pid (0 for OFD locks)
 
@@ -52,6 +62,33 @@ class SharedFile:
         self.writable = writable
         self.refs = 0
         self.held: dict[str, int] = {}  # run id -> id() of the claim that holds it
+        self.turn = threading.Lock()  # this process's writers of the file (OFD locks of one descriptor do not exclude)
+
+    @contextmanager
+    def gate(self, where: str, timeout_s: float) -> Iterator[None]:
+        """Wait for this file's writers' turn: this process's first, then the other processes'."""
+        if not self.turn.acquire(timeout=timeout_s):
+            raise JournalLocked(f"{where}: another writer of this process kept the journal for {timeout_s:g}s")
+        try:
+            deadline = time.monotonic() + timeout_s
+            pause = 0.0002
+            while True:
+                try:
+                    _ofd(self.fd, fcntl.F_OFD_SETLK, fcntl.F_WRLCK, GATE)
+                    break
+                except OSError as exc:
+                    if exc.errno not in (errno.EAGAIN, errno.EACCES):
+                        raise
+                if time.monotonic() > deadline:
+                    raise JournalLocked(f"{where}: another process kept the journal's write lock for {timeout_s:g}s")
+                time.sleep(pause)
+                pause = min(pause * 2, 0.002)
+            try:
+                yield
+            finally:
+                _ofd(self.fd, fcntl.F_OFD_SETLK, fcntl.F_UNLCK, GATE)
+        finally:
+            self.turn.release()
 
     def try_lock(self, run_id: str, holder: int) -> bool:
         """Take the run's lock for ``holder``; False if another claim (here or elsewhere) has it."""

@@ -27,9 +27,12 @@ from __future__ import annotations
 import os
 import socket
 import time
-from typing import Literal
+from collections.abc import Sequence
+from typing import Any, Literal, Protocol
 
 import msgspec
+
+from effectlog.events import Event
 
 OwnerKind = Literal["run", "session", "operator", "runner"]
 
@@ -92,3 +95,21 @@ def decode_owner(text: str | bytes | None) -> Owner | None:
 
 def describe(owner: Owner | None) -> str:
     return owner.describe() if owner is not None else "another process"
+
+
+class Fence(Protocol):
+    """Another proof of ownership than a claim, checked inside the append's own transaction.
+
+    A fleet attempt's lease is one (``effectlog.fleet.fencing.LeaseFence``): the journal
+    calls ``admit`` after it took the transaction's locks and before it writes, and
+    ``written`` after its inserts, on the same connection, so the check and the append
+    commit together or not at all.
+    """
+
+    def admit(self, conn: Any, events: Sequence[Event], encoded: Sequence[bytes]) -> bool:
+        """Raise if the writer may not write; False when this very batch was already written under this fence."""
+        ...
+
+    def written(self, conn: Any, events: Sequence[Event], encoded: Sequence[bytes]) -> None:
+        """After the batch's inserts, in the same transaction."""
+        ...

@@ -56,7 +56,7 @@ from effectlog.errors import (
 from effectlog.events import Event, encode
 from effectlog.fold import Record
 from effectlog.journal.bindings import check_binding
-from effectlog.journal.ownership import Claim, OwnerStatus, decode_owner, describe, encode_owner, new_owner
+from effectlog.journal.ownership import Claim, Fence, OwnerStatus, decode_owner, describe, encode_owner, new_owner
 from effectlog.journal.protocol import SCHEMA_VERSION
 
 SCHEMA = "effectlog"
@@ -127,7 +127,7 @@ def redact(url: str) -> str:
     return urlunsplit(parts._replace(netloc=f"{userinfo}@{netloc[1]}"))
 
 
-def _translate(exc: Exception, where: str) -> EffectlogError:
+def translate(exc: Exception, where: str) -> EffectlogError:
     """A psycopg or pool error as an effectlog error, worded for the reader."""
     if isinstance(exc, EffectlogError):
         return exc
@@ -195,7 +195,7 @@ class PostgresJournal:
                 self._configure(conn)
                 self._migrate(conn)
         except (psycopg.Error, PoolTimeout) as exc:
-            raise _translate(exc, self.location) from None
+            raise translate(exc, self.location) from None
         self._pool: ConnectionPool[psycopg.Connection[tuple[Any, ...]]] = ConnectionPool(
             url,
             kwargs=self._kwargs,
@@ -209,7 +209,7 @@ class PostgresJournal:
             self._pool.open(wait=True, timeout=float(self._kwargs.get("connect_timeout", 10)) + 5)
         except PoolTimeout as exc:
             self._pool.close()
-            raise _translate(exc, self.location) from None
+            raise translate(exc, self.location) from None
 
     def _configure(self, conn: psycopg.Connection[Any]) -> None:
         # READ COMMITTED whatever the server's default: the head query after the run
@@ -308,7 +308,7 @@ class PostgresJournal:
             with self._pool.connection() as conn:
                 return self._head(conn, run_id)
         except (psycopg.Error, PoolTimeout) as exc:
-            raise _translate(exc, self.location) from None
+            raise translate(exc, self.location) from None
 
     @staticmethod
     def _head(conn: psycopg.Connection[Any], run_id: str) -> tuple[int, bytes]:
@@ -342,7 +342,7 @@ class PostgresJournal:
                 conn.execute("SELECT pg_advisory_unlock(%s, hashtext(%s))", (OWNER_LOCK_CLASS, run_id))
                 raise
         except (psycopg.Error, PoolTimeout) as exc:
-            raise _translate(exc, self.location) from None
+            raise translate(exc, self.location) from None
         self._claims[run_id] = claim
         return claim
 
@@ -376,7 +376,7 @@ class PostgresJournal:
                     if not live:
                         conn.execute("SELECT pg_advisory_unlock(%s, hashtext(%s))", (OWNER_LOCK_CLASS, run_id))
         except (psycopg.Error, PoolTimeout) as exc:
-            raise _translate(exc, self.location) from None
+            raise translate(exc, self.location) from None
         return OwnerStatus(owner=decode_owner(row[1]) if row else None, live=live)
 
     def _owner_connection(self) -> psycopg.Connection[Any]:
@@ -449,7 +449,35 @@ class PostgresJournal:
                     # The transaction is rolled back; explain the conflict from committed rows.
                     raise self._unique_conflict(conn, events, exc) from None
         except (psycopg.Error, PoolTimeout) as exc:
-            raise _translate(exc, self.location) from None
+            raise translate(exc, self.location) from None
+
+    def append_under(self, events: Sequence[Event], fence: Fence) -> list[Record]:
+        """Append under another proof of ownership (a fleet lease), checked in the same transaction."""
+        if not self.writer:
+            raise StorageError(f"{self.location}: journal opened read-only")
+        if not events:
+            return []
+        encoded = [encode(e) for e in events]
+        try:
+            with self._pool.connection() as conn:
+                try:
+                    with conn.transaction():
+                        self._lock_runs(conn, events)
+                        if not fence.admit(conn, events, encoded):
+                            return [self._same(conn, e, b) for e, b in zip(events, encoded, strict=True)]
+                        records = self._append_locked(conn, events)
+                        fence.written(conn, events, encoded)
+                        return records
+                except pg_errors.UniqueViolation as exc:
+                    raise self._unique_conflict(conn, events, exc) from None
+        except (psycopg.Error, PoolTimeout) as exc:
+            raise translate(exc, self.location) from None
+
+    def _same(self, conn: psycopg.Connection[Any], event: Event, body: bytes) -> Record:
+        known = self._stored(conn, event.run_id, event.seq)
+        if known is None or known.body != body:
+            raise EventConflict("a different event is already recorded at this seq", run_id=event.run_id, seq=event.seq)
+        return known
 
     @staticmethod
     def _lock_runs(conn: psycopg.Connection[Any], events: Sequence[Event]) -> None:
@@ -541,7 +569,7 @@ class PostgresJournal:
             with self._pool.connection() as conn:
                 rows = conn.execute(_READ, (run_id, after_seq)).fetchall()
         except (psycopg.Error, PoolTimeout) as exc:
-            raise _translate(exc, self.location) from None
+            raise translate(exc, self.location) from None
         for seq, body, digest in rows:
             yield Record(run_id, int(seq), bytes(body), bytes(digest))
 
@@ -553,7 +581,7 @@ class PostgresJournal:
                     f'SELECT DISTINCT run_id COLLATE "C" AS r FROM {SCHEMA}.events ORDER BY r'
                 ).fetchall()
         except (psycopg.Error, PoolTimeout) as exc:
-            raise _translate(exc, self.location) from None
+            raise translate(exc, self.location) from None
         return [str(r[0]) for r in rows]
 
     def close(self) -> None:

@@ -42,7 +42,16 @@ from effectlog.events import Event, encode
 from effectlog.fold import Record
 from effectlog.journal import filelocks
 from effectlog.journal.bindings import check_binding
-from effectlog.journal.ownership import Claim, Owner, OwnerStatus, decode_owner, describe, encode_owner, new_owner
+from effectlog.journal.ownership import (
+    Claim,
+    Fence,
+    Owner,
+    OwnerStatus,
+    decode_owner,
+    describe,
+    encode_owner,
+    new_owner,
+)
 from effectlog.journal.protocol import SCHEMA_VERSION
 
 Durability = Literal["full", "normal"]
@@ -138,8 +147,10 @@ class SqliteJournal:
         writer: bool = True,
         chain: Chain | None = None,
         durability: Durability = "full",
+        busy_timeout_s: float = 60.0,
     ) -> None:
         self.location = str(path)
+        self.busy_timeout_s = busy_timeout_s
         # Every name of the file leads to one path, so to one WAL and one set of locks.
         self.path = os.path.realpath(self.location)
         self.chain = chain or Chain()
@@ -202,7 +213,7 @@ class SqliteJournal:
         try:
             if self.writer:
                 db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
-                db.execute("PRAGMA busy_timeout = 5000")
+                db.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_s * 1000)}")
                 mode = db.execute("PRAGMA journal_mode = WAL").fetchone()[0]
                 if mode != "wal":
                     raise StorageError(f"{self.location}: could not switch the journal to WAL (got {mode})")
@@ -420,52 +431,75 @@ class SqliteJournal:
                     shot = Claim(run_id=run_id, owner=new_owner("operator"))
                     self._lock_run(run_id, shot)
                     one_shot.append((run_id, shot))
-            return self._append_owned(events, seals, [run_id for run_id, _ in one_shot])
+            return self._transact(events, seals, one_shot=[run_id for run_id, _ in one_shot])
         finally:
             for run_id, shot in one_shot:
                 self._unlock_run(run_id, shot)
 
-    def _append_owned(
-        self, events: Sequence[Event], seals: Sequence[tuple[str, int, bytes]], one_shot: Sequence[str]
+    def append_under(self, events: Sequence[Event], fence: Fence) -> list[Record]:
+        """Append under another proof of ownership (a fleet lease), checked in the same transaction."""
+        if not events:
+            return []
+        return self._transact(events, (), fence=fence)
+
+    def _transact(
+        self,
+        events: Sequence[Event],
+        seals: Sequence[tuple[str, int, bytes]],
+        *,
+        one_shot: Sequence[str] = (),
+        fence: Fence | None = None,
     ) -> list[Record]:
+        if not self.writer:
+            raise StorageError(f"{self.location}: journal opened read-only")
+        assert self._file is not None
         db = self._db
         heads: dict[str, tuple[int, bytes]] = {}
         out: list[Record] = []
         named: list[Claim] = []
+        encoded = [encode(e) for e in events]
         try:
-            db.execute("BEGIN IMMEDIATE")
-            try:
-                for run_id in one_shot:
-                    self._check_binding(run_id, "operator")
-                named = self._write_owner_rows(events)
-                link, insert = self.chain.link, self._cursor.execute  # bound once: this loop is the hot path
-                for event in events:
-                    run_id, seq = event.run_id, event.seq
-                    last_seq, last_hash = heads.get(run_id) or self.head(run_id)
-                    body = encode(event)
-                    if seq <= last_seq:
-                        out.append(self._existing(run_id, seq, body))
-                        continue
-                    if seq != last_seq + 1:
-                        raise SequenceGap(f"append expected seq {last_seq + 1}, got {seq}", run_id=run_id, seq=seq)
-                    digest = link(last_hash, body)
-                    try:
-                        insert(_INSERT, (run_id, seq, event.step_key, event.phase, event.attempt_no, body, digest))
-                    except sqlite3.IntegrityError:
-                        raise self._dedup_conflict(event) from None
-                    heads[run_id] = (seq, digest)
-                    out.append(Record(run_id, seq, body, digest))
-                for run_id, seq, seal in seals:
-                    self._insert_seal(run_id, seq, seal, heads.get(run_id) or self.head(run_id))
-                if self.before_commit is not None:
-                    self.before_commit(events)
-                db.execute("COMMIT")
-            except BaseException:
-                if db.in_transaction:
-                    db.execute("ROLLBACK")
-                for claim in named:
-                    claim.token = 0  # the owner row was rolled back with the batch: write it next time
-                raise
+            with self._file.gate(self.location, self.busy_timeout_s):
+                db.execute("BEGIN IMMEDIATE")
+                try:
+                    for run_id in one_shot:
+                        self._check_binding(run_id, "operator")
+                    if fence is not None and not fence.admit(db, events, encoded):
+                        out = [self._existing(e.run_id, e.seq, b) for e, b in zip(events, encoded, strict=True)]
+                        db.execute("COMMIT")
+                        return out
+                    named = self._write_owner_rows(events)
+                    link, insert = self.chain.link, self._cursor.execute  # bound once: this loop is the hot path
+                    for event, body in zip(events, encoded, strict=True):
+                        run_id, seq = event.run_id, event.seq
+                        last_seq, last_hash = heads.get(run_id) or self.head(run_id)
+                        if seq <= last_seq:
+                            out.append(self._existing(run_id, seq, body))
+                            continue
+                        if seq != last_seq + 1:
+                            raise SequenceGap(
+                                f"append expected seq {last_seq + 1}, got {seq}", run_id=run_id, seq=seq
+                            )
+                        digest = link(last_hash, body)
+                        try:
+                            insert(_INSERT, (run_id, seq, event.step_key, event.phase, event.attempt_no, body, digest))
+                        except sqlite3.IntegrityError:
+                            raise self._dedup_conflict(event) from None
+                        heads[run_id] = (seq, digest)
+                        out.append(Record(run_id, seq, body, digest))
+                    for run_id, seq, seal in seals:
+                        self._insert_seal(run_id, seq, seal, heads.get(run_id) or self.head(run_id))
+                    if fence is not None:
+                        fence.written(db, events, encoded)
+                    if self.before_commit is not None:
+                        self.before_commit(events)
+                    db.execute("COMMIT")
+                except BaseException:
+                    if db.in_transaction:
+                        db.execute("ROLLBACK")
+                    for claim in named:
+                        claim.token = 0  # the owner row was rolled back with the batch: write it next time
+                    raise
         except sqlite3.Error as exc:
             raise _translate(exc, self.location) from None
         for run_id, head in heads.items():
