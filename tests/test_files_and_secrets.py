@@ -46,10 +46,10 @@ print(json.dumps(modes))  # while both are open: their -wal and -shm exist too
 """
 
 
-def test_journal_effect_store_lock_and_sqlite_sidecars_are_created_0600_even_with_umask_0(tmp_path: Path) -> None:
+def test_journal_effect_store_and_sqlite_sidecars_are_created_0600_even_with_umask_0(tmp_path: Path) -> None:
     """A process with umask 0 opens a journal (writer) and an effect store and writes to both:
-    while they are open, every file they created (database, -wal, -shm, the writer lock) has
-    mode 0600, readable by the owner only."""
+    while they are open, every file they created (database, -wal, -shm) has mode 0600, readable
+    by the owner only, and no lock file is made (a run's owner is a lock on the journal itself)."""
     done = subprocess.run(
         [sys.executable, "-c", MODES_CHILD, str(tmp_path)],
         capture_output=True,
@@ -61,14 +61,13 @@ def test_journal_effect_store_lock_and_sqlite_sidecars_are_created_0600_even_wit
     assert (0, "") == (done.returncode, done.stderr)
     modes = json.loads(done.stdout)
 
-    expected = ["effects.db", "effects.db-shm", "effects.db-wal", "journal.db", "journal.db-shm", "journal.db-wal",
-                "journal.db.lock"]
+    expected = ["effects.db", "effects.db-shm", "effects.db-wal", "journal.db", "journal.db-shm", "journal.db-wal"]
     assert expected == sorted(modes)
     assert {name: 0o600 for name in expected} == modes
 
 
-def test_the_cli_creates_its_journal_lock_and_effect_store_0600_with_umask_0(tmp_path: Path) -> None:
-    """``effectlog run`` started with umask 0 leaves journal.db, journal.db.lock and effects.db at 0600."""
+def test_the_cli_creates_its_journal_and_effect_store_0600_with_umask_0(tmp_path: Path) -> None:
+    """``effectlog run`` started with umask 0 leaves journal.db and effects.db at 0600, and no lock file."""
     plan = tmp_path / "plan.json"
     plan.write_text(json.dumps(plan_dict(
         "modes", [{"id": "charge", "adapter": "ledger"}], {"ledger": {"type": "effects.idempotent", "idempotent": True}}
@@ -85,9 +84,10 @@ def test_the_cli_creates_its_journal_lock_and_effect_store_0600_with_umask_0(tmp
     )
     assert 0 == done.returncode, done.stderr
 
-    modes = {n: stat.S_IMODE((tmp_path / n).stat().st_mode) for n in ("journal.db", "journal.db.lock", "effects.db")}
+    modes = {n: stat.S_IMODE((tmp_path / n).stat().st_mode) for n in ("journal.db", "effects.db")}
 
-    assert {"journal.db": 0o600, "journal.db.lock": 0o600, "effects.db": 0o600} == modes
+    assert {"journal.db": 0o600, "effects.db": 0o600} == modes
+    assert [] == sorted(p.name for p in tmp_path.iterdir() if p.name.endswith(".lock"))
 
 
 # -- secrets ------------------------------------------------------------------------------------
