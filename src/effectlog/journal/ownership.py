@@ -47,8 +47,9 @@ class Owner(msgspec.Struct, frozen=True, kw_only=True):
     runner: str | None = None
 
     def describe(self) -> str:
-        who = f"runner {self.runner}" if self.runner else f"pid {self.pid}"
-        return f"{self.kind} {who} on {self.host}"
+        if self.runner:
+            return f"runner {self.runner}" + (f" (pid {self.pid} on {self.host})" if self.host else "")
+        return f"{self.kind} pid {self.pid} on {self.host}"
 
 
 class Claim(msgspec.Struct, kw_only=True):

@@ -55,8 +55,17 @@ from effectlog.errors import (
 )
 from effectlog.events import Event, encode
 from effectlog.fold import Record
-from effectlog.journal.bindings import check_binding
-from effectlog.journal.ownership import Claim, Fence, OwnerStatus, decode_owner, describe, encode_owner, new_owner
+from effectlog.journal.bindings import check_binding, lease_holder
+from effectlog.journal.ownership import (
+    Claim,
+    Fence,
+    Owner,
+    OwnerStatus,
+    decode_owner,
+    describe,
+    encode_owner,
+    new_owner,
+)
 from effectlog.journal.protocol import SCHEMA_VERSION
 
 SCHEMA = "effectlog"
@@ -365,6 +374,9 @@ class PostgresJournal:
     def owner(self, run_id: str) -> OwnerStatus:
         try:
             with self._pool.connection() as conn:
+                runner = self._lease_holder(conn, run_id)
+                if runner is not None:
+                    return OwnerStatus(owner=runner, live=True)
                 row = conn.execute(_OWNER_ROW, (run_id,)).fetchone() if self._has_owners(conn) else None
                 if run_id in self._claims:
                     live = True
@@ -392,6 +404,22 @@ class PostgresJournal:
             conn = psycopg.connect(self._url, **{**self._kwargs, "application_name": "effectlog-owner"})
             self._owner_conn = conn
         return conn
+
+    @staticmethod
+    def _lease_holder(conn: psycopg.Connection[Any], run_id: str) -> Owner | None:
+        fleet = conn.execute("SELECT to_regclass('effectlog_fleet.requests') IS NOT NULL").fetchone()
+        if not (fleet and fleet[0]):
+            return None
+        now = conn.execute("SELECT extract(epoch FROM clock_timestamp())::float8").fetchone()
+        assert now is not None
+        return lease_holder(
+            lambda sql, params: [tuple(r) for r in conn.execute(sql, params).fetchall()],
+            requests="effectlog_fleet.requests",
+            attempts="effectlog_fleet.attempts",
+            placeholder="%s",
+            run_id=run_id,
+            now=float(now[0]),
+        )
 
     def _check_binding(self, conn: psycopg.Connection[Any], run_id: str, kind: str) -> None:
         fleet = conn.execute("SELECT to_regclass('effectlog_fleet.requests') IS NOT NULL").fetchone()

@@ -41,7 +41,7 @@ from effectlog.errors import (
 from effectlog.events import Event, encode
 from effectlog.fold import Record
 from effectlog.journal import filelocks
-from effectlog.journal.bindings import check_binding
+from effectlog.journal.bindings import check_binding, lease_holder
 from effectlog.journal.ownership import (
     Claim,
     Fence,
@@ -364,8 +364,26 @@ class SqliteJournal:
             row = None
         except sqlite3.Error as exc:
             raise _translate(exc, self.location) from None
+        runner = self._lease_holder(run_id)
+        if runner is not None:
+            return OwnerStatus(owner=runner, live=True)
         live = self._file.locked_anywhere(run_id)
         return OwnerStatus(owner=decode_owner(row[0]) if row else None, live=live)
+
+    def _lease_holder(self, run_id: str) -> Owner | None:
+        try:
+            if not self._db.execute("SELECT 1 FROM sqlite_master WHERE name = 'fleet_requests'").fetchone():
+                return None
+            return lease_holder(
+                lambda sql, params: self._db.execute(sql, params).fetchall(),
+                requests="fleet_requests",
+                attempts="fleet_attempts",
+                placeholder="?",
+                run_id=run_id,
+                now=time.time(),
+            )
+        except sqlite3.Error as exc:
+            raise _translate(exc, self.location) from None
 
     def _lock_run(self, run_id: str, claim: Claim) -> None:
         assert self._file is not None
