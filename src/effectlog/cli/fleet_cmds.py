@@ -14,7 +14,7 @@ from typing import Any
 
 from effectlog.cli.output import emit_json, table
 from effectlog.errors import BadInput
-from effectlog.fleet import FleetStore, open_store
+from effectlog.fleet import FleetStore, limits, open_store
 from effectlog.fleet.model import RequestView
 from effectlog.journal import chain_from_env
 
@@ -109,8 +109,6 @@ def cmd_submit(args: argparse.Namespace) -> int:
 def cmd_runner(args: argparse.Namespace) -> int:
     from effectlog.fleet.runner import RunnerConfig, run_runner
 
-    if args.max_attempts is not None and args.max_attempts < 1:
-        raise BadInput("--max-attempts must be at least 1")
     if (args.arm is None) != (args.notify_fd is None):
         raise BadInput("--arm and --notify-fd go together")
     config = RunnerConfig(
@@ -153,8 +151,7 @@ def cmd_operator(args: argparse.Namespace) -> int:
 def cmd_recovery(args: argparse.Namespace) -> int:
     from effectlog.fleet.recovery import recover_once
 
-    if args.interval <= 0:
-        raise BadInput("--interval must be positive")
+    limits.seconds("--interval", args.interval, high=limits.MAX_POLL_S)
     store = _open(args)
     try:
         while True:

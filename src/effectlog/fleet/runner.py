@@ -30,6 +30,7 @@ import msgspec
 from effectlog import events as ev
 from effectlog.adapters.registry import Registry
 from effectlog.errors import BadInput, EffectlogError, ExitStatus, StaleLease, StorageError
+from effectlog.fleet import limits
 from effectlog.fleet.model import Lease, Offer
 from effectlog.fleet.protocol import FleetStore
 from effectlog.fleet.recovery import recover_once
@@ -59,6 +60,15 @@ class RunnerConfig(msgspec.Struct, kw_only=True):
     arm: str | None = None
     notify_fd: int | None = None
     resume_fd: int | None = None
+
+
+def checked(config: RunnerConfig) -> RunnerConfig:
+    """``config`` with every number checked (finite, in range) and the heartbeat filled in; else ``BadInput``."""
+    limits.count("--capacity", config.capacity, low=1, high=limits.MAX_CAPACITY)
+    if config.max_attempts is not None:
+        limits.count("--max-attempts", config.max_attempts, low=1, high=2**31)
+    lease_s, heartbeat_s, poll_s = limits.runner_timing(config.lease_s, config.heartbeat_s, config.poll_s)
+    return msgspec.structs.replace(config, lease_s=lease_s, heartbeat_s=heartbeat_s, poll_s=poll_s)
 
 
 def spread(picks: list[int], runner_id: str) -> list[int]:
@@ -95,14 +105,11 @@ class Slot:
 
 class Runner:
     def __init__(self, config: RunnerConfig, store: FleetStore, *, log: TextIO | None = None) -> None:
-        if config.capacity < 1:
-            raise BadInput("--capacity must be at least 1")
-        if config.lease_s <= 0 or config.poll_s <= 0:
-            raise BadInput("--lease-s and --poll-s must be positive")
-        self.config = config
+        self.config = config = checked(config)
+        assert config.heartbeat_s is not None
+        self.heartbeat_s = config.heartbeat_s
         self.store = store
         self.runner_id = config.runner_id or f"{socket.gethostname()}:{os.getpid()}"
-        self.heartbeat_s = config.heartbeat_s or config.lease_s / 3
         self.registry = Registry()
         for spec in config.adapters:
             self.registry.add_module(spec)
@@ -365,6 +372,7 @@ class Runner:
 
 
 def run_runner(config: RunnerConfig, open_store: Callable[[str], FleetStore]) -> int:
+    config = checked(config)  # before the store is opened (or created)
     store = open_store(config.store)
     try:
         return Runner(config, store).serve()

@@ -24,6 +24,7 @@ import msgspec
 from effectlog.canonical import canonical_json, digest
 from effectlog.errors import BadInput, IdempotencyConflict, IntegrityError, NotReconcilable, PlanMismatch
 from effectlog.fleet import attempts as am
+from effectlog.fleet import limits
 from effectlog.fleet.fencing import Dialect, Tx, check_lease, record_operation, replayed
 from effectlog.fleet.model import (
     AttemptView,
@@ -42,6 +43,9 @@ from effectlog.plan import Plan
 Decide = Callable[[Sequence[bytes]], Verdict]
 _MAX_TEXT = 200
 _LIVE = am.sql_list(am.LIVE)
+# A live attempt whose lease is over: run out, or not a lease this version grants (NULL; NaN and
+# infinity, which SQLite stores as NULL and Inf and PostgreSQL orders above every number).
+_LEASE_OVER = "(a.lease_expires_at IS NULL OR a.lease_expires_at <= ? OR a.lease_expires_at > ?)"
 _REQUEST = (
     "SELECT r.request_id, r.scope, r.idem_key, r.run_id, r.fingerprint, r.requires, a.state, a.attempt_id,"
     " a.attempt_no, r.created_at, r.cancel_requested_at, r.finished_at"
@@ -55,6 +59,11 @@ _HISTORY = (
     "SELECT id, attempt_id, request_id, transition, event, actor, actor_name, from_state, to_state, reason, at,"
     " detail FROM {history}"
 )
+
+
+def _over(now: float) -> tuple[float, float]:
+    """The parameters of ``_LEASE_OVER`` at ``now``."""
+    return now, now + limits.MAX_LEASE_S
 
 
 def _request_view(row: tuple[Any, ...]) -> RequestView:
@@ -210,6 +219,7 @@ class SqlFleetStore:
     def claim(self, request_id: int, runner_id: str, lease_s: float) -> Lease | None:
         """Lease the request's queued attempt to ``runner_id``; ``None`` if it is not queued (any more)."""
         _check_text("runner id", runner_id)
+        limits.seconds("lease_s", lease_s, high=limits.MAX_LEASE_S)
         d = self.dialect
         with self._tx() as tx:
             now = tx.now()
@@ -271,6 +281,7 @@ class SqlFleetStore:
 
     def heartbeat(self, lease: Lease, lease_s: float) -> Heartbeat:
         """Renew the lease; tells the owner whether an operator asked to cancel."""
+        limits.seconds("lease_s", lease_s, high=limits.MAX_LEASE_S)
         d = self.dialect
         with self._tx() as tx:
             now = tx.now()
@@ -321,9 +332,9 @@ class SqlFleetStore:
                 self.dialect.sql(
                     "SELECT a.attempt_id, a.request_id, a.fencing_token, r.run_id FROM {attempts} a"
                     " JOIN {requests} r ON r.request_id = a.request_id"
-                    f" WHERE a.state IN {_LIVE} AND a.lease_expires_at <= ? ORDER BY a.attempt_id LIMIT ?"
+                    f" WHERE a.state IN {_LIVE} AND {_LEASE_OVER} ORDER BY a.attempt_id LIMIT ?"
                 ),
-                (tx.now(), limit),
+                (*_over(tx.now()), limit),
             )
         return [Expired(attempt_id=int(r[0]), request_id=int(r[1]), token=int(r[2]), run_id=r[3]) for r in rows]
 
@@ -337,11 +348,11 @@ class SqlFleetStore:
             now = tx.now()
             row = tx.one(
                 d.sql(
-                    "SELECT a.state, a.request_id, a.base_seq, r.run_id FROM {attempts} a"
+                    "SELECT a.state, a.request_id, a.base_seq, r.run_id, a.lease_expires_at FROM {attempts} a"
                     " JOIN {requests} r ON r.request_id = a.request_id WHERE a.attempt_id = ? AND a.fencing_token = ?"
-                    f" AND a.state IN {_LIVE} AND a.lease_expires_at <= ? {{update}}"
+                    f" AND a.state IN {_LIVE} AND {_LEASE_OVER} {{update}}"
                 ),
-                (attempt_id, token, now),
+                (attempt_id, token, *_over(now)),
             )
             if row is None:
                 return None
@@ -355,6 +366,8 @@ class SqlFleetStore:
             verdict = decide(bodies)
             new = am.move(state, verdict.trigger, "recovery_service")
             detail = {**verdict.detail, "token": token, "base_seq": base_seq}
+            if row[4] is None or not float(row[4]) <= now + limits.MAX_LEASE_S:  # NULL, NaN, inf
+                detail["lease_expires_at"] = f"not a valid lease ({row[4]!r}): taken back as expired"
             requeued = self._transition(
                 tx,
                 Change(
