@@ -42,6 +42,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--poll-s", type=float, default=0.5, metavar="S", help="pause between idle polls")
     p.add_argument("--effects", metavar="E", help="effect store file, for the effects.* adapters")
     p.add_argument("--adapters", metavar="MODULE:ATTR", action="append", default=[], help="adapter factories")
+    p.add_argument(
+        "--secrets",
+        metavar="MODULE:ATTR",
+        help="secrets provider for plans' secret args (default: EFFECTLOG_SECRET_<NAME> in this runner's environment)",
+    )
     p.add_argument("--max-attempts", type=int, metavar="N", help="exit after N attempts have ended")
     p.add_argument("--exit-when-idle", action="store_true", help="exit when nothing it can take is queued")
     p.add_argument("--no-recovery", action="store_true", help="do not run recovery passes (run `effectlog recovery`)")
@@ -121,6 +126,7 @@ def cmd_runner(args: argparse.Namespace) -> int:
         poll_s=args.poll_s,
         effects=args.effects,
         adapters=tuple(args.adapters),
+        secrets=args.secrets,
         max_attempts=args.max_attempts,
         exit_when_idle=args.exit_when_idle,
         recover=not args.no_recovery,

@@ -17,7 +17,7 @@ class Lease(msgspec.Struct, frozen=True, kw_only=True):
     token: int
     expires_at: float  # seconds since the epoch, by the store's clock
     run_id: str
-    plan: str  # the plan's JSON, exactly as submitted
+    plan: str  # the plan's JSON as submitted, secret args as their digests (``Plan.pinned``)
     cancel_requested: bool = False
 
 

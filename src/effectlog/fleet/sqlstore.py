@@ -121,8 +121,8 @@ def _check_text(name: str, value: str) -> None:
 
 
 def request_fingerprint(plan: Plan, requires: Sequence[str]) -> str:
-    """What makes two submissions the same request: the plan and what it requires."""
-    return digest({"plan": msgspec.to_builtins(plan), "requires": sorted(set(requires))})
+    """What makes two submissions the same request: the plan (secret args as their digests) and what it requires."""
+    return digest({"plan": plan.pinned(), "requires": sorted(set(requires))})
 
 
 class SqlFleetStore:
@@ -144,7 +144,7 @@ class SqlFleetStore:
             _check_text("--requires", cap)
         needs = sorted(set(requires))
         fingerprint = request_fingerprint(plan, needs)
-        plan_json = canonical_json(msgspec.to_builtins(plan)).decode()
+        plan_json = canonical_json(plan.pinned()).decode()  # secret values never enter the store
         d = self.dialect
         with self._tx() as tx:
             now = tx.now()
