@@ -93,7 +93,7 @@ def test_recovery_once_decides_expired_leases(store: str, plan: Path, capsys: py
     """`effectlog recovery --once` re-queues an expired lease whose run requested nothing."""
     submit(store, plan)
     with open_store(store) as s:
-        lease = s.claim(1, "gone", 0.01)
+        lease = s.claim(1, "gone", 0.5)
         assert lease is not None
         s.leased_journal(lease).append([started("run-1")])
         wait_past(s, lease.expires_at)

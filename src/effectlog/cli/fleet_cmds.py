@@ -29,6 +29,22 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--scope", required=True, metavar="S")
     p.add_argument("--key", required=True, metavar="K", help="idempotency key, unique within the scope")
     p.add_argument("--requires", default="", metavar="CAP,...", help="capabilities a runner must declare")
+    p.add_argument(
+        "--max-requeues",
+        type=int,
+        default=limits.DEFAULT_MAX_REQUEUES,
+        metavar="N",
+        help="automatic requeues of attempts lost before any step; past N it needs an operator "
+        f"(default {limits.DEFAULT_MAX_REQUEUES})",
+    )
+    p.add_argument(
+        "--requeue-backoff-s",
+        type=float,
+        default=limits.DEFAULT_REQUEUE_BACKOFF_S,
+        metavar="S",
+        help="wait before the first automatic requeue is claimed, doubled for each next one "
+        f"(default {limits.DEFAULT_REQUEUE_BACKOFF_S:g})",
+    )
     p.add_argument("--json", action="store_true")
     p.set_defaults(handler=cmd_submit)
 
@@ -92,16 +108,28 @@ def _caps(text: str) -> list[str]:
 
 
 def _show(view: RequestView) -> str:
-    return f"request {view.request_id} ({view.scope}/{view.key}, run {view.run_id}): {view.state}"
+    text = f"request {view.request_id} ({view.scope}/{view.key}, run {view.run_id}): {view.state}"
+    if view.requeues:
+        text += f", automatic requeues {view.requeues} of {view.max_requeues}"
+    return text
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
     from effectlog.plan import load_plan
 
     plan = load_plan(args.plan)  # validate before touching the store
+    limits.count("--max-requeues", args.max_requeues, low=0, high=limits.MAX_REQUEUES)
+    limits.seconds("--requeue-backoff-s", args.requeue_backoff_s, high=limits.MAX_BACKOFF_S, zero=True)
     store = _open(args)
     try:
-        done = store.submit(args.scope, args.key, plan, _caps(args.requires))
+        done = store.submit(
+            args.scope,
+            args.key,
+            plan,
+            _caps(args.requires),
+            max_requeues=args.max_requeues,
+            requeue_backoff_s=args.requeue_backoff_s,
+        )
     finally:
         store.close()
     if args.json:
@@ -179,8 +207,12 @@ def cmd_requests(args: argparse.Namespace) -> int:
             if args.json:
                 emit_json(views)
             else:
-                listed = [(v.request_id, v.scope, v.key, v.run_id, v.state, v.attempt_no) for v in views]
-                sys.stdout.write(table(("request", "scope", "key", "run", "state", "attempt"), listed) + "\n")
+                listed = [
+                    (v.request_id, v.scope, v.key, v.run_id, v.state, v.attempt_no, f"{v.requeues}/{v.max_requeues}")
+                    for v in views
+                ]
+                header = ("request", "scope", "key", "run", "state", "attempt", "requeues")
+                sys.stdout.write(table(header, listed) + "\n")
             return 0
         view = store.request(args.request)
         attempts = store.attempts(args.request)

@@ -36,6 +36,9 @@ class RequestView(msgspec.Struct, frozen=True, kw_only=True):
     created_at: float
     cancel_requested: bool = False
     finished_at: float | None = None
+    requeues: int = 0  # automatic requeues since an operator last sent it round
+    max_requeues: int = 3  # past this many, a lost attempt goes to needs_operator instead
+    not_before: float | None = None  # a queued attempt backing off: not claimed before this time
 
 
 class AttemptView(msgspec.Struct, frozen=True, kw_only=True):
@@ -77,6 +80,7 @@ class Candidate(msgspec.Struct, frozen=True, kw_only=True):
 
     request_id: int
     requires: tuple[str, ...]
+    due: bool = True  # False: backing off after an automatic requeue, not to be claimed yet
 
 
 class Offer(msgspec.Struct, frozen=True, kw_only=True):

@@ -34,7 +34,7 @@ from effectlog.fleet import limits
 from effectlog.fleet.model import Lease, Offer
 from effectlog.fleet.protocol import FleetStore
 from effectlog.fleet.recovery import recover_once
-from effectlog.fleet.scheduler import schedule
+from effectlog.fleet.scheduler import schedule, waiting
 from effectlog.fleet.secrets import Provider, redact_all, resolve
 from effectlog.journal import Journal, load_run
 from effectlog.plan import Plan, parse_plan
@@ -206,7 +206,7 @@ class Runner:
         except EffectlogError as exc:
             self.log(f"cannot list work: {exc.code}: {exc}")
             return 0, True
-        fitting = bool(schedule(candidates, msgspec.structs.replace(offer, free=1)))
+        fitting = waiting(candidates, offer)
         claimed = 0
         for request_id in spread(schedule(candidates, offer), self.runner_id):
             try:
