@@ -190,7 +190,7 @@ def cmd_recovery(args: argparse.Namespace) -> int:
     try:
         while True:
             for done in recover_once(store):
-                sys.stdout.write(f"request {done.request_id} attempt {done.attempt_id}: {done.state}: {done.reason}\n")
+                sys.stdout.write(f"request {done.request_id} attempt {done.attempt_no}: {done.state}: {done.reason}\n")
                 sys.stdout.flush()
             if args.once:
                 return 0

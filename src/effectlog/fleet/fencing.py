@@ -85,6 +85,7 @@ def stale(tx: Tx, d: Dialect, lease: Lease, now: float) -> StaleLease:
     newest = tx.one(d.sql("SELECT MAX(fencing_token) FROM {attempts} WHERE request_id = ?"), (lease.request_id,))
     fields: dict[str, Any] = {
         "attempt_id": lease.attempt_id,
+        "attempt_no": lease.attempt_no,
         "request_id": lease.request_id,
         "runner": lease.runner_id,
         "token": lease.token,
@@ -92,9 +93,9 @@ def stale(tx: Tx, d: Dialect, lease: Lease, now: float) -> StaleLease:
     if row is None:
         why = "no such attempt"
     elif (row[1], row[2]) != (lease.runner_id, lease.token):
-        why = f"attempt {lease.attempt_id} is leased to {row[1]!r} with token {row[2]}"
+        why = f"request {lease.request_id} attempt {lease.attempt_no} is leased to {row[1]!r} with token {row[2]}"
     elif row[0] not in am.LIVE:
-        why = f"attempt {lease.attempt_id} is {row[0]}"
+        why = f"request {lease.request_id} attempt {lease.attempt_no} is {row[0]}"
     elif row[3] is None or not float(row[3]) <= now + limits.MAX_LEASE_S:  # NULL, NaN, inf: no lease we grant
         why = f"its lease expiry {row[3]!r} is not a valid time: taken back as expired"
     else:
@@ -123,7 +124,8 @@ def replayed(tx: Tx, d: Dialect, lease: Lease, op_key: str, body_digest: str) ->
         raise stale(tx, d, lease, tx.now())
     if row[0] != body_digest:
         raise IdempotencyConflict(
-            f"operation {op_key!r} of attempt {lease.attempt_id} was already reported with another body",
+            f"operation {op_key!r} of request {lease.request_id} attempt {lease.attempt_no} was already reported "
+            "with another body",
             run_id=lease.run_id,
             attempt_id=lease.attempt_id,
             op_key=op_key,

@@ -8,7 +8,12 @@ import msgspec
 
 
 class Lease(msgspec.Struct, frozen=True, kw_only=True):
-    """What a claim hands a runner. Every write it makes carries ``(attempt_id, runner_id, token)``."""
+    """What a claim hands a runner. Every write it makes carries ``(attempt_id, runner_id, token)``.
+
+    Two numbers name an attempt: ``attempt_id`` is unique in the store (JSON output and
+    the database carry it), ``attempt_no`` counts the request's attempts from 1. Every
+    message says "request R attempt N" with N the ``attempt_no``, as ``requests`` lists it.
+    """
 
     request_id: int
     attempt_id: int
@@ -114,8 +119,9 @@ class Verdict(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class Recovered(msgspec.Struct, frozen=True, kw_only=True):
-    attempt_id: int
+    attempt_id: int  # the store-wide id
     request_id: int
     state: str
     reason: str
-    requeued_attempt: int | None = None
+    requeued_attempt: int | None = None  # the store-wide id of the new, queued attempt
+    attempt_no: int = 0  # the request's own attempt number: what messages call "attempt N"

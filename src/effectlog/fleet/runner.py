@@ -186,7 +186,7 @@ class Runner:
         try:
             for done in recover_once(self.store):
                 self.log(
-                    f"recovery: request {done.request_id} attempt {done.attempt_id} -> {done.state}: {done.reason}"
+                    f"recovery: request {done.request_id} attempt {done.attempt_no} -> {done.state}: {done.reason}"
                 )
         except EffectlogError as exc:
             self.log(f"recovery pass failed: {exc.code}: {exc}")

@@ -395,7 +395,8 @@ class SqlFleetStore:
             now = tx.now()
             row = tx.one(
                 d.sql(
-                    "SELECT a.state, a.request_id, a.base_seq, r.run_id, a.lease_expires_at FROM {attempts} a"
+                    "SELECT a.state, a.request_id, a.base_seq, r.run_id, a.lease_expires_at, a.attempt_no"
+                    " FROM {attempts} a"
                     " JOIN {requests} r ON r.request_id = a.request_id WHERE a.attempt_id = ? AND a.fencing_token = ?"
                     f" AND a.state IN {_LIVE} AND {_LEASE_OVER} {{update}}"
                 ),
@@ -434,7 +435,12 @@ class SqlFleetStore:
                 ),
             )
         return Recovered(
-            attempt_id=attempt_id, request_id=request_id, state=new, reason=verdict.reason, requeued_attempt=requeued
+            attempt_id=attempt_id,
+            request_id=request_id,
+            state=new,
+            reason=verdict.reason,
+            requeued_attempt=requeued,
+            attempt_no=int(row[5]),
         )
 
     def _requeue_policy(self, tx: Tx, request_id: int, lost: Verdict, now: float) -> tuple[Verdict, float | None]:
@@ -569,7 +575,10 @@ class SqlFleetStore:
             d.sql("UPDATE {attempts} SET state = ? WHERE attempt_id = ? AND state = ?"), (c.new, c.attempt_id, c.state)
         )
         if moved != 1:
-            raise IntegrityError(f"attempt {c.attempt_id} changed under a locked transition ({c.state} -> {c.new})")
+            raise IntegrityError(
+                f"request {c.request_id}: attempt id {c.attempt_id} changed under a locked transition "
+                f"({c.state} -> {c.new})"
+            )
         self._history(tx, c)
         if c.trigger in am.REQUEUES:
             row = tx.one(d.sql("SELECT attempt_no FROM {attempts} WHERE attempt_id = ?"), (c.attempt_id,))
@@ -581,7 +590,7 @@ class SqlFleetStore:
                 (c.now, c.request_id),
             )
             if ended != 1:
-                raise IntegrityError(f"request {c.request_id} would end twice (attempt {c.attempt_id} -> {c.new})")
+                raise IntegrityError(f"request {c.request_id} would end twice (attempt id {c.attempt_id} -> {c.new})")
         return None
 
     def _history(self, tx: Tx, c: Change) -> None:
