@@ -150,3 +150,12 @@ def test_a_runner_without_the_submitted_secret_fails_the_attempt_before_any_step
     stored = store_bytes(store_url)
     assert card.encode() not in stored
     assert given is None or given.encode() not in stored
+
+
+@pytest.mark.parametrize("spec", ["no_such_module:provide", "record_tools:ADAPTERS"], ids=["missing", "not-callable"])
+def test_a_bad_secrets_provider_exits_2_before_the_store_exists(tmp_path: Path, spec: str) -> None:
+    """`runner --secrets` naming nothing importable, or something that is not a callable: exit 2, no store file."""
+    (tmp_path / "record_tools.py").write_text(TOOLS)
+    done = cli(tmp_path, "runner", "--store", "fleet.db", "--secrets", spec, "--exit-when-idle")
+    assert (2, 1) == (done.returncode, len(done.stderr.splitlines())), done.stderr
+    assert not (tmp_path / "fleet.db").exists()

@@ -23,7 +23,7 @@ import threading
 import time
 import zlib
 from collections.abc import Callable, Sequence
-from typing import Any, TextIO
+from typing import Any, TextIO, cast
 
 import msgspec
 
@@ -73,6 +73,16 @@ def checked(config: RunnerConfig) -> RunnerConfig:
     return msgspec.structs.replace(config, lease_s=lease_s, heartbeat_s=heartbeat_s, poll_s=poll_s)
 
 
+def secrets_provider(config: RunnerConfig) -> Provider | None:
+    """The ``--secrets MODULE:ATTR`` callable, or ``None`` (the environment then supplies secret args)."""
+    if config.secrets is None:
+        return None
+    provider = load_object(config.secrets)
+    if not callable(provider):
+        raise BadInput(f"--secrets {config.secrets}: expected a callable taking a SecretWanted")
+    return cast(Provider, provider)
+
+
 def spread(picks: list[int], runner_id: str) -> list[int]:
     """The scheduler's picks, tried from a place that depends on the runner.
 
@@ -115,12 +125,7 @@ class Runner:
         self.registry = Registry()
         for spec in config.adapters:
             self.registry.add_module(spec)
-        self.secrets: Provider | None = None
-        if config.secrets is not None:
-            provider = load_object(config.secrets)
-            if not callable(provider):
-                raise BadInput(f"--secrets {config.secrets}: expected a callable taking a SecretWanted")
-            self.secrets = provider
+        self.secrets = secrets_provider(config)
         self.log_stream = log or sys.stderr
         self.slots: dict[int, Slot] = {}
         self.ended = 0
@@ -386,6 +391,7 @@ class Runner:
 
 def run_runner(config: RunnerConfig, open_store: Callable[[str], FleetStore]) -> int:
     config = checked(config)  # before the store is opened (or created)
+    secrets_provider(config)
     store = open_store(config.store)
     try:
         return Runner(config, store).serve()
