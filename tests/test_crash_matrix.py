@@ -28,7 +28,7 @@ pytestmark = pytest.mark.crash
 ROOT = Path(__file__).resolve().parents[1]
 TESTS = Path(__file__).resolve().parent
 
-# The source document's table: case -> final effects.
+# The published crash matrix effectlog reproduces: case -> final effects.
 PUBLISHED = {
     "idempotent-after-request": 1,
     "idempotent-after-effect": 1,

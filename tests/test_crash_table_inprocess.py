@@ -1,4 +1,4 @@
-"""The first source document's crash table, reproduced in-process.
+"""The published crash matrix's table (the one effectlog reproduces), in-process.
 
 | case                                   | effects | outcome                        |
 |----------------------------------------|---------|--------------------------------|

@@ -93,7 +93,7 @@ def test_recovery_once_decides_expired_leases(store: str, plan: Path, capsys: py
     """`effectlog recovery --once` re-queues an expired lease whose run requested nothing."""
     submit(store, plan)
     with open_store(store) as s:
-        lease = s.claim(1, "gone", 0.3)  # outlives a loaded disk's fsync, then waited out
+        lease = s.claim(1, "gone", 0.5)  # outlives a loaded disk's fsync, then waited out
         assert lease is not None
         s.leased_journal(lease).append([started("run-1")])
         wait_past(s, lease.expires_at)
@@ -137,3 +137,29 @@ def test_an_adapter_bug_sends_the_request_to_an_operator(
     with open_store(store) as s:
         assert ["needs_operator"] == [r.state for r in s.requests()]
         assert "RuntimeError: factory bug" in s.history()[-1].reason
+
+
+def test_messages_name_an_attempt_by_its_number_within_the_request(
+    store: str, plan: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Request 2's first attempt (store-wide attempt id 2) is "request 2 attempt 1" in recovery's output and in
+    a refused write, as `requests` lists it; never "attempt 2"."""
+    from effectlog.errors import StaleLease
+
+    submit(store, plan)
+    submit(store, write_plan(tmp_path / "two.json", "run-2", [("a", "idem")]), key="k2")
+    with open_store(store) as s:
+        lease = s.claim(2, "gone", 0.5)
+        assert lease is not None
+        assert (2, 1) == (lease.attempt_id, lease.attempt_no)
+        s.leased_journal(lease).append([started("run-2")])
+        wait_past(s, lease.expires_at)
+        capsys.readouterr()
+        assert 0 == main(["recovery", "--store", store, "--once"])
+        out = capsys.readouterr().out
+        assert out.startswith("request 2 attempt 1: lost"), out
+        with pytest.raises(StaleLease) as refused:
+            s.heartbeat(lease, 30.0)
+    assert "request 2 attempt 1 is lost" in str(refused.value)
+    assert 0 == main(["requests", "--store", store, "--request", "2"])
+    assert [1, 2] == [int(line.split()[0]) for line in capsys.readouterr().out.splitlines()[3:5]]

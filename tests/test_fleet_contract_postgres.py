@@ -100,3 +100,32 @@ def test_many_stores_opening_a_fresh_database_at_once_create_the_schema_once(pg_
     for s in opened:
         assert isinstance(s, PostgresFleetStore)
         s.close()
+
+
+def test_a_v1_store_is_migrated_and_its_requests_get_the_default_requeue_policy(pg_url: str) -> None:
+    """A PostgreSQL store written before requeue limits (fleet schema v1, a queued request) opens, is migrated,
+    and its request gets the default limit and no backoff."""
+    from effectlog.fleet import limits
+    from effectlog.fleet.postgres_journal import FleetPostgresJournal
+    from effectlog.fleet.postgres_store import DDL, FLEET_SCHEMA_VERSION
+
+    FleetPostgresJournal(pg_url).close()
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        for sql in DDL:
+            conn.execute(sql)
+        conn.execute("INSERT INTO effectlog_fleet.meta (key, value) VALUES ('schema_version', '1')")
+        conn.execute(
+            "INSERT INTO effectlog_fleet.requests (scope, idem_key, fingerprint, run_id, plan, requires, created_at,"
+            " current_attempt) VALUES ('s', 'k', 'f', 'run-old', '{}', '[]', 1.0, 1)"
+        )
+        conn.execute(
+            "INSERT INTO effectlog_fleet.attempts (request_id, attempt_no, state, created_at)"
+            " VALUES (1, 1, 'queued', 1)"
+        )
+    with PostgresFleetStore(pg_url) as store:
+        view = store.request(1)
+        assert (limits.DEFAULT_MAX_REQUEUES, 0, None) == (view.max_requeues, view.requeues, view.not_before)
+        assert [(1, True)] == [(c.request_id, c.due) for c in store.candidates(10)]
+    with psycopg.connect(pg_url) as conn:
+        row = conn.execute("SELECT value FROM effectlog_fleet.meta WHERE key = 'schema_version'").fetchone()
+    assert (str(FLEET_SCHEMA_VERSION),) == row

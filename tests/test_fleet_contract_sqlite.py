@@ -78,3 +78,32 @@ def test_a_new_store_file_is_private(tmp_path: Path) -> None:
     path = tmp_path / "fleet.db"
     SqliteFleetStore(path).close()
     assert 0o600 == path.stat().st_mode & 0o777
+
+
+def test_a_v1_store_is_migrated_and_its_requests_get_the_default_requeue_policy(tmp_path: Path) -> None:
+    """A store written before requeue limits (fleet schema v1, a queued request in it) opens, is migrated to
+    the current version, and its request gets the default limit and no backoff."""
+    from effectlog.fleet import limits
+    from effectlog.fleet.sqlite_store import DDL, FLEET_SCHEMA_VERSION
+
+    path = tmp_path / "fleet.db"
+    FleetSqliteJournal(path).close()
+    with sqlite3.connect(path) as db:
+        for sql in DDL:
+            db.execute(sql)
+        db.execute("INSERT INTO meta (key, value) VALUES ('fleet_schema_version', '1')")
+        db.execute(
+            "INSERT INTO fleet_requests (scope, idem_key, fingerprint, run_id, plan, requires, created_at,"
+            " current_attempt) VALUES ('s', 'k', 'f', 'run-old', '{}', '[]', 1.0, 1)"
+        )
+        db.execute(
+            "INSERT INTO fleet_attempts (request_id, attempt_no, state, created_at) VALUES (1, 1, 'queued', 1.0)"
+        )
+    with SqliteFleetStore(path) as store:
+        view = store.request(1)
+        assert (limits.DEFAULT_MAX_REQUEUES, 0, None) == (view.max_requeues, view.requeues, view.not_before)
+        assert [(1, True)] == [(c.request_id, c.due) for c in store.candidates(10)]
+    with sqlite3.connect(path) as db:
+        assert [(str(FLEET_SCHEMA_VERSION),)] == db.execute(
+            "SELECT value FROM meta WHERE key = 'fleet_schema_version'"
+        ).fetchall()

@@ -245,3 +245,70 @@ def test_a_run_waiting_for_approval_holds_its_lease_until_a_person_decides(
         h.transition for h in store.history()
     ]
     assert [("run-w", "deploy", 1)] == effect_rows(tmp_path / "effects.db")
+
+
+POISON_TOOLS = '''
+import os
+import signal
+
+
+def _die(decl, context):
+    """An adapter whose construction kills the runner process, before any step is requested."""
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+ADAPTERS = {"test.poison": _die}
+'''
+
+
+def test_a_poison_request_is_requeued_up_to_its_limit_then_needs_an_operator(
+    store_url: str, store: FleetStore, tmp_path: Path
+) -> None:
+    """Runner processes die (SIGKILL from the adapter) on one request before its first step, one after another.
+
+    Proves: the request is re-queued automatically exactly --max-requeues times (2), each
+    time after a backoff, and the next loss sends it to needs_operator instead of killing
+    another runner; `requests` shows the attempts, the runners that died and why.
+    """
+    import os
+    import subprocess
+    import sys
+
+    (tmp_path / "poison_tools.py").write_text(POISON_TOOLS)
+    plan = tmp_path / "poison.json"
+    plan.write_text(
+        json.dumps(
+            {"run_id": "poison-1", "adapters": {"p": {"type": "test.poison"}}, "steps": [{"id": "s", "adapter": "p"}]}
+        )
+    )
+    effectlog("submit", str(plan), "--store", store_url, "--scope", "s", "--key", "k",
+              "--max-requeues", "2", "--requeue-backoff-s", "0.1")  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))}
+    exits: list[int] = []
+    for i in range(5):  # one more runner than should ever die
+        argv = [sys.executable, "-m", "effectlog", "runner", "--store", store_url, "--runner-id", f"R{i}",
+                "--adapters", "poison_tools:ADAPTERS", "--max-attempts", "1", "--lease-s", "1", "--heartbeat-s", "0.2",
+                "--poll-s", "0.05"]  # fmt: skip
+        proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            wait_until(
+                lambda p=proc: p.poll() is not None or store.request(1).state == "needs_operator" or None,
+                f"runner R{i} to die or the request to need an operator",
+            )
+        finally:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+            exits.append(proc.wait(timeout=60))
+        if store.request(1).state == "needs_operator":
+            break
+    assert [-signal.SIGKILL] * 3 + [0] == exits
+    view = store.request(1)
+    assert ("needs_operator", 3, 2, 2) == (view.state, view.attempt_no, view.requeues, view.max_requeues)
+    assert [(1, "lost", "R0"), (2, "lost", "R1"), (3, "needs_operator", "R2")] == [
+        (a.attempt_no, a.state, a.runner_id) for a in store.attempts(1)
+    ]
+    loses = [h.detail for h in store.history(1) if h.transition == "lose"]
+    assert [(1, 0.1), (2, 0.2)] == [(d["requeue"], d["backoff_s"]) for d in loses]
+    listed = effectlog("requests", "--store", store_url, "--request", "1").stdout
+    assert "automatic requeues 2 of 2" in listed
+    assert "--max-requeues 2" in listed

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from docs_examples import Example, all_examples, marker_errors, run, workdir
 from effectlog.errors import ExitStatus
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -44,3 +45,42 @@ def test_exit_status_table_matches_the_code() -> None:
     table = README.split("Exit statuses", 1)[1]
     documented = {int(n) for n in re.findall(r"^\| (\d+) \|", table, re.M)}
     assert {int(s) for s in ExitStatus} == documented
+
+
+# -- every page's examples -------------------------------------------------------------
+
+EXAMPLES = all_examples()
+RUNNABLE = [e for e in EXAMPLES if e.kind != "file"]
+
+
+@pytest.mark.parametrize("example", RUNNABLE, ids=[f"{e.where}:{e.kind}" for e in RUNNABLE])
+def test_docs_examples_run_as_written(tmp_path: Path, example: Example) -> None:
+    """Each shell and Python example of README.md and docs/*.md runs as written (tests/docs_examples.py says how).
+
+    It runs in a fresh directory after the earlier examples of its page; one marked
+    ``<!-- docs-test: skip REASON -->`` is reported as skipped, with its page, line and reason.
+    """
+    if example.skip is not None:
+        pytest.skip(f"{example.where}: docs-test skip marker: {example.skip}")
+    work, env = workdir(tmp_path)
+    for earlier in EXAMPLES:
+        if earlier.page == example.page and earlier.line < example.line and earlier.skip is None:
+            problem = run(earlier, work, env)
+            if problem is not None:
+                pytest.fail(f"{example.where}: an earlier example of the page failed first: {earlier.where}: {problem}")
+    problem = run(example, work, env)
+    assert problem is None, f"{example.where} ({example.kind} example): {problem}"
+
+
+def test_docs_skip_markers_are_few_and_explained(capsys: pytest.CaptureFixture[str]) -> None:
+    """Every skip marker sits on the line before an example's fence and gives its reason; most examples run.
+
+    Prints the inventory: how many examples run, and each skipped one with its reason.
+    """
+    assert [] == marker_errors()
+    skipped = [e for e in RUNNABLE if e.skip is not None]
+    with capsys.disabled():
+        sys.stdout.write(f"\ndocs examples: {len(RUNNABLE) - len(skipped)} run, {len(skipped)} skipped\n")
+        for e in skipped:
+            sys.stdout.write(f"  skipped {e.where}: {e.skip}\n")
+    assert len(skipped) < len(RUNNABLE) / 2

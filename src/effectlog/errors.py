@@ -277,3 +277,12 @@ class NotApplied(Exception):
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
         self.reason = reason
+
+
+# -- branch fleetops (issues 12.7, 13.12) ---------------------------------------------
+
+
+class SecretUnavailable(BadInput):
+    """A fleet runner cannot supply a secret arg (the store keeps only its digest), or its value is another one."""
+
+    code = "secret_unavailable"

@@ -8,6 +8,7 @@ no traceback reaches the user for bad input.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
@@ -61,6 +62,8 @@ def _version() -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if (getattr(args, "adapters", None) or getattr(args, "secrets", None)) and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())  # `--adapters my_tools:X` finds ./my_tools.py, as `python -m effectlog` does
     handler: Handler = args.handler
     try:
         return handler(args)

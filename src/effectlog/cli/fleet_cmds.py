@@ -14,7 +14,7 @@ from typing import Any
 
 from effectlog.cli.output import emit_json, table
 from effectlog.errors import BadInput
-from effectlog.fleet import FleetStore, open_store
+from effectlog.fleet import FleetStore, limits, open_store
 from effectlog.fleet.model import RequestView
 from effectlog.journal import chain_from_env
 
@@ -29,6 +29,22 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--scope", required=True, metavar="S")
     p.add_argument("--key", required=True, metavar="K", help="idempotency key, unique within the scope")
     p.add_argument("--requires", default="", metavar="CAP,...", help="capabilities a runner must declare")
+    p.add_argument(
+        "--max-requeues",
+        type=int,
+        default=limits.DEFAULT_MAX_REQUEUES,
+        metavar="N",
+        help="automatic requeues of attempts lost before any step; past N it needs an operator "
+        f"(default {limits.DEFAULT_MAX_REQUEUES})",
+    )
+    p.add_argument(
+        "--requeue-backoff-s",
+        type=float,
+        default=limits.DEFAULT_REQUEUE_BACKOFF_S,
+        metavar="S",
+        help="wait before the first automatic requeue is claimed, doubled for each next one "
+        f"(default {limits.DEFAULT_REQUEUE_BACKOFF_S:g})",
+    )
     p.add_argument("--json", action="store_true")
     p.set_defaults(handler=cmd_submit)
 
@@ -42,6 +58,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--poll-s", type=float, default=0.5, metavar="S", help="pause between idle polls")
     p.add_argument("--effects", metavar="E", help="effect store file, for the effects.* adapters")
     p.add_argument("--adapters", metavar="MODULE:ATTR", action="append", default=[], help="adapter factories")
+    p.add_argument(
+        "--secrets",
+        metavar="MODULE:ATTR",
+        help="secrets provider for plans' secret args (default: EFFECTLOG_SECRET_<NAME> in this runner's environment)",
+    )
     p.add_argument("--max-attempts", type=int, metavar="N", help="exit after N attempts have ended")
     p.add_argument("--exit-when-idle", action="store_true", help="exit when nothing it can take is queued")
     p.add_argument("--no-recovery", action="store_true", help="do not run recovery passes (run `effectlog recovery`)")
@@ -87,16 +108,28 @@ def _caps(text: str) -> list[str]:
 
 
 def _show(view: RequestView) -> str:
-    return f"request {view.request_id} ({view.scope}/{view.key}, run {view.run_id}): {view.state}"
+    text = f"request {view.request_id} ({view.scope}/{view.key}, run {view.run_id}): {view.state}"
+    if view.requeues:
+        text += f", automatic requeues {view.requeues} of {view.max_requeues}"
+    return text
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
     from effectlog.plan import load_plan
 
     plan = load_plan(args.plan)  # validate before touching the store
+    limits.count("--max-requeues", args.max_requeues, low=0, high=limits.MAX_REQUEUES)
+    limits.seconds("--requeue-backoff-s", args.requeue_backoff_s, high=limits.MAX_BACKOFF_S, zero=True)
     store = _open(args)
     try:
-        done = store.submit(args.scope, args.key, plan, _caps(args.requires))
+        done = store.submit(
+            args.scope,
+            args.key,
+            plan,
+            _caps(args.requires),
+            max_requeues=args.max_requeues,
+            requeue_backoff_s=args.requeue_backoff_s,
+        )
     finally:
         store.close()
     if args.json:
@@ -109,8 +142,6 @@ def cmd_submit(args: argparse.Namespace) -> int:
 def cmd_runner(args: argparse.Namespace) -> int:
     from effectlog.fleet.runner import RunnerConfig, run_runner
 
-    if args.max_attempts is not None and args.max_attempts < 1:
-        raise BadInput("--max-attempts must be at least 1")
     if (args.arm is None) != (args.notify_fd is None):
         raise BadInput("--arm and --notify-fd go together")
     config = RunnerConfig(
@@ -123,6 +154,7 @@ def cmd_runner(args: argparse.Namespace) -> int:
         poll_s=args.poll_s,
         effects=args.effects,
         adapters=tuple(args.adapters),
+        secrets=args.secrets,
         max_attempts=args.max_attempts,
         exit_when_idle=args.exit_when_idle,
         recover=not args.no_recovery,
@@ -153,13 +185,12 @@ def cmd_operator(args: argparse.Namespace) -> int:
 def cmd_recovery(args: argparse.Namespace) -> int:
     from effectlog.fleet.recovery import recover_once
 
-    if args.interval <= 0:
-        raise BadInput("--interval must be positive")
+    limits.seconds("--interval", args.interval, high=limits.MAX_POLL_S)
     store = _open(args)
     try:
         while True:
             for done in recover_once(store):
-                sys.stdout.write(f"request {done.request_id} attempt {done.attempt_id}: {done.state}: {done.reason}\n")
+                sys.stdout.write(f"request {done.request_id} attempt {done.attempt_no}: {done.state}: {done.reason}\n")
                 sys.stdout.flush()
             if args.once:
                 return 0
@@ -176,8 +207,12 @@ def cmd_requests(args: argparse.Namespace) -> int:
             if args.json:
                 emit_json(views)
             else:
-                listed = [(v.request_id, v.scope, v.key, v.run_id, v.state, v.attempt_no) for v in views]
-                sys.stdout.write(table(("request", "scope", "key", "run", "state", "attempt"), listed) + "\n")
+                listed = [
+                    (v.request_id, v.scope, v.key, v.run_id, v.state, v.attempt_no, f"{v.requeues}/{v.max_requeues}")
+                    for v in views
+                ]
+                header = ("request", "scope", "key", "run", "state", "attempt", "requeues")
+                sys.stdout.write(table(header, listed) + "\n")
             return 0
         view = store.request(args.request)
         attempts = store.attempts(args.request)

@@ -1,6 +1,6 @@
 """The crash-matrix cases: what each one does, and what its evidence must show.
 
-The first eight are the source document's table, with its published counts; the
+The first eight are the published crash matrix effectlog reproduces, with its counts; the
 rest go further and arm a crash at every other boundary the step machine has.
 Expectations live here, in code, never in a report: ``verify`` checks a report's
 evidence against them and does not trust any pass flag the report carries.
@@ -47,7 +47,7 @@ class Case(msgspec.Struct, frozen=True, kw_only=True):
     effects: int
     outcome: str  # the published wording of the result
     approval: bool = False
-    published: bool = False  # one of the source document's eight
+    published: bool = False  # one of the eight cases of the published crash matrix
     journal: bool = True  # False for the blind reference (it keeps no journal)
 
     def check(self, evidence: Evidence) -> list[str]:

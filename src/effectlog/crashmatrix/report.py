@@ -252,7 +252,7 @@ def save_report(report: Report, path: str | Path) -> None:
 
 
 def render_table(report: Report) -> str:
-    """The source document's table: case, final effects, result."""
+    """The table of the published crash matrix effectlog reproduces: case, final effects, result."""
     lines = []
     for backend in [*report.backends, "none"]:
         rows = [r for r in report.cases if r.backend == backend]
@@ -264,5 +264,5 @@ def render_table(report: Report) -> str:
         for r in sorted(rows, key=lambda r: order.get(r.name, 99)):
             mark = "" if r.published else " *"
             lines.append(f"| {r.title}{mark} | {r.effects} | {r.outcome} | {'ok' if r.ok else 'FAIL'} |")
-    lines.append("\n* beyond the source document's eight cases")
+    lines.append("\n* beyond the eight cases of the published crash matrix effectlog reproduces")
     return "\n".join(lines).lstrip("\n") + "\n"

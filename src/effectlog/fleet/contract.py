@@ -105,7 +105,8 @@ class FleetContract:
         s.close()
 
     def _leased(self, store: FleetStore, run_id: str = "run-1", lease_s: float = LONG, runner: str = "r1") -> Lease:
-        request = store.submit("contract", run_id, noop_plan(run_id)).request
+        # No backoff: these tests claim a request again as soon as recovery re-queues it.
+        request = store.submit("contract", run_id, noop_plan(run_id), requeue_backoff_s=0.0).request
         lease = store.claim(request.request_id, runner, lease_s)
         assert lease is not None
         return lease
@@ -354,6 +355,71 @@ class FleetContract:
         assert [True, False] == [r is not None for r in results]
         assert [1] == calls
         assert 2 == len(store.attempts())
+
+    # -- poison requests ------------------------------------------------------------------
+
+    def _lose_once(self, store: FleetStore, request_id: int, runner: str) -> str:
+        """Claim the request, let the lease run out with nothing requested, recover: the attempt's new state."""
+        lease = store.claim(request_id, runner, SHORT)
+        assert lease is not None
+        wait_past(store, lease.expires_at)
+        done = store.recover(lease.attempt_id, lease.token, decide_expired)
+        assert done is not None
+        return done.state
+
+    def test_automatic_requeues_stop_at_the_requests_limit(self, store: FleetStore) -> None:
+        """Attempts lost before any step are re-queued ``max_requeues`` times; the next loss needs an operator.
+
+        The audit record lists every attempt; an operator's requeue starts the count again.
+        """
+        request = store.submit("s", "poison", noop_plan("run-p"), max_requeues=2, requeue_backoff_s=0.0).request
+        states = [self._lose_once(store, request.request_id, f"r{i}") for i in range(3)]
+        assert ["lost", "lost", "needs_operator"] == states
+        view = store.request(request.request_id)
+        assert ("needs_operator", 3, 2, 2) == (view.state, view.attempt_no, view.requeues, view.max_requeues)
+        audit = store.history(request.request_id)[-1]
+        assert ("expire", "recovery_service") == (audit.transition, audit.actor)
+        assert [(1, "r0", "lost"), (2, "r1", "lost"), (3, "r2", "leased")] == [
+            (a["attempt"], a["runner"], a["state"]) for a in audit.detail["attempts"]
+        ]
+        assert "--max-requeues 2" in audit.reason
+        again = store.operate(request.request_id, "requeue", by="alice", reason="fixed the adapter")
+        assert (am.QUEUED, 0) == (again.state, again.requeues)
+        assert "lost" == self._lose_once(store, request.request_id, "r3")
+
+    def test_max_requeues_zero_sends_the_first_loss_to_an_operator(self, store: FleetStore) -> None:
+        """With no automatic requeue allowed, a lost attempt waits for a person at once."""
+        request = store.submit("s", "k", noop_plan("run-1"), max_requeues=0).request
+        assert "needs_operator" == self._lose_once(store, request.request_id, "r1")
+
+    def test_an_automatic_requeue_backs_off_exponentially(self, store: FleetStore) -> None:
+        """The n-th automatic requeue is claimable ``backoff * 2**(n-1)`` seconds after the loss (the store's clock).
+
+        Until then it is listed as a candidate that is not due, and a claim finds nothing.
+        """
+        request = store.submit("s", "k", noop_plan("run-1"), requeue_backoff_s=0.2).request
+        delays = []
+        for i in range(2):
+            assert "lost" == self._lose_once(store, request.request_id, f"r{i}")
+            view = store.request(request.request_id)
+            assert view.not_before is not None
+            delays.append(store.history(request.request_id)[-1].detail["backoff_s"])
+            assert [(request.request_id, False)] == [(c.request_id, c.due) for c in store.candidates(10)]
+            assert store.claim(request.request_id, "eager", LONG) is None
+            wait_past(store, view.not_before)
+            assert [True] == [c.due for c in store.candidates(10)]
+        assert [0.2, 0.4] == delays
+        assert store.claim(request.request_id, "patient", LONG) is not None
+
+    def test_the_requeue_policy_is_part_of_the_request(self, store: FleetStore) -> None:
+        """Submitting the same key with another requeue policy is a conflict; out-of-range values are bad input."""
+        store.submit("s", "k", noop_plan("run-1"), max_requeues=5)
+        with pytest.raises(IdempotencyConflict):
+            store.submit("s", "k", noop_plan("run-1"))
+        for bad in ({"max_requeues": -1}, {"requeue_backoff_s": float("nan")}, {"requeue_backoff_s": -1.0}):
+            with pytest.raises(BadInput):
+                store.submit("s", "other", noop_plan("run-2"), **bad)
+        assert 1 == len(store.requests())
 
     # -- operators ----------------------------------------------------------------------
 

@@ -15,6 +15,7 @@ from typing import Any, Literal, Protocol
 from effectlog.errors import IdempotencyConflict, StaleLease
 from effectlog.events import Event
 from effectlog.fleet import attempts as am
+from effectlog.fleet import limits
 from effectlog.fleet.model import Lease
 
 Lock = Literal["share", "update", "none"]
@@ -66,9 +67,9 @@ def check_lease(tx: Tx, d: Dialect, lease: Lease, now: float, *, lock: Lock) -> 
         d.sql(
             "SELECT a.state, r.cancel_requested_at FROM {attempts} a JOIN {requests} r ON r.request_id = a.request_id"
             " WHERE a.attempt_id = ? AND a.runner_id = ? AND a.fencing_token = ? AND a.lease_expires_at > ?"
-            f" AND a.state IN {_LIVE}" + clause
+            f" AND a.lease_expires_at <= ? AND a.state IN {_LIVE}" + clause
         ),
-        (lease.attempt_id, lease.runner_id, lease.token, now),
+        (lease.attempt_id, lease.runner_id, lease.token, now, now + limits.MAX_LEASE_S),
     )
     if row is None:
         raise stale(tx, d, lease, now)
@@ -84,6 +85,7 @@ def stale(tx: Tx, d: Dialect, lease: Lease, now: float) -> StaleLease:
     newest = tx.one(d.sql("SELECT MAX(fencing_token) FROM {attempts} WHERE request_id = ?"), (lease.request_id,))
     fields: dict[str, Any] = {
         "attempt_id": lease.attempt_id,
+        "attempt_no": lease.attempt_no,
         "request_id": lease.request_id,
         "runner": lease.runner_id,
         "token": lease.token,
@@ -91,9 +93,11 @@ def stale(tx: Tx, d: Dialect, lease: Lease, now: float) -> StaleLease:
     if row is None:
         why = "no such attempt"
     elif (row[1], row[2]) != (lease.runner_id, lease.token):
-        why = f"attempt {lease.attempt_id} is leased to {row[1]!r} with token {row[2]}"
+        why = f"request {lease.request_id} attempt {lease.attempt_no} is leased to {row[1]!r} with token {row[2]}"
     elif row[0] not in am.LIVE:
-        why = f"attempt {lease.attempt_id} is {row[0]}"
+        why = f"request {lease.request_id} attempt {lease.attempt_no} is {row[0]}"
+    elif row[3] is None or not float(row[3]) <= now + limits.MAX_LEASE_S:  # NULL, NaN, inf: no lease we grant
+        why = f"its lease expiry {row[3]!r} is not a valid time: taken back as expired"
     else:
         why = f"the lease expired {now - float(row[3]):.3f}s ago"
     if newest is not None and newest[0] is not None and int(newest[0]) > lease.token:
@@ -120,7 +124,8 @@ def replayed(tx: Tx, d: Dialect, lease: Lease, op_key: str, body_digest: str) ->
         raise stale(tx, d, lease, tx.now())
     if row[0] != body_digest:
         raise IdempotencyConflict(
-            f"operation {op_key!r} of attempt {lease.attempt_id} was already reported with another body",
+            f"operation {op_key!r} of request {lease.request_id} attempt {lease.attempt_no} was already reported "
+            "with another body",
             run_id=lease.run_id,
             attempt_id=lease.attempt_id,
             op_key=op_key,

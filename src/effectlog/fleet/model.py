@@ -8,7 +8,12 @@ import msgspec
 
 
 class Lease(msgspec.Struct, frozen=True, kw_only=True):
-    """What a claim hands a runner. Every write it makes carries ``(attempt_id, runner_id, token)``."""
+    """What a claim hands a runner. Every write it makes carries ``(attempt_id, runner_id, token)``.
+
+    Two numbers name an attempt: ``attempt_id`` is unique in the store (JSON output and
+    the database carry it), ``attempt_no`` counts the request's attempts from 1. Every
+    message says "request R attempt N" with N the ``attempt_no``, as ``requests`` lists it.
+    """
 
     request_id: int
     attempt_id: int
@@ -17,7 +22,7 @@ class Lease(msgspec.Struct, frozen=True, kw_only=True):
     token: int
     expires_at: float  # seconds since the epoch, by the store's clock
     run_id: str
-    plan: str  # the plan's JSON, exactly as submitted
+    plan: str  # the plan's JSON as submitted, secret args as their digests (``Plan.pinned``)
     cancel_requested: bool = False
 
 
@@ -36,6 +41,9 @@ class RequestView(msgspec.Struct, frozen=True, kw_only=True):
     created_at: float
     cancel_requested: bool = False
     finished_at: float | None = None
+    requeues: int = 0  # automatic requeues since an operator last sent it round
+    max_requeues: int = 3  # past this many, a lost attempt goes to needs_operator instead
+    not_before: float | None = None  # a queued attempt backing off: not claimed before this time
 
 
 class AttemptView(msgspec.Struct, frozen=True, kw_only=True):
@@ -77,6 +85,7 @@ class Candidate(msgspec.Struct, frozen=True, kw_only=True):
 
     request_id: int
     requires: tuple[str, ...]
+    due: bool = True  # False: backing off after an automatic requeue, not to be claimed yet
 
 
 class Offer(msgspec.Struct, frozen=True, kw_only=True):
@@ -110,8 +119,9 @@ class Verdict(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class Recovered(msgspec.Struct, frozen=True, kw_only=True):
-    attempt_id: int
+    attempt_id: int  # the store-wide id
     request_id: int
     state: str
     reason: str
-    requeued_attempt: int | None = None
+    requeued_attempt: int | None = None  # the store-wide id of the new, queued attempt
+    attempt_no: int = 0  # the request's own attempt number: what messages call "attempt N"

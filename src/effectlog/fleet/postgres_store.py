@@ -23,6 +23,7 @@ from effectlog.chain import Chain
 from effectlog.errors import BadInput, JournalUnreadable
 from effectlog.events import Event
 from effectlog.fleet import attempts as am
+from effectlog.fleet import limits
 from effectlog.fleet.fencing import Tx
 from effectlog.fleet.leased_journal import LeasedJournal
 from effectlog.fleet.model import Lease
@@ -30,7 +31,7 @@ from effectlog.fleet.postgres_journal import FLEET_SCHEMA, POSTGRES, FleetPostgr
 from effectlog.fleet.sqlstore import SqlFleetStore
 from effectlog.journal.postgres import redact
 
-FLEET_SCHEMA_VERSION = 1
+FLEET_SCHEMA_VERSION = 2
 FLEET_MIGRATE_LOCK = (0x45464C02, 0)  # 'EFL' + 2: beside the journal's advisory lock classes
 _S = FLEET_SCHEMA
 _FINAL = am.sql_list(am.FINAL)
@@ -162,6 +163,17 @@ DDL: tuple[str, ...] = (
 )
 
 
+# What each version adds to the one before (a new store is created at v1 and migrated).
+MIGRATIONS: dict[int, tuple[str, ...]] = {
+    2: (  # poison requests: a per-request limit on automatic requeues, with backoff between them
+        f"ALTER TABLE {_S}.requests ADD COLUMN max_requeues INTEGER NOT NULL DEFAULT {limits.DEFAULT_MAX_REQUEUES}",
+        f"ALTER TABLE {_S}.requests ADD COLUMN requeue_backoff_s DOUBLE PRECISION NOT NULL"
+        f" DEFAULT {limits.DEFAULT_REQUEUE_BACKOFF_S}",
+        f"ALTER TABLE {_S}.attempts ADD COLUMN not_before DOUBLE PRECISION",
+    ),
+}
+
+
 class PostgresFleetStore(SqlFleetStore):
     """A fleet store in one PostgreSQL database; every runner host connects to the same URL."""
 
@@ -230,23 +242,24 @@ class PostgresFleetStore(SqlFleetStore):
             exists = conn.execute(
                 "SELECT 1 FROM pg_catalog.pg_tables WHERE schemaname = %s AND tablename = 'meta'", (FLEET_SCHEMA,)
             ).fetchone()
-            if exists is not None:
+            if exists is None:
+                for sql in DDL:
+                    conn.execute(sql)  # module constants, never input
+                conn.execute(f"INSERT INTO {FLEET_SCHEMA}.meta (key, value) VALUES ('schema_version', '1')")
+                version = 1
+            else:
                 row = conn.execute(f"SELECT value FROM {FLEET_SCHEMA}.meta WHERE key = 'schema_version'").fetchone()
                 version = int(row[0]) if row and str(row[0]).isdigit() else 0
-                if version > FLEET_SCHEMA_VERSION:
-                    raise JournalUnreadable(
-                        f"{self.location}: fleet schema v{version} is newer than this effectlog "
-                        f"(v{FLEET_SCHEMA_VERSION})"
-                    )
-                if version == FLEET_SCHEMA_VERSION:
-                    return
+            if version > FLEET_SCHEMA_VERSION:
+                raise JournalUnreadable(
+                    f"{self.location}: fleet schema v{version} is newer than this effectlog (v{FLEET_SCHEMA_VERSION})"
+                )
+            if version < 1:
                 raise JournalUnreadable(f"{self.location}: schema {FLEET_SCHEMA} exists but is not an effectlog fleet")
-            for sql in DDL:
-                conn.execute(sql)  # module constants, never input
-            conn.execute(
-                f"INSERT INTO {FLEET_SCHEMA}.meta (key, value) VALUES ('schema_version', %s)",
-                (str(FLEET_SCHEMA_VERSION),),
-            )
+            for step in range(version + 1, FLEET_SCHEMA_VERSION + 1):
+                for sql in MIGRATIONS[step]:
+                    conn.execute(sql)  # module constants, never input
+                conn.execute(f"UPDATE {FLEET_SCHEMA}.meta SET value = %s WHERE key = 'schema_version'", (str(step),))
 
     @contextmanager
     def _transaction(self) -> Iterator[Tx]:

@@ -35,15 +35,27 @@ class FleetStore(Protocol):
 
     # -- writes -----------------------------------------------------------------------
 
-    def submit(self, scope: str, key: str, plan: Plan, requires: Sequence[str] = ()) -> Submitted:
+    def submit(
+        self,
+        scope: str,
+        key: str,
+        plan: Plan,
+        requires: Sequence[str] = (),
+        *,
+        max_requeues: int = ...,
+        requeue_backoff_s: float = ...,
+    ) -> Submitted:
         """Create a request (and its first, queued attempt) unless ``(scope, key)`` exists.
 
         Same fingerprint: the existing request. Another fingerprint: ``IdempotencyConflict``.
+        ``max_requeues`` bounds the automatic requeues of attempts lost before any step
+        (each one ``requeue_backoff_s * 2**(n-1)`` seconds later); past it, ``needs_operator``.
+        The plan is stored with its secret args as digests (``Plan.pinned``).
         """
         ...
 
     def candidates(self, limit: int) -> list[Candidate]:
-        """Queued requests, oldest first, for the scheduler."""
+        """Queued requests (due ones first, then those backing off), oldest first, for the scheduler."""
         ...
 
     def claim(self, request_id: int, runner_id: str, lease_s: float) -> Lease | None:

@@ -23,17 +23,19 @@ import threading
 import time
 import zlib
 from collections.abc import Callable, Sequence
-from typing import TextIO
+from typing import Any, TextIO, cast
 
 import msgspec
 
 from effectlog import events as ev
-from effectlog.adapters.registry import Registry
+from effectlog.adapters.registry import Registry, load_object
 from effectlog.errors import BadInput, EffectlogError, ExitStatus, StaleLease, StorageError
+from effectlog.fleet import limits
 from effectlog.fleet.model import Lease, Offer
 from effectlog.fleet.protocol import FleetStore
 from effectlog.fleet.recovery import recover_once
-from effectlog.fleet.scheduler import schedule
+from effectlog.fleet.scheduler import schedule, waiting
+from effectlog.fleet.secrets import Provider, redact_all, resolve
 from effectlog.journal import Journal, load_run
 from effectlog.plan import Plan, parse_plan
 from effectlog.recorder import record_now
@@ -51,6 +53,7 @@ class RunnerConfig(msgspec.Struct, kw_only=True):
     poll_s: float = 0.5
     effects: str | None = None
     adapters: tuple[str, ...] = ()
+    secrets: str | None = None  # MODULE:ATTR of a secrets provider (effectlog.fleet.secrets); else the environment
     max_attempts: int | None = None  # exit after this many attempts have ended
     exit_when_idle: bool = False  # exit when nothing this runner can take is queued and nothing runs
     recover: bool = True  # run the recovery service's pass each round
@@ -59,6 +62,25 @@ class RunnerConfig(msgspec.Struct, kw_only=True):
     arm: str | None = None
     notify_fd: int | None = None
     resume_fd: int | None = None
+
+
+def checked(config: RunnerConfig) -> RunnerConfig:
+    """``config`` with every number checked (finite, in range) and the heartbeat filled in; else ``BadInput``."""
+    limits.count("--capacity", config.capacity, low=1, high=limits.MAX_CAPACITY)
+    if config.max_attempts is not None:
+        limits.count("--max-attempts", config.max_attempts, low=1, high=2**31)
+    lease_s, heartbeat_s, poll_s = limits.runner_timing(config.lease_s, config.heartbeat_s, config.poll_s)
+    return msgspec.structs.replace(config, lease_s=lease_s, heartbeat_s=heartbeat_s, poll_s=poll_s)
+
+
+def secrets_provider(config: RunnerConfig) -> Provider | None:
+    """The ``--secrets MODULE:ATTR`` callable, or ``None`` (the environment then supplies secret args)."""
+    if config.secrets is None:
+        return None
+    provider = load_object(config.secrets)
+    if not callable(provider):
+        raise BadInput(f"--secrets {config.secrets}: expected a callable taking a SecretWanted")
+    return cast(Provider, provider)
 
 
 def spread(picks: list[int], runner_id: str) -> list[int]:
@@ -95,17 +117,15 @@ class Slot:
 
 class Runner:
     def __init__(self, config: RunnerConfig, store: FleetStore, *, log: TextIO | None = None) -> None:
-        if config.capacity < 1:
-            raise BadInput("--capacity must be at least 1")
-        if config.lease_s <= 0 or config.poll_s <= 0:
-            raise BadInput("--lease-s and --poll-s must be positive")
-        self.config = config
+        self.config = config = checked(config)
+        assert config.heartbeat_s is not None
+        self.heartbeat_s = config.heartbeat_s
         self.store = store
         self.runner_id = config.runner_id or f"{socket.gethostname()}:{os.getpid()}"
-        self.heartbeat_s = config.heartbeat_s or config.lease_s / 3
         self.registry = Registry()
         for spec in config.adapters:
             self.registry.add_module(spec)
+        self.secrets = secrets_provider(config)
         self.log_stream = log or sys.stderr
         self.slots: dict[int, Slot] = {}
         self.ended = 0
@@ -171,7 +191,7 @@ class Runner:
         try:
             for done in recover_once(self.store):
                 self.log(
-                    f"recovery: request {done.request_id} attempt {done.attempt_id} -> {done.state}: {done.reason}"
+                    f"recovery: request {done.request_id} attempt {done.attempt_no} -> {done.state}: {done.reason}"
                 )
         except EffectlogError as exc:
             self.log(f"recovery pass failed: {exc.code}: {exc}")
@@ -191,7 +211,7 @@ class Runner:
         except EffectlogError as exc:
             self.log(f"cannot list work: {exc.code}: {exc}")
             return 0, True
-        fitting = bool(schedule(candidates, msgspec.structs.replace(offer, free=1)))
+        fitting = waiting(candidates, offer)
         claimed = 0
         for request_id in spread(schedule(candidates, offer), self.runner_id):
             try:
@@ -267,7 +287,7 @@ class Runner:
         store.advance(lease, "prepare", op_key="prepare")
         self._point(slot, "prepared", "")
         try:
-            plan = parse_plan(lease.plan.encode(), f"request {lease.request_id}")
+            plan = resolve(parse_plan(lease.plan.encode(), f"request {lease.request_id}"), self.secrets)
             runtime = Runtime(journal, adapters=self.registry, effects=self.config.effects, crash_hook=self._hook(slot))
         except (BadInput, StorageError) as exc:
             return store.advance(lease, "fail", op_key="final", reason=f"cannot prepare: {exc}")
@@ -278,36 +298,41 @@ class Runner:
             runtime.close()
 
     def _drive(self, slot: Slot, runtime: Runtime, plan: Plan, journal: Journal) -> str:
-        lease, store = slot.lease, self.store
+        lease = slot.lease
         waits = 0
+
+        def advance(trigger: str, *, op_key: str, reason: str = "", detail: dict[str, Any] | None = None) -> str:
+            # A reason may quote a tool's error, which may quote its args: no secret value enters the store.
+            return self.store.advance(lease, trigger, op_key=op_key, reason=redact_all(plan, reason), detail=detail)
+
         while True:
             try:
                 outcome = runtime.run(plan)
             except CancelObserved:
                 self._record_cancel(journal, lease)
-                return store.advance(lease, "cancel", op_key="final", reason="cancelled by an operator")
+                return advance("cancel", op_key="final", reason="cancelled by an operator")
             except (StaleLease, LeaseLost):
                 raise
             except BadInput as exc:  # plan pinned differently, adapter missing: nothing was invoked
-                return store.advance(lease, "fail", op_key="final", reason=str(exc))
+                return advance("fail", op_key="final", reason=str(exc))
             except EffectlogError as exc:  # the record may be half-way: a person looks, nobody guesses
-                return store.advance(lease, "escalate", op_key="final", reason=f"{exc.code}: {exc}")
+                return advance("escalate", op_key="final", reason=f"{exc.code}: {exc}")
             except Exception as exc:  # an adapter's bug: re-queueing it on every runner would loop for ever
                 reason = f"unexpected error: {type(exc).__name__}: {exc}"
-                return store.advance(lease, "escalate", op_key="final", reason=reason)
+                return advance("escalate", op_key="final", reason=reason)
             status = outcome.exit_status
             if status == ExitStatus.DONE:
-                return store.advance(lease, "succeed", op_key="final", detail={"events": outcome.events_written})
+                return advance("succeed", op_key="final", detail={"events": outcome.events_written})
             if status == ExitStatus.STOPPED_UNCERTAIN:
-                return store.advance(lease, "escalate", op_key="final", reason=outcome.message)
+                return advance("escalate", op_key="final", reason=outcome.message)
             if status != ExitStatus.SUSPENDED:
-                return store.advance(lease, "fail", op_key="final", reason=outcome.message)
+                return advance("fail", op_key="final", reason=outcome.message)
             waits += 1
-            store.advance(lease, "await_decision", op_key=f"wait#{waits}", reason=outcome.message)
+            advance("await_decision", op_key=f"wait#{waits}", reason=outcome.message)
             if not self._wait_for_decision(slot, journal, plan.run_id):
                 self._record_cancel(journal, lease)
-                return store.advance(lease, "cancel", op_key="final", reason="cancelled while waiting for a decision")
-            store.advance(lease, "resume", op_key=f"resume#{waits}")
+                return advance("cancel", op_key="final", reason="cancelled while waiting for a decision")
+            advance("resume", op_key=f"resume#{waits}")
 
     def _wait_for_decision(self, slot: Slot, journal: Journal, run_id: str) -> bool:
         """Hold the lease (heartbeats go on) until a person approves or denies; False if cancelled."""
@@ -365,6 +390,8 @@ class Runner:
 
 
 def run_runner(config: RunnerConfig, open_store: Callable[[str], FleetStore]) -> int:
+    config = checked(config)  # before the store is opened (or created)
+    secrets_provider(config)
     store = open_store(config.store)
     try:
         return Runner(config, store).serve()

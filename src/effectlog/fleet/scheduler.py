@@ -17,13 +17,18 @@ def fits(candidate: Candidate, offer: Offer) -> bool:
     return offer.capabilities.issuperset(candidate.requires)
 
 
+def waiting(candidates: Sequence[Candidate], offer: Offer) -> bool:
+    """Whether any candidate fits the runner, due now or backing off (work it should stay for)."""
+    return any(fits(c, offer) for c in candidates)
+
+
 def schedule(candidates: Sequence[Candidate], offer: Offer) -> list[int]:
-    """The request ids to claim, in the candidates' order (oldest first): each fits, at most ``offer.free``."""
+    """The request ids to claim, in the candidates' order (oldest first): each due and fits, at most ``offer.free``."""
     picks: list[int] = []
     if offer.free <= 0:
         return picks
     for candidate in candidates:
-        if fits(candidate, offer):
+        if candidate.due and fits(candidate, offer):
             picks.append(candidate.request_id)
             if len(picks) == offer.free:
                 break

@@ -17,13 +17,14 @@ from effectlog.chain import Chain
 from effectlog.errors import JournalUnreadable
 from effectlog.events import Event
 from effectlog.fleet import attempts as am
+from effectlog.fleet import limits
 from effectlog.fleet.fencing import Tx
 from effectlog.fleet.leased_journal import LeasedJournal
 from effectlog.fleet.model import Lease
 from effectlog.fleet.sqlite_journal import SQLITE, Durability, FleetSqliteJournal, Handle, SqliteTx, transaction
 from effectlog.fleet.sqlstore import SqlFleetStore
 
-FLEET_SCHEMA_VERSION = 1
+FLEET_SCHEMA_VERSION = 2
 _FINAL = am.sql_list(am.FINAL)
 
 
@@ -128,6 +129,18 @@ DDL: tuple[str, ...] = (
 )
 
 
+# What each version adds to the one before; a new store is created at v1 and migrated, so
+# a fresh store and an upgraded one are the same tables.
+MIGRATIONS: dict[int, tuple[str, ...]] = {
+    2: (  # poison requests: a per-request limit on automatic requeues, with backoff between them
+        f"ALTER TABLE fleet_requests ADD COLUMN max_requeues INTEGER NOT NULL DEFAULT {limits.DEFAULT_MAX_REQUEUES}",
+        "ALTER TABLE fleet_requests ADD COLUMN requeue_backoff_s REAL NOT NULL"
+        f" DEFAULT {limits.DEFAULT_REQUEUE_BACKOFF_S}",
+        "ALTER TABLE fleet_attempts ADD COLUMN not_before REAL",
+    ),
+}
+
+
 class SqliteFleetStore(SqlFleetStore):
     """A fleet store in one SQLite file (created 0600 if missing)."""
 
@@ -147,15 +160,21 @@ class SqliteFleetStore(SqlFleetStore):
 
     def _migrate(self, tx: SqliteTx) -> None:
         row = tx.one("SELECT value FROM meta WHERE key = 'fleet_schema_version'")
-        if row is not None:
-            if int(row[0]) > FLEET_SCHEMA_VERSION:
-                raise JournalUnreadable(
-                    f"{self.location}: fleet schema v{row[0]} is newer than this effectlog (v{FLEET_SCHEMA_VERSION})"
-                )
-            return
-        for sql in DDL:
-            tx.run(sql)
-        tx.run("INSERT INTO meta (key, value) VALUES ('fleet_schema_version', ?)", (str(FLEET_SCHEMA_VERSION),))
+        if row is None:
+            for sql in DDL:
+                tx.run(sql)
+            tx.run("INSERT INTO meta (key, value) VALUES ('fleet_schema_version', '1')")
+            version = 1
+        else:
+            version = int(row[0])
+        if version > FLEET_SCHEMA_VERSION:
+            raise JournalUnreadable(
+                f"{self.location}: fleet schema v{version} is newer than this effectlog (v{FLEET_SCHEMA_VERSION})"
+            )
+        for step in range(version + 1, FLEET_SCHEMA_VERSION + 1):
+            for sql in MIGRATIONS[step]:
+                tx.run(sql)
+            tx.run("UPDATE meta SET value = ? WHERE key = 'fleet_schema_version'", (str(step),))
 
     def _tx(self, *, write: bool = True) -> AbstractContextManager[Tx]:
         return transaction(self._handle, write=write)

@@ -24,6 +24,7 @@ import msgspec
 from effectlog.canonical import canonical_json, digest
 from effectlog.errors import BadInput, IdempotencyConflict, IntegrityError, NotReconcilable, PlanMismatch
 from effectlog.fleet import attempts as am
+from effectlog.fleet import limits
 from effectlog.fleet.fencing import Dialect, Tx, check_lease, record_operation, replayed
 from effectlog.fleet.model import (
     AttemptView,
@@ -42,9 +43,19 @@ from effectlog.plan import Plan
 Decide = Callable[[Sequence[bytes]], Verdict]
 _MAX_TEXT = 200
 _LIVE = am.sql_list(am.LIVE)
+# A live attempt whose lease is over: run out, or not a lease this version grants (NULL; NaN and
+# infinity, which SQLite stores as NULL and Inf and PostgreSQL orders above every number).
+_LEASE_OVER = "(a.lease_expires_at IS NULL OR a.lease_expires_at <= ? OR a.lease_expires_at > ?)"
+# Automatic requeues (``lose``) of a request since an operator last sent it round again.
+_REQUEUES = (
+    "SELECT COUNT(*) FROM {history} h WHERE h.request_id = r.request_id AND h.transition = 'lose'"
+    " AND h.id > COALESCE((SELECT MAX(o.id) FROM {history} o WHERE o.request_id = r.request_id"
+    " AND o.transition = 'requeue'), 0)"
+)
 _REQUEST = (
     "SELECT r.request_id, r.scope, r.idem_key, r.run_id, r.fingerprint, r.requires, a.state, a.attempt_id,"
-    " a.attempt_no, r.created_at, r.cancel_requested_at, r.finished_at"
+    " a.attempt_no, r.created_at, r.cancel_requested_at, r.finished_at, r.max_requeues, a.not_before,"
+    f" ({_REQUEUES})"
     " FROM {requests} r JOIN {attempts} a ON a.attempt_id = r.current_attempt"
 )
 _ATTEMPT = (
@@ -55,6 +66,11 @@ _HISTORY = (
     "SELECT id, attempt_id, request_id, transition, event, actor, actor_name, from_state, to_state, reason, at,"
     " detail FROM {history}"
 )
+
+
+def _over(now: float) -> tuple[float, float]:
+    """The parameters of ``_LEASE_OVER`` at ``now``."""
+    return now, now + limits.MAX_LEASE_S
 
 
 def _request_view(row: tuple[Any, ...]) -> RequestView:
@@ -71,6 +87,9 @@ def _request_view(row: tuple[Any, ...]) -> RequestView:
         created_at=float(row[9]),
         cancel_requested=row[10] is not None,
         finished_at=None if row[11] is None else float(row[11]),
+        max_requeues=int(row[12]),
+        not_before=None if row[13] is None else float(row[13]),
+        requeues=int(row[14]),
     )
 
 
@@ -101,6 +120,7 @@ class Change(msgspec.Struct, frozen=True, kw_only=True):
     now: float
     reason: str = ""
     detail: dict[str, Any] = {}
+    not_before: float | None = None  # a requeue's new attempt: not claimable before this time (backoff)
 
 
 # -- the store ----------------------------------------------------------------------
@@ -111,9 +131,21 @@ def _check_text(name: str, value: str) -> None:
         raise BadInput(f"{name}: give a non-empty single line of at most {_MAX_TEXT} characters")
 
 
-def request_fingerprint(plan: Plan, requires: Sequence[str]) -> str:
-    """What makes two submissions the same request: the plan and what it requires."""
-    return digest({"plan": msgspec.to_builtins(plan), "requires": sorted(set(requires))})
+def request_fingerprint(
+    plan: Plan,
+    requires: Sequence[str],
+    max_requeues: int = limits.DEFAULT_MAX_REQUEUES,
+    requeue_backoff_s: float = limits.DEFAULT_REQUEUE_BACKOFF_S,
+) -> str:
+    """What makes two submissions the same request: the plan (secret args as digests), its needs, its requeue policy.
+
+    The policy counts only when it is not the default, so requests submitted before it
+    existed keep their fingerprint.
+    """
+    body: dict[str, Any] = {"plan": plan.pinned(), "requires": sorted(set(requires))}
+    if (max_requeues, requeue_backoff_s) != (limits.DEFAULT_MAX_REQUEUES, limits.DEFAULT_REQUEUE_BACKOFF_S):
+        body["requeue"] = {"max": max_requeues, "backoff_s": requeue_backoff_s}
+    return digest(body)
 
 
 class SqlFleetStore:
@@ -128,23 +160,36 @@ class SqlFleetStore:
 
     # -- requests -------------------------------------------------------------------
 
-    def submit(self, scope: str, key: str, plan: Plan, requires: Sequence[str] = ()) -> Submitted:
+    def submit(
+        self,
+        scope: str,
+        key: str,
+        plan: Plan,
+        requires: Sequence[str] = (),
+        *,
+        max_requeues: int = limits.DEFAULT_MAX_REQUEUES,
+        requeue_backoff_s: float = limits.DEFAULT_REQUEUE_BACKOFF_S,
+    ) -> Submitted:
         _check_text("--scope", scope)
         _check_text("--key", key)
         for cap in requires:
             _check_text("--requires", cap)
+        limits.count("--max-requeues", max_requeues, low=0, high=limits.MAX_REQUEUES)
+        backoff = limits.seconds("--requeue-backoff-s", requeue_backoff_s, high=limits.MAX_BACKOFF_S, zero=True)
         needs = sorted(set(requires))
-        fingerprint = request_fingerprint(plan, needs)
-        plan_json = canonical_json(msgspec.to_builtins(plan)).decode()
+        policy = (max_requeues, backoff)
+        fingerprint = request_fingerprint(plan, needs, *policy)
+        plan_json = canonical_json(plan.pinned()).decode()  # secret values never enter the store
         d = self.dialect
         with self._tx() as tx:
             now = tx.now()
             row = tx.one(
                 d.sql(
-                    "INSERT INTO {requests} (scope, idem_key, fingerprint, run_id, plan, requires, created_at)"
-                    " VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING RETURNING request_id"
+                    "INSERT INTO {requests} (scope, idem_key, fingerprint, run_id, plan, requires, created_at,"
+                    " max_requeues, requeue_backoff_s) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+                    " ON CONFLICT DO NOTHING RETURNING request_id"
                 ),
-                (scope, key, fingerprint, plan.run_id, plan_json, canonical_json(needs).decode(), now),
+                (scope, key, fingerprint, plan.run_id, plan_json, canonical_json(needs).decode(), now, *policy),
             )
             if row is None:
                 return self._existing(tx, scope, key, fingerprint, plan.run_id)
@@ -159,8 +204,9 @@ class SqlFleetStore:
             view = _request_view(found)
             if view.fingerprint != fingerprint:
                 raise IdempotencyConflict(
-                    f"scope {scope!r} key {key!r} is request {view.request_id}, submitted with another plan or "
-                    f"requirements (fingerprint {view.fingerprint[:12]}, given {fingerprint[:12]}); use a new key",
+                    f"scope {scope!r} key {key!r} is request {view.request_id}, submitted with another plan, "
+                    f"requirements or requeue policy (fingerprint {view.fingerprint[:12]}, given {fingerprint[:12]}); "
+                    "use a new key",
                     request_id=view.request_id,
                 )
             return Submitted(request=view, created=False)
@@ -173,14 +219,16 @@ class SqlFleetStore:
             run_id=run_id,
         )
 
-    def _new_attempt(self, tx: Tx, request_id: int, attempt_no: int, now: float) -> int:
+    def _new_attempt(
+        self, tx: Tx, request_id: int, attempt_no: int, now: float, not_before: float | None = None
+    ) -> int:
         d = self.dialect
         row = tx.one(
             d.sql(
-                "INSERT INTO {attempts} (request_id, attempt_no, state, created_at) VALUES (?, ?, ?, ?)"
+                "INSERT INTO {attempts} (request_id, attempt_no, state, created_at, not_before) VALUES (?, ?, ?, ?, ?)"
                 " RETURNING attempt_id"
             ),
-            (request_id, attempt_no, am.QUEUED, now),
+            (request_id, attempt_no, am.QUEUED, now, not_before),
         )
         assert row is not None
         tx.run(d.sql("UPDATE {requests} SET current_attempt = ? WHERE request_id = ?"), (row[0], request_id))
@@ -195,34 +243,43 @@ class SqlFleetStore:
     # -- scheduling and leases --------------------------------------------------------
 
     def candidates(self, limit: int) -> list[Candidate]:
-        """Queued requests, oldest first: what the (pure) scheduler chooses from."""
+        """Queued requests, those due first, oldest first: what the (pure) scheduler chooses from.
+
+        A request backing off after an automatic requeue is listed as not ``due``: no
+        runner claims it yet, and a runner told to exit when idle still waits for it.
+        """
         with self._tx(write=False) as tx:
+            now = tx.now()
+            due = "(a.not_before IS NULL OR a.not_before <= ?)"
             rows = tx.all(
                 self.dialect.sql(
-                    "SELECT r.request_id, r.requires FROM {requests} r"
+                    f"SELECT r.request_id, r.requires, CASE WHEN {due} THEN 1 ELSE 0 END AS due FROM {{requests}} r"
                     " JOIN {attempts} a ON a.attempt_id = r.current_attempt"
-                    " WHERE a.state = ? ORDER BY r.request_id LIMIT ?"
+                    " WHERE a.state = ? ORDER BY due DESC, r.request_id LIMIT ?"
                 ),
-                (am.QUEUED, limit),
+                (now, am.QUEUED, limit),
             )
-        return [Candidate(request_id=int(r[0]), requires=tuple(msgspec.json.decode(r[1]))) for r in rows]
+        return [
+            Candidate(request_id=int(r[0]), requires=tuple(msgspec.json.decode(r[1])), due=bool(r[2])) for r in rows
+        ]
 
     def claim(self, request_id: int, runner_id: str, lease_s: float) -> Lease | None:
         """Lease the request's queued attempt to ``runner_id``; ``None`` if it is not queued (any more)."""
         _check_text("runner id", runner_id)
+        limits.seconds("lease_s", lease_s, high=limits.MAX_LEASE_S)
         d = self.dialect
         with self._tx() as tx:
             now = tx.now()
             row = tx.one(
                 d.sql(
-                    "SELECT a.attempt_id, a.state, a.attempt_no, r.run_id, r.plan, r.cancel_requested_at"
+                    "SELECT a.attempt_id, a.state, a.attempt_no, r.run_id, r.plan, r.cancel_requested_at, a.not_before"
                     " FROM {requests} r JOIN {attempts} a ON a.attempt_id = r.current_attempt"
                     " WHERE r.request_id = ? {claim}"
                 ),
                 (request_id,),
             )
-            if row is None or row[1] != am.QUEUED:
-                return None
+            if row is None or row[1] != am.QUEUED or (row[6] is not None and float(row[6]) > now):
+                return None  # not queued, or backing off after an automatic requeue
             attempt_id, state, attempt_no, run_id, plan = int(row[0]), str(row[1]), int(row[2]), row[3], row[4]
             token_row = tx.one(
                 d.sql("SELECT COALESCE(MAX(fencing_token), 0) + 1 FROM {attempts} WHERE request_id = ?"),
@@ -271,6 +328,7 @@ class SqlFleetStore:
 
     def heartbeat(self, lease: Lease, lease_s: float) -> Heartbeat:
         """Renew the lease; tells the owner whether an operator asked to cancel."""
+        limits.seconds("lease_s", lease_s, high=limits.MAX_LEASE_S)
         d = self.dialect
         with self._tx() as tx:
             now = tx.now()
@@ -321,9 +379,9 @@ class SqlFleetStore:
                 self.dialect.sql(
                     "SELECT a.attempt_id, a.request_id, a.fencing_token, r.run_id FROM {attempts} a"
                     " JOIN {requests} r ON r.request_id = a.request_id"
-                    f" WHERE a.state IN {_LIVE} AND a.lease_expires_at <= ? ORDER BY a.attempt_id LIMIT ?"
+                    f" WHERE a.state IN {_LIVE} AND {_LEASE_OVER} ORDER BY a.attempt_id LIMIT ?"
                 ),
-                (tx.now(), limit),
+                (*_over(tx.now()), limit),
             )
         return [Expired(attempt_id=int(r[0]), request_id=int(r[1]), token=int(r[2]), run_id=r[3]) for r in rows]
 
@@ -337,11 +395,12 @@ class SqlFleetStore:
             now = tx.now()
             row = tx.one(
                 d.sql(
-                    "SELECT a.state, a.request_id, a.base_seq, r.run_id FROM {attempts} a"
+                    "SELECT a.state, a.request_id, a.base_seq, r.run_id, a.lease_expires_at, a.attempt_no"
+                    " FROM {attempts} a"
                     " JOIN {requests} r ON r.request_id = a.request_id WHERE a.attempt_id = ? AND a.fencing_token = ?"
-                    f" AND a.state IN {_LIVE} AND a.lease_expires_at <= ? {{update}}"
+                    f" AND a.state IN {_LIVE} AND {_LEASE_OVER} {{update}}"
                 ),
-                (attempt_id, token, now),
+                (attempt_id, token, *_over(now)),
             )
             if row is None:
                 return None
@@ -352,9 +411,13 @@ class SqlFleetStore:
                     d.sql("SELECT body FROM {events} WHERE run_id = ? AND seq > ? ORDER BY seq"), (run_id, base_seq)
                 )
             ]
-            verdict = decide(bodies)
+            verdict, not_before = decide(bodies), None
+            if verdict.trigger == "lose":
+                verdict, not_before = self._requeue_policy(tx, request_id, verdict, now)
             new = am.move(state, verdict.trigger, "recovery_service")
             detail = {**verdict.detail, "token": token, "base_seq": base_seq}
+            if row[4] is None or not float(row[4]) <= now + limits.MAX_LEASE_S:  # NULL, NaN, inf
+                detail["lease_expires_at"] = f"not a valid lease ({row[4]!r}): taken back as expired"
             requeued = self._transition(
                 tx,
                 Change(
@@ -368,10 +431,62 @@ class SqlFleetStore:
                     now=now,
                     reason=verdict.reason,
                     detail=detail,
+                    not_before=not_before,
                 ),
             )
         return Recovered(
-            attempt_id=attempt_id, request_id=request_id, state=new, reason=verdict.reason, requeued_attempt=requeued
+            attempt_id=attempt_id,
+            request_id=request_id,
+            state=new,
+            reason=verdict.reason,
+            requeued_attempt=requeued,
+            attempt_no=int(row[5]),
+        )
+
+    def _requeue_policy(self, tx: Tx, request_id: int, lost: Verdict, now: float) -> tuple[Verdict, float | None]:
+        """A ``lose`` verdict within the request's requeue limit, with its backoff; past the limit, ``expire``.
+
+        A request whose runners die before any step (a poison request) would otherwise be
+        re-queued for ever. Automatic requeues are counted since an operator last sent the
+        request round; the n-th waits ``backoff * 2**(n-1)`` seconds before it can be claimed.
+        """
+        d = self.dialect
+        row = tx.one(
+            d.sql(
+                f"SELECT r.max_requeues, r.requeue_backoff_s, ({_REQUEUES}) FROM {{requests}} r WHERE r.request_id = ?"
+            ),
+            (request_id,),
+        )
+        assert row is not None
+        limit, base, done = int(row[0]), float(row[1]), int(row[2])
+        if done >= limit:
+            attempts = tx.all(
+                d.sql("SELECT attempt_no, runner_id, state FROM {attempts} WHERE request_id = ? ORDER BY attempt_no"),
+                (request_id,),
+            )
+            return (
+                Verdict(
+                    trigger="expire",
+                    reason=f"lease expired with no step requested, after {done} automatic requeue(s) of this request "
+                    f"(its limit, --max-requeues {limit}): its runners keep dying before any step, so an operator "
+                    "decides instead of another runner trying",
+                    detail={
+                        **lost.detail,
+                        "requeues": done,
+                        "max_requeues": limit,
+                        "attempts": [{"attempt": int(a[0]), "runner": a[1], "state": a[2]} for a in attempts],
+                    },
+                ),
+                None,
+            )
+        delay = limits.requeue_delay(base, done + 1)
+        return (
+            Verdict(
+                trigger="lose",
+                reason=f"{lost.reason} (automatic requeue {done + 1} of {limit}, claimable after {delay:g}s)",
+                detail={**lost.detail, "requeue": done + 1, "max_requeues": limit, "backoff_s": delay},
+            ),
+            now + delay if delay > 0 else None,
         )
 
     # -- operators ------------------------------------------------------------------
@@ -460,19 +575,22 @@ class SqlFleetStore:
             d.sql("UPDATE {attempts} SET state = ? WHERE attempt_id = ? AND state = ?"), (c.new, c.attempt_id, c.state)
         )
         if moved != 1:
-            raise IntegrityError(f"attempt {c.attempt_id} changed under a locked transition ({c.state} -> {c.new})")
+            raise IntegrityError(
+                f"request {c.request_id}: attempt id {c.attempt_id} changed under a locked transition "
+                f"({c.state} -> {c.new})"
+            )
         self._history(tx, c)
         if c.trigger in am.REQUEUES:
             row = tx.one(d.sql("SELECT attempt_no FROM {attempts} WHERE attempt_id = ?"), (c.attempt_id,))
             assert row is not None
-            return self._new_attempt(tx, c.request_id, int(row[0]) + 1, c.now)
+            return self._new_attempt(tx, c.request_id, int(row[0]) + 1, c.now, c.not_before)
         if c.new in am.FINAL:
             ended = tx.run(
                 d.sql("UPDATE {requests} SET finished_at = ? WHERE request_id = ? AND finished_at IS NULL"),
                 (c.now, c.request_id),
             )
             if ended != 1:
-                raise IntegrityError(f"request {c.request_id} would end twice (attempt {c.attempt_id} -> {c.new})")
+                raise IntegrityError(f"request {c.request_id} would end twice (attempt id {c.attempt_id} -> {c.new})")
         return None
 
     def _history(self, tx: Tx, c: Change) -> None:
