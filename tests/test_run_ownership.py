@@ -173,6 +173,31 @@ def test_a_second_run_through_any_alias_is_refused_and_each_effect_happens_once(
     assert ["a", "b"] == effects(tmp_path)
 
 
+def test_a_journal_renamed_while_in_use_is_refused_under_its_new_name(tmp_path: Path, sqlite_writer: Writer1) -> None:
+    """A second name that is no link at all (a rename while open; a bind mount is the same case): SQLite
+    would keep a second WAL beside it, so any run, even another one, is refused (exit 6) while writer 1
+    has the file open. Writer 1 notices the rename at its next append: it moves what it wrote into the
+    file (SQLite would leave it in a WAL beside the old name) and stops (exit 6) with step b's result
+    unrecorded; under the new name b is uncertain (exit 3), reconciled, and no effect happens twice."""
+    journal, moved = tmp_path / "j.db", tmp_path / "k.db"
+    journal.rename(moved)
+    other = blocking_plan(tmp_path, "r2")
+    assert "open under another name" in refused(effectlog("run", str(other), "--journal", str(moved)))
+    assert int(ExitStatus.LOCKED) == sqlite_writer.finish()
+    assert {("r1", "step.requested")} <= {(row[0], row[3]) for row in rows(moved)}
+    resumed = effectlog("run", str(sqlite_writer.plan), "--journal", str(moved))
+    assert int(ExitStatus.STOPPED_UNCERTAIN) == resumed.returncode, resumed.stderr
+    reconciled = effectlog(
+        "reconcile", "--journal", str(moved), "--run-id", "r1", "--step", "b", "--outcome", "applied",
+        "--evidence", "effects.log has b", "--operator", "carol",
+    )  # fmt: skip
+    assert 0 == reconciled.returncode, reconciled.stderr
+    assert 0 == effectlog("run", str(sqlite_writer.plan), "--journal", str(moved)).returncode
+    (tmp_path / "go-r2").touch()
+    assert 0 == effectlog("run", str(other), "--journal", str(moved)).returncode
+    assert ["a", "b", "a", "b"] == effects(tmp_path)
+
+
 def test_no_side_file_decides_who_owns_a_run(tmp_path: Path, sqlite_writer: Writer1) -> None:
     """Reproduction 3: no lock file beside the journal exists to be deleted; deleting every side
     file that can be deleted without destroying data (none is a lock) still leaves the run owned."""

@@ -22,6 +22,7 @@ from effectlog.chain import Chain
 from effectlog.errors import (
     EffectlogError,
     IntegrityError,
+    JournalAliased,
     JournalLocked,
     JournalUnreadable,
     StorageError,
@@ -115,15 +116,21 @@ class Handle:
     def __init__(self, path: str, durability: Durability = "full", busy_timeout_s: float = 60.0) -> None:
         self.where = path
         self.busy_timeout_s = busy_timeout_s
-        self.db = connect(path, durability, busy_timeout_s)
+        real = os.path.realpath(path)  # the journal's name for the file: one WAL, one set of locks
+        self.db = connect(real, durability, busy_timeout_s)
         self.lock = threading.Lock()
         # Registered with the journal files of this process, so no descriptor of the file is
         # closed while this connection holds SQLite's locks on it (effectlog.journal.filelocks).
         try:
-            self.file: filelocks.SharedFile | None = filelocks.acquire(path)
+            self.file: filelocks.SharedFile | None = filelocks.acquire(real)
         except OSError as exc:
             self.db.close()
             raise StorageError(f"{path}: cannot open the store ({exc.strerror})") from None
+        other = self.file.other_name(real)
+        if other is not None:
+            self.close()
+            raise JournalAliased(f"{path}: this store file is open under another name ({other}); open it by that name")
+        self.file.use_name(real)
 
     def writing(self) -> AbstractContextManager[None]:
         assert self.file is not None

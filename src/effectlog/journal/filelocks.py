@@ -39,6 +39,13 @@ SLOT_SPAN = 0x0800_0000
 # before ``BEGIN IMMEDIATE``. SQLite's own lock still protects the data; its busy handler
 # sleeps up to 100 ms between tries, so under contention a free database would sit idle.
 GATE = SLOT_BASE - 1
+# Every journal object of every process holds a shared lock here while it has the file
+# open: a probe for a write lock tells whether *another* process has the file open.
+IN_USE = SLOT_BASE - 2
+# Each open also holds a shared lock on one byte for the *name* it opened the file by:
+# another process with the file open whose name's byte nobody else holds uses another name.
+NAME_BASE = 0x0F00_0000
+NAME_SPAN = 0x0010_0000
 
 _FLOCK = "hhqqi4x"  # struct flock on Linux: type, whence, start, len, pid (0 for OFD locks)
 
@@ -46,6 +53,11 @@ _FLOCK = "hhqqi4x"  # struct flock on Linux: type, whence, start, len, pid (0 fo
 def slot(run_id: str) -> int:
     digest = hashlib.blake2b(run_id.encode("utf-8", "surrogatepass"), digest_size=8).digest()
     return SLOT_BASE + int.from_bytes(digest, "big") % SLOT_SPAN
+
+
+def name_slot(path: str) -> int:
+    digest = hashlib.blake2b(path.encode("utf-8", "surrogateescape"), digest_size=8).digest()
+    return NAME_BASE + int.from_bytes(digest, "big") % NAME_SPAN
 
 
 def _ofd(fd: int, command: int, lock_type: int, start: int) -> int:
@@ -62,6 +74,7 @@ class SharedFile:
         self.writable = writable
         self.refs = 0
         self.held: dict[str, int] = {}  # run id -> id() of the claim that holds it
+        self.names: set[str] = set()  # the names this process opened the file by (each holds its byte)
         self.turn = threading.Lock()  # this process's writers of the file (OFD locks of one descriptor do not exclude)
 
     @contextmanager
@@ -116,6 +129,26 @@ class SharedFile:
     def holds(self, run_id: str, holder: int) -> bool:
         return self.held.get(run_id) == holder
 
+    def other_name(self, path: str) -> str | None:
+        """Another name this file is open by, here or in another process (``None`` if only ``path``).
+
+        SQLite keeps a database's WAL beside the name it was opened by; two names in use at
+        once (a hard link, a bind mount, a rename while open) would be two WALs over one file.
+        """
+        with _registry_lock:
+            if self.names - {path}:
+                return sorted(self.names - {path})[0]
+            elsewhere = _ofd(self.fd, fcntl.F_OFD_GETLK, fcntl.F_WRLCK, IN_USE) != fcntl.F_UNLCK
+            mine = _ofd(self.fd, fcntl.F_OFD_GETLK, fcntl.F_WRLCK, name_slot(path)) != fcntl.F_UNLCK
+            if elsewhere and not mine:
+                return "a name another process uses"
+            return None
+
+    def use_name(self, path: str) -> None:
+        with _registry_lock:
+            _ofd(self.fd, fcntl.F_OFD_SETLK, fcntl.F_RDLCK, name_slot(path))
+            self.names.add(path)
+
     def locked_anywhere(self, run_id: str) -> bool:
         """Whether some live claim (this process's or another's) holds the run's lock."""
         with _registry_lock:
@@ -143,10 +176,12 @@ def acquire(path: str, *, write: bool = True) -> SharedFile:
             shared = _files.get(key)
             if shared is None:
                 shared = _files[key] = SharedFile(key, fd, writable=write)
+                _ofd(fd, fcntl.F_OFD_SETLK, fcntl.F_RDLCK, IN_USE)
                 fd = -1  # kept: it is the shared one now
             elif write and not shared.writable:
-                _spare.setdefault(key, []).append(shared.fd)  # readers' locks were only probes
+                _spare.setdefault(key, []).append(shared.fd)  # keeps its IN_USE lock until the file is closed
                 shared.fd, shared.writable, fd = fd, True, -1
+                _ofd(shared.fd, fcntl.F_OFD_SETLK, fcntl.F_RDLCK, IN_USE)
             shared.refs += 1
             return shared
     finally:

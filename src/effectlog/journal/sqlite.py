@@ -172,6 +172,7 @@ class SqliteJournal:
             raise StorageError(f"{self.location}: cannot open the journal ({exc.strerror})") from None
         try:
             self._refuse_aliases()
+            self._file.use_name(self.path)
             self._db = self._connect(durability)
             self._cursor = self._db.cursor()  # reused by append: one cursor instead of one per row
             self._migrate()
@@ -194,6 +195,34 @@ class SqliteJournal:
                 "the name it is opened by, so two names would be two journals over one file. Remove the extra "
                 "link(s) and open it by one name (a symlink is fine)"
             )
+        other = self._file.other_name(self.path)
+        if other is not None:
+            raise JournalAliased(
+                f"{self.location}: this journal file is open under another name ({other}); SQLite keeps its WAL "
+                "beside the name, so two names would be two journals over one file: open it by the name in use"
+            )
+
+    def _moved(self) -> bool:
+        """Whether the name this journal was opened by no longer leads to its file (renamed or removed)."""
+        assert self._file is not None
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            return True
+        return (st.st_dev, st.st_ino) != self._file.key
+
+    def _refuse_if_moved(self) -> None:
+        """SQLite keeps the WAL beside the old name and never checkpoints a moved file on close: the
+        history written since the last checkpoint would be lost to the file under its new name. So
+        checkpoint it into the file now, and write no more under a name that is gone."""
+        if not self._moved():
+            return
+        with contextlib.suppress(sqlite3.Error):
+            self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        raise JournalAliased(
+            f"{self.location}: the journal file was renamed or removed while this process had it open; what "
+            "was written is kept in the file (checkpointed), and nothing more is written: open it by its new name"
+        )
 
     @staticmethod
     def _create_private(path: str) -> None:
@@ -478,6 +507,7 @@ class SqliteJournal:
         encoded = [encode(e) for e in events]
         try:
             with self._file.gate(self.location, self.busy_timeout_s):
+                self._refuse_if_moved()
                 db.execute("BEGIN IMMEDIATE")
                 try:
                     for run_id in one_shot:
@@ -609,6 +639,9 @@ class SqliteJournal:
     def close(self) -> None:
         for claim in list(self._claims.values()):
             self.release(claim)
+        if self.writer and self._file is not None and self._moved():
+            with contextlib.suppress(sqlite3.Error):  # see _refuse_if_moved
+                self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         with contextlib.suppress(sqlite3.Error):
             self._db.close()
         if self._file is not None:  # after the connection: closing the descriptor drops SQLite's locks too
