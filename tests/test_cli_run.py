@@ -72,7 +72,9 @@ class Cli:
         self.journal = str(tmp_path / "journal.db")
         self.effects = str(tmp_path / "effects.db")
         (tmp_path / "el_user_tools.py").write_text(TOOLS_MODULE)
-        self.env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+        # Keep the caller's PYTHONPATH after ours: a worktree's sources must run in the subprocess too.
+        path = os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))
+        self.env = {**os.environ, "PYTHONPATH": path}
         self.env.pop("EFFECTLOG_JOURNAL_KEY", None)
 
     def __call__(self, *args: str) -> subprocess.CompletedProcess[str]:

@@ -256,3 +256,19 @@ class NotApplied(Exception):
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
         self.reason = reason
+
+
+# -- branch `evidence` (issue 12): evidence sources a run pins -----------------
+
+
+class LedgerMismatch(Conflict):
+    """An effect store that is not the one the run pinned (another store id): its answer is no evidence."""
+
+    code = "ledger_mismatch"
+
+
+class LookupUndecided(EffectlogError):
+    """An adapter's ``lookup`` cannot tell whether the effect exists: the step stays uncertain (exit 3)."""
+
+    code = "lookup_undecided"
+    exit_status = ExitStatus.STOPPED_UNCERTAIN

@@ -57,6 +57,7 @@ def register(sub: Any) -> None:
     p.add_argument("--notify-fd", type=int)
     p.add_argument("--blind")
     p.add_argument("--user-adapter")
+    p.add_argument("--adapters", action="append", default=[])
     p.set_defaults(handler=cmd_worker)
 
 
@@ -165,4 +166,5 @@ def cmd_worker(args: argparse.Namespace) -> int:
         notify_fd=args.notify_fd,
         blind=args.blind,
         user_adapter=args.user_adapter,
+        adapters=args.adapters,
     )
