@@ -310,7 +310,7 @@ def cmd_effects(args: argparse.Namespace) -> int:
 
     if not os.path.isfile(args.effects):
         raise BadInput(f"--effects {args.effects}: no effect store there")
-    store = EffectStore(args.effects)
+    store = EffectStore(args.effects, read_only=True)  # a reader: never writes, refuses a non-store
     try:
         rows = store.rows(run_id=args.run_id)
     finally:
