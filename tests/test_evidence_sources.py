@@ -383,3 +383,65 @@ def test_lookup_and_pinned_store_on_postgres(tmp_path: Path, pg_url: str) -> Non
     assert 0 == done.returncode, done.stderr
     assert 0 == cli("run", plan, "--journal", pg_url, "--effects", "effects.db", *TOOLS).returncode
     assert 1 == _emails(cli, "mail-pg")
+
+
+def test_from_ledger_refuses_a_run_whose_adapters_keep_their_own_records(tmp_path: Path) -> None:
+    """A run that uses no effect store (its adapter keeps its own records) pinned none: any
+    effect store given to ``--from-ledger`` is no evidence for it (exit 2, pointing to
+    ``--lookup``), and nothing is written."""
+    cli = Cli(tmp_path)
+    plan = cli.plan("p.json", lost_reply_plan("mail-1", "test.no-lookup"))
+    assert 3 == cli("run", plan, "--journal", cli.journal, *TOOLS).returncode
+    _stopped_email_run(Cli(tmp_path, str(tmp_path / "other-journal.db")), "mail-2", "other-effects.db")
+    before = (tmp_path / "other-effects.db").read_bytes()
+
+    done = cli("reconcile", "--journal", cli.journal, "--run-id", "mail-1", "--step", "email",
+               "--from-ledger", "other-effects.db")
+
+    assert 2 == done.returncode
+    assert "uses no effect store" in one_line(done)
+    assert "--lookup" in one_line(done)
+    assert before == (tmp_path / "other-effects.db").read_bytes()
+
+
+def test_a_run_recorded_before_store_ids_still_resumes_and_reconciles(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Old runs stay usable: a run whose ``run.started`` pinned no store, with an effect store
+    that has no id yet, still stops on its uncertain step, is reconciled from that store and
+    completes with one effect (the key formula did not change, so its recorded key still holds)."""
+    from effectlog.adapters.registry import AdapterContext
+    from effectlog.plan import parse_plan
+    from effectlog.runtime import Runtime, SimulatedCrash
+
+    raw = {
+        "run_id": "old-1",
+        "adapters": {"notify": {"type": "effects.control", "idempotent": False}},
+        "steps": [{"id": "email", "adapter": "notify", "args": {"to": "a@example.com"}}],
+    }
+    plan = parse_plan(json.dumps(raw).encode())
+    journal, effects = tmp_path / "journal.db", tmp_path / "effects.db"
+
+    def crash(point: str, step_id: str) -> None:
+        if point == "after_effect":
+            raise SimulatedCrash(point)
+
+    with monkeypatch.context() as old_code:  # what the previous version wrote: no store pinned
+        old_code.setattr(AdapterContext, "pinned_store", lambda self: None)
+        with Runtime(journal, effects=effects, crash_hook=crash) as runtime, pytest.raises(SimulatedCrash):
+            runtime.run(plan)
+    db = sqlite3.connect(effects)
+    db.execute("DROP TABLE effect_store")  # a store created before store ids
+    db.commit()
+    db.close()
+
+    with Runtime(journal, effects=effects) as runtime:
+        assert 3 == runtime.run(plan).exit_status
+        assert "applied" == runtime.reconcile_from_ledger("old-1", "email").step("email").outcome  # type: ignore[union-attr]
+        assert 0 == runtime.run(plan).exit_status
+        assert None is runtime.load("old-1").effect_store
+    store = EffectStore(effects, read_only=True)
+    try:
+        assert 1 == store.count(run_id="old-1")
+    finally:
+        store.close()
