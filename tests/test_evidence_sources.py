@@ -240,6 +240,8 @@ def test_from_ledger_refuses_a_file_that_is_not_the_runs_store(tmp_path: Path, w
     assert expected_status == refused.returncode, refused.stderr
     assert f"--from-ledger {other}" in one_line(refused)
     assert before == other.read_bytes()
+    if wrong == "application-database":  # not even a -wal or -shm beside the application's file
+        assert ["app.db"] == sorted(p.name for p in tmp_path.glob("app.db*"))
     assert events_before == cli.timeline("mail-1")[: len(events_before)]
     assert "step.reconciled" not in [e["type"] for e in cli.timeline("mail-1")]
     assert 3 == resumed.returncode
