@@ -72,7 +72,9 @@ class Cli:
         self.journal = str(tmp_path / "journal.db")
         self.effects = str(tmp_path / "effects.db")
         (tmp_path / "el_user_tools.py").write_text(TOOLS_MODULE)
-        self.env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+        # Keep the caller's PYTHONPATH after ours: a worktree's sources must run in the subprocess too.
+        path = os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))
+        self.env = {**os.environ, "PYTHONPATH": path}
         self.env.pop("EFFECTLOG_JOURNAL_KEY", None)
 
     def __call__(self, *args: str) -> subprocess.CompletedProcess[str]:
@@ -277,6 +279,13 @@ RECONCILE_CASES = {
     ),
     "from-ledger-applied": ("test.lost-reply", ["--from-ledger", "{effects}"], "applied", 1),
     "from-ledger-not-applied": ("test.first-send-lost", ["--from-ledger", "{effects}"], "not_applied", 2),
+    "lookup-applied": ("test.lost-reply", ["--lookup", "--adapters", "el_user_tools:ADAPTERS"], "applied", 1),
+    "lookup-not-applied": (
+        "test.first-send-lost",
+        ["--lookup", "--adapters", "el_user_tools:ADAPTERS"],
+        "not_applied",
+        2,
+    ),
 }
 
 
@@ -289,7 +298,7 @@ def test_an_uncertain_step_stops_the_run_and_reconcile_lets_it_finish(
     cli: Cli, adapter_type: str, how: list[str], expected_outcome: str, expected_attempt: int
 ) -> None:
     """A non-idempotent tool whose reply is lost stops the run (exit 3) with a message naming the
-    step and the exact reconcile command; ``reconcile`` (by hand or ``--from-ledger``) exits 0 and
+    step and the exact reconcile command; ``reconcile`` (by hand, ``--from-ledger`` or ``--lookup``) exits 0 and
     records the outcome; the resumed run completes with exactly one effect, for attempt 1 when it
     was applied and for attempt 2 (a new key) when it was not."""
     run_id = f"user-{expected_outcome}-{how[0].strip('-')}"
@@ -310,7 +319,8 @@ def test_an_uncertain_step_stops_the_run_and_reconcile_lets_it_finish(
     assert 0 == reconciled.returncode, reconciled.stderr
     event = cli.timeline(run_id)[-1]
     assert ("step.reconciled", expected_outcome) == (event["type"], event["outcome"])
-    assert ("--from-ledger" in how) == event.get("automated", False)
+    assert ("--from-ledger" in how or "--lookup" in how) == event.get("automated", False)
+    assert ("--lookup" in how) == ("adapter_identity" in event)
 
     done = cli.run(plan, *tools)
 

@@ -21,7 +21,7 @@ import msgspec
 
 from effectlog import events as ev
 from effectlog.adapters.protocol import Receipt, Request, idempotency_key
-from effectlog.errors import NotApplied, PlanMismatch
+from effectlog.errors import IdempotencyConflict, LedgerMismatch, NotApplied, PlanMismatch
 from effectlog.journal import load_resumable
 from effectlog.outcome import (
     Decision,
@@ -79,7 +79,12 @@ class RunActor:
             await self._record(
                 (
                     ev.RunStarted,
-                    {"plan": plan.pinned(), "plan_digest": plan.digest, "adapters": self.identities},
+                    {
+                        "plan": plan.pinned(),
+                        "plan_digest": plan.digest,
+                        "adapters": self.identities,
+                        "effect_store": self.rt.context.pinned_store(),
+                    },
                 )
             )
         else:
@@ -135,6 +140,13 @@ class RunActor:
                     f"adapter {name!r} differs from the one pinned by the run ({'; '.join(diffs)})",
                     run_id=plan.run_id,
                 )
+        pinned, given = recorded.effect_store, self.rt.context.pinned_store()
+        if pinned is not None and given is not None and pinned.store_id != given.store_id:
+            raise LedgerMismatch(
+                f"effect store {given.path} (id {given.store_id or 'none'}) is not the one the run pinned "
+                f"({pinned.path}, id {pinned.store_id}); resume with --effects {pinned.path}",
+                run_id=plan.run_id,
+            )
 
     def _blocked_outcome(self, action: Action, step_id: str) -> RunOutcome:
         if action is Action.STOP_UNCERTAIN:
@@ -318,6 +330,11 @@ class RunActor:
             )
             try:
                 receipt = await self._call(adapter, request, decl.timeout_s)
+            except IdempotencyConflict as exc:
+                # The tool holds this key for another body: not applied, and no re-send can change that.
+                reason = redact(decl, f"idempotency conflict: {exc.message}")
+                outcome = await self._fail(sid, step.attempt, reason, applied=False)
+                return msgspec.structs.replace(outcome, exit_status=int(exc.exit_status))
             except NotApplied as exc:
                 reason = redact(decl, f"not applied: {exc.reason}")
                 if idempotent and sends < max_sends:

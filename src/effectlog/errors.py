@@ -286,3 +286,19 @@ class SecretUnavailable(BadInput):
     """A fleet runner cannot supply a secret arg (the store keeps only its digest), or its value is another one."""
 
     code = "secret_unavailable"
+
+
+# -- branch `evidence` (issue 12): evidence sources a run pins -----------------
+
+
+class LedgerMismatch(Conflict):
+    """An effect store that is not the one the run pinned (another store id): its answer is no evidence."""
+
+    code = "ledger_mismatch"
+
+
+class LookupUndecided(EffectlogError):
+    """An adapter's ``lookup`` cannot tell whether the effect exists: the step stays uncertain (exit 3)."""
+
+    code = "lookup_undecided"
+    exit_status = ExitStatus.STOPPED_UNCERTAIN

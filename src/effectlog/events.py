@@ -24,6 +24,13 @@ class AdapterIdentity(msgspec.Struct, frozen=True, kw_only=True):
     fingerprint: str = ""
 
 
+class EffectStoreIdentity(msgspec.Struct, frozen=True, kw_only=True):
+    """The effect store a run uses: the id written into the store when it was created, and its path."""
+
+    store_id: str
+    path: str = ""
+
+
 class Event(msgspec.Struct, frozen=True, kw_only=True, tag_field="type", omit_defaults=True):
     """Fields every event carries."""
 
@@ -58,6 +65,7 @@ class RunStarted(Event, frozen=True, kw_only=True, tag="run.started"):
     plan: dict[str, Any] | None = None
     plan_digest: str = ""
     adapters: dict[str, AdapterIdentity] = {}
+    effect_store: EffectStoreIdentity | None = None  # the store evidence may be read from (issue 12)
 
 
 class RunResumed(Event, frozen=True, kw_only=True, tag="run.resumed"):
@@ -153,6 +161,7 @@ class StepReconciled(StepEvent, frozen=True, kw_only=True, tag="step.reconciled"
     evidence: str
     operator: str
     automated: bool = False
+    adapter_identity: AdapterIdentity | None = None  # reconcile --lookup: the adapter whose lookup answered
 
 
 class StepDenied(StepEvent, frozen=True, kw_only=True, tag="step.denied"):

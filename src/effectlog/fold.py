@@ -76,6 +76,7 @@ class RunState(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     plan: dict[str, Any] | None = None
     plan_digest: str = ""
     adapters: dict[str, ev.AdapterIdentity] = {}
+    effect_store: ev.EffectStoreIdentity | None = None  # pinned by run.started: where evidence may come from
     plan_steps: frozenset[str] = frozenset()
     steps: immutables.Map[str, StepState] = immutables.Map()
     result: Any = None
@@ -147,6 +148,7 @@ def _apply_run(state: RunState, event: ev.Event, tag: str) -> RunState:
             plan=event.plan,
             plan_digest=event.plan_digest,
             adapters=event.adapters,
+            effect_store=event.effect_store,
             plan_steps=frozenset(s["id"] for s in steps if isinstance(s, dict) and "id" in s),
             started_ts=event.ts,
         )

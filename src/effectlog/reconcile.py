@@ -2,26 +2,43 @@
 
 ``applied`` counts the step as done; ``not_applied`` lets the next resume run it as
 a new attempt with a new idempotency key. The event records who asserted it and
-whether it was a person or an automated ledger inspection: effectlog records the
-claim, it cannot prove the outside world.
+whether it was a person or an automated inspection: effectlog records the claim,
+it cannot prove the outside world.
+
+Three sources of evidence:
+
+- a person (``reconcile``): an outcome, the evidence in words, and who asserts it;
+- the step's own adapter (``reconcile_by_lookup``): the adapter the run pinned is
+  built again and its ``lookup(request)`` asked about the recorded request (real
+  args, key, attempt); ``None`` means it cannot tell and the step stays uncertain;
+- the built-in effect store (``reconcile_from_ledger``): a shortcut for steps whose
+  adapter writes into it. Only the store the run pinned is evidence; it is opened
+  read-only, so a wrong file is refused and never written to.
 """
 
 from __future__ import annotations
 
 import time
-from typing import Literal
+from typing import Any, Literal
+
+import msgspec
 
 from effectlog import events as ev
-from effectlog.adapters.protocol import Request, SupportsLookup
-from effectlog.errors import BadInput
-from effectlog.fold import RunState
+from effectlog.adapters.effects import EffectStore
+from effectlog.adapters.protocol import Evidence, Request
+from effectlog.adapters.registry import AdapterContext, Registry
+from effectlog.errors import BadInput, LedgerMismatch, LookupUndecided, PlanMismatch
+from effectlog.fold import RunState, StepState
 from effectlog.journal import Journal
 from effectlog.operator import append, load_step
+from effectlog.outcome import reconcile_hint
+from effectlog.plan import Plan, StepDecl, redact
 from effectlog.recorder import Clock
 from effectlog.trace import Trace
 
 Outcome = Literal["applied", "not_applied"]
 LEDGER_OPERATOR = "effectlog:ledger-inspection"
+LOOKUP_OPERATOR = "effectlog:adapter-lookup"
 
 
 def reconcile(
@@ -33,6 +50,7 @@ def reconcile(
     evidence: str,
     operator: str,
     automated: bool = False,
+    adapter: ev.AdapterIdentity | None = None,
     clock: Clock = time.time_ns,
     trace: Trace | None = None,
 ) -> RunState:
@@ -43,49 +61,198 @@ def reconcile(
     if not operator.strip():
         raise BadInput("reconcile needs --operator: who asserts it")
     state, step = load_step(journal, run_id, step_id, needs=("uncertain",), action="reconcile")
-    specs: list[tuple[type[ev.Event], dict[str, object]]] = [
-        (
-            ev.StepReconciled,
-            {
-                "step_id": step_id,
-                "attempt": step.attempt,
-                "outcome": outcome,
-                "evidence": evidence,
-                "operator": operator,
-                "automated": automated,
-            },
-        ),
-    ]
-    return append(journal, state, specs, clock, trace)
+    fields: dict[str, object] = {
+        "step_id": step_id,
+        "attempt": step.attempt,
+        "outcome": outcome,
+        "evidence": evidence,
+        "operator": operator,
+        "automated": automated,
+    }
+    if adapter is not None:
+        fields["adapter_identity"] = adapter
+    return append(journal, state, [(ev.StepReconciled, fields)], clock, trace)
 
 
-def reconcile_from_lookup(
+# -- the recorded request ---------------------------------------------------------------
+
+
+def pinned_plan(state: RunState) -> Plan:
+    """The plan as ``run.started`` pinned it (secret args are ``{"$secret_sha256": ...}`` placeholders)."""
+    if state.kind != "plan" or state.plan is None:
+        raise BadInput("only a plan run can be reconciled through its adapter", run_id=state.run_id)
+    return msgspec.convert(state.plan, Plan)
+
+
+def recorded_request(state: RunState, step: StepState, plan: Plan | None = None) -> tuple[Request, StepDecl]:
+    """The request the step's current attempt sent: the pinned args, its key and attempt.
+
+    ``plan`` (the same plan, by digest) supplies the real values of secret args, which
+    the journal holds only as digests; without it they stay placeholders.
+    """
+    if plan is not None and plan.digest != state.plan_digest:
+        raise PlanMismatch(
+            f"the plan given is not the run's (journal has plan {state.plan_digest[:12]}, given {plan.digest[:12]})",
+            run_id=state.run_id,
+        )
+    decl = (plan or pinned_plan(state)).step(step.step_id)
+    request = Request(
+        run_id=state.run_id,
+        step_id=step.step_id,
+        attempt=step.attempt,
+        idempotency_key=step.idempotency_key,
+        args=decl.args,
+        timeout_s=decl.timeout_s,
+    )
+    return request, decl
+
+
+# -- through the step's own adapter ---------------------------------------------------------
+
+
+def reconcile_by_lookup(
     journal: Journal,
     run_id: str,
     step_id: str,
-    source: SupportsLookup,
+    registry: Registry,
     *,
+    effects: str | None = None,
+    plan: Plan | None = None,
     clock: Clock = time.time_ns,
     trace: Trace | None = None,
 ) -> RunState:
-    """Automated reconciliation: ask the tool's ledger whether this attempt's effect exists."""
-    _, step = load_step(journal, run_id, step_id, needs=("uncertain",), action="reconcile")
-    request = Request(
-        run_id=run_id, step_id=step_id, attempt=step.attempt, idempotency_key=step.idempotency_key, args={}
-    )
-    found = source.lookup(request)
-    if found is None:
-        raise BadInput(
-            "the ledger cannot tell whether the effect exists; reconcile by hand with evidence",
-            run_id=run_id,
-            step_id=step_id,
-        )
+    """Build the step's adapter as the run pinned it, ask its ``lookup`` and record the answer.
+
+    Refused with nothing written: an adapter whose identity differs from the pinned one
+    (``PlanMismatch``), an effect store that is not the run's (``LedgerMismatch``), an
+    adapter without ``lookup`` (``BadInput``); ``lookup`` answering ``None`` or raising
+    is ``LookupUndecided`` (exit 3): the step stays uncertain.
+    """
+    state, step = load_step(journal, run_id, step_id, needs=("uncertain",), action="reconcile")
+    request, decl = recorded_request(state, step, plan)
+    name = step.adapter
+    adapter_decl = pinned_plan(state).adapters[name]
+    pinned_store = state.effect_store
+    context = AdapterContext(effects=effects or (pinned_store.path if pinned_store else None), read_only=True)
+    try:
+        adapter, identity = registry.build_one(name, adapter_decl, context)
+        if identity != state.adapters.get(name):
+            raise PlanMismatch(
+                f"adapter {name!r} ({adapter_decl.type}) is not the implementation the run pinned "
+                "(fingerprint or declaration differs): its lookup is no evidence for this run",
+                run_id=run_id,
+                step_id=step_id,
+            )
+        _check_store(state, context.pinned_store(), f"--effects {context.effects}")
+        lookup = getattr(adapter, "lookup", None)
+        if not callable(lookup):
+            raise BadInput(
+                f"adapter {name!r} ({adapter_decl.type}) has no lookup(request): reconcile by hand with evidence",
+                run_id=run_id,
+                step_id=step_id,
+            )
+        found = _ask(lookup, request, decl, f"adapter {name!r} ({adapter_decl.type})", journal.location)
+    finally:
+        context.close()
+    who = f"adapter {name!r} ({identity.type} v{identity.version}, fingerprint {identity.fingerprint[:12]})"
     return reconcile(
         journal,
         run_id,
         step_id,
         outcome="applied" if found.applied else "not_applied",
-        evidence=f"automated ledger inspection, not a person: {found.detail}",
+        evidence=f"automated lookup by {who}, not a person: {found.detail}",
+        operator=f"{LOOKUP_OPERATOR}:{name}",
+        automated=True,
+        adapter=identity,
+        clock=clock,
+        trace=trace,
+    )
+
+
+def _ask(lookup: Any, request: Request, decl: StepDecl, who: str, journal: str) -> Evidence:
+    hint = reconcile_hint(journal, request.run_id, request.step_id)
+    try:
+        found = lookup(request)
+    except Exception as exc:
+        raise LookupUndecided(
+            redact(decl, f"{who}: lookup failed ({type(exc).__name__}: {exc}); the step stays uncertain: {hint}"),
+            run_id=request.run_id,
+            step_id=request.step_id,
+        ) from None
+    if found is None:
+        raise LookupUndecided(
+            f"{who}: lookup cannot tell whether attempt {request.attempt}'s effect exists; "
+            f"the step stays uncertain; reconcile by hand with evidence: {hint}",
+            run_id=request.run_id,
+            step_id=request.step_id,
+        )
+    if not isinstance(found, Evidence):
+        raise BadInput(
+            f"{who}: lookup returned {type(found).__name__}, expected Evidence or None; nothing was recorded",
+            run_id=request.run_id,
+            step_id=request.step_id,
+        )
+    return found
+
+
+# -- the built-in effect store's shortcut --------------------------------------------------
+
+
+def open_run_store(state: RunState, path: str) -> EffectStore:
+    """The effect store at ``path``, read-only, if and only if it is the one the run pinned."""
+    try:
+        store = EffectStore(path, read_only=True)
+    except BadInput as exc:
+        raise BadInput(f"--from-ledger {exc.message}", run_id=state.run_id) from None
+    try:
+        if state.effect_store is None and not any(a.type.startswith("effects.") for a in state.adapters.values()):
+            raise BadInput(
+                f"--from-ledger {path}: run {state.run_id!r} uses no effect store (its adapters keep their own "
+                "records): reconcile with --lookup, or by hand; nothing was written"
+            )
+        _check_store(state, store.identity, f"--from-ledger {path}")
+    except BaseException:
+        store.close()
+        raise
+    return store
+
+
+def _check_store(state: RunState, given: ev.EffectStoreIdentity | None, where: str) -> None:
+    pinned = state.effect_store
+    if pinned is None or given is None or pinned.store_id == given.store_id:
+        return  # a run older than pinned stores cannot say which store is its own
+    raise LedgerMismatch(
+        f"{where}: effect store id {given.store_id or 'none (a store older than store ids)'} is not the one "
+        f"the run pinned ({pinned.store_id}, at {pinned.path}): its ledger is no evidence for this run; "
+        "nothing was recorded or written",
+        run_id=state.run_id,
+    )
+
+
+def reconcile_from_ledger(
+    journal: Journal,
+    run_id: str,
+    step_id: str,
+    path: str,
+    *,
+    clock: Clock = time.time_ns,
+    trace: Trace | None = None,
+) -> RunState:
+    """Automated reconciliation: ask the run's own effect store whether this attempt's effect exists."""
+    state, step = load_step(journal, run_id, step_id, needs=("uncertain",), action="reconcile")
+    request, _ = recorded_request(state, step)
+    store = open_run_store(state, path)
+    try:
+        found = store.lookup(request)
+        pinned = "" if state.effect_store is None else f" (store id {store.store_id}, pinned by the run)"
+    finally:
+        store.close()
+    return reconcile(
+        journal,
+        run_id,
+        step_id,
+        outcome="applied" if found.applied else "not_applied",
+        evidence=f"automated ledger inspection, not a person: {found.detail}{pinned}",
         operator=LEDGER_OPERATOR,
         automated=True,
         clock=clock,

@@ -160,15 +160,35 @@ class Runtime:
         )
 
     def reconcile_from_ledger(self, run_id: str, step_id: str, effects: str | None = None) -> RunState:
-        from effectlog.adapters.effects import EffectStore
-        from effectlog.reconcile import reconcile_from_lookup
+        """Ask the run's own effect store (the one ``run.started`` pinned), opened read-only."""
+        from effectlog.errors import BadInput
+        from effectlog.reconcile import reconcile_from_ledger
 
-        store = EffectStore(effects) if effects else self.context.effect_store()
-        try:
-            return reconcile_from_lookup(self.journal, run_id, step_id, store, clock=self.clock, trace=self.trace)
-        finally:
-            if effects:
-                store.close()
+        path = effects or self.context.effects
+        if path is None:
+            raise BadInput("reconcile_from_ledger: give the effect store (effects=...)", run_id=run_id)
+        return reconcile_from_ledger(self.journal, run_id, step_id, path, clock=self.clock, trace=self.trace)
+
+    def reconcile_by_lookup(
+        self, run_id: str, step_id: str, *, effects: str | None = None, plan: Plan | None = None
+    ) -> RunState:
+        """Ask the step's own adapter (built as the run pinned it) with the recorded request.
+
+        ``plan`` supplies secret args' real values (the journal holds digests); ``lookup``
+        answering ``None`` raises ``LookupUndecided`` and the step stays uncertain.
+        """
+        from effectlog.reconcile import reconcile_by_lookup
+
+        return reconcile_by_lookup(
+            self.journal,
+            run_id,
+            step_id,
+            self.registry,
+            effects=effects or self.context.effects,
+            plan=plan,
+            clock=self.clock,
+            trace=self.trace,
+        )
 
     def close(self) -> None:
         self.context.close()

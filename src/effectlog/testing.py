@@ -195,7 +195,15 @@ class JournalContract:
         journal.release(journal.claim("twice"))
 
 
-def run_crash_matrix(adapter: str, ledger: str, workdir: Any, *, jobs: int = 1) -> tuple[Any, list[str]]:
+def run_crash_matrix(
+    adapter: str,
+    ledger: str,
+    workdir: Any,
+    *,
+    jobs: int = 1,
+    args: dict[str, Any] | None = None,
+    idempotent: bool = True,
+) -> tuple[Any, list[str]]:
     """Run the crash matrix against your own adapter from your pytest suite.
 
     ``adapter`` is ``"module:factory"`` (``factory(decl, context) -> adapter``) and
@@ -205,11 +213,24 @@ def run_crash_matrix(adapter: str, ledger: str, workdir: Any, *, jobs: int = 1) 
 
         report, problems = run_crash_matrix("myapp.tools:make_adapter", "myapp.tools:count", tmp_path)
         assert [] == problems
+
+    ``args`` are the step's args (your adapter's own; default a payment's). With
+    ``idempotent=False`` the adapter is declared not idempotent and every crash that
+    leaves the step uncertain is reconciled through the adapter's own ``lookup``
+    (``effectlog reconcile --lookup``, a separate process) before the run resumes.
     """
     from pathlib import Path
 
     from effectlog.crashmatrix.report import verify
     from effectlog.crashmatrix.runner import Target, run_matrix
 
-    report = run_matrix(Path(workdir), [Target(backend="sqlite")], jobs=jobs, user_adapter=adapter, ledger_spec=ledger)
+    report = run_matrix(
+        Path(workdir),
+        [Target(backend="sqlite")],
+        jobs=jobs,
+        user_adapter=adapter,
+        ledger_spec=ledger,
+        args=args,
+        idempotent=idempotent,
+    )
     return report, verify(report)

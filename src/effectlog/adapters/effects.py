@@ -5,6 +5,10 @@ the idempotency key (unique) and returns the stored receipt on a repeat.
 ``effects.control`` writes an effect on every call, with no deduplication, recording
 run, step and attempt beside it so an operator (or ``lookup``) can inspect the ledger.
 The crash matrix counts effects here, never in the journal.
+
+A store carries an id, written into it when it is created (``effect_store`` table);
+a run pins that id in ``run.started``, so evidence is only ever read from the run's
+own store. A key arriving again with another body is ``IdempotencyConflict``.
 """
 
 from __future__ import annotations
@@ -14,15 +18,18 @@ import os
 import sqlite3
 import threading
 import time
+import urllib.parse
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import msgspec
 
-from effectlog.adapters.protocol import Evidence, Receipt, Request
+from effectlog.adapters.protocol import Evidence, Receipt, Request, check_same_body
 from effectlog.canonical import digest
-from effectlog.errors import StorageError
+from effectlog.errors import BadInput, StorageError
+from effectlog.events import EffectStoreIdentity
 
 _SCHEMA = (
     """CREATE TABLE IF NOT EXISTS effects (
@@ -38,7 +45,9 @@ _SCHEMA = (
     )""",
     "CREATE UNIQUE INDEX IF NOT EXISTS effects_key ON effects (idempotency_key) WHERE kind = 'idempotent'",
     "CREATE INDEX IF NOT EXISTS effects_step ON effects (run_id, step_id, attempt)",
+    "CREATE TABLE IF NOT EXISTS effect_store (store_id TEXT NOT NULL, created_ns INTEGER NOT NULL)",
 )
+_COLUMNS = {"effect_id", "kind", "run_id", "step_id", "attempt", "idempotency_key", "args_digest", "receipt"}
 
 
 class EffectRow(msgspec.Struct, frozen=True, kw_only=True):
@@ -56,10 +65,15 @@ class EffectRow(msgspec.Struct, frozen=True, kw_only=True):
 class EffectStore:
     """One SQLite file (WAL, synchronous=FULL), opened per process."""
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(self, path: str | os.PathLike[str], *, read_only: bool = False) -> None:
         self.path = str(path)
+        self.read_only = read_only
         # One connection, shared by the adapter threads of concurrent runs: one transaction at a time.
         self._lock = threading.Lock()
+        if read_only:
+            self._db = self._open_read_only()
+            self.store_id = self._read_store_id()
+            return
         if not Path(self.path).exists():
             with contextlib.suppress(FileExistsError):
                 os.close(os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
@@ -69,8 +83,43 @@ class EffectStore:
             self._db.execute("PRAGMA synchronous = FULL")
             for sql in _SCHEMA:
                 self._db.execute(sql)
+            with self._immediate() as db:
+                if db.execute("SELECT count(*) FROM effect_store").fetchone()[0] == 0:
+                    db.execute(
+                        "INSERT INTO effect_store (store_id, created_ns) VALUES (?, ?)",
+                        ("es-" + uuid.uuid4().hex, time.time_ns()),
+                    )
+            self.store_id = self._read_store_id()
         except sqlite3.Error as exc:
             raise StorageError(f"{self.path}: cannot open the effect store ({exc})") from None
+
+    def _open_read_only(self) -> sqlite3.Connection:
+        """Open without writing a byte: no PRAGMA, no schema; refuse a file that is not an effect store."""
+        if not Path(self.path).is_file():
+            raise BadInput(f"{self.path}: no effect store there")
+        uri = "file:" + urllib.parse.quote(os.path.abspath(self.path)) + "?mode=ro"
+        try:
+            db = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False, timeout=30)
+            columns = {r[1] for r in db.execute("PRAGMA table_info(effects)").fetchall()}
+        except sqlite3.Error as exc:
+            raise BadInput(f"{self.path}: not an effect store ({exc})") from None
+        if not _COLUMNS <= columns:
+            db.close()
+            raise BadInput(f"{self.path}: not an effect store (it has no effects ledger); nothing was written to it")
+        return db
+
+    def _read_store_id(self) -> str:
+        """The id written when the store was created ("" for a store older than store ids, read-only)."""
+        try:
+            row = self._db.execute("SELECT store_id FROM effect_store ORDER BY rowid LIMIT 1").fetchone()
+        except sqlite3.OperationalError:
+            return ""  # no effect_store table: a store created before ids existed, opened read-only
+        return str(row[0]) if row is not None else ""
+
+    @property
+    def identity(self) -> EffectStoreIdentity:
+        """What a run pins: the id written into the store, and the path it was opened at."""
+        return EffectStoreIdentity(store_id=self.store_id, path=self.path)
 
     @contextlib.contextmanager
     def _immediate(self) -> Iterator[sqlite3.Connection]:
@@ -90,10 +139,11 @@ class EffectStore:
         """Effect and receipt in ONE transaction keyed by the idempotency key; a repeat returns the receipt."""
         with self._immediate() as db:
             row = db.execute(
-                "SELECT receipt FROM effects WHERE kind = 'idempotent' AND idempotency_key = ?",
+                "SELECT receipt, args_digest FROM effects WHERE kind = 'idempotent' AND idempotency_key = ?",
                 (request.idempotency_key,),
             ).fetchone()
             if row is not None:
+                check_same_body(request, row[1], where=f"effect store {self.path}")
                 return Receipt(data={**msgspec.json.decode(row[0]), "replayed": True})
             data = self._insert("idempotent", request)
         return Receipt(data=data)

@@ -1,7 +1,14 @@
 """What an adapter is: ``invoke(request) -> receipt``, and optionally ``lookup(request)``.
 
 An adapter raises ``effectlog.errors.NotApplied`` to say "definitely not applied".
-Anything else it raises, a timeout, or a crash means "outcome unknown".
+``effectlog.errors.IdempotencyConflict`` says "this key already names another request"
+(definitely not applied for this body, and no retry will change that). Anything
+else it raises, a timeout, or a crash means "outcome unknown".
+
+A key names ONE request: (run, step, attempt) and the body sent with it. A tool that
+remembers keys must remember the body too (``body_digest``) and refuse a known key
+with another body (``check_same_body``), as Stripe's ``Idempotency-Key`` does; a tool
+that dedups by key alone and cannot compare bodies should be sent ``body_bound_key``.
 """
 
 from __future__ import annotations
@@ -11,6 +18,9 @@ import inspect
 from typing import Any, Protocol, runtime_checkable
 
 import msgspec
+
+from effectlog.canonical import digest
+from effectlog.errors import IdempotencyConflict
 
 
 class Request(msgspec.Struct, frozen=True, kw_only=True):
@@ -52,6 +62,43 @@ def idempotency_key(run_id: str, step_id: str, attempt: int) -> str:
     """Deterministic from (run id, step id, attempt): the same after any crash, in any process."""
     material = f"{run_id}\x00{step_id}\x00{attempt}".encode()
     return "el1-" + hashlib.sha256(material).hexdigest()[:40]
+
+
+def body_digest(request: Request) -> str:
+    """sha256 of the canonical JSON of the request's args: the body a key is bound to.
+
+    The same digest the journal records as the step's ``args_digest`` (sorted keys,
+    compact JSON), so a tool's record and the journal can be compared directly.
+    """
+    return digest(request.args)
+
+
+def check_same_body(request: Request, recorded_digest: str, *, where: str) -> None:
+    """Raise ``IdempotencyConflict`` when a known key arrives with another body.
+
+    ``recorded_digest`` is the ``body_digest`` stored with the key when it was first
+    used; ``where`` names the tool or ledger in the message. Same body: returns, and
+    the caller answers with the stored result (a replay).
+    """
+    given = body_digest(request)
+    if recorded_digest != given:
+        raise IdempotencyConflict(
+            f"{where}: idempotency key {request.idempotency_key} was first used with another request body "
+            f"(args digest {recorded_digest[:12]}, this request {given[:12]}); a key names one request, "
+            "so this one was not applied (a run id reused with other arguments?)",
+            run_id=request.run_id,
+            step_id=request.step_id,
+        )
+
+
+def body_bound_key(request: Request) -> str:
+    """The request's key with its body digest folded in, for a tool that dedups by key alone.
+
+    Such a tool cannot refuse another body under a known key; this key differs as soon
+    as the body does, so it never answers one request with another's result.
+    """
+    material = f"{request.idempotency_key}\x00{body_digest(request)}".encode()
+    return "el1b-" + hashlib.sha256(material).hexdigest()[:40]
 
 
 def implementation_fingerprint(adapter: object) -> str:

@@ -18,7 +18,7 @@ from effectlog.adapters.noop import NoopAdapter
 from effectlog.adapters.protocol import implementation_fingerprint
 from effectlog.adapters.shell import ShellAdapter
 from effectlog.errors import AdapterNotFound, BadInput
-from effectlog.events import AdapterIdentity
+from effectlog.events import AdapterIdentity, EffectStoreIdentity
 from effectlog.plan import AdapterDecl, Plan
 
 
@@ -26,14 +26,19 @@ class AdapterContext(msgspec.Struct, kw_only=True):
     """What factories may need from the runtime: the effect store location, for the built-ins."""
 
     effects: str | None = None
+    read_only: bool = False  # reconciliation: the store is evidence, opened without writing a byte
     _store: EffectStore | None = None
 
     def effect_store(self) -> EffectStore:
         if self.effects is None:
             raise BadInput("this plan uses effects.* adapters: give an effect store (--effects FILE)")
         if self._store is None:
-            self._store = EffectStore(self.effects)
+            self._store = EffectStore(self.effects, read_only=self.read_only)
         return self._store
+
+    def pinned_store(self) -> EffectStoreIdentity | None:
+        """The identity of the effect store the adapters opened (None if none did): a run pins it."""
+        return self._store.identity if self._store is not None else None
 
     def close(self) -> None:
         if self._store is not None:
@@ -89,15 +94,21 @@ class Registry:
         adapters: dict[str, Any] = {}
         identities: dict[str, AdapterIdentity] = {}
         for name, decl in plan.adapters.items():
-            factory = self.factories.get(decl.type)
-            if factory is None:
-                raise AdapterNotFound(f"adapters.{name}: no adapter of type {decl.type!r} is registered")
-            adapter = factory(decl, context)
-            adapters[name] = adapter
-            identities[name] = AdapterIdentity(
-                type=decl.type,
-                version=decl.version,
-                idempotent=decl.idempotent,
-                fingerprint=implementation_fingerprint(adapter),
-            )
+            adapters[name], identities[name] = self.build_one(name, decl, context)
         return adapters, identities
+
+    def build_one(self, name: str, decl: AdapterDecl, context: AdapterContext) -> tuple[Any, AdapterIdentity]:
+        """One adapter the plan declares (reconciliation builds only the step's own)."""
+        factory = self.factories.get(decl.type)
+        if factory is None:
+            raise AdapterNotFound(
+                f"adapters.{name}: no adapter of type {decl.type!r} is registered (give --adapters MODULE:ATTR)"
+            )
+        adapter = factory(decl, context)
+        identity = AdapterIdentity(
+            type=decl.type,
+            version=decl.version,
+            idempotent=decl.idempotent,
+            fingerprint=implementation_fingerprint(adapter),
+        )
+        return adapter, identity

@@ -34,6 +34,16 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--adapter", metavar="MODULE:FACTORY", help="run the matrix against your own adapter")
     p.add_argument("--ledger", metavar="MODULE:COUNTER", help="counter(run_id, step_id) -> effects in your ledger")
+    p.add_argument(
+        "--args",
+        metavar="JSON",
+        help='with --adapter: the step\'s args, a JSON object (default {"amount_cents": 1250, "to": "acct-42"})',
+    )
+    p.add_argument(
+        "--not-idempotent",
+        action="store_true",
+        help="with --adapter: your adapter is not idempotent; crashes are reconciled through its lookup",
+    )
     p.add_argument("--workdir", metavar="DIR", help="where case files go (default: a temporary directory)")
     p.set_defaults(handler=cmd_run)
 
@@ -57,6 +67,7 @@ def register(sub: Any) -> None:
     p.add_argument("--notify-fd", type=int)
     p.add_argument("--blind")
     p.add_argument("--user-adapter")
+    p.add_argument("--adapters", action="append", default=[])
     p.set_defaults(handler=cmd_worker)
 
 
@@ -81,6 +92,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise BadInput("--jobs must be at least 1")
     if args.adapter and not args.ledger:
         raise BadInput("crash-matrix run: --adapter needs --ledger MODULE:COUNTER")
+    if (args.args is not None or args.not_idempotent) and not args.adapter:
+        raise BadInput("crash-matrix run: --args and --not-idempotent go with --adapter MODULE:FACTORY")
+    step_args = _step_args(args.args) if args.args is not None else None
     backends = args.backend or ["sqlite"]
     out = Path(args.output)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -110,6 +124,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             progress=progress,
             user_adapter=args.adapter,
             ledger_spec=args.ledger,
+            args=step_args,
+            idempotent=not args.not_idempotent,
         )
     save_report(report, out)
     problems = verify(report)
@@ -120,6 +136,22 @@ def cmd_run(args: argparse.Namespace) -> int:
         return int(ExitStatus.RUN_FAILED)
     sys.stdout.write(f"\nreport written to {out}; every case verified from its evidence\n")
     return 0
+
+
+def _step_args(text: str) -> dict[str, Any]:
+    import msgspec
+
+    from effectlog.plan import MAX_ARGS_BYTES
+
+    try:
+        value = msgspec.json.decode(text.encode())
+    except msgspec.DecodeError as exc:
+        raise BadInput(f"crash-matrix run: --args is not JSON ({exc})") from None
+    if not isinstance(value, dict):
+        raise BadInput(f"crash-matrix run: --args must be a JSON object, not {type(value).__name__}")
+    if len(text.encode()) > MAX_ARGS_BYTES:
+        raise BadInput(f"crash-matrix run: --args is larger than {MAX_ARGS_BYTES} bytes")
+    return value
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
@@ -165,4 +197,5 @@ def cmd_worker(args: argparse.Namespace) -> int:
         notify_fd=args.notify_fd,
         blind=args.blind,
         user_adapter=args.user_adapter,
+        adapters=args.adapters,
     )

@@ -60,7 +60,19 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--outcome", choices=("applied", "not-applied"))
     p.add_argument("--evidence", metavar="TEXT")
     p.add_argument("--operator", metavar="NAME")
-    p.add_argument("--from-ledger", metavar="EFFECTS_DB", help="inspect the effect store instead of a person")
+    p.add_argument(
+        "--from-ledger", metavar="EFFECTS_DB", help="inspect the run's own effect store (read-only) instead of a person"
+    )
+    p.add_argument("--lookup", action="store_true", help="ask the step's own adapter (its lookup) instead of a person")
+    p.add_argument(
+        "--adapters",
+        metavar="MODULE:ATTR",
+        action="append",
+        default=[],
+        help="with --lookup: mapping of adapter type to factory, from your code (repeatable)",
+    )
+    p.add_argument("--effects", metavar="E", help="with --lookup: the run's effect store (default: the pinned path)")
+    p.add_argument("--plan", metavar="PLAN", help="with --lookup: the run's plan file, for secret args' real values")
     p.set_defaults(handler=cmd_reconcile)
 
     for name, helptext in (
@@ -212,24 +224,39 @@ def cmd_timeline(args: argparse.Namespace) -> int:
 
 
 def cmd_reconcile(args: argparse.Namespace) -> int:
-    from effectlog.adapters.effects import EffectStore
-    from effectlog.reconcile import reconcile, reconcile_from_lookup
+    from effectlog.reconcile import reconcile, reconcile_by_lookup, reconcile_from_ledger
 
-    if args.from_ledger:
+    automated = [flag for flag, given in (("--from-ledger", args.from_ledger), ("--lookup", args.lookup)) if given]
+    if len(automated) > 1:
+        raise BadInput("reconcile: give --from-ledger or --lookup, not both")
+    if automated:
         if args.outcome or args.evidence:
-            raise BadInput("reconcile: --from-ledger decides the outcome; do not also give --outcome/--evidence")
-        if not os.path.isfile(args.from_ledger):
+            raise BadInput(f"reconcile: {automated[0]} decides the outcome; do not also give --outcome/--evidence")
+        if args.from_ledger and not os.path.isfile(args.from_ledger):
             raise BadInput(f"--from-ledger {args.from_ledger}: no effect store there")
     elif not (args.outcome and args.evidence and args.operator):
-        raise BadInput("reconcile: give --outcome, --evidence and --operator (or --from-ledger EFFECTS_DB)")
+        raise BadInput(
+            "reconcile: give --outcome, --evidence and --operator (or --lookup, or --from-ledger EFFECTS_DB)"
+        )
+    if (args.adapters or args.effects or args.plan) and not args.lookup:
+        raise BadInput("reconcile: --adapters, --effects and --plan go with --lookup")
+    registry, plan = None, None
+    if args.lookup:
+        from effectlog.adapters.registry import Registry
+        from effectlog.plan import load_plan
+
+        registry = Registry()
+        for spec in args.adapters:
+            registry.add_module(spec)
+        if args.effects is not None and not os.path.isfile(args.effects):
+            raise BadInput(f"--effects {args.effects}: no effect store there")
+        plan = load_plan(args.plan) if args.plan else None
     journal = _writer(args)
     try:
         if args.from_ledger:
-            store = EffectStore(args.from_ledger)
-            try:
-                state = reconcile_from_lookup(journal, args.run_id, args.step, store)
-            finally:
-                store.close()
+            state = reconcile_from_ledger(journal, args.run_id, args.step, args.from_ledger)
+        elif registry is not None:
+            state = reconcile_by_lookup(journal, args.run_id, args.step, registry, effects=args.effects, plan=plan)
         else:
             state = reconcile(
                 journal,
@@ -283,7 +310,7 @@ def cmd_effects(args: argparse.Namespace) -> int:
 
     if not os.path.isfile(args.effects):
         raise BadInput(f"--effects {args.effects}: no effect store there")
-    store = EffectStore(args.effects)
+    store = EffectStore(args.effects, read_only=True)  # a reader: never writes, refuses a non-store
     try:
         rows = store.rows(run_id=args.run_id)
     finally:

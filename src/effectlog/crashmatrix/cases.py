@@ -21,7 +21,7 @@ Kind = Literal["idempotent", "control"]
 class Action(msgspec.Struct, frozen=True, kw_only=True):
     """One process the parent starts for a case."""
 
-    do: Literal["worker", "blind", "reconcile-ledger", "approve"]
+    do: Literal["worker", "blind", "reconcile-ledger", "reconcile-lookup", "approve"]
     arm: str | None = None  # crash point armed in this worker; None runs to the end
 
 
@@ -347,10 +347,12 @@ BY_NAME = {c.name: c for c in CASES}
 assert set(CHECKS) == set(BY_NAME)
 
 
-def plan_for(case: Case, run_id: str, adapter_type: str | None = None) -> dict[str, Any]:
-    """The one-step plan a case runs: a payment through the case's kind of tool."""
+def plan_for(
+    case: Case, run_id: str, adapter_type: str | None = None, args: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """The one-step plan a case runs: a payment through the case's kind of tool (``args``: a user's own)."""
     idempotent = case.kind == "idempotent"
-    step: dict[str, Any] = {"id": "pay", "adapter": "tool", "args": {"amount_cents": 1250, "to": "acct-42"}}
+    step: dict[str, Any] = {"id": "pay", "adapter": "tool", "args": args or {"amount_cents": 1250, "to": "acct-42"}}
     if case.approval:
         step["approval"] = "required"
     return {

@@ -59,7 +59,12 @@ def _read_line(fd: int, deadline: float) -> str | None:
 
 
 def run_process(
-    do: str, argv: list[str], arm: str | None = None, *, kill_after_s: float | None = None
+    do: str,
+    argv: list[str],
+    arm: str | None = None,
+    *,
+    kill_after_s: float | None = None,
+    env: dict[str, str] | None = None,
 ) -> ProcessRecord:
     """Run one process to its end; if ``arm`` is set, SIGKILL it when it reports reaching the point.
 
@@ -79,6 +84,7 @@ def run_process(
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         pass_fds=(write_fd,) if write_fd >= 0 else (),
+        env=env,
     )
     try:
         if write_fd >= 0:

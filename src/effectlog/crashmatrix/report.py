@@ -72,6 +72,8 @@ class Report(msgspec.Struct, kw_only=True):
     cases: list[CaseResult] = []
     adapter: str | None = None
     ledger: str | None = None
+    args: dict[str, Any] | None = None  # user matrices: the step's args (None: the built-in payment)
+    idempotent: bool = True  # user matrices: the contract the adapter declared (which cases ran)
 
 
 def _cpu() -> str:
@@ -207,11 +209,11 @@ def judge(result: CaseResult, cases: dict[str, Case]) -> tuple[int, list[str]]:
 
 def verify(report: Report, cases: dict[str, Case] | None = None) -> list[str]:
     """Every problem found, recomputed from the evidence; empty when the report holds."""
-    from effectlog.crashmatrix.usercases import USER_BY_NAME
+    from effectlog.crashmatrix.usercases import user_cases
 
     if report.version != REPORT_VERSION:
         return [f"report version {report.version} is not {REPORT_VERSION}"]
-    table = cases or (USER_BY_NAME if report.kind == "user" else BY_NAME)
+    table = cases or (user_cases(report.idempotent) if report.kind == "user" else BY_NAME)
     problems: list[str] = []
     expected = {(c.name, b) for c in table.values() for b in report.backends if c.journal or b == "none"}
     expected |= {(c.name, "none") for c in table.values() if not c.journal}
@@ -251,6 +253,28 @@ def save_report(report: Report, path: str | Path) -> None:
     os.replace(tmp, target)
 
 
+def failure_of(result: CaseResult, width: int = 110) -> str:
+    """What really happened in a failed case, for the table: the run's own failure reason when it
+    recorded one, else the error line of an operator command (reconcile, approve) that failed,
+    else the first problem verification found."""
+    reason = ""
+    for stored in result.events:
+        try:
+            event = ev.decode(stored.body.encode())
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            break
+        if isinstance(event, ev.RunFailed) and event.reason:
+            reason = f"run failed: {event.reason}"
+    for p in result.processes:
+        lines = [x.strip() for x in p.stderr_tail.splitlines() if x.strip()]
+        if not reason and p.do not in ("worker", "blind") and p.exit_status not in (None, 0) and lines:
+            reason = f"{p.do} exited {p.exit_status}: {lines[-1]}"
+    if not reason:
+        reason = result.problems[0] if result.problems else "failed"
+    text = " ".join(f"FAILED: {reason}".replace("|", "/").split())
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
 def render_table(report: Report) -> str:
     """The table of the published crash matrix effectlog reproduces: case, final effects, result."""
     lines = []
@@ -263,6 +287,7 @@ def render_table(report: Report) -> str:
         order = {c.name: i for i, c in enumerate(CASES)}
         for r in sorted(rows, key=lambda r: order.get(r.name, 99)):
             mark = "" if r.published else " *"
-            lines.append(f"| {r.title}{mark} | {r.effects} | {r.outcome} | {'ok' if r.ok else 'FAIL'} |")
+            result = r.outcome if r.ok else failure_of(r)
+            lines.append(f"| {r.title}{mark} | {r.effects} | {result} | {'ok' if r.ok else 'FAIL'} |")
     lines.append("\n* beyond the eight cases of the published crash matrix effectlog reproduces")
     return "\n".join(lines).lstrip("\n") + "\n"

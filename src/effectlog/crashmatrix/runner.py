@@ -9,6 +9,7 @@ from the independent effect store, never from the worker's own account.
 from __future__ import annotations
 
 import json
+import os
 import secrets
 import time
 from collections.abc import Callable, Iterable
@@ -24,7 +25,7 @@ from effectlog.adapters.registry import load_object
 from effectlog.crashmatrix.cases import BY_NAME, CASES, Case, plan_for
 from effectlog.crashmatrix.processes import ProcessRecord, effectlog_argv, run_process
 from effectlog.crashmatrix.report import CaseResult, Report, StoredEvent, environment, judge
-from effectlog.crashmatrix.usercases import USER_BY_NAME, USER_CASES, USER_TYPE
+from effectlog.crashmatrix.usercases import USER_TYPE, user_cases
 from effectlog.errors import BadInput, JournalUnreadable
 from effectlog.journal import open_journal
 
@@ -65,6 +66,20 @@ def _effect_rows(effects: Path, run_id: str) -> list[dict[str, Any]]:
         store.close()
 
 
+# ``reconcile --lookup`` takes a mapping of adapter type to factory; a user matrix names a factory.
+_SHIM = """from effectlog.adapters.registry import load_object
+
+ADAPTERS = {{{user_type!r}: load_object({spec!r})}}
+"""
+
+
+def _lookup_env(case_dir: Path, user_adapter: str) -> dict[str, str]:
+    """The environment of a ``reconcile --lookup`` process: a module mapping the user type to the factory."""
+    (case_dir / "cm_user_adapters.py").write_text(_SHIM.format(user_type=USER_TYPE, spec=user_adapter))
+    path = os.pathsep.join(filter(None, [str(case_dir), os.environ.get("PYTHONPATH")]))
+    return {**os.environ, "PYTHONPATH": path}
+
+
 def run_case(
     case: Case,
     target: Target,
@@ -72,16 +87,18 @@ def run_case(
     *,
     user_adapter: str | None = None,
     ledger: Ledger | None = None,
+    args: dict[str, Any] | None = None,
 ) -> CaseResult:
     case_dir = workdir / f"{target.backend}-{case.name}"
     case_dir.mkdir(parents=True, exist_ok=True)
     run_id = f"cm-{case.name}-{secrets.token_hex(3)}"
     plan_path, effects = case_dir / "plan.json", case_dir / "effects.db"
-    plan_path.write_text(json.dumps(plan_for(case, run_id, USER_TYPE if user_adapter else None), indent=1))
+    plan_path.write_text(json.dumps(plan_for(case, run_id, USER_TYPE if user_adapter else None, args), indent=1))
     journal = target.journal(case_dir)
     processes: list[ProcessRecord] = []
     ledger_counts: list[int] | None = [] if ledger is not None else None
     for action in case.actions:
+        env: dict[str, str] | None = None
         if action.do in ("worker", "blind"):
             argv = effectlog_argv("crash-matrix", "worker", "--plan", str(plan_path), "--effects", str(effects))
             if action.do == "blind":
@@ -90,6 +107,12 @@ def run_case(
                 argv += ["--journal", journal]
             if user_adapter:
                 argv += ["--user-adapter", user_adapter]
+        elif action.do == "reconcile-lookup" and user_adapter:
+            argv = effectlog_argv(
+                "reconcile", "--journal", journal, "--run-id", run_id, "--step", "pay", "--lookup",
+                "--adapters", "cm_user_adapters:ADAPTERS",
+            )  # fmt: skip
+            env = _lookup_env(case_dir, user_adapter)
         elif action.do == "reconcile-ledger":
             argv = effectlog_argv(
                 "reconcile", "--journal", journal, "--run-id", run_id, "--step", "pay", "--from-ledger", str(effects)
@@ -108,7 +131,7 @@ def run_case(
                 "--reason",
                 "approved by the crash matrix",
             )
-        record = run_process(action.do, argv, action.arm)
+        record = run_process(action.do, argv, action.arm, env=env)
         if case.journal:
             record.events_after = len(_events(journal, run_id))
         record.effects_after = len(_effect_rows(effects, run_id))
@@ -127,7 +150,7 @@ def run_case(
         ledger_counts=ledger_counts,
         outcome=case.outcome,
     )
-    effects_found, problems = judge(result, USER_BY_NAME if user_adapter else BY_NAME)
+    effects_found, problems = judge(result, user_cases(case.kind == "idempotent") if user_adapter else BY_NAME)
     result.effects, result.problems, result.ok = effects_found, problems, not problems
     return result
 
@@ -140,8 +163,14 @@ def run_matrix(
     progress: Progress | None = None,
     user_adapter: str | None = None,
     ledger_spec: str | None = None,
+    args: dict[str, Any] | None = None,
+    idempotent: bool = True,
 ) -> Report:
-    """Run every case against every target; the report is evidence, verified separately."""
+    """Run every case against every target; the report is evidence, verified separately.
+
+    A user matrix (``user_adapter``) runs the idempotent cases, or with ``idempotent=False``
+    the cases reconciled through the adapter's own ``lookup``; ``args`` are the step's args.
+    """
     targets = list(targets)
     ledger: Ledger | None = None
     if user_adapter:
@@ -151,7 +180,7 @@ def run_matrix(
         if not callable(ledger):
             raise BadInput(f"--ledger {ledger_spec}: not a callable counter(run_id, step_id) -> int")
         load_object(user_adapter)  # fail early, in the parent, on a bad spec
-    cases = USER_CASES if user_adapter else CASES
+    cases = tuple(user_cases(idempotent).values()) if user_adapter else CASES
     plan: list[tuple[Case, Target]] = []
     for case in cases:
         if case.journal:
@@ -165,7 +194,7 @@ def run_matrix(
         nonlocal done
         case, target = item
         started = time.monotonic()
-        result = run_case(case, target, workdir, user_adapter=user_adapter, ledger=ledger)
+        result = run_case(case, target, workdir, user_adapter=user_adapter, ledger=ledger, args=args)
         done += 1
         if progress is not None:
             verdict = "ok" if result.ok else "FAIL: " + "; ".join(result.problems)
@@ -188,4 +217,6 @@ def run_matrix(
         cases=results,
         adapter=user_adapter,
         ledger=ledger_spec,
+        args=args,
+        idempotent=idempotent,
     )

@@ -43,6 +43,7 @@ def work(
     notify_fd: int | None,
     blind: str | None = None,
     user_adapter: str | None = None,
+    adapters: list[str] | None = None,
 ) -> int:
     plan = load_plan(plan_path)
     announce_start = arm == START and notify_fd is not None
@@ -52,6 +53,8 @@ def work(
         return 0
     assert journal is not None
     registry = Registry()
+    for spec in adapters or []:
+        registry.add_module(spec)
     if user_adapter is not None:
         from effectlog.crashmatrix.usercases import USER_TYPE
 
