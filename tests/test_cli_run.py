@@ -72,7 +72,9 @@ class Cli:
         self.journal = str(tmp_path / "journal.db")
         self.effects = str(tmp_path / "effects.db")
         (tmp_path / "el_user_tools.py").write_text(TOOLS_MODULE)
-        self.env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+        # Ours first (it may point at the source under test), then the user's tools module.
+        path = os.pathsep.join(filter(None, [os.environ.get("PYTHONPATH"), str(tmp_path)]))
+        self.env = {**os.environ, "PYTHONPATH": path}
         self.env.pop("EFFECTLOG_JOURNAL_KEY", None)
 
     def __call__(self, *args: str) -> subprocess.CompletedProcess[str]:

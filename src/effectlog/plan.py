@@ -174,6 +174,13 @@ def load_plan(
     return parse_plan(read_plan_bytes(path, max_plan_bytes), str(path), max_args_bytes=max_args_bytes)
 
 
+def _not_regular(mode: int) -> str:
+    if stat.S_ISDIR(mode):
+        return "Is a directory"
+    kind = "a FIFO" if stat.S_ISFIFO(mode) else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "a socket"
+    return f"{kind}, not a regular file"
+
+
 def read_plan_bytes(path: str | Path, max_plan_bytes: int = MAX_PLAN_BYTES) -> bytes:
     try:
         # O_NONBLOCK: opening a FIFO with no writer would otherwise wait for ever.
@@ -183,8 +190,7 @@ def read_plan_bytes(path: str | Path, max_plan_bytes: int = MAX_PLAN_BYTES) -> b
     try:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):
-            kind = "a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else "not a regular file"
-            raise PlanError(f"{path}: cannot read the plan: {kind} (a plan is a regular file)")
+            raise PlanError(f"{path}: cannot read the plan ({_not_regular(mode)})")
         os.set_blocking(fd, True)
         chunks: list[bytes] = []
         size = 0
