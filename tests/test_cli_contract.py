@@ -188,3 +188,31 @@ def test_a_plan_naming_a_broken_third_party_adapter_is_refused_naming_the_distri
     assert 2 == done.returncode
     assert [] == [w for w in ("'broken'", "brokenplug 1.0", "ModuleNotFoundError", "brokenplug_gone") if w not in line]
     assert not (tmp_path / "j.db").exists()
+
+
+def test_runner_json_is_one_json_object_per_event_and_tools_print_to_stderr(tmp_path: Path) -> None:
+    """``runner --json``: every line on stdout is one JSON object (newline-delimited), events of
+    the request name its request id; what the tool prints goes to stderr, never between them.
+    ``submit --json`` reports the request it created."""
+    (tmp_path / "chatty_tools.py").write_text(
+        "class Chatty:\n"
+        "    def invoke(self, request):\n"
+        "        print('tool chatter', flush=True)\n"
+        "        return {}\n"
+        "ADAPTERS = {'chatty': lambda decl, context: Chatty()}\n"
+    )
+    env = {"PYTHONPATH": str(tmp_path)}
+    plan = write_plan(tmp_path / "p.json", "fleet-r", {"t": {"type": "chatty"}}, [{"id": "s", "adapter": "t"}])
+    submitted = effectlog(tmp_path, "submit", plan, "--store", "s.db", "--scope", "a", "--key", "1", "--json")
+
+    done = effectlog(
+        tmp_path, "runner", "--store", "s.db", "--adapters", "chatty_tools:ADAPTERS",
+        "--exit-when-idle", "--poll-s", "0.01", "--json", env=env,
+    )  # fmt: skip
+    events = [json.loads(line) for line in done.stdout.splitlines()]
+
+    assert (0, True) == (submitted.returncode, json.loads(submitted.stdout)["created"]), submitted.stderr
+    assert 0 == done.returncode, done.stderr
+    assert [] == [e for e in events if sorted(e) != ["attempt_no", "message", "request_id", "runner_id", "ts"]]
+    assert 1 in {e["request_id"] for e in events}
+    assert ("tool chatter" in done.stderr, "tool chatter" in done.stdout) == (True, False)

@@ -12,7 +12,7 @@ import sys
 import time
 from typing import Any
 
-from effectlog.cli.output import emit_json, out, table
+from effectlog.cli.output import NdjsonLog, emit_json, out, table, tools_write_to_stderr
 from effectlog.errors import BadInput
 from effectlog.fleet import FleetStore, open_store
 from effectlog.fleet.model import RequestView
@@ -45,6 +45,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--max-attempts", type=int, metavar="N", help="exit after N attempts have ended")
     p.add_argument("--exit-when-idle", action="store_true", help="exit when nothing it can take is queued")
     p.add_argument("--no-recovery", action="store_true", help="do not run recovery passes (run `effectlog recovery`)")
+    p.add_argument("--json", action="store_true", help="log as newline-delimited JSON on stdout, one object per event")
     # Test hooks: stop at a point once, say so on a pipe, block (or wait for a byte on --resume-fd).
     p.add_argument("--arm", metavar="POINT", help="test hook: stop once at POINT (needs --notify-fd)")
     p.add_argument("--notify-fd", type=int, metavar="FD", help="test hook: report the point reached on FD")
@@ -131,7 +132,12 @@ def cmd_runner(args: argparse.Namespace) -> int:
         resume_fd=args.resume_fd,
     )
     chain = chain_from_env(args.key_file)
-    return run_runner(config, lambda location: open_store(location, chain=chain, pool_size=args.capacity + 2))
+    with tools_write_to_stderr() as stdout:  # tools' own stdout never mixes with the --json events
+        return run_runner(
+            config,
+            lambda location: open_store(location, chain=chain, pool_size=args.capacity + 2),
+            log=NdjsonLog(stdout) if args.json else None,
+        )
 
 
 def cmd_operator(args: argparse.Namespace) -> int:

@@ -4,10 +4,13 @@ tools never write into and a closed pipe never turns into a different exit statu
 from __future__ import annotations
 
 import contextlib
+import io
 import os
+import re
 import sys
+import time
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, TextIO
 
 import msgspec
 
@@ -52,32 +55,75 @@ def emit_ndjson(value: Any) -> None:
 
 
 @contextlib.contextmanager
-def tools_write_to_stderr() -> Iterator[None]:
+def tools_write_to_stderr() -> Iterator[TextIO]:
     """While tools run, whatever they write to stdout (``print``, fd 1, child processes) goes to stderr.
 
-    effectlog's own output (a table, ``--json``) is written after the block, to the real
-    stdout, so a chatty tool can never break a reader of that output.
+    Yields a stream on the real stdout for effectlog's own output during the block (the
+    runner's ``--json`` events); ``run`` writes its table or ``--json`` after the block. Either
+    way a chatty tool can never break a reader of effectlog's output.
     """
     with contextlib.suppress(OSError, ValueError):
         sys.stdout.flush()
     try:
         saved = os.dup(1)
     except OSError:  # no stdout at all: nothing to protect
-        yield
+        yield sys.stdout
         return
     try:
         os.dup2(2, 1)
     except OSError:
         os.close(saved)
-        yield
+        yield sys.stdout
         return
+    real = open(saved, "w", encoding="utf-8", buffering=1, closefd=False)  # noqa: SIM115 - closed below
     try:
-        yield
+        yield real
     finally:
+        with contextlib.suppress(OSError, ValueError):
+            real.close()
         with contextlib.suppress(OSError, ValueError):
             sys.stdout.flush()  # a tool's buffered print goes to stderr too
         os.dup2(saved, 1)
         os.close(saved)
+
+
+class NdjsonLog(io.StringIO):
+    """A runner's log as newline-delimited JSON: one object per line it logs, on ``stream``.
+
+    The runner writes ``effectlog runner ID: [request N [attempt M]: ]MESSAGE``; each becomes
+    ``{"ts", "runner_id", "request_id", "attempt_no", "message"}`` (ids null when absent).
+    """
+
+    _LINE = re.compile(
+        r"effectlog runner (?P<runner>.*?): (?:request (?P<req>\d+)(?: attempt (?P<att>\d+))?: )?(?P<msg>.*)"
+    )
+
+    def __init__(self, stream: TextIO) -> None:
+        super().__init__()
+        self.stream = stream
+        self._partial = ""
+
+    def write(self, text: str) -> int:
+        lines = (self._partial + text).split("\n")
+        self._partial = lines.pop()
+        for line in lines:
+            m = self._LINE.fullmatch(line)
+            event = {
+                "ts": time.time(),
+                "runner_id": m.group("runner") if m else None,
+                "request_id": int(m.group("req")) if m and m.group("req") else None,
+                "attempt_no": int(m.group("att")) if m and m.group("att") else None,
+                "message": m.group("msg") if m else line,
+            }
+            try:
+                self.stream.write(_json.encode(event).decode() + "\n")
+            except BrokenPipeError:
+                drop_stdout()
+        return len(text)
+
+    def flush(self) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            self.stream.flush()
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
