@@ -38,24 +38,25 @@ def test_an_id_with_trailing_whitespace_or_newline_is_refused_as_run_id_and_step
 
 
 @pytest.mark.parametrize(
-    ("text", "where"),
+    ("text", "where", "key"),
     [
-        ('{"run_id": "r", "run_id": "r", "adapters": {}, "steps": []}', "plan: key 'run_id'"),
-        ('{"run_id": "r", "adapters": {"t": {"type": "noop", "type": "shell"}}, "steps": []}', "adapters.t: key"),
+        ('{"run_id": "r", "run_id": "r", "adapters": {}, "steps": []}', "plan", "run_id"),
+        ('{"run_id": "r", "adapters": {"t": {"type": "noop", "type": "shell"}}, "steps": []}', "adapters.t", "type"),
         (
             '{"run_id": "r", "adapters": {"t": {"type": "noop"}}, '
             '"steps": [{"id": "a", "adapter": "t"}, {"id": "b", "adapter": "t", "args": {"x": [{"k": 1, "k": 2}]}}]}',
-            "steps[1].args.x[0]: key 'k'",
+            "steps[1].args.x[0]",
+            "k",
         ),
     ],
 )
-def test_a_key_given_twice_is_refused_with_its_json_path(text: str, where: str) -> None:
+def test_a_key_given_twice_is_refused_with_its_json_path(text: str, where: str, key: str) -> None:
     """A key twice in any object of the plan (top level, an adapter, deep in a step's args) is
     refused naming the key and the path of the object that holds it."""
     with pytest.raises(PlanError) as caught:
         parse_plan(text.encode(), "p.json")
 
-    assert f"p.json: {where} appears more than once" in str(caught.value)
+    assert f"p.json: {where}: key {key!r} appears more than once" in str(caught.value)
 
 
 def test_the_plan_size_cap_holds_at_its_exact_boundary(tmp_path: Path) -> None:
