@@ -45,6 +45,10 @@ def _base():
     raise BaseException("odd")
 
 
+def _stop_iteration():
+    raise StopIteration("no more")
+
+
 def _chatty():
     print("tool chatter")
     sys.stdout.flush()
@@ -58,6 +62,7 @@ BEHAVIOURS = {
     "os._exit": lambda: os._exit(0),
     "keyboard": _keyboard,
     "base-exception": _base,
+    "stop-iteration": _stop_iteration,
     "object": lambda: {"x": object()},
     "set-mixed": lambda: {"ids": {1, "a"}},
     "tuple-key": lambda: {(1, 2): "pair"},
@@ -86,6 +91,7 @@ ADAPTERS = {"misbehaving": lambda decl, ctx: Misbehaving(decl.options)}
 SAID = {
     "sys.exit": "the tool called sys.exit(0)",
     "base-exception": "the tool raised BaseException: odd",
+    "stop-iteration": "the tool raised StopIteration: no more",  # a future cannot carry it
     "object": "result.x: a value of type object",
     "set-mixed": "result.ids: a set mixing int and str",
     "tuple-key": "result: a dict key of type tuple",

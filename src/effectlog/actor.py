@@ -455,6 +455,10 @@ def _guarded(fn: Callable[[Request], Any], request: Request) -> Any:
     """
     try:
         return fn(request)
+    except (StopIteration, StopAsyncIteration) as exc:
+        # Neither may cross a coroutine or be set on a future (a thread's answer would be lost
+        # and the run would wait for ever): carried as an unknown outcome like any other.
+        raise ToolAborted(f"the tool raised {type(exc).__name__}: {exc}") from None
     except Exception:
         raise
     except SimulatedCrash:
