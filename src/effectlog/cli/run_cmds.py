@@ -188,32 +188,34 @@ def check_adapters(plan: Any, registry: Any, origin: str, *, effects: str | None
             raise BadInput(f"{origin}: adapters.{name}: type {decl.type!r} needs an effect store: give --effects FILE")
 
 
-def check_effect_store(path: str) -> None:
-    """``--effects``: in an existing directory, and if the file exists, an effect store (never altered if not)."""
+def check_effect_store(path: str, flag: str = "--effects") -> None:
+    """An effect store given by ``flag``: in an existing directory, and if the file exists, an
+    effect store (a file of something else is refused, never given our tables)."""
     import sqlite3
+    from pathlib import Path
 
     if not os.path.isdir(os.path.dirname(os.path.abspath(path))):
-        raise BadInput(f"--effects {path}: directory does not exist")
+        raise BadInput(f"{flag} {path}: directory does not exist")
     if not os.path.exists(path):
         return
     if not os.path.isfile(path):
-        raise BadInput(f"--effects {path}: not a file")
+        raise BadInput(f"{flag} {path}: not a file")
     if os.path.getsize(path) == 0:
         return
     with open(path, "rb") as fh:
         header = fh.read(16)
     if header != b"SQLite format 3\x00":
-        raise BadInput(f"--effects {path}: not an effect store (not a SQLite file)")
+        raise BadInput(f"{flag} {path}: not an effect store (not a SQLite file)")
     try:
-        db = sqlite3.connect(f"file:{os.path.abspath(path)}?mode=ro", uri=True)
+        db = sqlite3.connect(Path(path).absolute().as_uri() + "?mode=ro", uri=True)
         try:
             tables = {row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
         finally:
             db.close()
     except sqlite3.Error as exc:
-        raise BadInput(f"--effects {path}: not a readable effect store ({exc})") from None
+        raise BadInput(f"{flag} {path}: not a readable effect store ({exc})") from None
     if tables and "effects" not in tables:
-        raise BadInput(f"--effects {path}: a SQLite file of something else, not an effect store")
+        raise BadInput(f"{flag} {path}: a SQLite file of something else, not an effect store")
 
 
 def check_trace(path: str) -> None:
@@ -315,6 +317,7 @@ def cmd_reconcile(args: argparse.Namespace) -> int:
             raise BadInput("reconcile: --from-ledger decides the outcome; do not also give --outcome/--evidence")
         if not os.path.isfile(args.from_ledger):
             raise BadInput(f"--from-ledger {args.from_ledger}: no effect store there")
+        check_effect_store(args.from_ledger, flag="--from-ledger")
     elif not (args.outcome and args.evidence and args.operator):
         raise BadInput("reconcile: give --outcome, --evidence and --operator (or --from-ledger EFFECTS_DB)")
     journal = _existing_writer(args)
@@ -406,6 +409,7 @@ def cmd_effects(args: argparse.Namespace) -> int:
 
     if not os.path.isfile(args.effects):
         raise BadInput(f"--effects {args.effects}: no effect store there")
+    check_effect_store(args.effects)  # never given our tables if it is something else
     store = EffectStore(args.effects)
     try:
         rows = store.rows(run_id=args.run_id)
