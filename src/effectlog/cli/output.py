@@ -27,7 +27,7 @@ _STDOUT = _Stdout()
 def out(text: str) -> None:
     """Write ``text`` to stdout now. A reader that went away (``effectlog run ... | head -1``)
     is not an error of the command: the rest of its output is dropped, its exit status stays."""
-    if _STDOUT.gone:
+    if _STDOUT.gone or sys.stdout is None:  # None: started with fd 1 closed
         return
     try:
         sys.stdout.write(text)
@@ -102,11 +102,12 @@ class NdjsonLog(io.StringIO):
         super().__init__()
         self.stream = stream
         self._partial = ""
+        self._gone = False  # the reader went away: the runner goes on, its events are dropped
 
     def write(self, text: str) -> int:
         lines = (self._partial + text).split("\n")
         self._partial = lines.pop()
-        for line in lines:
+        for line in lines if not self._gone else ():
             m = self._LINE.fullmatch(line)
             event = {
                 "ts": time.time(),
@@ -117,8 +118,10 @@ class NdjsonLog(io.StringIO):
             }
             try:
                 self.stream.write(_json.encode(event).decode() + "\n")
-            except BrokenPipeError:
-                drop_stdout()
+                self.stream.flush()
+            except (BrokenPipeError, ValueError):
+                self._gone = True
+                break
         return len(text)
 
     def flush(self) -> None:
