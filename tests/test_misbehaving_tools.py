@@ -70,6 +70,7 @@ BEHAVIOURS = {
     "lone-surrogate": lambda: {"name": "\\ud800"},
     "generator": _generator,
     "chatty": _chatty,
+    "quiet": lambda: {"ok": True},
 }
 
 
@@ -286,23 +287,24 @@ def test_run_json_of_a_stopped_run_carries_the_reconcile_command(tools: Tools) -
     assert [("pay", "reconciled")] == _steps(tools.status())
 
 
-@pytest.mark.parametrize(("mode", "status"), [("object", 3), ("chatty", 0)])
-def test_a_closed_stdout_keeps_the_exit_status(tools: Tools, mode: str, status: int) -> None:
-    """``effectlog run ... | head -0``: the reader is gone before effectlog writes; the exit
-    status is still the run's (3 stays 3, 0 stays 0) and nothing is said about the pipe."""
+@pytest.mark.parametrize("stderr_too", [False, True], ids=["stdout", "stdout-and-stderr"])
+@pytest.mark.parametrize(("mode", "status"), [("object", 3), ("quiet", 0)])
+def test_a_closed_stdout_keeps_the_exit_status(tools: Tools, mode: str, status: int, stderr_too: bool) -> None:
+    """``effectlog run ... | head -0`` (and ``2>&1 | head -0``): the reader is gone before
+    effectlog writes; the exit status is still the run's (3 stays 3, 0 stays 0) and nothing is
+    said about the pipe."""
     tools.plan(mode)
     proc = subprocess.Popen(
         [sys.executable, "-m", "effectlog", "run", "plan.json", "--journal", "j.db", *ADAPTERS_FLAG],
         cwd=tools.dir,
         env=tools.env,
         stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
+        stderr=subprocess.STDOUT if stderr_too else subprocess.PIPE,
         text=True,
     )
     assert proc.stdout is not None
-    assert proc.stderr is not None
     proc.stdout.close()  # the reader goes away at once
-    stderr = proc.stderr.read()
+    stderr = "" if proc.stderr is None else proc.stderr.read()
     proc.wait(timeout=SAFETY_TIMEOUT_S)
 
     assert status == proc.returncode, stderr

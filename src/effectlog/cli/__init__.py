@@ -8,11 +8,10 @@ no traceback reaches the user for bad input.
 from __future__ import annotations
 
 import argparse
-import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
-from effectlog.cli.output import drop_stdout, out
+from effectlog.cli.output import drop_stdout, err, out
 from effectlog.errors import EffectlogError, ExitStatus, MissingDependency
 
 Handler = Callable[[argparse.Namespace], int]
@@ -24,7 +23,7 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         command = self.prog.removeprefix("effectlog").strip()  # "run", "crash-matrix run", or none
         where = f"{command}: " if command else ""
-        sys.stderr.write(f"effectlog: usage: {where}{message} (see '{self.prog} --help')\n")
+        err(f"effectlog: usage: {where}{message} (see '{self.prog} --help')\n")
         raise SystemExit(ExitStatus.BAD_INPUT)
 
 
@@ -76,7 +75,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             MissingDependency(f"a postgresql:// location needs psycopg: install effectlog[postgres] ({exc})")
         )
     except KeyboardInterrupt:
-        sys.stderr.write("effectlog: interrupted\n")
+        err("effectlog: interrupted\n")
         status = int(ExitStatus.INTERRUPTED)
     except BrokenPipeError:
         # Only a write that bypassed ``output.out`` gets here, and the command's own status is
@@ -88,5 +87,5 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _fail(exc: EffectlogError) -> int:
-    sys.stderr.write(f"effectlog: {exc.code}: {exc}\n")
+    err(f"effectlog: {exc.code}: {exc}\n")
     return int(exc.exit_status)

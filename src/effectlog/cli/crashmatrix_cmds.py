@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
-from effectlog.cli.output import out
+from effectlog.cli.output import err, out
 from effectlog.errors import BadInput, ExitStatus
 
 
@@ -63,8 +62,7 @@ def register(sub: Any) -> None:
 
 
 def _progress(line: str) -> None:
-    sys.stderr.write(line + "\n")
-    sys.stderr.flush()
+    err(line + "\n")
 
 
 def _workdir(arg: str | None) -> Path:
@@ -88,8 +86,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     report_path.parent.mkdir(parents=True, exist_ok=True)
 
     def progress(line: str) -> None:
-        sys.stderr.write(line + "\n")
-        sys.stderr.flush()
+        err(line + "\n")
 
     with contextlib.ExitStack() as stack:
         url = args.postgres_url
@@ -118,7 +115,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     out(render_table(report))
     if problems:
         for p in problems:
-            sys.stderr.write(f"effectlog: crash-matrix: {p}\n")
+            err(f"effectlog: crash-matrix: {p}\n")
         return int(ExitStatus.RUN_FAILED)
     out(f"\nreport written to {report_path}; every case verified from its evidence\n")
     return 0
@@ -131,7 +128,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     problems = verify(report)
     if problems:
         for p in problems:
-            sys.stderr.write(f"effectlog: crash-matrix verify: {p}\n")
+            err(f"effectlog: crash-matrix verify: {p}\n")
         return int(ExitStatus.INTEGRITY)
     out(render_table(report))
     out(f"\nok: {len(report.cases)} case(s) recomputed from their evidence\n")

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 from typing import Any
 
-from effectlog.cli.output import emit_json, out
+from effectlog.cli.output import emit_json, err, out
 from effectlog.diagrams import render
 from effectlog.errors import ExitStatus, IntegrityError, JournalUnreadable, UnknownRun
 from effectlog.journal import chain_from_env, load_run, open_journal
@@ -123,6 +122,6 @@ def cmd_verify(args: argparse.Namespace) -> int:
     elif failure is None:
         out(f"ok: {len(report)} run(s), {sum(r['events'] for r in report)} event(s) verified\n")
     if failure is not None:
-        sys.stderr.write(f"effectlog: {failure.code}: {failure}\n")
+        err(f"effectlog: {failure.code}: {failure}\n")
         return int(ExitStatus.INTEGRITY)
     return 0

@@ -36,6 +36,13 @@ def out(text: str) -> None:
         drop_stdout()
 
 
+def err(text: str) -> None:
+    """Write ``text`` to stderr now; a stderr that is closed or gone is not a reason to lose the exit status."""
+    with contextlib.suppress(OSError, ValueError, AttributeError):  # AttributeError: sys.stderr is None
+        sys.stderr.write(text)
+        sys.stderr.flush()
+
+
 def drop_stdout() -> None:
     """Point fd 1 at /dev/null, so nothing more (not even the interpreter's last flush) fails on it."""
     _STDOUT.gone = True

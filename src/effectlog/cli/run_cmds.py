@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 from datetime import UTC, datetime
 from typing import Any
 
 import msgspec
 
 from effectlog.cli.inspect_cmds import add_journal_args, add_json_arg, add_run_id_arg, add_step_arg, existing_journal
-from effectlog.cli.output import emit_json, out, table, tools_write_to_stderr
+from effectlog.cli.output import emit_json, err, out, table, tools_write_to_stderr
 from effectlog.errors import BadInput, UnknownRun
 from effectlog.fold import RunState, replay_records
 from effectlog.journal import chain_from_env, load_run, open_journal
@@ -155,7 +154,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         if outcome.exit_status == 0:
             out(f"{outcome.message}\n")
         else:
-            sys.stderr.write(f"{outcome.message}\n")
+            err(f"{outcome.message}\n")
     return outcome.exit_status
 
 
