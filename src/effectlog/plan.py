@@ -255,7 +255,11 @@ def _refuse_duplicate_keys(text: str, origin: str) -> None:
     A second pass over text msgspec has already accepted (valid JSON, nesting checked), so
     only the duplicate is new here; it is named with its JSON path.
     """
-    found = _first_duplicate(json.loads(text, object_pairs_hook=_pairs), "")
+    try:
+        parsed = json.loads(text, object_pairs_hook=_pairs)
+    except (ValueError, RecursionError) as exc:  # not expected after msgspec accepted it; still one line
+        raise PlanError(f"{origin}: not valid JSON ({exc})") from None
+    found = _first_duplicate(parsed, "")
     if found is not None:
         where, key = found
         raise PlanError(f"{origin}: {where or 'plan'}: key {key!r} appears more than once in one object")
