@@ -100,11 +100,11 @@ def make_writable(root: Path) -> None:
 # -- snapshots --------------------------------------------------------------------------------
 
 def snapshot(root: Path) -> dict[str, bytes | None]:
-    """Every file under ``root`` with its bytes (directories as ``None``), by relative path."""
+    """Every file under ``root`` with its bytes (directories as ``None``, a FIFO unread), by relative path."""
     out: dict[str, bytes | None] = {}
     for path in sorted(root.rglob("*")):
         rel = str(path.relative_to(root))
-        out[rel] = None if path.is_dir() else path.read_bytes()
+        out[rel] = None if path.is_dir() else b"<fifo>" if path.is_fifo() else path.read_bytes()
     return out
 
 

@@ -9,6 +9,7 @@ lock file only keeps its name: its content is the pid of whoever took it last).
 
 from __future__ import annotations
 
+import os
 import shutil
 import tomllib
 from pathlib import Path
@@ -32,7 +33,7 @@ from hardening_kit import (
 MANIFEST = DATA / "manifest.toml"
 CASES: list[dict[str, Any]] = tomllib.loads(MANIFEST.read_text())["case"]
 REQUIRED = {"id", "what", "argv", "exit", "message", "where"}
-OPTIONAL = {"plan", "journal", "generate", "write", "mkdir", "readonly", "env"}
+OPTIONAL = {"plan", "journal", "generate", "write", "mkdir", "fifo", "readonly", "env"}
 
 
 def prepare(case: dict[str, Any], where: Path) -> None:
@@ -47,6 +48,8 @@ def prepare(case: dict[str, Any], where: Path) -> None:
         (where / name).write_text(content)
     for name in case.get("mkdir", []):
         (where / name).mkdir(parents=True)
+    for name in case.get("fifo", []):
+        os.mkfifo(where / name)
 
 
 def _data(files: dict[str, bytes | None]) -> dict[str, bytes | None]:
@@ -72,7 +75,8 @@ def test_the_corpus_has_at_least_forty_well_formed_cases_with_unique_ids() -> No
 def test_bad_input_fails_with_one_line_and_leaves_every_file_as_it_was(case: dict[str, Any], tmp_path: Path) -> None:
     """The case's command exits with its documented status; stderr is one line, no traceback,
     naming what is wrong (``message``) and where (``where``); every pre-existing file is
-    byte-identical afterwards; and the only new files are a writer lock or SQLite sidecars."""
+    byte-identical afterwards; and the only new files are a writer lock or SQLite sidecars of a
+    file that existed before (a command that fails on input never creates a journal)."""
     prepare(case, tmp_path)
     read_only = [tmp_path / p for p in case.get("readonly", [])]
     for path in read_only:
@@ -92,4 +96,10 @@ def test_bad_input_fails_with_one_line_and_leaves_every_file_as_it_was(case: dic
     line = one_line(done.stderr)
     assert (case["exit"], True, True) == (done.returncode, case["message"] in line, case["where"] in line), line
     assert _data(before) == _data({name: after.get(name) for name in before})
-    assert [] == [name for name in after.keys() - before.keys() if not sqlite_sidecar_or_lock(name, after[name])]
+    assert [] == [name for name in after.keys() - before.keys() if not _beside_existing(name, after[name], before)]
+
+
+def _beside_existing(name: str, data: bytes | None, before: dict[str, bytes | None]) -> bool:
+    """A lock or SQLite sidecar of a file that was there before: a new journal is never one."""
+    base = name.removesuffix(".lock").removesuffix("-shm").removesuffix("-wal")
+    return sqlite_sidecar_or_lock(name, data) and base in before

@@ -72,8 +72,8 @@ class Cli:
         self.journal = str(tmp_path / "journal.db")
         self.effects = str(tmp_path / "effects.db")
         (tmp_path / "el_user_tools.py").write_text(TOOLS_MODULE)
-        # Keep the caller's PYTHONPATH after ours: a worktree's sources must run in the subprocess too.
-        path = os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))
+        # Ours first (it may point at the source under test), then the user's tools module.
+        path = os.pathsep.join(filter(None, [os.environ.get("PYTHONPATH"), str(tmp_path)]))
         self.env = {**os.environ, "PYTHONPATH": path}
         self.env.pop("EFFECTLOG_JOURNAL_KEY", None)
 

@@ -21,16 +21,18 @@ import msgspec
 
 from effectlog import events as ev
 from effectlog.adapters.protocol import Receipt, Request, idempotency_key
-from effectlog.errors import IdempotencyConflict, LedgerMismatch, NotApplied, PlanMismatch
+from effectlog.errors import IdempotencyConflict, LedgerMismatch, NotApplied, PlanMismatch, ToolAborted, UnusableResult
 from effectlog.journal import load_resumable
 from effectlog.outcome import (
     Decision,
     PolicyRequest,
     RunOutcome,
+    SimulatedCrash,
     outcome_of,
     reconcile_hint,
 )
 from effectlog.plan import Plan, StepDecl, args_digest, redact
+from effectlog.recordable import why_unrecordable
 from effectlog.recorder import EventSpec, prepare
 from effectlog.recovery import Action, decide, still_blocked
 from effectlog.seal import seal_row
@@ -148,11 +150,13 @@ class RunActor:
                 run_id=plan.run_id,
             )
 
-    def _blocked_outcome(self, action: Action, step_id: str) -> RunOutcome:
+    def _blocked_outcome(self, action: Action, step_id: str, why: str = "") -> RunOutcome:
         if action is Action.STOP_UNCERTAIN:
             return self._outcome(
-                f"run {self.plan.run_id} stopped: step {step_id!r} was requested and its outcome is unknown; "
-                f"its tool is not idempotent, so effectlog will not guess. Reconcile it with evidence: "
+                f"run {self.plan.run_id} stopped: step {step_id!r} was requested and its outcome is unknown"
+                + (f" ({why})" if why else "")
+                + "; "
+                "its tool is not idempotent, so effectlog will not guess. Reconcile it with evidence: "
                 + reconcile_hint(self.rt.journal.location, self.plan.run_id, step_id)
             )
         return self._outcome(
@@ -297,15 +301,27 @@ class RunActor:
         return self._blocked_outcome(Action.WAIT_APPROVAL, decl.id)
 
     async def _call(self, adapter: Any, request: Request, timeout: float | None) -> Receipt:
+        """One send to the tool; what it answers is checked recordable before anything is recorded.
+
+        Raises ``ToolAborted`` if the tool ended with a ``BaseException`` (``sys.exit``,
+        ``KeyboardInterrupt``) and ``UnusableResult`` if its answer cannot be encoded: both
+        mean "outcome unknown" to ``_invoke``, like any exception the tool raises.
+        """
         self.adapter_calls += 1
         if not getattr(adapter, "blocking", True) and timeout is None:
-            result = adapter.invoke(request)
+            result = _guarded(adapter.invoke, request)
         else:
             # An adapter that enforces the timeout itself (the shell kills its process group)
             # gets a grace period to finish that cleanup before the outcome is declared unknown.
             grace = float(getattr(adapter, "timeout_grace_s", 0.0))
             result = await _in_thread(adapter.invoke, request, timeout + grace if timeout is not None else None)
-        return result if isinstance(result, Receipt) else Receipt(data=result)
+        receipt = result if isinstance(result, Receipt) else Receipt(data=result)
+        if not isinstance(receipt.ok, bool):
+            raise UnusableResult(f"the tool's result cannot be recorded: Receipt.ok is a {type(receipt.ok).__name__}")
+        problem = why_unrecordable(receipt.data)
+        if problem is not None:
+            raise UnusableResult(f"the tool's result cannot be recorded: {problem}")
+        return receipt
 
     async def _invoke(self, decl: StepDecl) -> RunOutcome | None:
         sid = decl.id
@@ -345,7 +361,10 @@ class RunActor:
                 return await self._fail(sid, step.attempt, reason, applied=False if every_send_refused else None)
             except Exception as exc:
                 every_send_refused = False
-                reason = redact(decl, f"outcome unknown: {type(exc).__name__}: {exc}")  # a tool may echo its args
+                said = exc.reason if isinstance(exc, ToolAborted | UnusableResult) else f"{type(exc).__name__}: {exc}"
+                reason = redact(decl, f"outcome unknown: {' '.join(said.split())}")  # a tool may echo its args
+                if isinstance(exc, ToolAborted) and exc.interrupted:
+                    return await self._interrupted_in_tool(decl, step.attempt, reason, idempotent=idempotent)
                 if idempotent and sends < max_sends:
                     sends = await self._backoff_resend(decl, step.attempt, sends, reason)
                     continue
@@ -357,7 +376,7 @@ class RunActor:
                     (ev.StepUncertain, {"step_id": sid, "attempt": step.attempt, "reason": reason}),
                     (ev.RunStopped, {"step_id": sid, "reason": "uncertain effect"}),
                 )
-                return self._blocked_outcome(Action.STOP_UNCERTAIN, sid)
+                return self._blocked_outcome(Action.STOP_UNCERTAIN, sid, why=reason)
             self._crash_point("after_effect", sid)
             if not receipt.ok:
                 await self._record(
@@ -370,6 +389,26 @@ class RunActor:
             )
             self._crash_point("after_confirm", sid)
             return None
+
+    async def _interrupted_in_tool(self, decl: StepDecl, attempt: int, reason: str, *, idempotent: bool) -> RunOutcome:
+        """A ``KeyboardInterrupt`` inside the tool: its outcome is unknown and nothing more is sent.
+
+        Not idempotent: uncertain and stopped, as any unknown outcome (exit 3). Idempotent: the
+        step stays requested and the run open, so running the plan again re-sends the same key
+        (exit 130). Every other run of this runtime stops before its next step.
+        """
+        self.rt.request_stop(signal.SIGINT)
+        if not idempotent:
+            await self._record(
+                (ev.StepUncertain, {"step_id": decl.id, "attempt": attempt, "reason": reason}),
+                (ev.RunStopped, {"step_id": decl.id, "reason": "uncertain effect"}),
+            )
+            return self._blocked_outcome(Action.STOP_UNCERTAIN, decl.id, why=reason)
+        message = (
+            f"run {self.plan.run_id} interrupted inside step {decl.id!r} ({reason}); its tool is idempotent: "
+            "run the same plan again to re-send it with the same key"
+        )
+        return msgspec.structs.replace(self._outcome(message), exit_status=128 + signal.SIGINT)
 
     async def _backoff_resend(self, decl: StepDecl, attempt: int, sends: int, reason: str) -> int:
         retry = decl.retry
@@ -406,8 +445,8 @@ async def _in_thread(fn: Callable[[Request], Any], request: Request, timeout: fl
         result: Any = None
         error: BaseException | None = None
         try:
-            result = fn(request)
-        except BaseException as exc:
+            result = _guarded(fn, request)
+        except BaseException as exc:  # an Exception, or our own control flow (SimulatedCrash)
             error = exc
         # After a timeout the loop may be closed: nobody waits for this answer any more.
         with contextlib.suppress(RuntimeError):
@@ -422,6 +461,31 @@ async def _in_thread(fn: Callable[[Request], Any], request: Request, timeout: fl
         if not future.cancelled():  # the adapter's own TimeoutError (e.g. ShellTimeout): keep its message
             raise
         raise TimeoutError(f"no answer within {timeout}s") from None
+
+
+def _guarded(fn: Callable[[Request], Any], request: Request) -> Any:
+    """Call the tool; a ``BaseException`` it ends with becomes ``ToolAborted`` (outcome unknown).
+
+    ``sys.exit()`` in a tool must not end ``effectlog run`` with status 0 and the run open,
+    nor may a ``KeyboardInterrupt`` it raises pass for a clean stop after a commit. Our own
+    deliberate control flow (``SimulatedCrash``, raised by crash hooks) passes through.
+    """
+    try:
+        return fn(request)
+    except (StopIteration, StopAsyncIteration) as exc:
+        # Neither may cross a coroutine or be set on a future (a thread's answer would be lost
+        # and the run would wait for ever): carried as an unknown outcome like any other.
+        raise ToolAborted(f"the tool raised {type(exc).__name__}: {exc}") from None
+    except Exception:
+        raise
+    except SimulatedCrash:
+        raise
+    except SystemExit as exc:
+        raise ToolAborted(f"the tool called sys.exit({exc.code!r})") from None
+    except KeyboardInterrupt:
+        raise ToolAborted("the tool was interrupted (KeyboardInterrupt)", interrupted=True) from None
+    except BaseException as exc:
+        raise ToolAborted(f"the tool raised {type(exc).__name__}: {exc}") from None
 
 
 def _settle(future: asyncio.Future[Any], result: Any, exc: BaseException | None) -> None:

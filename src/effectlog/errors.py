@@ -302,3 +302,30 @@ class LookupUndecided(EffectlogError):
 
     code = "lookup_undecided"
     exit_status = ExitStatus.STOPPED_UNCERTAIN
+
+
+# -- branch `tools` (issue 13): tools that misbehave, inputs that hurt -----------------
+
+
+class ToolAborted(Exception):
+    """A tool ended its call with something other than a return or an ``Exception``
+    (``sys.exit``, ``KeyboardInterrupt``, a bare ``BaseException``): its outcome is unknown."""
+
+    def __init__(self, reason: str, *, interrupted: bool = False) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.interrupted = interrupted  # a KeyboardInterrupt: stop instead of re-sending
+
+
+class UnusableResult(Exception):
+    """A tool returned a value the journal cannot record: the effect may have happened, its result is lost."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class MissingDependency(BadInput):
+    """An optional dependency (psycopg for ``postgresql://``) is not installed."""
+
+    code = "missing_dependency"

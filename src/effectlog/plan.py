@@ -7,8 +7,11 @@ A plan's canonical digest (sha256 of its canonical JSON) is pinned in
 
 from __future__ import annotations
 
+import json
 import math
+import os
 import re
+import stat
 from pathlib import Path
 from typing import Any, Literal
 
@@ -17,9 +20,11 @@ import msgspec
 from effectlog.canonical import canonical_json, digest
 from effectlog.errors import PlanError
 
-ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}$"
-_ID = re.compile(ID_PATTERN)
+ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}$"  # as JSON Schema writes it
+# Matched whole with ``fullmatch``: Python's ``$`` also matches before a final newline ("r1\n").
+_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}")
 MAX_ARGS_BYTES = 1 << 20  # 1 MiB of canonical JSON per step's args, by default
+MAX_PLAN_BYTES = 64 << 20  # 64 MiB: a plan file larger than this is refused unread (--max-plan-bytes)
 MAX_DEPTH = 32
 MAX_SAFE_INT = 2**53 - 1  # beyond this, JSON numbers are not portable across languages
 
@@ -144,6 +149,7 @@ def parse_plan(data: bytes, origin: str = "plan", *, max_args_bytes: int = MAX_A
     except RecursionError:  # nesting so deep the decoder gives up before our own depth check runs
         raise PlanError(f"{origin}: plan: nested deeper than {MAX_DEPTH} levels") from None
     _check_json_values(raw, origin, "", 0)
+    _refuse_duplicate_keys(text, origin)
     try:
         plan = msgspec.convert(raw, Plan)
     except msgspec.ValidationError as exc:
@@ -152,12 +158,55 @@ def parse_plan(data: bytes, origin: str = "plan", *, max_args_bytes: int = MAX_A
     return plan
 
 
-def load_plan(path: str | Path, *, max_args_bytes: int = MAX_ARGS_BYTES) -> Plan:
+def is_valid_id(text: str) -> bool:
+    """A run, step or adapter id: ``[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}``, the whole string."""
+    return _ID.fullmatch(text) is not None
+
+
+def load_plan(
+    path: str | Path, *, max_args_bytes: int = MAX_ARGS_BYTES, max_plan_bytes: int = MAX_PLAN_BYTES
+) -> Plan:
+    """Read and validate a plan file: a regular file of at most ``max_plan_bytes``.
+
+    A FIFO, a device (``/dev/zero``) or a directory is refused before a byte is read, and
+    a file is never read past the limit, so no input can block or exhaust memory here.
+    """
+    return parse_plan(read_plan_bytes(path, max_plan_bytes), str(path), max_args_bytes=max_args_bytes)
+
+
+def _not_regular(mode: int) -> str:
+    if stat.S_ISDIR(mode):
+        return "Is a directory"
+    kind = "a FIFO" if stat.S_ISFIFO(mode) else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "a socket"
+    return f"{kind}, not a regular file"
+
+
+def read_plan_bytes(path: str | Path, max_plan_bytes: int = MAX_PLAN_BYTES) -> bytes:
     try:
-        data = Path(path).read_bytes()
+        # O_NONBLOCK: opening a FIFO with no writer would otherwise wait for ever.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except OSError as exc:
         raise PlanError(f"{path}: cannot read the plan ({exc.strerror})") from None
-    return parse_plan(data, str(path), max_args_bytes=max_args_bytes)
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise PlanError(f"{path}: cannot read the plan ({_not_regular(mode)})")
+        os.set_blocking(fd, True)
+        chunks: list[bytes] = []
+        size = 0
+        while size <= max_plan_bytes:
+            chunk = os.read(fd, min(1 << 20, max_plan_bytes + 1 - size))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+    except OSError as exc:
+        raise PlanError(f"{path}: cannot read the plan ({exc.strerror})") from None
+    finally:
+        os.close(fd)
+    if size > max_plan_bytes:
+        raise PlanError(f"{path}: the plan is over the {max_plan_bytes}-byte limit (--max-plan-bytes N to raise it)")
+    return b"".join(chunks)
 
 
 # float_hook: an out-of-range number (1e999) decodes to inf, which the value check then
@@ -185,12 +234,59 @@ def _check_json_values(value: Any, origin: str, where: str, depth: int) -> None:
         raise PlanError(f"{origin}: {where}: integer beyond 2^53 cannot be hashed portably")
 
 
+class _Keyed(dict[str, Any]):
+    """A JSON object as the duplicate-key pass sees it: the first key given twice, if any."""
+
+    duplicate: str | None = None
+
+
+def _pairs(pairs: list[tuple[str, Any]]) -> _Keyed:
+    obj = _Keyed()
+    for key, value in pairs:
+        if key in obj and obj.duplicate is None:
+            obj.duplicate = key
+        obj[key] = value
+    return obj
+
+
+def _refuse_duplicate_keys(text: str, origin: str) -> None:
+    """JSON allows a key twice in one object and decoders keep the last; a plan must not.
+
+    A second pass over text msgspec has already accepted (valid JSON, nesting checked), so
+    only the duplicate is new here; it is named with its JSON path.
+    """
+    try:
+        parsed = json.loads(text, object_pairs_hook=_pairs)
+    except (ValueError, RecursionError) as exc:  # not expected after msgspec accepted it; still one line
+        raise PlanError(f"{origin}: not valid JSON ({exc})") from None
+    found = _first_duplicate(parsed, "")
+    if found is not None:
+        where, key = found
+        raise PlanError(f"{origin}: {where or 'plan'}: key {key!r} appears more than once in one object")
+
+
+def _first_duplicate(value: Any, where: str) -> tuple[str, str] | None:
+    if isinstance(value, _Keyed):
+        if value.duplicate is not None:
+            return where, value.duplicate
+        items: Any = ((f"{where}.{k}" if where else k, v) for k, v in value.items())
+    elif isinstance(value, list):
+        items = ((f"{where}[{i}]", v) for i, v in enumerate(value))
+    else:
+        return None
+    for path, item in items:
+        found = _first_duplicate(item, path)
+        if found is not None:
+            return found
+    return None
+
+
 def check_plan(plan: Plan, origin: str = "plan", *, max_args_bytes: int = MAX_ARGS_BYTES) -> None:
     """Checks msgspec's types cannot express: ids, references, uniqueness, contracts, sizes."""
-    if not _ID.match(plan.run_id):
+    if not _ID.fullmatch(plan.run_id):
         raise PlanError(f"{origin}: run_id: {_shown(plan.run_id)} is not a valid id (letters, digits, . _ : @ -)")
     for name, decl in plan.adapters.items():
-        if not _ID.match(name):
+        if not _ID.fullmatch(name):
             raise PlanError(f"{origin}: adapters.{name}: not a valid adapter name")
         del decl
     if not plan.steps:
@@ -198,7 +294,7 @@ def check_plan(plan: Plan, origin: str = "plan", *, max_args_bytes: int = MAX_AR
     seen: set[str] = set()
     for i, step in enumerate(plan.steps):
         where = f"{origin}: steps[{i}]"
-        if not _ID.match(step.id):
+        if not _ID.fullmatch(step.id):
             raise PlanError(f"{where}.id: {_shown(step.id)} is not a valid id (letters, digits, . _ : @ -)")
         if step.id in seen:
             raise PlanError(f"{where}.id: duplicate step id {step.id!r}")

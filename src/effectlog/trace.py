@@ -41,7 +41,7 @@ class HashChain:
         return event_dict
 
 
-def _last_hash(path: Path) -> str:
+def last_hash(path: Path) -> str:
     if not path.exists() or path.stat().st_size == 0:
         return _GENESIS_HEX
     with path.open("rb") as fh:
@@ -62,7 +62,7 @@ class Trace:
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
         try:
-            prev = _last_hash(self.path)
+            prev = last_hash(self.path)
             self._fh: TextIO = self.path.open("a", encoding="utf-8")
         except OSError as exc:
             raise BadInput(f"{self.path}: cannot open the trace file ({exc.strerror})") from None

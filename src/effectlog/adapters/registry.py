@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable, Mapping
-from importlib.metadata import entry_points
+from importlib.metadata import EntryPoint, entry_points
 from typing import Any
 
 import msgspec
@@ -74,14 +74,40 @@ def load_object(spec: str) -> Any:
 
 
 class Registry:
-    """Adapter factories by type name."""
+    """Adapter factories by type name.
+
+    Third-party entry points (group ``effectlog.adapters``) are listed up front but imported
+    only when a plan names their type: one broken package cannot break plans that do not
+    use it, and a plan that does gets one line naming the distribution and the error.
+    """
 
     def __init__(self, factories: Mapping[str, Factory] | None = None, *, entry_point_group: bool = True) -> None:
         self.factories: dict[str, Factory] = dict(BUILTINS)
+        self._entry_points: dict[str, EntryPoint] = {}
         if entry_point_group:
             for ep in entry_points(group="effectlog.adapters"):
-                self.factories.setdefault(ep.name, ep.load())
+                self._entry_points.setdefault(ep.name, ep)
         self.factories.update(factories or {})
+
+    def factory(self, type_name: str) -> Factory | None:
+        """The factory for ``type_name`` (importing its entry point now if it has one), or None."""
+        found = self.factories.get(type_name)
+        if found is not None:
+            return found
+        ep = self._entry_points.get(type_name)
+        if ep is None:
+            return None
+        try:
+            loaded: Factory = ep.load()
+        except (Exception, SystemExit) as exc:
+            dist = f"distribution {ep.dist.name} {ep.dist.version}" if ep.dist is not None else "unknown distribution"
+            detail = " ".join(f"{type(exc).__name__}: {exc}".split())
+            raise AdapterNotFound(
+                f"adapter type {type_name!r} from {dist} (entry point {ep.name} = {ep.value}) "
+                f"cannot be loaded: {detail}"
+            ) from None
+        self.factories[type_name] = loaded
+        return loaded
 
     def add_module(self, spec: str) -> None:
         obj = load_object(spec)
@@ -99,7 +125,7 @@ class Registry:
 
     def build_one(self, name: str, decl: AdapterDecl, context: AdapterContext) -> tuple[Any, AdapterIdentity]:
         """One adapter the plan declares (reconciliation builds only the step's own)."""
-        factory = self.factories.get(decl.type)
+        factory = self.factory(decl.type)  # an entry point is imported only now, when a plan names it
         if factory is None:
             raise AdapterNotFound(
                 f"adapters.{name}: no adapter of type {decl.type!r} is registered (give --adapters MODULE:ATTR)"

@@ -13,7 +13,8 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
-from effectlog.errors import EffectlogError, ExitStatus
+from effectlog.cli.output import drop_stdout, err, out
+from effectlog.errors import EffectlogError, ExitStatus, MissingDependency
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -22,7 +23,9 @@ class _Parser(argparse.ArgumentParser):
     """argparse, but a usage error is one line and exit status 2."""
 
     def error(self, message: str) -> NoReturn:
-        sys.stderr.write(f"effectlog: error: {self.prog}: {message} (see '{self.prog} --help')\n")
+        command = self.prog.removeprefix("effectlog").strip()  # "run", "crash-matrix run", or none
+        where = f"{command}: " if command else ""
+        err(f"effectlog: usage: {where}{message} (see '{self.prog} --help')\n")
         raise SystemExit(ExitStatus.BAD_INPUT)
 
 
@@ -66,12 +69,27 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.path.insert(0, os.getcwd())  # `--adapters my_tools:X` finds ./my_tools.py, as `python -m effectlog` does
     handler: Handler = args.handler
     try:
-        return handler(args)
+        status = handler(args)
     except EffectlogError as exc:
-        sys.stderr.write(f"effectlog: {exc.code}: {exc}\n")
-        return int(exc.exit_status)
+        status = _fail(exc)
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").partition(".")[0] not in ("psycopg", "psycopg_pool"):
+            raise
+        status = _fail(
+            MissingDependency(f"a postgresql:// location needs psycopg: install effectlog[postgres] ({exc})")
+        )
     except KeyboardInterrupt:
-        sys.stderr.write("effectlog: interrupted\n")
-        return 130
+        err("effectlog: interrupted\n")
+        status = int(ExitStatus.INTERRUPTED)
     except BrokenPipeError:
-        return 0
+        # Only a write that bypassed ``output.out`` gets here, and the command's own status is
+        # lost with it: say so with 1 rather than pretend the command succeeded.
+        drop_stdout()
+        status = int(ExitStatus.RUN_FAILED)
+    out("")  # flush what is buffered; a closed pipe is dropped, not an error
+    return status
+
+
+def _fail(exc: EffectlogError) -> int:
+    err(f"effectlog: {exc.code}: {exc}\n")
+    return int(exc.exit_status)

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
+from effectlog.cli.output import err, out
 from effectlog.errors import BadInput, ExitStatus
 
 
@@ -48,32 +48,32 @@ def register(sub: Any) -> None:
     p.set_defaults(handler=cmd_run)
 
     p = cms.add_parser("verify", help="recompute every expectation of a report from its evidence")
-    p.add_argument("report", metavar="F")
+    p.add_argument("report", metavar="F", help="report JSON written by crash-matrix run")
     p.set_defaults(handler=cmd_verify)
 
     p = cms.add_parser("soak", help="SIGKILL a worker at random moments until its runs complete")
-    p.add_argument("--kills", metavar="N", type=int, default=50)
-    p.add_argument("--seed", metavar="S", type=int, default=1)
+    p.add_argument("--kills", metavar="N", type=int, default=50, help="SIGKILLs to deliver (default 50)")
+    p.add_argument("--seed", metavar="S", type=int, default=1, help="random seed of the kill moments")
     p.add_argument("--steps", metavar="K", type=int, default=12, help="steps per run")
     p.add_argument("--output", metavar="F", help="soak report JSON")
-    p.add_argument("--workdir", metavar="DIR")
+    p.add_argument("--workdir", metavar="DIR", help="where run files go (default: a temporary directory)")
     p.set_defaults(handler=cmd_soak)
 
-    p = cms.add_parser("worker", help=argparse.SUPPRESS)
-    p.add_argument("--plan", required=True)
-    p.add_argument("--journal")
-    p.add_argument("--effects")
-    p.add_argument("--arm")
-    p.add_argument("--notify-fd", type=int)
-    p.add_argument("--blind")
-    p.add_argument("--user-adapter")
-    p.add_argument("--adapters", action="append", default=[])
+    # Internal: the process the matrix starts and kills. Not listed (no help= on the parser).
+    p = cms.add_parser("worker", description="internal: one crash-matrix worker process")
+    p.add_argument("--plan", required=True, help="plan JSON file")
+    p.add_argument("--journal", help="journal file path or postgresql:// URL")
+    p.add_argument("--effects", help="effect store file")
+    p.add_argument("--arm", help="the boundary to stop at and report")
+    p.add_argument("--notify-fd", type=int, help="pipe to report the boundary reached on")
+    p.add_argument("--blind", help="run blind (no journal) against this effect store")
+    p.add_argument("--user-adapter", help="MODULE:FACTORY of the adapter under test")
+    p.add_argument("--adapters", action="append", default=[], help="MODULE:ATTR of more adapters (repeatable)")
     p.set_defaults(handler=cmd_worker)
 
 
 def _progress(line: str) -> None:
-    sys.stderr.write(line + "\n")
-    sys.stderr.flush()
+    err(line + "\n")
 
 
 def _workdir(arg: str | None) -> Path:
@@ -96,12 +96,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise BadInput("crash-matrix run: --args and --not-idempotent go with --adapter MODULE:FACTORY")
     step_args = _step_args(args.args) if args.args is not None else None
     backends = args.backend or ["sqlite"]
-    out = Path(args.output)
-    out.parent.mkdir(parents=True, exist_ok=True)
+    report_path = Path(args.output)
+    report_path.parent.mkdir(parents=True, exist_ok=True)
 
     def progress(line: str) -> None:
-        sys.stderr.write(line + "\n")
-        sys.stderr.flush()
+        err(line + "\n")
 
     with contextlib.ExitStack() as stack:
         url = args.postgres_url
@@ -127,14 +126,14 @@ def cmd_run(args: argparse.Namespace) -> int:
             args=step_args,
             idempotent=not args.not_idempotent,
         )
-    save_report(report, out)
+    save_report(report, report_path)
     problems = verify(report)
-    sys.stdout.write(render_table(report))
+    out(render_table(report))
     if problems:
         for p in problems:
-            sys.stderr.write(f"effectlog: crash-matrix: {p}\n")
+            err(f"effectlog: crash-matrix: {p}\n")
         return int(ExitStatus.RUN_FAILED)
-    sys.stdout.write(f"\nreport written to {out}; every case verified from its evidence\n")
+    out(f"\nreport written to {report_path}; every case verified from its evidence\n")
     return 0
 
 
@@ -161,10 +160,10 @@ def cmd_verify(args: argparse.Namespace) -> int:
     problems = verify(report)
     if problems:
         for p in problems:
-            sys.stderr.write(f"effectlog: crash-matrix verify: {p}\n")
+            err(f"effectlog: crash-matrix verify: {p}\n")
         return int(ExitStatus.INTEGRITY)
-    sys.stdout.write(render_table(report))
-    sys.stdout.write(f"\nok: {len(report.cases)} case(s) recomputed from their evidence\n")
+    out(render_table(report))
+    out(f"\nok: {len(report.cases)} case(s) recomputed from their evidence\n")
     return 0
 
 
@@ -182,7 +181,7 @@ def cmd_soak(args: argparse.Namespace) -> int:
     )
     if args.output:
         save_soak(result, args.output)
-    sys.stdout.write(render_soak(result))
+    out(render_soak(result))
     return 0 if result.violations == 0 else int(ExitStatus.RUN_FAILED)
 
 

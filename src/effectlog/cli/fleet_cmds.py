@@ -12,7 +12,7 @@ import sys
 import time
 from typing import Any
 
-from effectlog.cli.output import emit_json, table
+from effectlog.cli.output import NdjsonLog, emit_json, out, table, tools_write_to_stderr
 from effectlog.errors import BadInput
 from effectlog.fleet import FleetStore, limits, open_store
 from effectlog.fleet.model import RequestView
@@ -26,7 +26,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("submit", help="create a durable execution request (idempotent by --scope and --key)")
     p.add_argument("plan", metavar="PLAN", help="plan JSON file")
     _store_args(p)
-    p.add_argument("--scope", required=True, metavar="S")
+    p.add_argument("--scope", required=True, metavar="S", help="namespace of the idempotency key")
     p.add_argument("--key", required=True, metavar="K", help="idempotency key, unique within the scope")
     p.add_argument("--requires", default="", metavar="CAP,...", help="capabilities a runner must declare")
     p.add_argument(
@@ -45,7 +45,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="wait before the first automatic requeue is claimed, doubled for each next one "
         f"(default {limits.DEFAULT_REQUEUE_BACKOFF_S:g})",
     )
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="the request as JSON, with created true or false")
     p.set_defaults(handler=cmd_submit)
 
     p = sub.add_parser("runner", help="pull requests from a store and run them (the store never calls a runner)")
@@ -66,31 +66,32 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--max-attempts", type=int, metavar="N", help="exit after N attempts have ended")
     p.add_argument("--exit-when-idle", action="store_true", help="exit when nothing it can take is queued")
     p.add_argument("--no-recovery", action="store_true", help="do not run recovery passes (run `effectlog recovery`)")
+    p.add_argument("--json", action="store_true", help="log as newline-delimited JSON on stdout, one object per event")
     # Test hooks: stop at a point once, say so on a pipe, block (or wait for a byte on --resume-fd).
-    p.add_argument("--arm", help=argparse.SUPPRESS)
-    p.add_argument("--notify-fd", type=int, help=argparse.SUPPRESS)
-    p.add_argument("--resume-fd", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--arm", metavar="POINT", help="test hook: stop once at POINT (needs --notify-fd)")
+    p.add_argument("--notify-fd", type=int, metavar="FD", help="test hook: report the point reached on FD")
+    p.add_argument("--resume-fd", type=int, metavar="FD", help="test hook: go on when a byte arrives on FD")
     p.set_defaults(handler=cmd_runner)
 
     p = sub.add_parser("operator", help="decide a request that needs an operator (audited)")
-    p.add_argument("action", choices=("requeue", "fail", "cancel"))
+    p.add_argument("action", choices=("requeue", "fail", "cancel"), help="the decision")
     _store_args(p)
-    p.add_argument("--request", type=int, required=True, metavar="ID")
-    p.add_argument("--reason", required=True, metavar="TEXT")
-    p.add_argument("--by", required=True, metavar="NAME")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--request", type=int, required=True, metavar="ID", help="the request to decide")
+    p.add_argument("--reason", required=True, metavar="TEXT", help="why (recorded)")
+    p.add_argument("--by", required=True, metavar="NAME", help="who decides (recorded)")
+    p.add_argument("--json", action="store_true", help="the request after the decision, as JSON")
     p.set_defaults(handler=cmd_operator)
 
     p = sub.add_parser("recovery", help="run the recovery service: decide what each expired lease means")
     _store_args(p)
     p.add_argument("--once", action="store_true", help="one pass, then exit")
-    p.add_argument("--interval", type=float, default=1.0, metavar="S")
+    p.add_argument("--interval", type=float, default=1.0, metavar="S", help="seconds between passes")
     p.set_defaults(handler=cmd_recovery)
 
     p = sub.add_parser("requests", help="execution requests, or one request's attempts and history")
     _store_args(p)
-    p.add_argument("--request", type=int, metavar="ID")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--request", type=int, metavar="ID", help="one request, with its attempts and history")
+    p.add_argument("--json", action="store_true", help="as JSON")
     p.set_defaults(handler=cmd_requests)
 
 
@@ -135,7 +136,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
     if args.json:
         emit_json({"created": done.created, "request": done.request})
     else:
-        sys.stdout.write(f"{_show(done.request)}{'' if done.created else ' (already submitted)'}\n")
+        out(f"{_show(done.request)}{'' if done.created else ' (already submitted)'}\n")
     return 0
 
 
@@ -163,7 +164,12 @@ def cmd_runner(args: argparse.Namespace) -> int:
         resume_fd=args.resume_fd,
     )
     chain = chain_from_env(args.key_file)
-    return run_runner(config, lambda location: open_store(location, chain=chain, pool_size=args.capacity + 2))
+    with tools_write_to_stderr() as stdout:  # tools' own stdout never mixes with the --json events
+        return run_runner(
+            config,
+            lambda location: open_store(location, chain=chain, pool_size=args.capacity + 2),
+            log=NdjsonLog(stdout) if args.json else None,
+        )
 
 
 def cmd_operator(args: argparse.Namespace) -> int:
@@ -178,7 +184,7 @@ def cmd_operator(args: argparse.Namespace) -> int:
     if args.json:
         emit_json(view)
     else:
-        sys.stdout.write(f"{_show(view)} (attempt {view.attempt_no}); recorded: {args.action} by {args.by}\n")
+        out(f"{_show(view)} (attempt {view.attempt_no}); recorded: {args.action} by {args.by}\n")
     return 0
 
 
@@ -190,7 +196,7 @@ def cmd_recovery(args: argparse.Namespace) -> int:
     try:
         while True:
             for done in recover_once(store):
-                sys.stdout.write(f"request {done.request_id} attempt {done.attempt_no}: {done.state}: {done.reason}\n")
+                out(f"request {done.request_id} attempt {done.attempt_no}: {done.state}: {done.reason}\n")
                 sys.stdout.flush()
             if args.once:
                 return 0
@@ -212,7 +218,7 @@ def cmd_requests(args: argparse.Namespace) -> int:
                     for v in views
                 ]
                 header = ("request", "scope", "key", "run", "state", "attempt", "requeues")
-                sys.stdout.write(table(header, listed) + "\n")
+                out(table(header, listed) + "\n")
             return 0
         view = store.request(args.request)
         attempts = store.attempts(args.request)
@@ -222,13 +228,13 @@ def cmd_requests(args: argparse.Namespace) -> int:
     if args.json:
         emit_json({"request": view, "attempts": attempts, "history": history})
         return 0
-    sys.stdout.write(_show(view) + "\n")
+    out(_show(view) + "\n")
     rows: list[Any] = [(a.attempt_no, a.state, a.runner_id or "", a.token or "") for a in attempts]
-    sys.stdout.write(table(("attempt", "state", "runner", "token"), rows) + "\n")
+    out(table(("attempt", "state", "runner", "token"), rows) + "\n")
     by_id: dict[int, Any] = {a.attempt_id: a.attempt_no for a in attempts}
     rows = [
         (by_id.get(h.attempt_id, "?"), h.transition, f"{h.from_state} -> {h.to_state}", h.actor, h.actor_name, h.reason)
         for h in history
     ]
-    sys.stdout.write(table(("attempt", "transition", "states", "actor", "by", "reason"), rows) + "\n")
+    out(table(("attempt", "transition", "states", "actor", "by", "reason"), rows) + "\n")
     return 0

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import sys
+import os
 from typing import Any
 
-from effectlog.cli.output import emit_json
+from effectlog.cli.output import emit_json, err, out
 from effectlog.diagrams import render
-from effectlog.errors import ExitStatus, IntegrityError, UnknownRun
+from effectlog.errors import ExitStatus, IntegrityError, JournalUnreadable, UnknownRun
 from effectlog.journal import chain_from_env, load_run, open_journal
 from effectlog.spec import MACHINES
 
@@ -18,27 +18,59 @@ def add_journal_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--key-file", metavar="F", help="HMAC key for the chain (else EFFECTLOG_JOURNAL_KEY)")
 
 
+def run_or_step_id(text: str) -> str:
+    """argparse type of --run-id and --step: an id as plans define it, the whole string."""
+    from effectlog.plan import is_valid_id
+
+    if not is_valid_id(text):
+        shown = repr(text) if len(text) <= 64 else f"{text[:32]!r}... ({len(text)} characters)"
+        raise argparse.ArgumentTypeError(f"{shown} is not a valid id (letters, digits, . _ : @ -)")
+    return text
+
+
+def add_run_id_arg(p: argparse.ArgumentParser, *, required: bool = True, help: str = "the run") -> None:
+    p.add_argument("--run-id", metavar="R", required=required, type=run_or_step_id, help=help)
+
+
+def add_step_arg(p: argparse.ArgumentParser, help: str) -> None:
+    p.add_argument("--step", metavar="S", required=True, type=run_or_step_id, help=help)
+
+
+def add_json_arg(p: argparse.ArgumentParser, help: str) -> None:
+    p.add_argument("--json", action="store_true", help=help)
+
+
+def existing_journal(location: str) -> None:
+    """Refuse a journal file that does not exist, for commands that act on an existing run
+    (approve, deny, reconcile): a mistyped --journal must not create an empty journal."""
+    if location.startswith(("postgresql://", "postgres://")):
+        return
+    if not os.path.isfile(location):
+        raise JournalUnreadable(f"--journal {location}: no journal file there")
+
+
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("verify", help="replay runs from the journal and check chain, sequence and transitions")
     add_journal_args(p)
-    p.add_argument("--run-id", metavar="R")
+    add_run_id_arg(p, required=False, help="only this run")
     p.add_argument("--expect-head", metavar="HEX", help="the chain head kept outside the database (needs --run-id)")
-    p.add_argument("--json", action="store_true")
+    add_json_arg(p, "the report as one JSON object")
     p.set_defaults(handler=cmd_verify)
 
     p = sub.add_parser("head", help="print a run's chain head, to keep outside the database")
     add_journal_args(p)
-    p.add_argument("--run-id", metavar="R", required=True)
+    add_run_id_arg(p)
+    add_json_arg(p, "the head as JSON: run_id, seq, head")
     p.set_defaults(handler=cmd_head)
 
     p = sub.add_parser("diagram", help="print a state diagram generated from specs/")
-    p.add_argument("machine", choices=MACHINES)
-    p.add_argument("--format", choices=("mermaid", "dot"), default="mermaid")
+    p.add_argument("machine", choices=MACHINES, help="which machine: " + ", ".join(MACHINES))
+    p.add_argument("--format", choices=("mermaid", "dot"), default="mermaid", help="diagram language")
     p.set_defaults(handler=cmd_diagram)
 
 
 def cmd_diagram(args: argparse.Namespace) -> int:
-    sys.stdout.write(render(args.machine, args.format))
+    out(render(args.machine, args.format))
     return 0
 
 
@@ -50,7 +82,10 @@ def cmd_head(args: argparse.Namespace) -> int:
         state = load_run(journal, args.run_id)
     finally:
         journal.close()
-    sys.stdout.write(f"{state.run_id} {state.seq} {state.head.hex()}\n")
+    if args.json:
+        emit_json({"run_id": state.run_id, "seq": state.seq, "head": state.head.hex()})
+    else:
+        out(f"{state.run_id} {state.seq} {state.head.hex()}\n")
     return 0
 
 
@@ -85,8 +120,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
     if args.json:
         emit_json({"ok": failure is None, "runs": report, "error": failure.as_dict() if failure else None})
     elif failure is None:
-        sys.stdout.write(f"ok: {len(report)} run(s), {sum(r['events'] for r in report)} event(s) verified\n")
+        out(f"ok: {len(report)} run(s), {sum(r['events'] for r in report)} event(s) verified\n")
     if failure is not None:
-        sys.stderr.write(f"effectlog: {failure.code}: {failure}\n")
+        err(f"effectlog: {failure.code}: {failure}\n")
         return int(ExitStatus.INTEGRITY)
     return 0

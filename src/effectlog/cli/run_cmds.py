@@ -4,23 +4,22 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 from datetime import UTC, datetime
 from typing import Any
 
 import msgspec
 
-from effectlog.cli.inspect_cmds import add_journal_args
-from effectlog.cli.output import emit_json, table
+from effectlog.cli.inspect_cmds import add_journal_args, add_json_arg, add_run_id_arg, add_step_arg, existing_journal
+from effectlog.cli.output import emit_json, err, out, table, tools_write_to_stderr
 from effectlog.errors import BadInput, UnknownRun
 from effectlog.fold import RunState, replay_records
 from effectlog.journal import chain_from_env, load_run, open_journal
-from effectlog.plan import MAX_ARGS_BYTES
+from effectlog.plan import MAX_ARGS_BYTES, MAX_PLAN_BYTES
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("run", help="run (or resume) a plan durably")
-    p.add_argument("plan", metavar="PLAN", help="plan JSON file")
+    p.add_argument("plan", metavar="PLAN", help="plan JSON file (a regular file)")
     add_journal_args(p)
     p.add_argument("--effects", metavar="E", help="effect store file, for the effects.* adapters")
     p.add_argument(
@@ -38,28 +37,35 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         default=MAX_ARGS_BYTES,
         help=f"largest canonical JSON of one step's args (default {MAX_ARGS_BYTES})",
     )
-    p.add_argument("--json", action="store_true")
+    p.add_argument(
+        "--max-plan-bytes",
+        metavar="N",
+        type=_positive_int,
+        default=MAX_PLAN_BYTES,
+        help=f"largest plan file read (default {MAX_PLAN_BYTES}, 64 MiB)",
+    )
+    add_json_arg(p, "the run's outcome as one JSON object (tools' own stdout goes to stderr)")
     p.set_defaults(handler=cmd_run)
 
     p = sub.add_parser("status", help="the state of every run, or of one")
     add_journal_args(p)
-    p.add_argument("--run-id", metavar="R")
-    p.add_argument("--json", action="store_true")
+    add_run_id_arg(p, required=False, help="only this run")
+    add_json_arg(p, "as JSON: one object with --run-id, else a list")
     p.set_defaults(handler=cmd_status)
 
     p = sub.add_parser("timeline", help="every event of one run, in order")
     add_journal_args(p)
-    p.add_argument("--run-id", metavar="R", required=True)
-    p.add_argument("--json", action="store_true")
+    add_run_id_arg(p)
+    add_json_arg(p, "the events as a JSON list")
     p.set_defaults(handler=cmd_timeline)
 
     p = sub.add_parser("reconcile", help="resolve an uncertain step with evidence (appends step.reconciled)")
     add_journal_args(p)
-    p.add_argument("--run-id", metavar="R", required=True)
-    p.add_argument("--step", metavar="S", required=True)
-    p.add_argument("--outcome", choices=("applied", "not-applied"))
-    p.add_argument("--evidence", metavar="TEXT")
-    p.add_argument("--operator", metavar="NAME")
+    add_run_id_arg(p)
+    add_step_arg(p, "the uncertain step")
+    p.add_argument("--outcome", choices=("applied", "not-applied"), help="what the evidence shows")
+    p.add_argument("--evidence", metavar="TEXT", help="what you looked at (a ledger row, a statement)")
+    p.add_argument("--operator", metavar="NAME", help="who decides (recorded)")
     p.add_argument(
         "--from-ledger", metavar="EFFECTS_DB", help="inspect the run's own effect store (read-only) instead of a person"
     )
@@ -73,6 +79,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     p.add_argument("--effects", metavar="E", help="with --lookup: the run's effect store (default: the pinned path)")
     p.add_argument("--plan", metavar="PLAN", help="with --lookup: the run's plan file, for secret args' real values")
+    add_json_arg(p, "the reconciled step as JSON")
     p.set_defaults(handler=cmd_reconcile)
 
     for name, helptext in (
@@ -81,22 +88,23 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     ):
         p = sub.add_parser(name, help=helptext)
         add_journal_args(p)
-        p.add_argument("--run-id", metavar="R", required=True)
-        p.add_argument("--step", metavar="S", required=True)
-        p.add_argument("--by", metavar="NAME", required=True)
-        p.add_argument("--reason", metavar="TEXT", default="")
+        add_run_id_arg(p)
+        add_step_arg(p, f"the held step to {name}")
+        p.add_argument("--by", metavar="NAME", required=True, help="who decides (recorded)")
+        p.add_argument("--reason", metavar="TEXT", default="", help="why (recorded)")
         if name == "approve":
             p.add_argument("--expires-in", metavar="SECONDS", type=float, help="the approval lapses after this")
+        add_json_arg(p, "the decided step as JSON")
         p.set_defaults(handler=cmd_approve if name == "approve" else cmd_deny)
 
     p = sub.add_parser("effects", help="list the effect store's ledger")
-    p.add_argument("--effects", metavar="E", required=True)
-    p.add_argument("--run-id", metavar="R")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--effects", metavar="E", required=True, help="effect store file")
+    add_run_id_arg(p, required=False, help="only this run's effects")
+    add_json_arg(p, "the ledger as a JSON list")
     p.set_defaults(handler=cmd_effects)
 
     p = sub.add_parser("schema", help="print a JSON Schema")
-    p.add_argument("what", choices=("plan",))
+    p.add_argument("what", choices=("plan",), help="which schema: plan")
     p.set_defaults(handler=cmd_schema)
 
 
@@ -114,6 +122,12 @@ def _writer(args: argparse.Namespace) -> Any:
     return open_journal(args.journal, writer=True, chain=chain_from_env(args.key_file))
 
 
+def _existing_writer(args: argparse.Namespace) -> Any:
+    """The journal of a command that acts on an existing run: it is never created here."""
+    existing_journal(args.journal)
+    return _writer(args)
+
+
 def _reader(args: argparse.Namespace) -> Any:
     return open_journal(args.journal, writer=False, chain=chain_from_env(args.key_file))
 
@@ -127,31 +141,113 @@ def _state(journal: Any, run_id: str, location: str) -> RunState:
 def cmd_run(args: argparse.Namespace) -> int:
     from effectlog.adapters.registry import Registry
     from effectlog.cli.signals import stop_on_signals
-    from effectlog.errors import AdapterNotFound
     from effectlog.plan import load_plan
     from effectlog.runtime import Runtime
 
-    plan = load_plan(args.plan, max_args_bytes=args.max_args_bytes)  # validate before touching the journal
+    # Everything is checked before anything is created: plan, adapters, effect store, trace.
+    plan = load_plan(args.plan, max_args_bytes=args.max_args_bytes, max_plan_bytes=args.max_plan_bytes)
     registry = Registry()
     for spec in args.adapters:
         registry.add_module(spec)
-    for name, decl in plan.adapters.items():
-        if decl.type not in registry.factories:
-            raise AdapterNotFound(f"{args.plan}: adapters.{name}: no adapter of type {decl.type!r} is registered")
-    for flag, path in (("--effects", args.effects), ("--trace", args.trace)):
-        if path is not None and not os.path.isdir(os.path.dirname(os.path.abspath(path))):
-            raise BadInput(f"{flag} {path}: directory does not exist")
+    check_adapters(plan, registry, args.plan, effects=args.effects)
+    if args.effects is not None:
+        check_effect_store(args.effects)
+    if args.trace is not None:
+        check_trace(args.trace)
     runtime = Runtime(_writer(args), adapters=registry, effects=args.effects, trace=args.trace)
-    with runtime, stop_on_signals(runtime):  # SIGINT/SIGTERM: stop after the current step's commit (130/143)
+    # SIGINT/SIGTERM: stop after the current step's commit (130/143). Tools' stdout goes to stderr.
+    with runtime, stop_on_signals(runtime), tools_write_to_stderr():
         outcome = runtime.run(plan)
     if args.json:
-        emit_json(outcome)
+        emit_json(run_json(outcome, args.journal))
     else:
         rows = [(s.id, s.state, s.attempt) for s in outcome.steps]
-        sys.stdout.write(table(("step", "state", "attempt"), rows) + "\n")
-        stream = sys.stdout if outcome.exit_status == 0 else sys.stderr
-        stream.write(f"{outcome.message}\n")
+        out(table(("step", "state", "attempt"), rows) + "\n")
+        if outcome.exit_status == 0:
+            out(f"{outcome.message}\n")
+        else:
+            err(f"{outcome.message}\n")
     return outcome.exit_status
+
+
+def run_json(outcome: Any, journal: str) -> dict[str, Any]:
+    """``run --json``: the outcome, and the command a stopped or suspended run needs next."""
+    from effectlog.outcome import reconcile_hint
+
+    data: dict[str, Any] = msgspec.to_builtins(outcome)
+    step = outcome.step_id
+    stopped = outcome.state == "stopped" and step is not None
+    suspended = outcome.state == "suspended" and step is not None
+    data["reconcile_command"] = reconcile_hint(journal, outcome.run_id, step) if stopped else None
+    data["approve_command"] = (
+        f"effectlog approve --journal {journal} --run-id {outcome.run_id} --step {step} --by NAME"
+        if suspended
+        else None
+    )
+    return data
+
+
+def check_adapters(plan: Any, registry: Any, origin: str, *, effects: str | None) -> None:
+    """Every adapter type the plan names is registered (importing only those), and an effects.*
+    adapter has its effect store."""
+    from effectlog.errors import AdapterNotFound
+
+    for name, decl in plan.adapters.items():
+        if registry.factory(decl.type) is None:
+            raise AdapterNotFound(f"{origin}: adapters.{name}: no adapter of type {decl.type!r} is registered")
+        if decl.type.startswith("effects.") and effects is None:
+            raise BadInput(f"{origin}: adapters.{name}: type {decl.type!r} needs an effect store: give --effects FILE")
+
+
+def check_effect_store(path: str, flag: str = "--effects") -> None:
+    """An effect store given by ``flag``: in an existing directory, and if the file exists, an
+    effect store (a file of something else is refused, never given our tables)."""
+    import sqlite3
+    from pathlib import Path
+
+    if not os.path.isdir(os.path.dirname(os.path.abspath(path))):
+        raise BadInput(f"{flag} {path}: directory does not exist")
+    if not os.path.exists(path):
+        return
+    if not os.path.isfile(path):
+        raise BadInput(f"{flag} {path}: not a file")
+    if os.path.getsize(path) == 0:
+        return
+    with open(path, "rb") as fh:
+        header = fh.read(16)
+    if header != b"SQLite format 3\x00":
+        raise BadInput(f"{flag} {path}: not an effect store (not a SQLite file)")
+    try:
+        db = sqlite3.connect(Path(path).absolute().as_uri() + "?mode=ro", uri=True)
+        try:
+            tables = {row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        finally:
+            db.close()
+    except sqlite3.Error as exc:
+        raise BadInput(f"{flag} {path}: not a readable effect store ({exc})") from None
+    if tables and "effects" not in tables:
+        raise BadInput(f"{flag} {path}: a SQLite file of something else, not an effect store")
+
+
+def check_trace(path: str) -> None:
+    """``--trace``: a writable place, and if the file exists, a trace it can extend (read, never written)."""
+    from pathlib import Path
+
+    from effectlog.trace import last_hash
+
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        raise BadInput(f"--trace {path}: directory does not exist")
+    if os.path.isdir(path):
+        raise BadInput(f"--trace {path}: a directory, not a trace file")
+    if os.path.exists(path):
+        if not os.path.isfile(path):
+            raise BadInput(f"--trace {path}: not a regular file")
+        if not os.access(path, os.W_OK):
+            raise BadInput(f"{path}: cannot open the trace file (Permission denied)")
+        last_hash(Path(path))
+    elif not os.access(parent, os.W_OK | os.X_OK):
+        raise BadInput(f"{path}: cannot open the trace file (Permission denied)")
 
 
 def _status_dict(state: RunState) -> dict[str, Any]:
@@ -177,12 +273,12 @@ def cmd_status(args: argparse.Namespace) -> int:
         return 0
     if args.run_id:
         s = states[0]
-        sys.stdout.write(f"run {s.run_id}: {s.state} ({s.seq} events)\n")
+        out(f"run {s.run_id}: {s.state} ({s.seq} events)\n")
         rows = [(x.step_id, x.state, x.attempt, x.reason) for x in s.ordered_steps()]
-        sys.stdout.write(table(("step", "state", "attempt", "note"), rows) + "\n")
+        out(table(("step", "state", "attempt", "note"), rows) + "\n")
     else:
         rows = [(s.run_id, s.state, s.seq, s.blocked_step or "") for s in states]
-        sys.stdout.write(table(("run", "state", "events", "blocked on"), rows) + "\n")
+        out(table(("run", "state", "events", "blocked on"), rows) + "\n")
     return 0
 
 
@@ -219,7 +315,7 @@ def cmd_timeline(args: argparse.Namespace) -> int:
                 " ".join(f"{k}={v}" for k, v in detail.items()),
             )
         )
-    sys.stdout.write(table(("seq", "time", "event", "step", "attempt", "detail"), rows) + "\n")
+    out(table(("seq", "time", "event", "step", "attempt", "detail"), rows) + "\n")
     return 0
 
 
@@ -234,6 +330,7 @@ def cmd_reconcile(args: argparse.Namespace) -> int:
             raise BadInput(f"reconcile: {automated[0]} decides the outcome; do not also give --outcome/--evidence")
         if args.from_ledger and not os.path.isfile(args.from_ledger):
             raise BadInput(f"--from-ledger {args.from_ledger}: no effect store there")
+        check_effect_store(args.from_ledger, flag="--from-ledger")
     elif not (args.outcome and args.evidence and args.operator):
         raise BadInput(
             "reconcile: give --outcome, --evidence and --operator (or --lookup, or --from-ledger EFFECTS_DB)"
@@ -251,7 +348,7 @@ def cmd_reconcile(args: argparse.Namespace) -> int:
         if args.effects is not None and not os.path.isfile(args.effects):
             raise BadInput(f"--effects {args.effects}: no effect store there")
         plan = load_plan(args.plan) if args.plan else None
-    journal = _writer(args)
+    journal = _existing_writer(args)
     try:
         if args.from_ledger:
             state = reconcile_from_ledger(journal, args.run_id, args.step, args.from_ledger)
@@ -270,8 +367,30 @@ def cmd_reconcile(args: argparse.Namespace) -> int:
         journal.close()
     step = state.step(args.step)
     assert step is not None
-    sys.stdout.write(f"step {args.step} reconciled: {step.outcome} (by {step.operator}); resume the run to continue\n")
+    if args.json:
+        emit_json(_step_json(state, args.step))
+    else:
+        out(f"step {args.step} reconciled: {step.outcome} (by {step.operator}); resume the run to continue\n")
     return 0
+
+
+def _step_json(state: RunState, step_id: str) -> dict[str, Any]:
+    """What approve, deny and reconcile report with --json: the run and the step they decided."""
+    step = state.step(step_id)
+    assert step is not None
+    return {
+        "run_id": state.run_id,
+        "run_state": state.state,
+        "events": state.seq,
+        "step": {
+            "id": step.step_id,
+            "state": step.state,
+            "attempt": step.attempt,
+            "outcome": step.outcome,
+            "operator": step.operator,
+            "reason": step.reason,
+        },
+    }
 
 
 def cmd_approve(args: argparse.Namespace) -> int:
@@ -284,24 +403,30 @@ def cmd_approve(args: argparse.Namespace) -> int:
         if args.expires_in <= 0:
             raise BadInput("--expires-in must be positive")
         expires = time.time_ns() + int(args.expires_in * 1e9)
-    journal = _writer(args)
+    journal = _existing_writer(args)
     try:
-        approve(journal, args.run_id, args.step, by=args.by, reason=args.reason, expires_at=expires)
+        state = approve(journal, args.run_id, args.step, by=args.by, reason=args.reason, expires_at=expires)
     finally:
         journal.close()
-    sys.stdout.write(f"step {args.step} approved by {args.by}; resume the run to execute it once\n")
+    if args.json:
+        emit_json(_step_json(state, args.step))
+        return 0
+    out(f"step {args.step} approved by {args.by}; resume the run to execute it once\n")
     return 0
 
 
 def cmd_deny(args: argparse.Namespace) -> int:
     from effectlog.approvals import deny
 
-    journal = _writer(args)
+    journal = _existing_writer(args)
     try:
-        deny(journal, args.run_id, args.step, by=args.by, reason=args.reason)
+        state = deny(journal, args.run_id, args.step, by=args.by, reason=args.reason)
     finally:
         journal.close()
-    sys.stdout.write(f"step {args.step} denied by {args.by}; the run has failed\n")
+    if args.json:
+        emit_json(_step_json(state, args.step))
+        return 0
+    out(f"step {args.step} denied by {args.by}; the run has failed\n")
     return 0
 
 
@@ -318,7 +443,7 @@ def cmd_effects(args: argparse.Namespace) -> int:
     if args.json:
         emit_json(rows)
         return 0
-    sys.stdout.write(
+    out(
         table(
             ("effect", "kind", "run", "step", "attempt", "key"),
             [(r.effect_id, r.kind, r.run_id, r.step_id, r.attempt, r.idempotency_key[:16]) for r in rows],

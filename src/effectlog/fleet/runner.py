@@ -389,11 +389,11 @@ class Runner:
             self.log_stream.flush()
 
 
-def run_runner(config: RunnerConfig, open_store: Callable[[str], FleetStore]) -> int:
+def run_runner(config: RunnerConfig, open_store: Callable[[str], FleetStore], log: TextIO | None = None) -> int:
     config = checked(config)  # before the store is opened (or created)
     secrets_provider(config)
     store = open_store(config.store)
     try:
-        return Runner(config, store).serve()
+        return Runner(config, store, log=log).serve()
     finally:
         store.close()

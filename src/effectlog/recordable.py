@@ -1,0 +1,79 @@
+"""Can a tool's answer be recorded? The journal stores canonical JSON; anything else is refused
+before a batch is built, with the type and place that could not be encoded.
+
+The actor asks this of every receipt *before* it records the step's result, so an
+unencodable answer never reaches ``events.encode`` half-way through a commit.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from effectlog.canonical import canonical_json
+
+_MAX_DEPTH = 256  # deeper than this, the encoder itself would give up
+
+
+def why_unrecordable(value: Any, where: str = "result") -> str | None:
+    """``None`` if ``value`` encodes as canonical JSON; else what in it does not, and where."""
+    try:
+        canonical_json(value)
+    except (Exception, RecursionError) as exc:  # TypeError, UnicodeEncodeError, OverflowError, msgspec's
+        found = _first_problem(value, where, set(), 0)
+        return found or f"{where}: {type(exc).__name__}: {' '.join(str(exc).split())}"
+    return None
+
+
+def _kind(value: Any) -> str:
+    return type(value).__qualname__
+
+
+def _first_problem(value: Any, where: str, path: set[int], depth: int) -> str | None:
+    if depth > _MAX_DEPTH:
+        return f"{where}: nested deeper than {_MAX_DEPTH} levels"
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            return f"{where}: a str with a lone surrogate (character {exc.start})"
+        return None
+    if value is None or isinstance(value, bool | int | float | bytes):
+        return None
+    if id(value) in path:
+        return f"{where}: a self-referencing {_kind(value)}"
+    if isinstance(value, dict):
+        path.add(id(value))
+        for key, item in value.items():
+            if not isinstance(key, str):
+                return f"{where}: a dict key of type {_kind(key)} ({key!r:.40}); only str keys can be recorded"
+            found = _first_problem(key, f"{where} key", path, depth + 1) or _first_problem(
+                item, f"{where}.{key}", path, depth + 1
+            )
+            if found:
+                return found
+        path.discard(id(value))
+        return None
+    if isinstance(value, list | tuple):
+        path.add(id(value))
+        for i, item in enumerate(value):
+            found = _first_problem(item, f"{where}[{i}]", path, depth + 1)
+            if found:
+                return found
+        path.discard(id(value))
+        return None
+    if isinstance(value, set | frozenset):
+        kinds = sorted({_kind(item) for item in value})
+        try:
+            sorted(value)
+        except TypeError:
+            return f"{where}: a {_kind(value)} mixing {' and '.join(kinds)} (it has no canonical order)"
+        for item in value:
+            found = _first_problem(item, f"{where}[...]", path, depth + 1)
+            if found:
+                return found
+        return None
+    try:
+        canonical_json(value)
+    except (Exception, RecursionError):
+        return f"{where}: a value of type {_kind(value)}"
+    return None
