@@ -299,10 +299,11 @@ class FleetSqliteJournal:
 
     def read(self, run_id: str, after_seq: int = 0) -> Iterator[Record]:
         rows = self._query(
-            "SELECT seq, body, hash FROM events WHERE run_id = ? AND seq > ? ORDER BY seq", (run_id, after_seq)
+            "SELECT seq, body, hash, step_id, phase, attempt FROM events WHERE run_id = ? AND seq > ? ORDER BY seq",
+            (run_id, after_seq),
         )
-        for seq, body, digest in rows:
-            yield Record(run_id, int(seq), bytes(body), bytes(digest))
+        for seq, body, digest, step_id, phase, attempt in rows:
+            yield Record(run_id, int(seq), bytes(body), bytes(digest), step_id, phase, attempt)
 
     def head(self, run_id: str) -> tuple[int, bytes]:
         rows = self._query(_HEAD, (run_id,))

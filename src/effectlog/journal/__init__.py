@@ -14,7 +14,7 @@ from effectlog.chain import Chain
 from effectlog.fold import RunState, replay_records
 from effectlog.journal.protocol import SCHEMA_VERSION, Journal
 from effectlog.journal.sqlite import SqliteJournal
-from effectlog.seal import SealingJournal, state_from_seal
+from effectlog.seal import SealingJournal, check_bound, state_from_seal
 
 __all__ = ["SCHEMA_VERSION", "Journal", "SqliteJournal", "chain_from_env", "load_resumable", "load_run", "open_journal"]
 
@@ -74,12 +74,19 @@ def load_resumable(journal: Journal, run_id: str) -> RunState:
     """The state a run actor starts from: a closed run's seal when it has one, else ``load_run``.
 
     A sealed run is closed for good, so its actor only reports it; the seal (bound to the
-    run's chain head) has every run-level field and each step's id, state and attempt.
+    run's chain head) has every run-level field and each step's id, state and attempt. A
+    seal no longer bound to the run's last event (a cut tail, an edited last event) raises
+    ``Truncated`` or ``ChainBroken``: the run is not re-driven from what is left.
     """
-    found = journal.sealed(run_id) if isinstance(journal, SealingJournal) else None
+    if not isinstance(journal, SealingJournal):
+        return load_run(journal, run_id)
+    found = journal.sealed(run_id)
     if found is not None:
         try:
             return state_from_seal(*found)
         except (zlib.error, msgspec.DecodeError, msgspec.ValidationError):
             pass  # a seal that does not decode is no shortcut: replay in full
+    else:
+        for stored in journal.stored_seals(run_id):  # a seal no longer bound: the tail was cut or edited
+            check_bound(stored, journal.head(run_id), journal.chain)
     return load_run(journal, run_id)
