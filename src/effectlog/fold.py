@@ -44,6 +44,7 @@ class StepState(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     idempotent: bool = False
     args_digest: str = ""
     fingerprint: str = ""
+    args: dict[str, Any] | None = None  # sessions: the recorded (redacted) args; plans pin theirs in the plan
     resends: int = 0
     receipt: Any = None
     ok: bool | None = None
@@ -206,6 +207,7 @@ def _apply_step(state: RunState, event: ev.StepEvent, tag: str) -> RunState:
             idempotent=event.idempotent,
             args_digest=event.args_digest,
             fingerprint=event.fingerprint,
+            args=event.args,
             requested_seq=event.seq,
             resends=0,
         )
@@ -232,7 +234,7 @@ def _apply_step(state: RunState, event: ev.StepEvent, tag: str) -> RunState:
         if event.args_digest:  # the args a person is asked to approve
             changes.update(args_digest=event.args_digest)
         if event.adapter:
-            changes.update(adapter=event.adapter, fingerprint=event.fingerprint)
+            changes.update(adapter=event.adapter, fingerprint=event.fingerprint, args=event.args)
     elif isinstance(event, ev.StepApproved):
         changes.update(
             decision="approved",

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from datetime import UTC, datetime
 from typing import Any
 
 import msgspec
@@ -16,6 +15,7 @@ from effectlog.errors import BadInput, UnknownRun
 from effectlog.fold import RunState, replay_records
 from effectlog.journal import chain_from_env, load_run, open_journal
 from effectlog.plan import MAX_ARGS_BYTES
+from effectlog.summary import RUN_STATES
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -41,9 +41,18 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--json", action="store_true")
     p.set_defaults(handler=cmd_run)
 
-    p = sub.add_parser("status", help="the state of every run, or of one")
+    p = sub.add_parser("status", help="the state of every run (newest first), or of one")
     add_journal_args(p)
     p.add_argument("--run-id", metavar="R")
+    p.add_argument(
+        "--state",
+        metavar="S",
+        action="append",
+        default=[],
+        choices=RUN_STATES,
+        help=f"only runs in state S (repeatable; one of {', '.join(RUN_STATES)})",
+    )
+    p.add_argument("--limit", metavar="N", type=_positive_int, help="at most N runs (the newest)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(handler=cmd_status)
 
@@ -75,6 +84,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         p.add_argument("--reason", metavar="TEXT", default="")
         if name == "approve":
             p.add_argument("--expires-in", metavar="SECONDS", type=float, help="the approval lapses after this")
+            p.add_argument(
+                "--expect-digest",
+                metavar="D",
+                help="approve only if the held call's args digest is D (shown by status/timeline); else exit 5",
+            )
         p.set_defaults(handler=cmd_approve if name == "approve" else cmd_deny)
 
     p = sub.add_parser("effects", help="list the effect store's ledger")
@@ -142,72 +156,41 @@ def cmd_run(args: argparse.Namespace) -> int:
     return outcome.exit_status
 
 
-def _status_dict(state: RunState) -> dict[str, Any]:
-    return {
-        "run_id": state.run_id,
-        "state": state.state,
-        "events": state.seq,
-        "blocked_step": state.blocked_step,
-        "reason": state.reason,
-        "steps": [{"id": s.step_id, "state": s.state, "attempt": s.attempt} for s in state.ordered_steps()],
-    }
-
-
 def cmd_status(args: argparse.Namespace) -> int:
+    from effectlog.cli.run_views import print_status_list, print_status_one
+    from effectlog.summary import summaries
+
+    if args.run_id and (args.state or args.limit):
+        raise BadInput("status: --state and --limit list runs; do not combine them with --run-id")
     journal = _reader(args)
     try:
-        run_ids = [args.run_id] if args.run_id else journal.runs()
-        states = [_state(journal, r, args.journal) for r in run_ids]
+        if args.run_id:
+            state = _state(journal, args.run_id, args.journal)  # one run: the full replay, every detail
+        else:
+            states = summaries(journal, journal.runs(), states=args.state, limit=args.limit)
     finally:
         journal.close()
-    if args.json:
-        emit_json(_status_dict(states[0]) if args.run_id else [_status_dict(s) for s in states])
-        return 0
     if args.run_id:
-        s = states[0]
-        sys.stdout.write(f"run {s.run_id}: {s.state} ({s.seq} events)\n")
-        rows = [(x.step_id, x.state, x.attempt, x.reason) for x in s.ordered_steps()]
-        sys.stdout.write(table(("step", "state", "attempt", "note"), rows) + "\n")
+        print_status_one(state, journal.location, args.json)
     else:
-        rows = [(s.run_id, s.state, s.seq, s.blocked_step or "") for s in states]
-        sys.stdout.write(table(("run", "state", "events", "blocked on"), rows) + "\n")
+        print_status_list(states, journal.location, args.json)
     return 0
 
 
 def cmd_timeline(args: argparse.Namespace) -> int:
-    from effectlog.events import decode, tag_of
+    from effectlog.cli.run_views import print_timeline
+    from effectlog.events import decode
 
     journal = _reader(args)
     try:
         if args.run_id not in journal.runs():
             raise UnknownRun(f"no run {args.run_id!r} in {args.journal}")
         records = list(journal.read(args.run_id))  # one snapshot: what is verified is what is printed
-        replay_records(records, journal.chain, run_id=args.run_id)
+        state = replay_records(records, journal.chain, run_id=args.run_id)
         events = [decode(r.body) for r in records]
     finally:
         journal.close()
-    if args.json:
-        emit_json([msgspec.to_builtins(e) for e in events])
-        return 0
-    rows = []
-    for e in events:
-        when = datetime.fromtimestamp(e.ts / 1e9, tz=UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-        detail = {
-            k: v
-            for k, v in msgspec.structs.asdict(e).items()
-            if k in ("decision", "outcome", "operator", "reason", "resend", "by", "pid") and v not in ("", None)
-        }
-        rows.append(
-            (
-                e.seq,
-                when,
-                tag_of(e),
-                getattr(e, "step_id", "") or "",
-                getattr(e, "attempt", "") or "",
-                " ".join(f"{k}={v}" for k, v in detail.items()),
-            )
-        )
-    sys.stdout.write(table(("seq", "time", "event", "step", "attempt", "detail"), rows) + "\n")
+    print_timeline(state, events, journal.location, args.json)
     return 0
 
 
@@ -259,7 +242,15 @@ def cmd_approve(args: argparse.Namespace) -> int:
         expires = time.time_ns() + int(args.expires_in * 1e9)
     journal = _writer(args)
     try:
-        approve(journal, args.run_id, args.step, by=args.by, reason=args.reason, expires_at=expires)
+        approve(
+            journal,
+            args.run_id,
+            args.step,
+            by=args.by,
+            reason=args.reason,
+            expires_at=expires,
+            expect_digest=args.expect_digest,
+        )
     finally:
         journal.close()
     sys.stdout.write(f"step {args.step} approved by {args.by}; resume the run to execute it once\n")

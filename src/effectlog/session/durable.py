@@ -17,7 +17,6 @@ raises ``ReplayDivergence`` and nothing runs.
 from __future__ import annotations
 
 import os
-import shlex
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -49,13 +48,9 @@ from effectlog.session.steps import (
 )
 from effectlog.session.store import Checkpointer
 from effectlog.session.tool_driver import ToolDriver
+from effectlog.stake import approve_command
 
 CrashHook = Callable[[str, str], None]  # (point, step_id): a test seam, like the runtime's
-
-
-def approve_command(location: str, run_id: str, step_id: str) -> str:
-    q = shlex.quote
-    return f"effectlog approve --journal {q(location)} --run-id {q(run_id)} --step {q(step_id)} --by NAME"
 
 
 class Session:
@@ -330,7 +325,7 @@ class Session:
             args=step.args,
             tool_call_hash=step.tool_call_hash,
             reason=step.reason,
-            command=approve_command(self.store.location, self.run_id, step.step_id),
+            command=approve_command(self.store.location, self.run_id, step.step_id, step.tool_call_hash),
         )
 
     async def tool_step(self, name: str, args: Mapping[str, Any] | None = None, *, key: str | None = None) -> ToolStep:

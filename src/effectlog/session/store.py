@@ -103,12 +103,25 @@ class JournalCheckpointer:
         by: str,
         reason: str = "",
         expires_at: int | None = None,
+        expect_digest: str | None = None,
         clock: Clock = time.time_ns,
     ) -> RunState:
-        """Approve the held call at ``step_id``: bound to its tool call hash, used once."""
+        """Approve the held call at ``step_id``: bound to its tool call hash, used once.
+
+        ``expect_digest``: the tool call hash the approver saw; another one raises ``DigestMismatch``.
+        """
         from effectlog.approvals import approve
 
-        return approve(self.journal, run_id, step_id, by=by, reason=reason, expires_at=expires_at, clock=clock)
+        return approve(
+            self.journal,
+            run_id,
+            step_id,
+            by=by,
+            reason=reason,
+            expires_at=expires_at,
+            expect_digest=expect_digest,
+            clock=clock,
+        )
 
     def deny(self, run_id: str, step_id: str, *, by: str, reason: str = "", clock: Clock = time.time_ns) -> RunState:
         """A person's "no": final, the run fails."""

@@ -7,7 +7,6 @@ gateway is called; the result and its confirmation durable in one batch after.
 
 from __future__ import annotations
 
-import shlex
 from typing import TYPE_CHECKING, Any
 
 from effectlog import events as ev
@@ -18,17 +17,10 @@ from effectlog.recovery import Action, decide
 from effectlog.session import identity as ids
 from effectlog.session.steps import Reconciled, ToolCall, ToolStep
 from effectlog.session.tools import ToolInfo
+from effectlog.stake import reconcile_command, redact_args
 
 if TYPE_CHECKING:
     from effectlog.session.durable import Session
-
-
-def reconcile_command(location: str, run_id: str, step_id: str) -> str:
-    q = shlex.quote
-    return (
-        f"effectlog reconcile --journal {q(location)} --run-id {q(run_id)} --step {q(step_id)} "
-        "--outcome applied|not-applied --evidence TEXT --operator NAME"
-    )
 
 
 class ToolDriver:
@@ -139,6 +131,7 @@ class ToolDriver:
                     "args_digest": self.call_hash,
                     "idempotent": self.info.idempotent,
                     "fingerprint": self.fp,
+                    "args": redact_args(self.args, self.info.secret),
                 },
             ),
             ts=now,
@@ -156,6 +149,7 @@ class ToolDriver:
             "args_digest": self.call_hash,
             "adapter": self.info.name,
             "fingerprint": self.fp,
+            "args": redact_args(self.args, self.info.secret),
         }
 
     def _hold(self, attempt: int, reason: str, *, by: str, ts: int) -> ToolStep:
