@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from effectlog.canonical import digest
+from effectlog.errors import UncertainEffect
 from effectlog.session import (
     Agent,
     ApprovalStep,
@@ -237,3 +238,54 @@ def test_an_uncertain_plan_step_shows_adapter_args_key_and_the_reconcile_command
     argv = shlex.split(command.replace("TEXT", "ledger-row-1").replace("NAME", "ann"))
     done = effectlog(*argv[1:], cwd=tmp_path)
     assert (0, "") == (done.returncode, done.stderr)
+
+
+def test_a_session_tool_error_that_echoes_a_secret_is_recorded_redacted(tmp_path: Path) -> None:
+    """A non-idempotent tool that fails with a message repeating its card number: the step is
+    uncertain, its recorded reason says ``<secret card>`` instead, and status shows no card."""
+    tools = Toolbox()
+
+    @tools.tool(idempotent=False, secret=["card"])
+    def transfer(to: str, amount: int, card: str) -> dict[str, Any]:
+        """Fails after the effect, echoing its card."""
+        raise ConnectionError(f"gateway reset while charging card {card} ({card!r})")
+
+    async def go() -> None:
+        with SqliteCheckpointer(tmp_path / "runs.db") as store:
+            session = Session(RUN, ScriptedModel([call("transfer", **ARGS), say("done")], tools=tools), store)
+            [s async for s in Agent().run("pay bob", session=session)]
+
+    with pytest.raises(UncertainEffect):
+        asyncio.run(go())
+    status = cli_json(tmp_path, "status", "--journal", str(tmp_path / "runs.db"), "--run-id", RUN)
+    human = effectlog("status", "--journal", str(tmp_path / "runs.db"), "--run-id", RUN, cwd=tmp_path)
+
+    reason = "outcome unknown: ConnectionError: gateway reset while charging card <secret card> (<secret card>)"
+    assert [("uncertain", reason, REDACTED)] == [(a["state"], a["reason"], a["args"]) for a in status["at_stake"]]
+    assert CARD not in json.dumps(status) + human.stdout
+
+
+def test_a_held_plan_step_is_approved_by_the_command_status_prints(tmp_path: Path) -> None:
+    """examples/approval.json waits for approval (exit 4); status shows the adapter, its type,
+    the args and the approve command pinned to the args digest; running that command as
+    printed approves; the next run executes the refund once."""
+    from hardening_kit import ROOT
+
+    run = ("run", str(ROOT / "examples" / "approval.json"), "--journal", "j.db", "--effects", "e.db")
+    assert 4 == effectlog(*run, cwd=tmp_path).returncode
+    status = cli_json(tmp_path, "status", "--journal", "j.db", "--run-id", "refund-042")
+    (stake,) = status["at_stake"]
+    argv = shlex.split(stake["command"].replace("NAME", "alice"))
+
+    approved = effectlog(*argv[1:], cwd=tmp_path)
+    second = effectlog(*run, cwd=tmp_path)
+
+    assert ("payments", "effects.control", {"amount_cents": 50000}, "approve") == (
+        stake["adapter"],
+        stake["adapter_type"],
+        stake["args"],
+        stake["action"],
+    )
+    assert stake["command"].endswith(f"--by NAME --expect-digest {digest({'amount_cents': 50000})}")
+    assert (0, 0) == (approved.returncode, second.returncode)
+    assert 1 == len(cli_json(tmp_path, "effects", "--effects", "e.db"))

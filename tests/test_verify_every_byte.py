@@ -251,3 +251,26 @@ def test_replay_records_compares_every_column_a_journal_reads_back(column: str, 
         replay_records(records, chain, run_id="run-1")
 
     assert (column, "run-1") == (caught.value.fields["column"], caught.value.run_id)
+
+
+def test_an_operator_decision_on_a_cut_sealed_run_exits_7_and_writes_nothing(tmp_path: Path) -> None:
+    """A closed run cut back to where a step waited for approval looks held again; approving it
+    would append to a history that was cut. ``approve`` exits 7 ``truncated`` and the journal
+    keeps its rows."""
+    from hardening_kit import ROOT
+
+    run = ("run", str(ROOT / "examples" / "approval.json"), "--journal", "j.db", "--effects", "e.db")
+    decide = ("--journal", "j.db", "--run-id", "refund-042", "--step", "refund", "--by", "alice")
+    assert 4 == effectlog(*run, cwd=tmp_path).returncode
+    assert 0 == effectlog("approve", *decide, cwd=tmp_path).returncode
+    assert 0 == effectlog(*run, cwd=tmp_path).returncode
+    journal = tmp_path / "j.db"
+    held_at = sqlite3.connect(journal).execute("SELECT seq FROM events WHERE phase LIKE 'run.suspended%'").fetchone()[0]
+    tamper(journal, f"DELETE FROM events WHERE run_id = 'refund-042' AND seq > {held_at}")
+    before = sqlite3.connect(journal).execute("SELECT COUNT(*) FROM events").fetchone()[0]
+
+    again = effectlog("approve", *decide, cwd=tmp_path)
+
+    after = sqlite3.connect(journal).execute("SELECT COUNT(*) FROM events").fetchone()[0]
+    assert (7, before) == (again.returncode, after)
+    assert one_line(again.stderr).startswith("effectlog: truncated: run 'refund-042'")

@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 import msgspec
 
-from effectlog.canonical import digest
+from effectlog.canonical import canonical_json, digest
 from effectlog.fold import RunState, StepState
 
 BLOCKED_STATES = ("uncertain", "awaiting_approval")
@@ -42,6 +42,33 @@ class AtStake(msgspec.Struct, frozen=True, kw_only=True):
 def redact_args(args: dict[str, Any], secret: tuple[str, ...] | list[str]) -> dict[str, Any]:
     """``args`` with each value named in ``secret`` replaced by ``{"$secret_sha256": digest}``."""
     return {k: ({DIGEST_FIELD: digest(v)} if k in secret else v) for k, v in args.items()}
+
+
+def redact_text(text: str, args: dict[str, Any], secret: tuple[str, ...] | list[str]) -> str:
+    """``text`` (a tool's error message, say) with each secret arg's value replaced by ``<secret NAME>``.
+
+    The forms looked for are those a message may echo: each string or number inside the
+    value, its canonical JSON and its repr; longest first, so a value inside another stays hidden.
+    """
+    for name in secret:
+        if name not in args:
+            continue
+        forms: set[str] = set()
+        _forms(args[name], forms)
+        for form in sorted(forms, key=len, reverse=True):
+            text = text.replace(form, f"<secret {name}>")
+    return text
+
+
+def _forms(value: Any, forms: set[str]) -> None:
+    if isinstance(value, bool) or value is None:
+        return
+    if isinstance(value, dict | list):
+        forms.add(canonical_json(value).decode())
+        for item in value.values() if isinstance(value, dict) else value:
+            _forms(item, forms)
+        return
+    forms.update(f for f in (str(value), repr(value), canonical_json(value).decode()) if f)
 
 
 def reconcile_command(location: str, run_id: str, step_id: str) -> str:

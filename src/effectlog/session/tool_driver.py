@@ -17,7 +17,7 @@ from effectlog.recovery import Action, decide
 from effectlog.session import identity as ids
 from effectlog.session.steps import Reconciled, ToolCall, ToolStep
 from effectlog.session.tools import ToolInfo
-from effectlog.stake import reconcile_command, redact_args
+from effectlog.stake import reconcile_command, redact_args, redact_text
 
 if TYPE_CHECKING:
     from effectlog.session.durable import Session
@@ -168,14 +168,13 @@ class ToolDriver:
             s.tool_calls += 1
             value = await s.gateway.call_tool(self.info.name, self.args, idempotency_key=step.idempotency_key)
         except NotApplied as exc:
-            s._record(
-                (ev.StepFailed, {"step_id": sid, "attempt": step.attempt, "reason": exc.reason, "applied": False})
-            )
-            return self._step("failed", replayed=False, reason=exc.reason)
+            reason = self._redact(exc.reason)
+            s._record((ev.StepFailed, {"step_id": sid, "attempt": step.attempt, "reason": reason, "applied": False}))
+            return self._step("failed", replayed=False, reason=reason)
         except Exception as exc:
             if step.idempotent:
                 raise  # the intent stays: the next pass sends the same key again
-            self._doubt(step, f"outcome unknown: {type(exc).__name__}: {exc}")
+            self._doubt(step, self._redact(f"outcome unknown: {type(exc).__name__}: {exc}"))
             raise self._uncertain() from exc
         s._crash_point("after_call", sid)
         value = ids.normalized(value, f"the result of tool {self.info.name!r}")
@@ -185,6 +184,10 @@ class ToolDriver:
         )
         s._crash_point("after_result", sid)
         return self._step("ok", replayed=False, result=value)
+
+    def _redact(self, text: str) -> str:
+        """A tool's message may echo its args: the secret ones are recorded as ``<secret NAME>``."""
+        return redact_text(text, self.args, self.info.secret)
 
     def _doubt(self, step: StepState, reason: str) -> None:
         self.s._record(
