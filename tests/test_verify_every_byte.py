@@ -9,11 +9,15 @@ from __future__ import annotations
 import json
 import sqlite3
 from pathlib import Path
+from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from effectlog.chain import Chain
 from hardening_kit import KEY, effectlog, one_line, run_good_plan
+from strategies import legal_histories
 
 pytest_plugins = ["pg_fixture"]
 
@@ -274,3 +278,35 @@ def test_an_operator_decision_on_a_cut_sealed_run_exits_7_and_writes_nothing(tmp
     after = sqlite3.connect(journal).execute("SELECT COUNT(*) FROM events").fetchone()[0]
     assert (7, before) == (again.returncode, after)
     assert one_line(again.stderr).startswith("effectlog: truncated: run 'refund-042'")
+
+
+@settings(max_examples=60, deadline=None)
+@given(history=legal_histories(max_events=30), data=st.data())
+def test_the_fast_column_check_agrees_with_the_events_own_columns(history: list[Any], data: st.DataObject) -> None:
+    """Over legal histories of every event type (repeatable ones, resends, run events):
+    records carrying the columns a journal writes replay, and one column changed on any
+    record is CorruptEvent naming that column."""
+    import msgspec
+
+    from effectlog import events as ev
+    from effectlog.errors import CorruptEvent
+    from effectlog.fold import Record, replay_records
+
+    chain, head, records = Chain(), bytes(32), []
+    for event in history:
+        body = ev.encode(event)
+        head = chain.link(head, body)
+        records.append(Record(event.run_id, event.seq, body, head, event.step_key, event.phase, event.attempt_no))
+    run_id = history[0].run_id
+    assert len(history) == replay_records(records, chain, run_id=run_id).seq
+    at = data.draw(st.integers(0, len(records) - 1))
+    column, value = data.draw(
+        st.sampled_from([("step_id", records[at].step_id + "x"), ("phase", records[at].phase + "x"),
+                         ("attempt", (records[at].attempt or 0) + 1)])
+    )  # fmt: skip
+    records[at] = msgspec.structs.replace(records[at], **{column: value})
+
+    with pytest.raises(CorruptEvent) as caught:
+        replay_records(records, chain, run_id=run_id)
+
+    assert (column, records[at].seq) == (caught.value.fields["column"], caught.value.seq)
