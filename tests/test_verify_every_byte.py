@@ -310,3 +310,17 @@ def test_the_fast_column_check_agrees_with_the_events_own_columns(history: list[
         replay_records(records, chain, run_id=run_id)
 
     assert (column, records[at].seq) == (caught.value.fields["column"], caught.value.seq)
+
+
+@pytest.mark.parametrize("argv", [(), ("--run-id", RUN)], ids=["list", "one run"])
+def test_status_of_a_cut_sealed_run_is_truncated_not_a_state(tmp_path: Path, argv: tuple[str, ...]) -> None:
+    """status (the list, from summaries, and one run, from the full replay) never reports a
+    closed run whose tail was cut as the open run that is left: exit 7, truncated."""
+    journal = tmp_path / "journal.db"
+    run_good_plan(journal)
+    tamper(journal, f"DELETE FROM events WHERE run_id = '{RUN}' AND seq > 5")
+
+    done = effectlog("status", "--journal", str(journal), *argv, cwd=tmp_path)
+
+    assert (7, "") == (done.returncode, done.stdout)
+    assert one_line(done.stderr).startswith(f"effectlog: truncated: run '{RUN}'")

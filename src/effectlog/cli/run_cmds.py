@@ -13,7 +13,7 @@ from effectlog.cli.inspect_cmds import add_journal_args
 from effectlog.cli.output import emit_json, table
 from effectlog.errors import BadInput, UnknownRun
 from effectlog.fold import RunState, replay_records
-from effectlog.journal import chain_from_env, load_run, open_journal
+from effectlog.journal import chain_from_env, load_run, load_sealed, open_journal
 from effectlog.plan import MAX_ARGS_BYTES
 from effectlog.summary import RUN_STATES
 
@@ -123,6 +123,7 @@ def _reader(args: argparse.Namespace) -> Any:
 def _state(journal: Any, run_id: str, location: str) -> RunState:
     if run_id not in journal.runs():
         raise UnknownRun(f"no run {run_id!r} in {location}")
+    load_sealed(journal, run_id)  # as in the run list: a closed run's cut tail is Truncated, not a state
     return load_run(journal, run_id)
 
 
