@@ -131,3 +131,28 @@ def test_a_completed_session_given_the_same_inputs_returns_the_recorded_answer(t
     with SqliteCheckpointer(tmp_path / "runs.db") as store:
         steps = asyncio.run(drive(Session(RUN, gateway, store), task=TASK, agent=Agent()))
     assert ([FinalStep(run_id=RUN, result="sent 5 to bob", replayed=True)], 0) == (steps, gateway.calls)
+
+
+def test_a_session_closed_by_a_deny_and_cut_back_is_refused(tmp_path: Path) -> None:
+    """A person's deny closes (and seals) a held session run. Cut back to before the deny, the
+    run would look held again and a pass could ask for approval anew; the store raises
+    Truncated instead and nothing runs."""
+    import sqlite3
+
+    from effectlog.errors import Truncated
+    from effectlog.session import Decision, ToolCall
+
+    def hold(c: ToolCall) -> Decision:
+        return "require_approval"
+
+    with SqliteCheckpointer(tmp_path / "runs.db") as store:
+        asyncio.run(drive(Session(RUN, scripted(tmp_path / "calls.log"), store, policy=hold)))
+        store.deny(RUN, "step-1", by="ann")
+        last = store.state(RUN).seq
+    db = sqlite3.connect(tmp_path / "runs.db", isolation_level=None)
+    db.execute("DROP TRIGGER events_append_only_delete")
+    db.execute(f"DELETE FROM events WHERE run_id = '{RUN}' AND seq >= {last - 1}")
+    db.close()
+    with SqliteCheckpointer(tmp_path / "runs.db") as store, pytest.raises(Truncated):
+        Session(RUN, scripted(tmp_path / "calls.log"), store)
+    assert 0 == count(tmp_path / "calls.log", "transfer")

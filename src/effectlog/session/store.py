@@ -19,7 +19,7 @@ from effectlog import events as ev
 from effectlog.chain import Chain
 from effectlog.errors import UnknownRun
 from effectlog.fold import RunState, StepState, replay_records
-from effectlog.journal import Journal, chain_from_env, load_run
+from effectlog.journal import Journal, chain_from_env, load_run, load_sealed
 from effectlog.journal.sqlite import SqliteJournal
 from effectlog.recorder import Clock
 
@@ -81,6 +81,7 @@ class JournalCheckpointer:
         self.location = journal.location
 
     def state(self, run_id: str) -> RunState:
+        load_sealed(self.journal, run_id)  # a sealed run whose tail was cut raises Truncated: nothing re-runs
         return load_run(self.journal, run_id)
 
     def append(self, events: Sequence[ev.Event]) -> None:
