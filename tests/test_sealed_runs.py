@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from effectlog.errors import EventConflict
+from effectlog.errors import ChainBroken, EventConflict
 from effectlog.fold import replay
 from effectlog.journal import SqliteJournal, load_resumable, load_run
 from effectlog.plan import AdapterDecl, Plan, StepDecl
@@ -93,21 +93,23 @@ def test_an_open_run_has_no_seal_and_resumes_by_full_replay(tmp_path: Path) -> N
         assert rt.journal.sealed(plan.run_id) is not None  # type: ignore[attr-defined]
 
 
-def test_a_seal_not_bound_to_the_chain_head_is_ignored(tmp_path: Path) -> None:
-    """A seal whose hash does not link to the run's last event is no shortcut: the run is
-    replayed in full, and the re-run still reports the recorded outcome."""
+def test_a_seal_not_bound_to_the_chain_head_refuses_the_rerun(tmp_path: Path) -> None:
+    """A seal whose hash does not link to the run's last event is evidence of an edit, not a
+    cache miss: the re-run raises ChainBroken (exit 7) and appends nothing."""
     plan = noop_plan("tampered")
     with Runtime(tmp_path / "j.db") as rt:
-        first = rt.run(plan)
+        rt.run(plan)
     db = sqlite3.connect(tmp_path / "j.db")
     with db:
         db.execute("DROP TRIGGER seals_append_only_update")
         db.execute("UPDATE seals SET hash = zeroblob(32)")
     db.close()
     with Runtime(tmp_path / "j.db") as rt:
+        before = rt.journal.head(plan.run_id)
         assert rt.journal.sealed(plan.run_id) is None  # type: ignore[attr-defined]
-        assert load_run(rt.journal, plan.run_id) == load_resumable(rt.journal, plan.run_id)
-        assert first.steps == rt.run(plan).steps
+        with pytest.raises(ChainBroken) as caught:
+            rt.run(plan)
+        assert (plan.run_id, before) == (caught.value.run_id, rt.journal.head(plan.run_id))
 
 
 def test_the_seal_is_written_in_the_same_transaction_as_the_closing_event(tmp_path: Path) -> None:

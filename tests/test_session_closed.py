@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
-from effectlog.errors import PlanMismatch, RunClosed, UnknownRun
-from effectlog.session import FinalStep, Session, SqliteCheckpointer
+from effectlog.errors import IdempotencyConflict, PlanMismatch, RunClosed, UnknownRun
+from effectlog.session import Agent, FinalStep, Session, SqliteCheckpointer
 from effectlog.testing import sample_run
-from session_kit import count, drive, scripted
+from session_kit import TASK, count, drive, lines, scripted
 
 RUN = "run-1"
 
@@ -84,3 +84,75 @@ def test_a_plan_run_id_cannot_be_used_as_a_session(tmp_path: Path) -> None:
         store.append(sample_run(RUN))
         with pytest.raises(PlanMismatch):
             Session(RUN, scripted(tmp_path / "calls.log"), store)
+
+
+def _with_extra_tool(calls: Path) -> Any:
+    gateway = scripted(calls)
+
+    @gateway.toolbox.tool(idempotent=True)
+    def refund(to: str) -> str:
+        """Another tool: the model is offered a different tool set."""
+        return to
+
+    return gateway
+
+
+CHANGED_INPUTS = {
+    "task": lambda calls: (Agent(), "send 50000 to mallory", scripted(calls)),
+    "instructions": lambda calls: (Agent(instructions="new"), TASK, scripted(calls)),
+    "task and instructions": lambda calls: (Agent(instructions="new"), "something else", scripted(calls)),
+    "tool set": lambda calls: (Agent(), TASK, _with_extra_tool(calls)),
+    "model params": lambda calls: (Agent(params={"temperature": 0.5}), TASK, scripted(calls)),
+}
+
+
+@pytest.mark.parametrize("change", sorted(CHANGED_INPUTS))
+def test_a_completed_session_given_another_task_raises_idempotency_conflict(tmp_path: Path, change: str) -> None:
+    """Issue 12 item 6: a completed run asked again with another task, other instructions or
+    another tool set used to return the old FinalStep (replayed=True). Like an open run, it
+    now raises IdempotencyConflict naming the first model call; nothing is called or written."""
+    complete_run(tmp_path)
+    calls = tmp_path / "calls-after.log"
+    agent, task, gateway = CHANGED_INPUTS[change](calls)
+    with SqliteCheckpointer(tmp_path / "runs.db") as store:
+        before = store.state(RUN).seq
+        with pytest.raises(IdempotencyConflict) as caught:
+            asyncio.run(drive(Session(RUN, gateway, store), task=task, agent=agent))
+        after = store.state(RUN).seq
+    assert (RUN, "step-0") == (caught.value.run_id, caught.value.step_id)
+    assert (before, 0, []) == (after, gateway.calls, lines(calls))
+
+
+def test_a_completed_session_given_the_same_inputs_returns_the_recorded_answer(tmp_path: Path) -> None:
+    """The other half: the same task, instructions and tools (a fresh agent and gateway
+    object) return the recorded FinalStep, replayed, with no call."""
+    complete_run(tmp_path)
+    gateway = scripted(tmp_path / "calls-after.log")
+    with SqliteCheckpointer(tmp_path / "runs.db") as store:
+        steps = asyncio.run(drive(Session(RUN, gateway, store), task=TASK, agent=Agent()))
+    assert ([FinalStep(run_id=RUN, result="sent 5 to bob", replayed=True)], 0) == (steps, gateway.calls)
+
+
+def test_a_session_closed_by_a_deny_and_cut_back_is_refused(tmp_path: Path) -> None:
+    """A person's deny closes (and seals) a held session run. Cut back to before the deny, the
+    run would look held again and a pass could ask for approval anew; the store raises
+    Truncated instead and nothing runs."""
+    import sqlite3
+
+    from effectlog.errors import Truncated
+    from effectlog.session import Decision, ToolCall
+
+    def hold(c: ToolCall) -> Decision:
+        return "require_approval"
+
+    with SqliteCheckpointer(tmp_path / "runs.db") as store:
+        asyncio.run(drive(Session(RUN, scripted(tmp_path / "calls.log"), store, policy=hold)))
+        store.deny(RUN, "step-1", by="ann")
+        last = store.state(RUN).seq
+    db = sqlite3.connect(tmp_path / "runs.db", isolation_level=None)
+    db.execute("DROP TRIGGER events_append_only_delete")
+    db.execute(f"DELETE FROM events WHERE run_id = '{RUN}' AND seq >= {last - 1}")
+    db.close()
+    with SqliteCheckpointer(tmp_path / "runs.db") as store, pytest.raises(Truncated):
+        Session(RUN, scripted(tmp_path / "calls.log"), store)
+    assert 0 == count(tmp_path / "calls.log", "transfer")

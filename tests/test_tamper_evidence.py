@@ -14,6 +14,7 @@ import shutil
 import sqlite3
 from collections.abc import Callable
 from pathlib import Path
+from typing import Literal
 
 import pytest
 
@@ -24,17 +25,26 @@ RUN = "good-run"
 KEYED = {"EFFECTLOG_JOURNAL_KEY": KEY.decode()}
 
 
-def rewrite(journal: Path, edit: Callable[[int, bytes], bytes | None], *, claim_unkeyed: bool = False) -> int:
+def rewrite(
+    journal: Path,
+    edit: Callable[[int, bytes], bytes | None],
+    *,
+    claim_unkeyed: bool = False,
+    seal: Literal["forge", "keep"] = "forge",
+) -> int:
     """The attacker: rewrite (or, when ``edit`` returns None, drop) events of RUN in a copy of
     the database, re-link the chain with plain SHA-256 from the first change on (from the
     very first event when also claiming the journal was never keyed), and swap the copy in.
+    The run is closed, so it has a seal: with ``seal="forge"`` the attacker re-links it to the
+    new last event, or deletes it when the tail is gone; ``"keep"`` leaves it as it was.
     Returns the seq of the first changed event."""
     copy = journal.with_name("attacker-copy.db")
     shutil.copyfile(journal, copy)
     db = sqlite3.connect(copy, isolation_level=None)
     try:
-        db.execute("DROP TRIGGER events_append_only_update")
-        db.execute("DROP TRIGGER events_append_only_delete")
+        for trigger in ("events_append_only_update", "events_append_only_delete", "seals_append_only_update"):
+            db.execute(f"DROP TRIGGER {trigger}")
+        db.execute("DROP TRIGGER seals_append_only_delete")
         rows = db.execute("SELECT seq, body, hash FROM events WHERE run_id = ? ORDER BY seq", (RUN,)).fetchall()
         first_changed = 0
         prev = GENESIS
@@ -50,6 +60,14 @@ def rewrite(journal: Path, edit: Callable[[int, bytes], bytes | None], *, claim_
             link = hashlib.sha256(prev + new).digest() if relink else bytes(stored)
             db.execute("UPDATE events SET body = ?, hash = ? WHERE run_id = ? AND seq = ?", (new, link, RUN, seq))
             prev = link
+        if seal == "forge" and (first_changed or claim_unkeyed):
+            last = db.execute("SELECT MAX(seq) FROM events WHERE run_id = ?", (RUN,)).fetchone()[0]
+            sealed = db.execute("SELECT seq, body FROM seals WHERE run_id = ?", (RUN,)).fetchone()
+            if sealed is not None and sealed[0] == last:
+                relinked = hashlib.sha256(prev + sealed[1]).digest()
+                db.execute("UPDATE seals SET hash = ? WHERE run_id = ?", (relinked, RUN))
+            elif sealed is not None:
+                db.execute("DELETE FROM seals WHERE run_id = ?", (RUN,))
         if claim_unkeyed:
             db.execute("UPDATE meta SET value = 'sha256' WHERE key = 'chain'")
     finally:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 
 from effectlog import events as ev
+from effectlog.errors import DigestMismatch
 from effectlog.fold import RunState
 from effectlog.journal import Journal
 from effectlog.operator import append, load_step
@@ -25,10 +26,25 @@ def approve(
     by: str,
     reason: str = "",
     expires_at: int | None = None,
+    expect_digest: str | None = None,
     clock: Clock = time.time_ns,
     trace: Trace | None = None,
 ) -> RunState:
+    """Approve the held call; with ``expect_digest``, only if its args digest is that one.
+
+    The digest is what the approver saw (``status``/``timeline`` show it): if the held call
+    is another one by now, ``DigestMismatch`` (exit 5) and nothing is written.
+    """
     state, step = load_step(journal, run_id, step_id, needs=("awaiting_approval",), action="approve")
+    if expect_digest is not None and expect_digest.strip().lower() != step.args_digest:
+        raise DigestMismatch(
+            f"the held call's args digest is {step.args_digest}, not the expected {expect_digest}; "
+            "look at it again (effectlog status --run-id) before approving; nothing was written",
+            run_id=run_id,
+            step_id=step_id,
+            expected=expect_digest,
+            actual=step.args_digest,
+        )
     return append(
         journal,
         state,

@@ -329,3 +329,18 @@ class MissingDependency(BadInput):
     """An optional dependency (psycopg for ``postgresql://``) is not installed."""
 
     code = "missing_dependency"
+
+
+# -- branch visibility (issue 12 items 4-6, 8; issue 13 item 17) ---------------
+
+
+class Truncated(IntegrityError):
+    """A run's seal names a last event the journal no longer ends with: the tail was cut (or edited)."""
+
+    code = "truncated"
+
+
+class DigestMismatch(Conflict):
+    """``approve --expect-digest D``: the held call's args digest is not the one the approver saw."""
+
+    code = "digest_mismatch"

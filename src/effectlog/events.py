@@ -124,6 +124,7 @@ class StepRequested(StepEvent, frozen=True, kw_only=True, tag="step.requested"):
     idempotent: bool = False
     kind: Literal["tool", "model"] = "tool"
     fingerprint: str = ""  # sessions: digest of (kind, name, canonical args) for divergence checks
+    args: dict[str, Any] | None = None  # sessions' tool steps: the args, secret values as their digests
 
 
 class StepResent(StepEvent, frozen=True, kw_only=True, tag="step.resent"):
@@ -173,6 +174,7 @@ class StepDenied(StepEvent, frozen=True, kw_only=True, tag="step.denied"):
     args_digest: str = ""
     adapter: str = ""  # sessions: the held tool, so a divergence can name what was recorded
     fingerprint: str = ""  # sessions: digest of (kind, name, canonical args), as on step.requested
+    args: dict[str, Any] | None = None  # sessions: the held call's args, secret values as their digests
     repeatable: ClassVar[bool] = True
 
 

@@ -44,6 +44,7 @@ class StepState(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     idempotent: bool = False
     args_digest: str = ""
     fingerprint: str = ""
+    args: dict[str, Any] | None = None  # sessions: the recorded (redacted) args; plans pin theirs in the plan
     resends: int = 0
     receipt: Any = None
     ok: bool | None = None
@@ -208,6 +209,7 @@ def _apply_step(state: RunState, event: ev.StepEvent, tag: str) -> RunState:
             idempotent=event.idempotent,
             args_digest=event.args_digest,
             fingerprint=event.fingerprint,
+            args=event.args,
             requested_seq=event.seq,
             resends=0,
         )
@@ -234,7 +236,7 @@ def _apply_step(state: RunState, event: ev.StepEvent, tag: str) -> RunState:
         if event.args_digest:  # the args a person is asked to approve
             changes.update(args_digest=event.args_digest)
         if event.adapter:
-            changes.update(adapter=event.adapter, fingerprint=event.fingerprint)
+            changes.update(adapter=event.adapter, fingerprint=event.fingerprint, args=event.args)
     elif isinstance(event, ev.StepApproved):
         changes.update(
             decision="approved",
@@ -264,30 +266,93 @@ def replay(events: Iterable[ev.Event], state: RunState | None = None, *, run_id:
 
 
 class Record(msgspec.Struct, frozen=True):
-    """One stored row: the encoded event and its chain hash."""
+    """One stored row: the encoded event and its chain hash.
+
+    ``step_id``, ``phase`` and ``attempt`` are the row's index columns (they back the
+    dedup constraint) as a journal's ``read`` found them; ``None`` where a record was not
+    read back (``append`` returns what it wrote). The replay re-derives them from the
+    body and compares, so no stored byte lies outside what the chain covers.
+    """
 
     run_id: str
     seq: int
     body: bytes
     hash: bytes
+    step_id: str | None = None
+    phase: str | None = None
+    attempt: int | None = None
 
 
 def replay_records(
     records: Iterable[Record], chain: Chain, state: RunState | None = None, *, run_id: str
 ) -> RunState:
-    """Check the chain over stored bytes, decode, and fold. Pure: hashing is computation."""
+    """Check the chain over stored bytes, decode, compare the row's columns with the body, and fold.
+
+    Pure: hashing is computation.
+    """
     state = state if state is not None else initial(run_id)
     head = state.head
-    link, decode = chain.link, ev.decode
+    link = chain.link
     for rec in records:
         if link(head, rec.body) != rec.hash:
+            _raise_if_moved(rec, run_id)
             raise ChainBroken("stored hash does not match the chain over the stored bytes", run_id=run_id, seq=rec.seq)
         try:
-            event = decode(rec.body)
+            event = ev.decode(rec.body)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             raise CorruptEvent(f"event does not decode: {exc}", run_id=run_id, seq=rec.seq) from None
-        if event.seq != rec.seq or event.run_id != rec.run_id:
-            raise CorruptEvent("event body disagrees with its row (run id or seq)", run_id=run_id, seq=rec.seq)
+        if rec.run_id != event.run_id or rec.seq != event.seq or (rec.step_id is not None and _moved(rec, event)):
+            _check_columns(rec, event, run_id)  # the hot path only compares; this names the column
         state = apply(state, event)
         head = rec.hash
     return _replace(state, head=head)
+
+
+# The phase of most event types is their tag: compared without the property's work.
+_FIXED_PHASE: dict[type[ev.Event], str] = {
+    cls: tag for tag, cls in ev.TAGS.items() if not cls.repeatable and cls.phase is ev.Event.phase
+}
+
+
+def _moved(rec: Record, event: ev.Event) -> bool:
+    """Whether the row's index columns differ from what the body says (fast; see ``_check_columns``)."""
+    if isinstance(event, ev.StepEvent):
+        if rec.step_id != event.step_id or rec.attempt != event.attempt:
+            return True
+    elif rec.step_id != "" or rec.attempt != 0:
+        return True
+    phase = _FIXED_PHASE.get(type(event))
+    return rec.phase != (phase if phase is not None else event.phase)
+
+
+def _raise_if_moved(rec: Record, run_id: str) -> None:
+    """A row whose link breaks because it was moved to another run or seq: name that column."""
+    try:
+        event = ev.decode(rec.body)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return  # bytes changed: the broken link says it
+    _check_columns(rec, event, run_id, index=False)
+
+
+def _check_columns(rec: Record, event: ev.Event, run_id: str, *, index: bool = True) -> None:
+    """The row's columns must be what the (hashed) body says they are.
+
+    ``run_id`` and ``seq`` always; ``step_id``, ``phase`` and ``attempt`` (the dedup
+    constraint's columns) when the journal read them back.
+    """
+    checks: list[tuple[str, object, object]] = [("run_id", rec.run_id, event.run_id), ("seq", rec.seq, event.seq)]
+    if index and rec.step_id is not None:
+        checks += [
+            ("step_id", rec.step_id, event.step_key),
+            ("phase", rec.phase, event.phase),
+            ("attempt", rec.attempt, event.attempt_no),
+        ]
+    for column, stored, derived in checks:
+        if stored != derived:
+            raise CorruptEvent(
+                f"stored column {column} disagrees with the event body: the row says {stored!r}, the body {derived!r}",
+                run_id=run_id,
+                seq=rec.seq,
+                step_id=event.step_key or None,
+                column=column,
+            )

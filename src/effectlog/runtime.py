@@ -123,7 +123,14 @@ class Runtime:
     # -- operators (they only append) ---------------------------------------------------
 
     def approve(
-        self, run_id: str, step_id: str, *, by: str, reason: str = "", expires_at: int | None = None
+        self,
+        run_id: str,
+        step_id: str,
+        *,
+        by: str,
+        reason: str = "",
+        expires_at: int | None = None,
+        expect_digest: str | None = None,
     ) -> RunState:
         from effectlog.approvals import approve
 
@@ -134,6 +141,7 @@ class Runtime:
             by=by,
             reason=reason,
             expires_at=expires_at,
+            expect_digest=expect_digest,
             clock=self.clock,
             trace=self.trace,
         )

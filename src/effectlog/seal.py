@@ -8,8 +8,10 @@ and hands it back only while that head is still the run's last event.
 
 Re-running a closed run then costs one seal instead of a replay of its whole history.
 ``load_run`` (the full replay, verifying the chain) is unchanged and stays the authority:
-``effectlog verify``, the inspect commands and every open run use it. A seal that is
-missing, or no longer bound to the head, is ignored and the run is replayed in full.
+``effectlog verify``, the inspect commands and every open run use it. A run without a
+seal is replayed in full. A seal that is no longer bound to the head is evidence, not a
+cache miss: the run's tail was cut or its last event (or the seal) edited, so
+``check_bound`` raises ``Truncated`` or ``ChainBroken`` and nothing runs.
 """
 
 from __future__ import annotations
@@ -22,9 +24,12 @@ import immutables
 import msgspec
 
 from effectlog import events as ev
+from effectlog.chain import Chain
+from effectlog.errors import ChainBroken, CorruptEvent, Truncated
 from effectlog.fold import Record, RunState, StepState
 
 SealRow = tuple[str, int, bytes]  # (run id, seq of the closing event, encoded seal)
+StoredSeal = tuple[str, int, bytes, bytes]  # a seals row: (run id, seq, encoded seal, hash)
 
 
 class SealedStep(msgspec.Struct, frozen=True, array_like=True):
@@ -67,6 +72,10 @@ class SealingJournal(Protocol):
 
     def sealed(self, run_id: str) -> tuple[bytes, bytes] | None:
         """``(seal, chain head)`` while the run's seal is bound to its last event, else ``None``."""
+        ...
+
+    def stored_seals(self, run_id: str | None = None) -> list[StoredSeal]:
+        """The seal rows as stored, ``(run id, seq, body, hash)``, of one run or of all; unchecked."""
         ...
 
 
@@ -126,3 +135,50 @@ def sealed_view(state: RunState) -> RunState:
         }
     )
     return msgspec.structs.replace(state, plan=None, plan_steps=frozenset(), steps=steps)
+
+
+def check_bound(stored: StoredSeal, head: tuple[int, bytes], chain: Chain) -> None:
+    """The seal names the run's last event and its hash links to it; else an integrity error.
+
+    ``head`` is the run's ``(last seq, last hash)`` as the journal holds it now.
+    """
+    run_id, seq, body, digest = stored
+    if seq != head[0]:
+        raise Truncated(
+            f"the run's seal says its last event is seq {seq}, the journal's last is seq {head[0]}: "
+            "events were cut from (or added to) the end of a closed run",
+            run_id=run_id,
+            seq=head[0],
+            sealed_seq=seq,
+        )
+    if chain.link(head[1], body) != digest:
+        raise ChainBroken(
+            "the seal's stored hash does not link to the run's last event (the seal or that event was edited)",
+            run_id=run_id,
+            seq=seq,
+            column="seals.hash",
+        )
+
+
+def check_seal(stored: StoredSeal, state: RunState, chain: Chain) -> None:
+    """Every column of a seals row against the full replay ``state`` of its run (for ``verify``)."""
+    check_bound(stored, (state.seq, state.head), chain)
+    run_id, seq, body, _ = stored
+    try:
+        seal = _decoder.decode(zlib.decompress(body))
+    except (zlib.error, msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise CorruptEvent(
+            f"the run's seal does not decode: {exc}", run_id=run_id, seq=seq, column="seals.body"
+        ) from None
+    for column, stored_value, derived in (("run_id", run_id, seal.run_id), ("seq", seq, seal.seq)):
+        if stored_value != derived:
+            raise CorruptEvent(
+                f"stored column seals.{column} is {stored_value!r}, the seal body says {derived!r}",
+                run_id=run_id,
+                seq=seq,
+                column=f"seals.{column}",
+            )
+    if state_from_seal(body, state.head) != sealed_view(state):
+        raise CorruptEvent(
+            "the run's seal disagrees with the replay of its events", run_id=run_id, seq=seq, column="seals.body"
+        )

@@ -141,6 +141,15 @@ class JournalContract:
             assert (rec.seq, prev) == journal.head(run_id)
             assert run_id == replay_records(journal.read(run_id), journal.chain, run_id=run_id).run_id
 
+    def test_read_returns_the_index_columns_as_stored(self, journal: Journal) -> None:
+        """read() gives each row's step_id, phase and attempt columns (the dedup key) as stored,
+        so the replay can compare them with the body; a backend without them gives ``None``."""
+        history = sample_run()
+        journal.append(history)
+        columns = [(r.step_id, r.phase, r.attempt) for r in journal.read("run-1")]
+        expected = [(e.step_key, e.phase, e.attempt_no) for e in history]
+        assert columns in (expected, [(None, None, None)] * len(history))
+
     def test_runs_lists_each_run_once(self, journal: Journal) -> None:
         """runs() lists every run with events, sorted."""
         journal.append(sample_run("b", steps=1))

@@ -9,6 +9,7 @@ from typing import Any
 from effectlog.cli.output import emit_json, err, out
 from effectlog.diagrams import render
 from effectlog.errors import ExitStatus, IntegrityError, JournalUnreadable, UnknownRun
+from effectlog.integrity import check_orphan_seals, verify_run
 from effectlog.journal import chain_from_env, load_run, open_journal
 from effectlog.spec import MACHINES
 
@@ -50,7 +51,9 @@ def existing_journal(location: str) -> None:
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("verify", help="replay runs from the journal and check chain, sequence and transitions")
+    p = sub.add_parser(
+        "verify", help="replay runs and check chain, sequence, transitions, every stored column and seals"
+    )
     add_journal_args(p)
     add_run_id_arg(p, required=False, help="only this run")
     p.add_argument("--expect-head", metavar="HEX", help="the chain head kept outside the database (needs --run-id)")
@@ -99,13 +102,17 @@ def cmd_verify(args: argparse.Namespace) -> int:
     failure: IntegrityError | None = None
     try:
         runs = journal.runs()
-        if args.run_id is not None:
+        try:
+            check_orphan_seals(journal, runs, args.run_id)
+        except IntegrityError as exc:
+            failure, runs = exc, []
+        if args.run_id is not None and failure is None:
             if args.run_id not in runs:
                 raise UnknownRun(f"no run {args.run_id!r} in {args.journal}")
             runs = [args.run_id]
         for run_id in runs:
             try:
-                state = load_run(journal, run_id)
+                state = verify_run(journal, run_id)
             except IntegrityError as exc:
                 failure = exc
                 break

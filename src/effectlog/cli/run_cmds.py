@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import os
-from datetime import UTC, datetime
 from typing import Any
 
 import msgspec
@@ -13,8 +12,9 @@ from effectlog.cli.inspect_cmds import add_journal_args, add_json_arg, add_run_i
 from effectlog.cli.output import emit_json, err, out, table, tools_write_to_stderr
 from effectlog.errors import BadInput, UnknownRun
 from effectlog.fold import RunState, replay_records
-from effectlog.journal import chain_from_env, load_run, open_journal
+from effectlog.journal import chain_from_env, load_run, load_sealed, open_journal
 from effectlog.plan import MAX_ARGS_BYTES, MAX_PLAN_BYTES
+from effectlog.summary import RUN_STATES
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -47,9 +47,18 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     add_json_arg(p, "the run's outcome as one JSON object (tools' own stdout goes to stderr)")
     p.set_defaults(handler=cmd_run)
 
-    p = sub.add_parser("status", help="the state of every run, or of one")
+    p = sub.add_parser("status", help="the state of every run (newest first), or of one")
     add_journal_args(p)
     add_run_id_arg(p, required=False, help="only this run")
+    p.add_argument(
+        "--state",
+        metavar="S",
+        action="append",
+        default=[],
+        choices=RUN_STATES,
+        help=f"only runs in state S (repeatable; one of {', '.join(RUN_STATES)})",
+    )
+    p.add_argument("--limit", metavar="N", type=_positive_int, help="at most N runs (the newest)")
     add_json_arg(p, "as JSON: one object with --run-id, else a list")
     p.set_defaults(handler=cmd_status)
 
@@ -94,6 +103,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         p.add_argument("--reason", metavar="TEXT", default="", help="why (recorded)")
         if name == "approve":
             p.add_argument("--expires-in", metavar="SECONDS", type=float, help="the approval lapses after this")
+            p.add_argument(
+                "--expect-digest",
+                metavar="D",
+                help="approve only if the held call's args digest is D (shown by status/timeline); else exit 5",
+            )
         add_json_arg(p, "the decided step as JSON")
         p.set_defaults(handler=cmd_approve if name == "approve" else cmd_deny)
 
@@ -135,6 +149,7 @@ def _reader(args: argparse.Namespace) -> Any:
 def _state(journal: Any, run_id: str, location: str) -> RunState:
     if run_id not in journal.runs():
         raise UnknownRun(f"no run {run_id!r} in {location}")
+    load_sealed(journal, run_id)  # as in the run list: a closed run's cut tail is Truncated, not a state
     return load_run(journal, run_id)
 
 
@@ -250,72 +265,41 @@ def check_trace(path: str) -> None:
         raise BadInput(f"{path}: cannot open the trace file (Permission denied)")
 
 
-def _status_dict(state: RunState) -> dict[str, Any]:
-    return {
-        "run_id": state.run_id,
-        "state": state.state,
-        "events": state.seq,
-        "blocked_step": state.blocked_step,
-        "reason": state.reason,
-        "steps": [{"id": s.step_id, "state": s.state, "attempt": s.attempt} for s in state.ordered_steps()],
-    }
-
-
 def cmd_status(args: argparse.Namespace) -> int:
+    from effectlog.cli.run_views import print_status_list, print_status_one
+    from effectlog.summary import summaries
+
+    if args.run_id and (args.state or args.limit):
+        raise BadInput("status: --state and --limit list runs; do not combine them with --run-id")
     journal = _reader(args)
     try:
-        run_ids = [args.run_id] if args.run_id else journal.runs()
-        states = [_state(journal, r, args.journal) for r in run_ids]
+        if args.run_id:
+            state = _state(journal, args.run_id, args.journal)  # one run: the full replay, every detail
+        else:
+            states = summaries(journal, journal.runs(), states=args.state, limit=args.limit)
     finally:
         journal.close()
-    if args.json:
-        emit_json(_status_dict(states[0]) if args.run_id else [_status_dict(s) for s in states])
-        return 0
     if args.run_id:
-        s = states[0]
-        out(f"run {s.run_id}: {s.state} ({s.seq} events)\n")
-        rows = [(x.step_id, x.state, x.attempt, x.reason) for x in s.ordered_steps()]
-        out(table(("step", "state", "attempt", "note"), rows) + "\n")
+        print_status_one(state, journal.location, args.json)
     else:
-        rows = [(s.run_id, s.state, s.seq, s.blocked_step or "") for s in states]
-        out(table(("run", "state", "events", "blocked on"), rows) + "\n")
+        print_status_list(states, journal.location, args.json)
     return 0
 
 
 def cmd_timeline(args: argparse.Namespace) -> int:
-    from effectlog.events import decode, tag_of
+    from effectlog.cli.run_views import print_timeline
+    from effectlog.events import decode
 
     journal = _reader(args)
     try:
         if args.run_id not in journal.runs():
             raise UnknownRun(f"no run {args.run_id!r} in {args.journal}")
         records = list(journal.read(args.run_id))  # one snapshot: what is verified is what is printed
-        replay_records(records, journal.chain, run_id=args.run_id)
+        state = replay_records(records, journal.chain, run_id=args.run_id)
         events = [decode(r.body) for r in records]
     finally:
         journal.close()
-    if args.json:
-        emit_json([msgspec.to_builtins(e) for e in events])
-        return 0
-    rows = []
-    for e in events:
-        when = datetime.fromtimestamp(e.ts / 1e9, tz=UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-        detail = {
-            k: v
-            for k, v in msgspec.structs.asdict(e).items()
-            if k in ("decision", "outcome", "operator", "reason", "resend", "by", "pid") and v not in ("", None)
-        }
-        rows.append(
-            (
-                e.seq,
-                when,
-                tag_of(e),
-                getattr(e, "step_id", "") or "",
-                getattr(e, "attempt", "") or "",
-                " ".join(f"{k}={v}" for k, v in detail.items()),
-            )
-        )
-    out(table(("seq", "time", "event", "step", "attempt", "detail"), rows) + "\n")
+    print_timeline(state, events, journal.location, args.json)
     return 0
 
 
@@ -405,7 +389,15 @@ def cmd_approve(args: argparse.Namespace) -> int:
         expires = time.time_ns() + int(args.expires_in * 1e9)
     journal = _existing_writer(args)
     try:
-        state = approve(journal, args.run_id, args.step, by=args.by, reason=args.reason, expires_at=expires)
+        state = approve(
+            journal,
+            args.run_id,
+            args.step,
+            by=args.by,
+            reason=args.reason,
+            expires_at=expires,
+            expect_digest=args.expect_digest,
+        )
     finally:
         journal.close()
     if args.json:

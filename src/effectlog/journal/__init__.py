@@ -14,9 +14,18 @@ from effectlog.chain import Chain
 from effectlog.fold import RunState, replay_records
 from effectlog.journal.protocol import SCHEMA_VERSION, Journal
 from effectlog.journal.sqlite import SqliteJournal
-from effectlog.seal import SealingJournal, state_from_seal
+from effectlog.seal import SealingJournal, check_bound, state_from_seal
 
-__all__ = ["SCHEMA_VERSION", "Journal", "SqliteJournal", "chain_from_env", "load_resumable", "load_run", "open_journal"]
+__all__ = [
+    "SCHEMA_VERSION",
+    "Journal",
+    "SqliteJournal",
+    "chain_from_env",
+    "load_resumable",
+    "load_run",
+    "load_sealed",
+    "open_journal",
+]
 
 
 def chain_from_env(key_file: str | None = None) -> Chain:
@@ -74,12 +83,28 @@ def load_resumable(journal: Journal, run_id: str) -> RunState:
     """The state a run actor starts from: a closed run's seal when it has one, else ``load_run``.
 
     A sealed run is closed for good, so its actor only reports it; the seal (bound to the
-    run's chain head) has every run-level field and each step's id, state and attempt.
+    run's chain head) has every run-level field and each step's id, state and attempt. A
+    seal no longer bound to the run's last event (a cut tail, an edited last event) raises
+    ``Truncated`` or ``ChainBroken``: the run is not re-driven from what is left.
     """
-    found = journal.sealed(run_id) if isinstance(journal, SealingJournal) else None
+    sealed = load_sealed(journal, run_id)
+    return sealed if sealed is not None else load_run(journal, run_id)
+
+
+def load_sealed(journal: Journal, run_id: str) -> RunState | None:
+    """A closed run's summary from its seal; ``None`` when there is no usable seal.
+
+    Raises ``Truncated``/``ChainBroken`` when the run has a seal no longer bound to its
+    last event (see ``load_resumable``).
+    """
+    if not isinstance(journal, SealingJournal):
+        return None
+    found = journal.sealed(run_id)
     if found is not None:
         try:
             return state_from_seal(*found)
         except (zlib.error, msgspec.DecodeError, msgspec.ValidationError):
-            pass  # a seal that does not decode is no shortcut: replay in full
-    return load_run(journal, run_id)
+            return None  # a seal that does not decode is no shortcut: replay in full
+    for stored in journal.stored_seals(run_id):  # a seal no longer bound: the tail was cut or edited
+        check_bound(stored, journal.head(run_id), journal.chain)
+    return None

@@ -110,7 +110,9 @@ _INSERT = (
     " VALUES (%s, %s, %s, %s, %s, %s, %s)"
 )
 _HEAD = f"SELECT seq, hash FROM {SCHEMA}.events WHERE run_id = %s ORDER BY seq DESC LIMIT 1"
-_READ = f"SELECT seq, body, hash FROM {SCHEMA}.events WHERE run_id = %s AND seq > %s ORDER BY seq"
+_READ = (
+    f"SELECT seq, body, hash, step_id, phase, attempt FROM {SCHEMA}.events WHERE run_id = %s AND seq > %s ORDER BY seq"
+)
 _LOCK_RUN = "SELECT pg_advisory_xact_lock(%s, hashtext(%s))"
 OWNERS_DDL: tuple[str, ...] = (
     f"CREATE TABLE IF NOT EXISTS {SCHEMA}.owners"
@@ -598,8 +600,8 @@ class PostgresJournal:
                 rows = conn.execute(_READ, (run_id, after_seq)).fetchall()
         except (psycopg.Error, PoolTimeout) as exc:
             raise translate(exc, self.location) from None
-        for seq, body, digest in rows:
-            yield Record(run_id, int(seq), bytes(body), bytes(digest))
+        for seq, body, digest, step_id, phase, attempt in rows:
+            yield Record(run_id, int(seq), bytes(body), bytes(digest), step_id, phase, attempt)
 
     def runs(self) -> list[str]:
         try:

@@ -105,7 +105,9 @@ _UPSERT_OWNER = (
     "ON CONFLICT (run_id) DO UPDATE SET token = token + 1, holder = excluded.holder RETURNING token"
 )
 READ_PAGE_ROWS = 2000
-_READ_PAGE = "SELECT seq, body, hash FROM events WHERE run_id = ? AND seq > ? ORDER BY seq LIMIT ?"
+_READ_PAGE = (
+    "SELECT seq, body, hash, step_id, phase, attempt FROM events WHERE run_id = ? AND seq > ? ORDER BY seq LIMIT ?"
+)
 WAL_AUTOCHECKPOINT_PAGES = 8000  # about 32 MiB of WAL between checkpoints (SQLite's default: 1,000 pages)
 _INSERT_SEAL = "INSERT INTO seals (run_id, seq, body, hash) VALUES (?, ?, ?, ?)"
 # One statement, so one snapshot: the seal and the run's last event together.
@@ -595,6 +597,19 @@ class SqliteJournal:
             return None
         return seal, head
 
+    def stored_seals(self, run_id: str | None = None) -> list[tuple[str, int, bytes, bytes]]:
+        """The seal rows as stored, ``(run id, seq, body, hash)``: of one run, or of all; unchecked."""
+        where, params = ("WHERE run_id = ?", (run_id,)) if run_id is not None else ("", ())
+        try:
+            rows = self._db.execute(f"SELECT run_id, seq, body, hash FROM seals {where} ORDER BY run_id", params)
+            return [(r[0], r[1], bytes(r[2]), bytes(r[3])) for r in rows]
+        except sqlite3.OperationalError as exc:
+            if "no such table" in str(exc):
+                return []
+            raise _translate(exc, self.location) from None
+        except sqlite3.Error as exc:
+            raise _translate(exc, self.location) from None
+
     def _existing(self, run_id: str, seq: int, body: bytes) -> Record:
         row = self._db.execute("SELECT body, hash FROM events WHERE run_id = ? AND seq = ?", (run_id, seq)).fetchone()
         if row is None or bytes(row[0]) != body:
@@ -624,8 +639,8 @@ class SqliteJournal:
                 rows = self._db.execute(_READ_PAGE, (run_id, after_seq, READ_PAGE_ROWS)).fetchall()
             except sqlite3.Error as exc:
                 raise _translate(exc, self.location) from None
-            for seq, body, digest in rows:
-                yield Record(run_id, seq, bytes(body), bytes(digest))
+            for seq, body, digest, step_id, phase, attempt in rows:
+                yield Record(run_id, seq, bytes(body), bytes(digest), step_id, phase, attempt)
             if len(rows) < READ_PAGE_ROWS:
                 return
             after_seq = rows[-1][0]

@@ -43,7 +43,8 @@ class Agent:
 
     Yields ``ModelStep``, ``ToolStep``, ``ApprovalStep`` (then stops: the run is
     suspended on disk) and ``FinalStep``. A completed run yields its recorded
-    ``FinalStep`` alone, without walking the history or calling anything.
+    ``FinalStep`` alone, without walking the history or calling anything, once its first
+    model request (task, instructions, tools) is the one this agent would send.
     """
 
     def __init__(
@@ -66,8 +67,14 @@ class Agent:
         messages.append({"role": "user", "content": task})
         return messages
 
+    def _params(self, session: Session) -> dict[str, Any]:
+        offered = [info.schema() for info in session.gateway.tools()]
+        return {**self.params, **({"tools": offered} if offered else {})}
+
     async def run(self, task: str, *, session: Session) -> AsyncIterator[AgentStep]:
         if session.completed:
+            # Same task, instructions and tools: the recorded answer. Others: IdempotencyConflict.
+            session.check_first_request(self._opening(task), model=self.model, **self._params(session))
             yield FinalStep(run_id=session.run_id, result=session.result, replayed=True)
             return
         if session.closed:
@@ -76,8 +83,7 @@ class Agent:
                 f"the run is {state.state}: {state.reason}", run_id=session.run_id, step_id=state.blocked_step
             )
         messages = self._opening(task)
-        offered = [info.schema() for info in session.gateway.tools()]
-        params = {**self.params, **({"tools": offered} if offered else {})}
+        params = self._params(session)
         for _ in range(self.max_turns):
             model_step = await session.model_step(messages, model=self.model, **params)
             yield model_step

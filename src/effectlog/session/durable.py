@@ -17,7 +17,6 @@ raises ``ReplayDivergence`` and nothing runs.
 from __future__ import annotations
 
 import os
-import shlex
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -51,13 +50,9 @@ from effectlog.session.steps import (
 )
 from effectlog.session.store import Checkpointer
 from effectlog.session.tool_driver import ToolDriver
+from effectlog.stake import approve_command
 
 CrashHook = Callable[[str, str], None]  # (point, step_id): a test seam, like the runtime's
-
-
-def approve_command(location: str, run_id: str, step_id: str) -> str:
-    q = shlex.quote
-    return f"effectlog approve --journal {q(location)} --run-id {q(run_id)} --step {q(step_id)} --by NAME"
 
 
 class Session:
@@ -231,16 +226,7 @@ class Session:
         step = self._state.step(sid)
         if step is not None:
             self._check_same(step, "model", name, fp)
-            if step.args_digest != body_digest:
-                raise IdempotencyConflict(
-                    f"the journal recorded this model call with body {step.args_digest[:16]} (key "
-                    f"{step.idempotency_key}); this pass sends body {body_digest[:16]}: a key names one request, "
-                    "so a changed task or changed instructions need a new run id",
-                    run_id=self.run_id,
-                    step_id=sid,
-                    recorded_body=step.args_digest,
-                    body=body_digest,
-                )
+            self._check_body(step, body_digest)
         while True:
             step = self._state.step(sid)
             action = decide(step)
@@ -285,6 +271,42 @@ class Session:
         )
         self._crash_point("after_result", sid)
         return ModelStep(step_id=sid, model=name, response=response)
+
+    def _check_body(self, step: StepState, body_digest: str) -> None:
+        if step.args_digest == body_digest:
+            return
+        raise IdempotencyConflict(
+            f"the journal recorded this model call with body {step.args_digest[:16]} (key "
+            f"{step.idempotency_key}); this pass sends body {body_digest[:16]}: a key names one request, "
+            "so a changed task, changed instructions or another tool set need a new run id",
+            run_id=self.run_id,
+            step_id=step.step_id,
+            recorded_body=step.args_digest,
+            body=body_digest,
+        )
+
+    def check_first_request(
+        self, messages: Sequence[Mapping[str, Any]], *, model: str | None = None, **params: Any
+    ) -> None:
+        """A completed run asked again: its first model call must be the one this pass would send.
+
+        An open run compares each model call as it walks them; a completed run answers from
+        its result without walking, so this compares the one request that carries the task,
+        the instructions and the tool set. Raises ``IdempotencyConflict`` (another body) or
+        ``ReplayDivergence`` (no such model call); nothing is written either way.
+        """
+        name = model or self.gateway.model
+        body = ids.normalized({**params, "model": name, "messages": list(messages)}, "the model request body")
+        sid = ids.positional_id(0)
+        step = self._state.step(sid)
+        if step is None:
+            raise ReplayDivergence(
+                f"the completed run recorded no model call at {sid}; this pass would start with one",
+                run_id=self.run_id,
+                step_id=sid,
+            )
+        self._check_same(step, "model", name, ids.fingerprint("model", name, None))
+        self._check_body(step, ids.body_digest(body))
 
     def _resend(self, step: StepState) -> None:
         self._record(
@@ -334,7 +356,7 @@ class Session:
             args=step.args,
             tool_call_hash=step.tool_call_hash,
             reason=step.reason,
-            command=approve_command(self.store.location, self.run_id, step.step_id),
+            command=approve_command(self.store.location, self.run_id, step.step_id, step.tool_call_hash),
         )
 
     async def tool_step(self, name: str, args: Mapping[str, Any] | None = None, *, key: str | None = None) -> ToolStep:

@@ -19,7 +19,7 @@ from effectlog import events as ev
 from effectlog.chain import Chain
 from effectlog.errors import UnknownRun
 from effectlog.fold import RunState, StepState, replay_records
-from effectlog.journal import Journal, chain_from_env, load_run
+from effectlog.journal import Journal, chain_from_env, load_run, load_sealed
 from effectlog.journal.ownership import Claim
 from effectlog.journal.sqlite import SqliteJournal
 from effectlog.recorder import Clock
@@ -88,6 +88,7 @@ class JournalCheckpointer:
         self.location = journal.location
 
     def state(self, run_id: str) -> RunState:
+        load_sealed(self.journal, run_id)  # a sealed run whose tail was cut raises Truncated: nothing re-runs
         return load_run(self.journal, run_id)
 
     def append(self, events: Sequence[ev.Event]) -> None:
@@ -116,12 +117,25 @@ class JournalCheckpointer:
         by: str,
         reason: str = "",
         expires_at: int | None = None,
+        expect_digest: str | None = None,
         clock: Clock = time.time_ns,
     ) -> RunState:
-        """Approve the held call at ``step_id``: bound to its tool call hash, used once."""
+        """Approve the held call at ``step_id``: bound to its tool call hash, used once.
+
+        ``expect_digest``: the tool call hash the approver saw; another one raises ``DigestMismatch``.
+        """
         from effectlog.approvals import approve
 
-        return approve(self.journal, run_id, step_id, by=by, reason=reason, expires_at=expires_at, clock=clock)
+        return approve(
+            self.journal,
+            run_id,
+            step_id,
+            by=by,
+            reason=reason,
+            expires_at=expires_at,
+            expect_digest=expect_digest,
+            clock=clock,
+        )
 
     def deny(self, run_id: str, step_id: str, *, by: str, reason: str = "", clock: Clock = time.time_ns) -> RunState:
         """A person's "no": final, the run fails."""

@@ -7,7 +7,6 @@ gateway is called; the result and its confirmation durable in one batch after.
 
 from __future__ import annotations
 
-import shlex
 from typing import TYPE_CHECKING, Any
 
 from effectlog import events as ev
@@ -18,17 +17,10 @@ from effectlog.recovery import Action, decide
 from effectlog.session import identity as ids
 from effectlog.session.steps import Reconciled, ToolCall, ToolStep
 from effectlog.session.tools import ToolInfo
+from effectlog.stake import reconcile_command, redact_args, redact_text
 
 if TYPE_CHECKING:
     from effectlog.session.durable import Session
-
-
-def reconcile_command(location: str, run_id: str, step_id: str) -> str:
-    q = shlex.quote
-    return (
-        f"effectlog reconcile --journal {q(location)} --run-id {q(run_id)} --step {q(step_id)} "
-        "--outcome applied|not-applied --evidence TEXT --operator NAME"
-    )
 
 
 class ToolDriver:
@@ -139,6 +131,7 @@ class ToolDriver:
                     "args_digest": self.call_hash,
                     "idempotent": self.info.idempotent,
                     "fingerprint": self.fp,
+                    "args": redact_args(self.args, self.info.secret),
                 },
             ),
             ts=now,
@@ -156,6 +149,7 @@ class ToolDriver:
             "args_digest": self.call_hash,
             "adapter": self.info.name,
             "fingerprint": self.fp,
+            "args": redact_args(self.args, self.info.secret),
         }
 
     def _hold(self, attempt: int, reason: str, *, by: str, ts: int) -> ToolStep:
@@ -174,14 +168,13 @@ class ToolDriver:
             s.tool_calls += 1
             value = await s.gateway.call_tool(self.info.name, self.args, idempotency_key=step.idempotency_key)
         except NotApplied as exc:
-            s._record(
-                (ev.StepFailed, {"step_id": sid, "attempt": step.attempt, "reason": exc.reason, "applied": False})
-            )
-            return self._step("failed", replayed=False, reason=exc.reason)
+            reason = self._redact(exc.reason)
+            s._record((ev.StepFailed, {"step_id": sid, "attempt": step.attempt, "reason": reason, "applied": False}))
+            return self._step("failed", replayed=False, reason=reason)
         except Exception as exc:
             if step.idempotent:
                 raise  # the intent stays: the next pass sends the same key again
-            self._doubt(step, f"outcome unknown: {type(exc).__name__}: {exc}")
+            self._doubt(step, self._redact(f"outcome unknown: {type(exc).__name__}: {exc}"))
             raise self._uncertain() from exc
         s._crash_point("after_call", sid)
         value = ids.normalized(value, f"the result of tool {self.info.name!r}")
@@ -191,6 +184,10 @@ class ToolDriver:
         )
         s._crash_point("after_result", sid)
         return self._step("ok", replayed=False, result=value)
+
+    def _redact(self, text: str) -> str:
+        """A tool's message may echo its args: the secret ones are recorded as ``<secret NAME>``."""
+        return redact_text(text, self.args, self.info.secret)
 
     def _doubt(self, step: StepState, reason: str) -> None:
         self.s._record(

@@ -37,6 +37,7 @@ class ToolInfo(msgspec.Struct, frozen=True, kw_only=True):
     idempotent: bool
     description: str = ""
     parameters: dict[str, Any] = {}
+    secret: tuple[str, ...] = ()  # arg names recorded only as digests (journal, status, timeline)
 
     def schema(self) -> dict[str, Any]:
         """The OpenAI-style function declaration offered to a model."""
@@ -77,7 +78,7 @@ class Toolbox:
         self._entries: dict[str, _Entry] = {}
 
     @overload
-    def tool(self, fn: F, /, *, idempotent: bool, name: str | None = None) -> F: ...
+    def tool(self, fn: F, /, *, idempotent: bool, name: str | None = None, secret: Sequence[str] = ()) -> F: ...
 
     @overload
     def tool(
@@ -89,6 +90,7 @@ class Toolbox:
         name: str | None = None,
         description: str | None = None,
         parameters: Mapping[str, Any] | None = None,
+        secret: Sequence[str] = (),
     ) -> Callable[[F], F]: ...
 
     def tool(
@@ -100,9 +102,12 @@ class Toolbox:
         name: str | None = None,
         description: str | None = None,
         parameters: Mapping[str, Any] | None = None,
+        secret: Sequence[str] = (),
     ) -> F | Callable[[F], F]:
         def register(f: F) -> F:
-            self.register(f, idempotent=idempotent, name=name, description=description, parameters=parameters)
+            self.register(
+                f, idempotent=idempotent, name=name, description=description, parameters=parameters, secret=secret
+            )
             return f
 
         return register(fn) if fn is not None else register
@@ -115,9 +120,13 @@ class Toolbox:
         name: str | None = None,
         description: str | None = None,
         parameters: Mapping[str, Any] | None = None,
+        secret: Sequence[str] = (),
     ) -> None:
+        """Register ``fn``; args named in ``secret`` are recorded only as digests."""
         if not isinstance(idempotent, bool):
             raise BadInput("a tool must declare idempotent=True or idempotent=False")
+        if isinstance(secret, str) or not all(isinstance(s, str) for s in secret):
+            raise BadInput("a tool's secret= is a list of argument names")
         tool_name = name or getattr(fn, "__name__", "")
         if not tool_name:
             raise BadInput("a tool needs a name")
@@ -128,6 +137,7 @@ class Toolbox:
             idempotent=idempotent,
             description=description if description is not None else inspect.getdoc(fn) or "",
             parameters=dict(parameters) if parameters is not None else _parameters(fn),
+            secret=tuple(secret),
         )
         wants_key = KEY_PARAMETER in inspect.signature(fn).parameters
         self._entries[tool_name] = _Entry(info, fn, wants_key)
