@@ -214,12 +214,23 @@ def test_a_killed_owner_is_taken_over_at_once_and_its_step_is_uncertain(tmp_path
     """After SIGKILL of the owner, the journal says the run has no live owner, and the next `run`
     takes it over at once: the in-flight step is uncertain (exit 3), never re-sent."""
     journal = tmp_path / "j.db"
+    shown = json.loads(effectlog("status", "--journal", str(journal), "--run-id", "r1", "--json").stdout)
+    pid = sqlite_writer.proc.pid
+    assert ("running", True, pid) == (shown["state"], shown["live"], shown["owner"]["pid"])
+    assert shown["condition"].startswith(f"running (pid {pid} on ")
     with SqliteJournal(journal, writer=False) as reader:
         alive = reader.owner("r1")
         assert (True, sqlite_writer.proc.pid) == (alive.live, alive.owner.pid if alive.owner else None)
         sqlite_writer.kill()
         dead = reader.owner("r1")
         assert (False, sqlite_writer.proc.pid) == (dead.live, dead.owner.pid if dead.owner else None)
+    shown = json.loads(effectlog("status", "--journal", str(journal), "--run-id", "r1", "--json").stdout)
+    assert ("running", "interrupted", False, pid) == (
+        shown["state"], shown["condition"], shown["live"], shown["owner"]["pid"]
+    )
+    listed = effectlog("status", "--journal", str(journal)).stdout
+    assert "interrupted" in listed
+    assert "now: interrupted" in effectlog("timeline", "--journal", str(journal), "--run-id", "r1").stdout
     done = effectlog("run", str(sqlite_writer.plan), "--journal", str(journal))
     assert int(ExitStatus.STOPPED_UNCERTAIN) == done.returncode, done.stderr
     assert ["a", "b"] == effects(tmp_path)

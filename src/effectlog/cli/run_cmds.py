@@ -275,14 +275,16 @@ def cmd_status(args: argparse.Namespace) -> int:
     try:
         if args.run_id:
             state = _state(journal, args.run_id, args.journal)  # one run: the full replay, every detail
+            found = journal.owner(args.run_id)
         else:
             states = summaries(journal, journal.runs(), states=args.state, limit=args.limit)
+            owners = {s.run_id: journal.owner(s.run_id) for s in states if s.state == "running"}
     finally:
         journal.close()
     if args.run_id:
-        print_status_one(state, journal.location, args.json)
+        print_status_one(state, journal.location, args.json, found)
     else:
-        print_status_list(states, journal.location, args.json)
+        print_status_list(states, journal.location, args.json, owners)
     return 0
 
 
@@ -297,9 +299,10 @@ def cmd_timeline(args: argparse.Namespace) -> int:
         records = list(journal.read(args.run_id))  # one snapshot: what is verified is what is printed
         state = replay_records(records, journal.chain, run_id=args.run_id)
         events = [decode(r.body) for r in records]
+        found = journal.owner(args.run_id)
     finally:
         journal.close()
-    print_timeline(state, events, journal.location, args.json)
+    print_timeline(state, events, journal.location, args.json, found)
     return 0
 
 

@@ -17,6 +17,7 @@ import msgspec
 from effectlog import events as ev
 from effectlog.cli.output import emit_json, out, table
 from effectlog.fold import RunState
+from effectlog.journal.ownership import OwnerStatus
 from effectlog.stake import AtStake, at_stake
 
 HELD = "held for approval"
@@ -26,11 +27,27 @@ def when(ts: int) -> str:
     return datetime.fromtimestamp(ts / 1e9, tz=UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ") if ts else ""
 
 
-def status_dict(state: RunState, location: str) -> dict[str, Any]:
-    """One run as ``status --json`` gives it."""
+def condition(state: RunState, found: OwnerStatus | None) -> str:
+    """What a person should read for the run's state: a "running" run is ``running (pid N)`` only while
+    its owner lives, ``interrupted`` once the last owner is gone (a successor takes it over at once)."""
+    if state.state != "running" or found is None:
+        return state.state
+    if not found.live:
+        return "interrupted"
+    who = found.owner
+    if who is None:
+        return "running"
+    return f"running (runner {who.runner})" if who.runner else f"running (pid {who.pid} on {who.host})"
+
+
+def status_dict(state: RunState, location: str, found: OwnerStatus | None = None) -> dict[str, Any]:
+    """One run as ``status --json`` gives it: ``state`` is the run machine's, ``condition`` what it means now."""
     data: dict[str, Any] = {
         "run_id": state.run_id,
         "state": state.state,
+        "condition": condition(state, found),
+        "owner": msgspec.to_builtins(found.owner) if found is not None and found.owner is not None else None,
+        "live": bool(found is not None and found.live),
         "events": state.seq,
         "blocked_step": state.blocked_step,
         "reason": state.reason,
@@ -39,23 +56,28 @@ def status_dict(state: RunState, location: str) -> dict[str, Any]:
         "steps": [{"id": s.step_id, "state": s.state, "attempt": s.attempt} for s in state.ordered_steps()],
         "at_stake": [msgspec.to_builtins(a) for a in at_stake(state, location)],
     }
-    # Run ownership (issue 11: "owner", "live") is added here, from the journal's lease, not the fold.
     return data
 
 
-def print_status_list(states: list[RunState], location: str, as_json: bool) -> None:
+def print_status_list(
+    states: list[RunState], location: str, as_json: bool, owners: dict[str, OwnerStatus] | None = None
+) -> None:
+    owners = owners or {}
     if as_json:
-        emit_json([status_dict(s, location) for s in states])
+        emit_json([status_dict(s, location, owners.get(s.run_id)) for s in states])
         return
-    rows = [(s.run_id, s.state, s.seq, s.blocked_step or "", when(s.started_ts)) for s in states]
+    rows = [
+        (s.run_id, condition(s, owners.get(s.run_id)), s.seq, s.blocked_step or "", when(s.started_ts))
+        for s in states
+    ]
     out(table(("run", "state", "events", "blocked on", "started"), rows) + "\n")
 
 
-def print_status_one(state: RunState, location: str, as_json: bool) -> None:
+def print_status_one(state: RunState, location: str, as_json: bool, found: OwnerStatus | None = None) -> None:
     if as_json:
-        emit_json(status_dict(state, location))
+        emit_json(status_dict(state, location, found))
         return
-    out(f"run {state.run_id}: {state.state} ({state.seq} events)\n")
+    out(f"run {state.run_id}: {condition(state, found)} ({state.seq} events)\n")
     rows = [(x.step_id, x.state, x.attempt, x.reason) for x in state.ordered_steps()]
     out(table(("step", "state", "attempt", "note"), rows) + "\n")
     out(render_at_stake(at_stake(state, location)))
@@ -103,7 +125,9 @@ def _blocking_seqs(events: list[ev.AnyEvent], items: list[AtStake]) -> dict[int,
     return found
 
 
-def print_timeline(state: RunState, events: list[ev.AnyEvent], location: str, as_json: bool) -> None:
+def print_timeline(
+    state: RunState, events: list[ev.AnyEvent], location: str, as_json: bool, found: OwnerStatus | None = None
+) -> None:
     items = at_stake(state, location)
     blocking = _blocking_seqs(events, items)
     if as_json:
@@ -137,4 +161,6 @@ def print_timeline(state: RunState, events: list[ev.AnyEvent], location: str, as
             )
         )
     out(table(("seq", "time", "event", "step", "attempt", "detail"), rows) + "\n")
+    if state.state == "running":
+        out(f"now: {condition(state, found)}\n")
     out(render_at_stake(items))
