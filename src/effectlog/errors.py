@@ -286,3 +286,12 @@ class SecretUnavailable(BadInput):
     """A fleet runner cannot supply a secret arg (the store keeps only its digest), or its value is another one."""
 
     code = "secret_unavailable"
+
+
+# -- branch durabletool (issue 14.1) -------------------------------------------------
+
+
+class NotInRun(BadInput):
+    """A durable tool called outside a ``durable.run`` block (or a run used outside its block)."""
+
+    code = "not_in_run"

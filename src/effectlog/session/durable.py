@@ -72,6 +72,7 @@ class Session:
         policy: Policy | None = None,
         clock: Clock | None = None,
         crash_hook: CrashHook | None = None,
+        replay_closed: bool = False,
     ) -> None:
         if not run_id:
             raise BadInput("a session needs a run id")
@@ -81,6 +82,9 @@ class Session:
         self.policy: Policy = policy or allow_all
         self.clock: Clock = clock or time.time_ns
         self.crash_hook = crash_hook
+        # A completed run answers the tool steps it recorded (no call, no write) instead of refusing them:
+        # a plain-Python block that runs again after its run completed gets the same values back.
+        self.replay_closed = replay_closed
         self._state: RunState = store.state(run_id)
         if self._state.seq and self._state.kind != "session":
             raise PlanMismatch(
@@ -339,7 +343,9 @@ class Session:
 
     async def tool_step(self, name: str, args: Mapping[str, Any] | None = None, *, key: str | None = None) -> ToolStep:
         """One tool call as a ``ToolStep`` (denied, held and failed calls are outcomes, not errors)."""
-        self._check_open("a tool call")
+        replaying = self.replay_closed and self.completed
+        if not replaying:
+            self._check_open("a tool call")
         info = self.gateway.tool(name)
         call_args: dict[str, Any] = ids.normalized(dict(args or {}), f"tool {name!r} args")
         sid = self._next_id(key)
@@ -348,6 +354,8 @@ class Session:
         step = self._state.step(sid)
         if step is not None:
             self._check_same(step, "tool", name, fp)
+        if replaying and decide(step) not in (Action.SKIP, Action.FAIL):
+            self._check_open("a tool call")  # a step the completed run never finished: RunClosed
         return await ToolDriver(self, info, sid, args=call_args, fp=fp, call_hash=call_hash).drive()
 
     # -- closing ---------------------------------------------------------------------------
