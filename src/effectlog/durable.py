@@ -321,7 +321,10 @@ class Run:
         self._store: Checkpointer | None = None
         self._owns_store = False
         self._token: contextvars.Token[Run | None] | None = None
-        self._pending: _Pending | None = None
+        self._pending: _Pending | None = None  # the call in flight: steps never overlap
+        self._holder: asyncio.Task[Any] | None = None  # the task making it, when async
+        self._queued = 0  # async calls waiting for or holding their turn
+        self._lock: tuple[asyncio.AbstractEventLoop, asyncio.Lock] | None = None
 
     # -- the block -------------------------------------------------------------------------
 
@@ -409,21 +412,46 @@ class Run:
         return verdict
 
     async def call(self, decl: Tool, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Any:
-        """One call of a durable tool as one tool step of this run's session."""
+        """One call of a durable tool as one tool step of this run's session.
+
+        Steps never overlap: positional step ids must not depend on scheduling. Async calls
+        made together (``asyncio.gather``) wait their turn in the order they were made; a sync
+        call cannot wait, so it is refused while another call is in flight, and so is a
+        durable tool called from inside another one's body.
+        """
         session = self.session
-        if self._pending is not None:
-            raise BadInput(
-                f"durable tool {decl.info.name!r} was called while tool {self._pending.decl.info.name!r} is "
-                "still running in the same run: a run takes one step at a time (no concurrent calls, and no "
-                "durable tool calling another)",
-                run_id=self.run_id,
-            )
         arguments = decl.bind(args, kwargs)
+        if not decl.is_async or (self._pending is not None and self._holder is asyncio.current_task()):
+            if self._pending is not None or self._queued:
+                busy = self._pending.decl.info.name if self._pending is not None else "an async tool"
+                raise BadInput(
+                    f"durable tool {decl.info.name!r} was called while {busy!r} is still running in the same run: "
+                    "steps of a run never overlap (a sync call cannot wait its turn, and a durable tool may not "
+                    "call another)",
+                    run_id=self.run_id,
+                )
+            return await self._step(session, decl, arguments)
+        self._queued += 1
+        try:
+            async with self._turn():
+                return await self._step(session, decl, arguments)
+        finally:
+            self._queued -= 1
+
+    def _turn(self) -> asyncio.Lock:
+        loop = asyncio.get_running_loop()
+        if self._lock is None or self._lock[0] is not loop:  # a lock serves one event loop
+            self._lock = (loop, asyncio.Lock())
+        return self._lock[1]
+
+    async def _step(self, session: Session, decl: Tool, arguments: dict[str, Any]) -> Any:
         self._pending = _Pending(decl, arguments)
+        self._holder = asyncio.current_task() if decl.is_async else None
         try:
             value = await session.tool(decl.info.name, arguments)
         finally:
             self._pending = None
+            self._holder = None
         if isinstance(value, Reconciled):
             return decl.on_reconciled(value) if decl.on_reconciled is not None else msgspec.to_builtins(value)
         return value
