@@ -14,11 +14,13 @@ import pytest
 
 from effectlog import durable
 from effectlog.errors import (
+    ApprovalRequired,
     BadInput,
     NotApplied,
     NotInRun,
     ReplayDivergence,
     RunClosed,
+    RunFailed,
     RunOwned,
     ToolDenied,
     UncertainEffect,
@@ -375,3 +377,39 @@ def test_a_block_owns_its_run_while_it_writes_and_releases_it_at_exit(tmp_path: 
         send("bob")
         send("eve")
     assert ["bob", "dan", "eve"] == [c[1][0] for c in api.calls]
+
+
+def test_a_denied_call_fails_the_run(tmp_path: Path) -> None:
+    """A held call that a person denies: the run is failed and running the block again is RunFailed, unpaid."""
+    made: list[int] = []
+
+    @durable.tool(idempotent=False, approval=True)
+    def pay(cents: int) -> int:
+        made.append(cents)
+        return cents
+
+    with pytest.raises(ApprovalRequired) as held:
+        block(tmp_path / "runs.db", lambda: pay(5))
+    assert "step-0" == held.value.step_id
+    with SqliteCheckpointer(tmp_path / "runs.db") as store:
+        store.deny(RUN, "step-0", by="bob", reason="no")
+    with pytest.raises(RunFailed):
+        block(tmp_path / "runs.db", lambda: pay(5))
+    assert [] == made
+
+
+def test_a_result_that_is_not_json_leaves_the_step_as_a_crash_would(tmp_path: Path) -> None:
+    """The effect happened but its result cannot be recorded: BadInput, and the step stays requested, so a
+    non-idempotent call is uncertain on the next run instead of repeated."""
+    made: list[str] = []
+
+    @durable.tool(idempotent=False)
+    def odd() -> object:
+        made.append("odd")
+        return object()
+
+    with pytest.raises(BadInput, match="not JSON-encodable"):
+        block(tmp_path / "runs.db", odd)
+    with pytest.raises(UncertainEffect):
+        block(tmp_path / "runs.db", odd)
+    assert ["odd"] == made
