@@ -30,7 +30,7 @@ import os
 import time
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any, TypeVar, overload
 
 import msgspec
 
@@ -95,8 +95,13 @@ class Tool(msgspec.Struct, frozen=True, kw_only=True):
         return bound.args, bound.kwargs
 
 
+@overload
+def tool(fn: F, /, *, idempotent: bool, name: str | None = None) -> F: ...
+
+
+@overload
 def tool(
-    fn: F | None = None,
+    fn: None = None,
     /,
     *,
     idempotent: bool,
@@ -105,7 +110,10 @@ def tool(
     timeout_s: float | None = None,
     retry: int = 0,
     on_reconciled: Callable[[Reconciled], Any] | None = None,
-) -> Any:
+) -> Callable[[F], F]: ...
+
+
+def tool(fn: F | None = None, /, **options: Any) -> F | Callable[[F], F]:
     """Declare a durable tool: ``@durable.tool(idempotent=...)`` on a sync or async function.
 
     - ``idempotent`` (required): may a call whose outcome is unknown be sent again with the
@@ -123,15 +131,7 @@ def tool(
     """
 
     def declare(f: F) -> F:
-        decl = _declare(
-            f,
-            idempotent=idempotent,
-            name=name,
-            approval=approval,
-            timeout_s=timeout_s,
-            retry=retry,
-            on_reconciled=on_reconciled,
-        )
+        decl = _declare(f, **options)
         if decl.is_async:
 
             @functools.wraps(f)
@@ -155,11 +155,11 @@ def _declare(
     fn: Callable[..., Any],
     *,
     idempotent: bool,
-    name: str | None,
-    approval: Approval,
-    timeout_s: float | None,
-    retry: int,
-    on_reconciled: Callable[[Reconciled], Any] | None,
+    name: str | None = None,
+    approval: Approval = False,
+    timeout_s: float | None = None,
+    retry: int = 0,
+    on_reconciled: Callable[[Reconciled], Any] | None = None,
 ) -> Tool:
     tool_name = name or getattr(fn, "__name__", "")
     where = f"durable tool {tool_name!r}"
