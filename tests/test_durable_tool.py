@@ -22,6 +22,7 @@ from effectlog.errors import (
     RunClosed,
     RunFailed,
     RunOwned,
+    RunUnfinished,
     ToolDenied,
     UncertainEffect,
 )
@@ -413,3 +414,37 @@ def test_a_result_that_is_not_json_leaves_the_step_as_a_crash_would(tmp_path: Pa
     with pytest.raises(UncertainEffect):
         block(tmp_path / "runs.db", odd)
     assert ["odd"] == made
+
+
+def test_a_caught_exception_of_an_idempotent_call_keeps_the_run_open_until_it_is_settled(tmp_path: Path) -> None:
+    """The block catches an idempotent call's exception: leaving it does not complete the run, and run.finish
+    is RunUnfinished; the next block sends the call again with the same key and completes."""
+    keys: list[str] = []
+    failing = [True]
+
+    @durable.tool(idempotent=True)
+    def flaky(idempotency_key: str) -> str:
+        keys.append(idempotency_key)
+        if failing[0]:
+            raise ConnectionError("reset")
+        return "ok"
+
+    def caught() -> None:
+        with pytest.raises(ConnectionError):
+            flaky()
+
+    def finish() -> None:
+        run = durable.current()
+        run.finish("done")
+
+    block(tmp_path / "runs.db", caught)
+    with SqliteCheckpointer(tmp_path / "runs.db") as store:
+        steps = {s.step_id: s.state for s in store.load(RUN).steps}
+        assert ("running", {"step-0": "requested"}) == (store.state(RUN).state, steps)
+    with pytest.raises(RunUnfinished) as raised:
+        block(tmp_path / "runs.db", caught, finish, run_id="run-2")
+    assert ("run-2", "step-0") == (raised.value.run_id, raised.value.step_id)
+    failing[0] = False
+    with durable.run(RUN, journal=tmp_path / "runs.db") as run:
+        assert "ok" == flaky()
+    assert (True, 3, 2) == (run.completed, len(keys), len(set(keys)))

@@ -42,7 +42,7 @@ from effectlog.session.steps import Decision, Policy, Reconciled, ToolCall, allo
 from effectlog.session.store import Checkpointer, JournalCheckpointer, SqliteCheckpointer
 from effectlog.session.tools import KEY_PARAMETER, ToolInfo
 
-__all__ = ["NotInRun", "Reconciled", "Run", "Tool", "idempotency_key", "run", "tool"]
+__all__ = ["NotInRun", "Reconciled", "Run", "Tool", "current", "idempotency_key", "run", "tool"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 T = TypeVar("T")
@@ -51,6 +51,14 @@ Approval = bool | Callable[[ToolCall], bool]
 
 _current: contextvars.ContextVar[Run | None] = contextvars.ContextVar("effectlog_durable_run", default=None)
 _key: contextvars.ContextVar[str | None] = contextvars.ContextVar("effectlog_durable_key", default=None)
+
+
+def current() -> Run:
+    """The durable run whose block encloses this code (``NotInRun`` outside every block)."""
+    run = _current.get()
+    if run is None:
+        raise NotInRun("durable.current() asked outside a durable.run block")
+    return run
 
 
 def idempotency_key() -> str:
@@ -299,7 +307,8 @@ class Run:
     Entering reads the run; its first write claims it for this process (``RunOwned``,
     exit 6, if another drives it) and leaving the block releases it. Leaving normally
     completes a run still open, with ``run.finish(result)``'s result or ``None``;
-    leaving on an exception leaves the run open (or suspended, or stopped), so running
+    leaving on an exception, or with a call whose exception the block caught and whose
+    outcome is so unknown, leaves the run open (or suspended, or stopped), so running
     the block again resumes it. ``run.fail(reason)`` closes it as failed.
     """
 
@@ -350,8 +359,8 @@ class Run:
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
         session = self.session
         try:
-            if exc is None and session.state.state in ("created", "running"):
-                session.finish(None)
+            if exc is None and session.state.state in ("created", "running") and not session.unsettled:
+                session.finish(None)  # a step left unsettled (its exception caught) keeps the run open
         finally:
             session.release()
             if self._token is not None:

@@ -33,6 +33,7 @@ from effectlog.errors import (
     ReplayDivergence,
     RunClosed,
     RunFailed,
+    RunUnfinished,
     ToolDenied,
     UncertainEffect,
 )
@@ -370,8 +371,20 @@ class Session:
             raise RunClosed("the run is already completed with another result", run_id=self.run_id)
         self._check_open("finish")
         self._check_all_visited()
+        if self.unsettled:
+            raise RunUnfinished(
+                f"step(s) {', '.join(self.unsettled)} have no recorded outcome (a call that raised was caught?); "
+                "completing would leave an effect unaccounted for: resume the run to settle them",
+                run_id=self.run_id,
+                step_id=self.unsettled[0],
+            )
         self._record((ev.RunCompleted, {"result": result}))
         return result
+
+    @property
+    def unsettled(self) -> list[str]:
+        """Steps requested whose outcome the journal does not hold yet (sent again, or reconciled, on resume)."""
+        return [s.step_id for s in self._state.ordered_steps() if s.state in ("requested", "effected", "uncertain")]
 
     def fail(self, reason: str) -> None:
         """Close the run as failed (for example: the agent gave up)."""
