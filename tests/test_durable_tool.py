@@ -448,3 +448,15 @@ def test_a_caught_exception_of_an_idempotent_call_keeps_the_run_open_until_it_is
     with durable.run(RUN, journal=tmp_path / "runs.db") as run:
         assert "ok" == flaky()
     assert (True, 3, 2) == (run.completed, len(keys), len(set(keys)))
+
+
+def test_two_functions_under_one_tool_name_are_refused_in_a_run(tmp_path: Path) -> None:
+    """The journal tells steps apart by tool name and arguments: a second function under a used name is BadInput."""
+    send, _ = tools(Api())
+
+    @durable.tool(idempotent=False, name="send")
+    def other_send(to: str, body: str = "hi") -> str:
+        return "other"
+
+    with pytest.raises(BadInput, match="are both named 'send'"):
+        block(tmp_path / "runs.db", lambda: send("bob"), lambda: other_send("bob"))

@@ -333,6 +333,7 @@ class Run:
         self._pending: _Pending | None = None  # the call in flight: steps never overlap
         self._holder: asyncio.Task[Any] | None = None  # the task making it, when async
         self._queued = 0  # async calls waiting for or holding their turn
+        self._origins: dict[str, str] = {}  # tool name -> the function declared under it
         self._lock: tuple[asyncio.AbstractEventLoop, asyncio.Lock] | None = None
 
     # -- the block -------------------------------------------------------------------------
@@ -429,6 +430,7 @@ class Run:
         durable tool called from inside another one's body.
         """
         session = self.session
+        self._check_one_function(decl)
         arguments = decl.bind(args, kwargs)
         if not decl.is_async or (self._pending is not None and self._holder is asyncio.current_task()):
             if self._pending is not None or self._queued:
@@ -446,6 +448,17 @@ class Run:
                 return await self._step(session, decl, arguments)
         finally:
             self._queued -= 1
+
+    def _check_one_function(self, decl: Tool) -> None:
+        """A tool name is what the journal recognises a step by: two functions under one name would swap results."""
+        origin = f"{decl.fn.__module__}.{decl.fn.__qualname__}"
+        known = self._origins.setdefault(decl.info.name, origin)
+        if known != origin:
+            raise BadInput(
+                f"durable tools {known} and {origin} are both named {decl.info.name!r} in one run; "
+                "give one of them another name= (the journal tells steps apart by tool name and arguments)",
+                run_id=self.run_id,
+            )
 
     def _turn(self) -> asyncio.Lock:
         loop = asyncio.get_running_loop()
