@@ -460,3 +460,23 @@ def test_two_functions_under_one_tool_name_are_refused_in_a_run(tmp_path: Path) 
 
     with pytest.raises(BadInput, match="are both named 'send'"):
         block(tmp_path / "runs.db", lambda: send("bob"), lambda: other_send("bob"))
+
+
+def test_a_call_reconciled_as_not_applied_runs_again_with_a_new_key(tmp_path: Path) -> None:
+    """Reconciled as not applied: the next block calls the function once more, as a new attempt with a new key."""
+    keys: list[str] = []
+
+    @durable.tool(idempotent=False)
+    def pay(order: str, idempotency_key: str) -> str:
+        keys.append(idempotency_key)
+        if len(keys) == 1:
+            raise TimeoutError("the bank did not answer")
+        return "paid"
+
+    with pytest.raises(UncertainEffect):
+        block(tmp_path / "runs.db", lambda: pay("o-1"))
+    with SqliteCheckpointer(tmp_path / "runs.db") as store:
+        store.reconcile(RUN, "step-0", outcome="not_applied", evidence="no ledger line", operator="ann")
+    with durable.run(RUN, journal=tmp_path / "runs.db") as run:
+        assert "paid" == pay("o-1")
+    assert (True, 2, 2) == (run.completed, len(keys), len(set(keys)))
