@@ -90,6 +90,8 @@ def test_killed_inside_a_non_idempotent_tool_stops_uncertain_and_is_reconciled_f
     )
     assert expected_command == out["command"]
     assert 1 == len(keys(calls, "charge"))
+    with SqliteCheckpointer(tmp_path / "runs.db") as store:
+        assert ("stopped", "uncertain") == (store.state(RUN).state, store.state(RUN).step("step-1").state)
 
     cli(
         tmp_path,
