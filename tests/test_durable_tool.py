@@ -480,3 +480,17 @@ def test_a_call_reconciled_as_not_applied_runs_again_with_a_new_key(tmp_path: Pa
     with durable.run(RUN, journal=tmp_path / "runs.db") as run:
         assert "paid" == pay("o-1")
     assert (True, 2, 2) == (run.completed, len(keys), len(set(keys)))
+
+
+def test_a_call_from_another_thread_is_refused(tmp_path: Path) -> None:
+    """asyncio.to_thread copies the context, so the run is visible there; its calls could race, so they are refused."""
+    api = Api()
+    send, _ = tools(api)
+
+    async def main() -> None:
+        async with durable.run(RUN, journal=tmp_path / "runs.db"):
+            await asyncio.to_thread(send, "bob")
+
+    with pytest.raises(BadInput, match="from another thread"):
+        asyncio.run(main())
+    assert [] == api.calls

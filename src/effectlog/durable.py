@@ -27,6 +27,7 @@ import contextvars
 import functools
 import inspect
 import os
+import threading
 import time
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from types import TracebackType
@@ -333,6 +334,7 @@ class Run:
         self._pending: _Pending | None = None  # the call in flight: steps never overlap
         self._holder: asyncio.Task[Any] | None = None  # the task making it, when async
         self._queued = 0  # async calls waiting for or holding their turn
+        self._thread = 0  # the thread that entered the block: the only one that may call its tools
         self._origins: dict[str, str] = {}  # tool name -> the function declared under it
         self._lock: tuple[asyncio.AbstractEventLoop, asyncio.Lock] | None = None
 
@@ -355,6 +357,7 @@ class Run:
             self._close_store()
             raise
         self._token = _current.set(self)
+        self._thread = threading.get_ident()
         return self
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
@@ -430,6 +433,12 @@ class Run:
         durable tool called from inside another one's body.
         """
         session = self.session
+        if threading.get_ident() != self._thread:
+            raise BadInput(
+                f"durable tool {decl.info.name!r} was called from another thread than the one that entered run "
+                f"{self.run_id!r}: steps of a run must not race (call it in that thread, or await an async tool)",
+                run_id=self.run_id,
+            )
         self._check_one_function(decl)
         arguments = decl.bind(args, kwargs)
         if not decl.is_async or (self._pending is not None and self._holder is asyncio.current_task()):
