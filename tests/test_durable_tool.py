@@ -6,11 +6,13 @@ The crash cases (real SIGKILL, CLI approve/reconcile) are in tests/test_durable_
 from __future__ import annotations
 
 import asyncio
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
 
 from effectlog import durable
 from effectlog.errors import (
@@ -27,6 +29,8 @@ from effectlog.errors import (
     UncertainEffect,
 )
 from effectlog.session import Decision, Reconciled, SqliteCheckpointer, ToolCall, fingerprint
+from effectlog.session.identity import normalized
+from strategies import json_objects, json_values
 
 RUN = "run-1"
 
@@ -494,3 +498,24 @@ def test_a_call_from_another_thread_is_refused(tmp_path: Path) -> None:
     with pytest.raises(BadInput, match="from another thread"):
         asyncio.run(main())
     assert [] == api.calls
+
+
+@settings(max_examples=25, deadline=None)
+@given(args=json_objects, result=json_values)
+def test_any_json_args_and_result_round_trip_live_and_replayed(args: dict[str, Any], result: Any) -> None:
+    """For any JSON arguments and result: the live call and its replay in a new block return the same value,
+    equal to the result as JSON gives it back, and the function runs once."""
+    made: list[dict[str, Any]] = []
+
+    @durable.tool(idempotent=False)
+    def echo(payload: dict[str, Any]) -> Any:
+        made.append(payload)
+        return result
+
+    with tempfile.TemporaryDirectory() as tmp:
+        values = []
+        for _ in range(2):
+            with durable.run(RUN, journal=Path(tmp) / "runs.db"):
+                values.append(echo(args))
+    assert [normalized(result, "result")] * 2 == values
+    assert [args] == made
