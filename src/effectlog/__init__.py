@@ -1,13 +1,15 @@
 """effectlog: durable execution of AI-agent tool calls.
 
 The public surface is small: ``Runtime`` runs plans (``load_plan``) durably;
-``effectlog.session`` runs agent loops; ``effectlog.testing`` ships the contract
-suites and the crash matrix for your own backends and adapters. Everything else
+``durable`` makes plain Python functions journaled steps (``@durable.tool``,
+``durable.run``); ``effectlog.session`` runs agent loops; ``effectlog.testing``
+ships the contract suites and the crash matrix for your own backends and adapters. Everything else
 is importable but private by convention (modules named in docs/architecture.md).
 """
 
 from __future__ import annotations
 
+from effectlog import durable
 from effectlog.adapters import Evidence, Receipt, Registry, Request
 from effectlog.errors import EffectlogError, ExitStatus, NotApplied
 from effectlog.fold import RunState, StepState, replay
@@ -29,6 +31,7 @@ __all__ = [
     "Runtime",
     "StepState",
     "__version__",
+    "durable",
     "load_plan",
     "parse_plan",
     "replay",

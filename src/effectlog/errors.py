@@ -344,3 +344,18 @@ class DigestMismatch(Conflict):
     """``approve --expect-digest D``: the held call's args digest is not the one the approver saw."""
 
     code = "digest_mismatch"
+
+
+# -- branch durabletool (issue 14.1) -------------------------------------------------
+
+
+class NotInRun(BadInput):
+    """A durable tool called outside a ``durable.run`` block (or a run used outside its block)."""
+
+    code = "not_in_run"
+
+
+class RunUnfinished(Conflict):
+    """A run asked to complete while one of its steps has no recorded outcome (exit 5)."""
+
+    code = "run_unfinished"

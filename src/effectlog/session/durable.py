@@ -32,6 +32,7 @@ from effectlog.errors import (
     ReplayDivergence,
     RunClosed,
     RunFailed,
+    RunUnfinished,
     ToolDenied,
     UncertainEffect,
 )
@@ -67,6 +68,7 @@ class Session:
         policy: Policy | None = None,
         clock: Clock | None = None,
         crash_hook: CrashHook | None = None,
+        replay_closed: bool = False,
     ) -> None:
         if not run_id:
             raise BadInput("a session needs a run id")
@@ -76,6 +78,9 @@ class Session:
         self.policy: Policy = policy or allow_all
         self.clock: Clock = clock or time.time_ns
         self.crash_hook = crash_hook
+        # A completed run answers the tool steps it recorded (no call, no write) instead of refusing them:
+        # a plain-Python block that runs again after its run completed gets the same values back.
+        self.replay_closed = replay_closed
         self._state: RunState = store.state(run_id)
         if self._state.seq and self._state.kind != "session":
             raise PlanMismatch(
@@ -361,7 +366,9 @@ class Session:
 
     async def tool_step(self, name: str, args: Mapping[str, Any] | None = None, *, key: str | None = None) -> ToolStep:
         """One tool call as a ``ToolStep`` (denied, held and failed calls are outcomes, not errors)."""
-        self._check_open("a tool call")
+        replaying = self.replay_closed and self.completed
+        if not replaying:
+            self._check_open("a tool call")
         info = self.gateway.tool(name)
         call_args: dict[str, Any] = ids.normalized(dict(args or {}), f"tool {name!r} args")
         sid = self._next_id(key)
@@ -370,6 +377,8 @@ class Session:
         step = self._state.step(sid)
         if step is not None:
             self._check_same(step, "tool", name, fp)
+        if replaying and decide(step) not in (Action.SKIP, Action.FAIL):
+            self._check_open("a tool call")  # a step the completed run never finished: RunClosed
         return await ToolDriver(self, info, sid, args=call_args, fp=fp, call_hash=call_hash).drive()
 
     # -- closing ---------------------------------------------------------------------------
@@ -384,8 +393,20 @@ class Session:
             raise RunClosed("the run is already completed with another result", run_id=self.run_id)
         self._check_open("finish")
         self._check_all_visited()
+        if self.unsettled:
+            raise RunUnfinished(
+                f"step(s) {', '.join(self.unsettled)} have no recorded outcome (a call that raised was caught?); "
+                "completing would leave an effect unaccounted for: resume the run to settle them",
+                run_id=self.run_id,
+                step_id=self.unsettled[0],
+            )
         self._record((ev.RunCompleted, {"result": result}))
         return result
+
+    @property
+    def unsettled(self) -> list[str]:
+        """Steps requested whose outcome the journal does not hold yet (sent again, or reconciled, on resume)."""
+        return [s.step_id for s in self._state.ordered_steps() if s.state in ("requested", "effected", "uncertain")]
 
     def fail(self, reason: str) -> None:
         """Close the run as failed (for example: the agent gave up)."""
