@@ -164,3 +164,30 @@ def snapshot(store: FleetStore, run_id: str, effects: Path) -> dict[str, Any]:
         "journal": [(r.seq, r.body, r.hash) for r in store.journal().read(run_id)],
         "effects": rows,
     }
+
+
+# -- fixtures (modules use them with ``pytest_plugins = ["pg_fixture", "fleet_kit"]``) ----------
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A fresh fleet store: a SQLite file, or a database on the throwaway PostgreSQL server."""
+    if request.param == "sqlite":
+        return str(tmp_path / "fleet.db")
+    request.applymarker(pytest.mark.postgres)
+    return str(request.getfixturevalue("pg_url"))
+
+
+@pytest.fixture
+def store(store_url: str) -> Iterator[FleetStore]:
+    s = open_store(store_url)
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def runners() -> Iterator[list[RunnerProcess]]:
+    started: list[RunnerProcess] = []
+    yield started
+    for runner in started:
+        runner.stop()

@@ -9,32 +9,16 @@ by an older version, or by hand) is recovered like an expired lease.
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from effectlog.errors import StaleLease
-from effectlog.fleet import FleetStore, is_postgres, open_store
+from effectlog.fleet import FleetStore, is_postgres
 from effectlog.fleet.contract import LONG, requested, started
 from fleet_kit import effectlog, write_plan
 
-pytest_plugins = ["pg_fixture"]
-
-
-@pytest.fixture(params=["sqlite", "postgres"])
-def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        return str(tmp_path / "fleet.db")
-    request.applymarker(pytest.mark.postgres)
-    return str(request.getfixturevalue("pg_url"))
-
-
-@pytest.fixture
-def store(store_url: str) -> Iterator[FleetStore]:
-    s = open_store(store_url)
-    yield s
-    s.close()
+pytest_plugins = ["pg_fixture", "fleet_kit"]
 
 
 BAD_RUNNER_FLAGS = [

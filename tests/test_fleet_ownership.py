@@ -6,35 +6,19 @@ finishes, each step's effect happened once and the request succeeded.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from effectlog.adapters.effects import EffectStore
 from effectlog.errors import ExitStatus
-from effectlog.fleet import FleetStore, open_store
+from effectlog.fleet import FleetStore
 from fleet_kit import RunnerProcess, effectlog, snapshot, write_plan
 
-pytest_plugins = ["pg_fixture"]
+pytest_plugins = ["pg_fixture", "fleet_kit"]
 pytestmark = pytest.mark.crash
 
 FAST = ("--lease-s", "2.0", "--heartbeat-s", "0.2", "--poll-s", "0.05")
-
-
-@pytest.fixture(params=["sqlite", "postgres"])
-def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        return str(tmp_path / "fleet.db")
-    request.applymarker(pytest.mark.postgres)
-    return str(request.getfixturevalue("pg_url"))
-
-
-@pytest.fixture
-def store(store_url: str) -> Iterator[FleetStore]:
-    s = open_store(store_url)
-    yield s
-    s.close()
 
 
 def unchanged(store: FleetStore, tmp_path: Path) -> dict[str, object]:

@@ -11,46 +11,21 @@ from __future__ import annotations
 import json
 import signal
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from effectlog import events as ev
 from effectlog.adapters.effects import EffectStore
-from effectlog.fleet import FleetStore, open_store
+from effectlog.fleet import FleetStore
 from effectlog.fleet import attempts as am
 from effectlog.journal import load_run
 from fleet_kit import RunnerProcess, effectlog, snapshot, wait_until, write_plan
 
-pytest_plugins = ["pg_fixture"]
+pytest_plugins = ["pg_fixture", "fleet_kit"]
 pytestmark = pytest.mark.crash
 
 FAST = ("--lease-s", "2.0", "--heartbeat-s", "0.2", "--poll-s", "0.05")
-
-
-@pytest.fixture(params=["sqlite", "postgres"])
-def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    """A fresh fleet store: a SQLite file, or a database on the throwaway PostgreSQL server."""
-    if request.param == "sqlite":
-        return str(tmp_path / "fleet.db")
-    request.applymarker(pytest.mark.postgres)
-    return str(request.getfixturevalue("pg_url"))
-
-
-@pytest.fixture
-def runners() -> Iterator[list[RunnerProcess]]:
-    started: list[RunnerProcess] = []
-    yield started
-    for runner in started:
-        runner.stop()
-
-
-@pytest.fixture
-def store(store_url: str) -> Iterator[FleetStore]:
-    s = open_store(store_url)
-    yield s
-    s.close()
 
 
 def effect_rows(path: Path) -> list[tuple[str, str, int]]:

@@ -21,7 +21,7 @@ import pytest
 
 from effectlog.fleet import is_postgres, open_store
 
-pytest_plugins = ["pg_fixture"]
+pytest_plugins = ["pg_fixture", "fleet_kit"]
 
 TOOLS = '''
 import os
@@ -45,14 +45,6 @@ def provide(wanted):
     """A secrets provider hook: the runner asks, by run, step, arg name and digest."""
     return os.environ.get("HOOK_CARD") if wanted.name == "card" else None
 '''
-
-
-@pytest.fixture(params=["sqlite", "postgres"])
-def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        return str(tmp_path / "fleet.db")
-    request.applymarker(pytest.mark.postgres)
-    return str(request.getfixturevalue("pg_url"))
 
 
 def store_bytes(url: str) -> bytes:
