@@ -108,6 +108,7 @@ class Writer1:
         self.proc.wait(timeout=SAFETY_S)
 
     def stop(self) -> None:
+        (self.tmp / f"go-{self.run_id}").touch()  # a tool orphaned by a SIGKILL of its runner ends too
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
