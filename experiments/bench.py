@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from effectlog.journal import SqliteJournal, load_run
-from effectlog.journal.sqlite import WAL_AUTOCHECKPOINT_PAGES
+from effectlog.journal.sqlite_schema import WAL_AUTOCHECKPOINT_PAGES
 from effectlog.plan import AdapterDecl, Plan, StepDecl
 from effectlog.runtime import Runtime, SimulatedCrash
 

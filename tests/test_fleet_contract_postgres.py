@@ -10,7 +10,7 @@ import pytest
 from effectlog.fleet.contract import FleetContract, started
 from effectlog.fleet.postgres_journal import POSTGRES, FleetPostgresJournal
 from effectlog.fleet.postgres_store import PostgresFleetStore
-from effectlog.journal.postgres import SCHEMA
+from effectlog.journal.postgres_schema import SCHEMA
 from effectlog.testing import JournalContract
 
 pytest_plugins = ["pg_fixture"]

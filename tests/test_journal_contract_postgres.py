@@ -22,7 +22,8 @@ from effectlog.errors import (
     StorageError,
 )
 from effectlog.journal import SCHEMA_VERSION, open_journal
-from effectlog.journal.postgres import RUN_LOCK_CLASS, SCHEMA, PostgresJournal, redact
+from effectlog.journal.postgres import PostgresJournal
+from effectlog.journal.postgres_schema import RUN_LOCK_CLASS, SCHEMA, redact
 from effectlog.testing import JournalContract, sample_run
 
 pytest_plugins = ["pg_fixture"]

@@ -19,7 +19,8 @@ from effectlog.events import Event
 from effectlog.fleet.fencing import Dialect, LeaseFence
 from effectlog.fleet.model import Lease
 from effectlog.fold import Record
-from effectlog.journal.postgres import SCHEMA, PostgresJournal, translate
+from effectlog.journal.postgres import PostgresJournal
+from effectlog.journal.postgres_schema import SCHEMA, translate
 
 FLEET_SCHEMA = "effectlog_fleet"
 

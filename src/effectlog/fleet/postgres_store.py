@@ -29,7 +29,7 @@ from effectlog.fleet.leased_journal import LeasedJournal
 from effectlog.fleet.model import Lease
 from effectlog.fleet.postgres_journal import FLEET_SCHEMA, POSTGRES, FleetPostgresJournal, PgTx, translate
 from effectlog.fleet.sqlstore import SqlFleetStore
-from effectlog.journal.postgres import redact
+from effectlog.journal.postgres_schema import redact
 
 FLEET_SCHEMA_VERSION = 2
 FLEET_MIGRATE_LOCK = (0x45464C02, 0)  # 'EFL' + 2: beside the journal's advisory lock classes

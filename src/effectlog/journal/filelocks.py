@@ -73,7 +73,8 @@ class SharedFile:
         self.fd = fd
         self.writable = writable
         self.refs = 0
-        self.held: dict[str, int] = {}  # run id -> id() of the claim that holds it
+        self.held: dict[str, int] = {}  # run id -> id() of the owner's claim that holds it
+        self.passing: dict[str, int] = {}  # run id -> one-shot writers of this process inside a transaction
         self.names: set[str] = set()  # the names this process opened the file by (each holds its byte)
         self.turn = threading.Lock()  # this process's writers of the file (OFD locks of one descriptor do not exclude)
 
@@ -104,27 +105,59 @@ class SharedFile:
             self.turn.release()
 
     def try_lock(self, run_id: str, holder: int) -> bool:
-        """Take the run's lock for ``holder``; False if another claim (here or elsewhere) has it."""
+        """Take the run's lock for an owner (exclusive); False while another owner or a one-shot writer has it."""
+        with _registry_lock:
+            if run_id in self.held or self.passing.get(run_id):
+                return False
+            if not self._set(fcntl.F_WRLCK, run_id):
+                return False
+            self.held[run_id] = holder
+            return True
+
+    def try_pass(self, run_id: str) -> bool:
+        """Take the run's lock shared, for one transaction of a writer that is not its owner (an operator).
+
+        Shared, so writers passing through never refuse each other (their transactions queue at
+        the gate); only a live owner's exclusive lock refuses them.
+        """
         with _registry_lock:
             if run_id in self.held:
                 return False
-            try:
-                _ofd(self.fd, fcntl.F_OFD_SETLK, fcntl.F_WRLCK, slot(run_id))
-            except OSError as exc:
-                if exc.errno in (errno.EAGAIN, errno.EACCES):
-                    return False
-                raise
-            self.held[run_id] = holder
+            if not self.passing.get(run_id) and not self._set(fcntl.F_RDLCK, run_id):
+                return False
+            self.passing[run_id] = self.passing.get(run_id, 0) + 1
             return True
+
+    def end_pass(self, run_id: str) -> None:
+        with _registry_lock:
+            left = self.passing.get(run_id, 0) - 1
+            if left > 0:
+                self.passing[run_id] = left
+                return
+            self.passing.pop(run_id, None)
+            self._release_slot(run_id)
 
     def unlock(self, run_id: str, holder: int) -> None:
         with _registry_lock:
             if self.held.get(run_id) != holder:
                 return
             del self.held[run_id]
-            if any(slot(other) == slot(run_id) for other in self.held):
-                return  # another run of this process shares the byte: keep it locked
-            _ofd(self.fd, fcntl.F_OFD_SETLK, fcntl.F_UNLCK, slot(run_id))
+            self._release_slot(run_id)
+
+    def _set(self, lock_type: int, run_id: str) -> bool:
+        try:
+            _ofd(self.fd, fcntl.F_OFD_SETLK, lock_type, slot(run_id))
+        except OSError as exc:
+            if exc.errno in (errno.EAGAIN, errno.EACCES):
+                return False
+            raise
+        return True
+
+    def _release_slot(self, run_id: str) -> None:
+        byte = slot(run_id)
+        if any(slot(other) == byte for other in [*self.held, *self.passing]):
+            return  # another run of this process shares the byte: keep it locked
+        _ofd(self.fd, fcntl.F_OFD_SETLK, fcntl.F_UNLCK, byte)
 
     def holds(self, run_id: str, holder: int) -> bool:
         return self.held.get(run_id) == holder
@@ -150,11 +183,13 @@ class SharedFile:
             self.names.add(path)
 
     def locked_anywhere(self, run_id: str) -> bool:
-        """Whether some live claim (this process's or another's) holds the run's lock."""
+        """Whether a live owner (this process's or another's) holds the run; one-shot writers do not count."""
         with _registry_lock:
             if run_id in self.held:
                 return True
-            probe = _ofd(self.fd, fcntl.F_OFD_GETLK, fcntl.F_WRLCK, slot(run_id))
+            if self.passing.get(run_id):
+                return False  # our own shared lock: another process's owner could not hold it now
+            probe = _ofd(self.fd, fcntl.F_OFD_GETLK, fcntl.F_RDLCK, slot(run_id))
             return probe != fcntl.F_UNLCK
 
 

@@ -33,9 +33,9 @@ session, and ``lock_timeout`` turns a long wait for a run into ``JournalLocked``
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 from psycopg import errors as pg_errors
@@ -45,9 +45,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 from effectlog.chain import GENESIS, Chain
 from effectlog.errors import (
     BadInput,
-    EffectlogError,
     EventConflict,
-    JournalLocked,
     JournalUnreadable,
     RunOwned,
     SequenceGap,
@@ -66,96 +64,26 @@ from effectlog.journal.ownership import (
     encode_owner,
     new_owner,
 )
+from effectlog.journal.postgres_schema import (
+    HEAD,
+    INSERT,
+    LOCK_RUN,
+    MIGRATE_LOCK_CLASS,
+    MIGRATIONS,
+    OWNER_LOCK_CLASS,
+    OWNER_ROW,
+    OWNERS_DDL,
+    READ,
+    RUN_LOCK_CLASS,
+    SCHEMA,
+    UPSERT_OWNER,
+    redact,
+    translate,
+)
 from effectlog.journal.protocol import SCHEMA_VERSION
 
-SCHEMA = "effectlog"
-# Advisory lock classes (the first key of the two-int form), 'EFL' + a tag byte,
-# so our locks never collide with an application's single-bigint advisory locks.
-MIGRATE_LOCK_CLASS = 0x45464C00
-RUN_LOCK_CLASS = 0x45464C01
-OWNER_LOCK_CLASS = 0x45464C02
-
-# Ordered migrations: index i brings schema version i to i + 1. DDL is transactional
-# in PostgreSQL, so a migration applies whole or not at all.
-MIGRATIONS: tuple[tuple[str, ...], ...] = (
-    (
-        f"CREATE SCHEMA IF NOT EXISTS {SCHEMA}",
-        f"CREATE TABLE {SCHEMA}.meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
-        f"""CREATE TABLE {SCHEMA}.events (
-            run_id TEXT NOT NULL,
-            seq BIGINT NOT NULL CHECK (seq > 0),
-            step_id TEXT NOT NULL,
-            phase TEXT NOT NULL,
-            attempt INTEGER NOT NULL,
-            body BYTEA NOT NULL,
-            hash BYTEA NOT NULL CHECK (octet_length(hash) = 32),
-            CONSTRAINT events_pkey PRIMARY KEY (run_id, seq),
-            CONSTRAINT events_dedup UNIQUE (run_id, step_id, phase, attempt)
-        )""",
-        f"""CREATE FUNCTION {SCHEMA}.refuse_change() RETURNS trigger LANGUAGE plpgsql AS $$
-            BEGIN
-                RAISE EXCEPTION 'effectlog: % on %.% refused: events are append-only',
-                    TG_OP, TG_TABLE_SCHEMA, TG_TABLE_NAME;
-            END $$""",
-        # Statement level: fires even when the statement matches no row, and covers TRUNCATE.
-        f"""CREATE TRIGGER events_append_only BEFORE UPDATE OR DELETE OR TRUNCATE ON {SCHEMA}.events
-            FOR EACH STATEMENT EXECUTE FUNCTION {SCHEMA}.refuse_change()""",
-        f"ALTER TABLE {SCHEMA}.events ENABLE ALWAYS TRIGGER events_append_only",
-    ),
-)
-assert len(MIGRATIONS) == SCHEMA_VERSION
-
-_INSERT = (
-    f"INSERT INTO {SCHEMA}.events (run_id, seq, step_id, phase, attempt, body, hash)"
-    " VALUES (%s, %s, %s, %s, %s, %s, %s)"
-)
-_HEAD = f"SELECT seq, hash FROM {SCHEMA}.events WHERE run_id = %s ORDER BY seq DESC LIMIT 1"
-_READ = (
-    f"SELECT seq, body, hash, step_id, phase, attempt FROM {SCHEMA}.events WHERE run_id = %s AND seq > %s ORDER BY seq"
-)
-_LOCK_RUN = "SELECT pg_advisory_xact_lock(%s, hashtext(%s))"
-OWNERS_DDL: tuple[str, ...] = (
-    f"CREATE TABLE IF NOT EXISTS {SCHEMA}.owners"
-    " (run_id TEXT PRIMARY KEY, token BIGINT NOT NULL, holder TEXT NOT NULL)",
-)
-_UPSERT_OWNER = (
-    f"INSERT INTO {SCHEMA}.owners (run_id, token, holder) VALUES (%s, 1, %s) ON CONFLICT (run_id) "
-    f"DO UPDATE SET token = {SCHEMA}.owners.token + 1, holder = EXCLUDED.holder RETURNING token"
-)
-_OWNER_ROW = f"SELECT token, holder FROM {SCHEMA}.owners WHERE run_id = %s"
-
-
-def redact(url: str) -> str:
-    """The URL with its password masked: safe for messages and ``location``."""
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return "postgresql://(unparsable URL)"
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.rsplit("@", 1)
-    userinfo = netloc[0].split(":", 1)[0] + ":***"
-    return urlunsplit(parts._replace(netloc=f"{userinfo}@{netloc[1]}"))
-
-
-def translate(exc: Exception, where: str) -> EffectlogError:
-    """A psycopg or pool error as an effectlog error, worded for the reader."""
-    if isinstance(exc, EffectlogError):
-        return exc
-    text = " ".join(str(exc).split()) or type(exc).__name__
-    if isinstance(exc, PoolTimeout):
-        return StorageError(f"{where}: no database connection available ({text})")
-    if isinstance(exc, pg_errors.LockNotAvailable):
-        return JournalLocked(f"{where}: another writer holds this run's lock for too long ({text})")
-    if isinstance(exc, pg_errors.ReadOnlySqlTransaction):
-        return StorageError(f"{where}: journal is read-only ({text})")
-    if isinstance(exc, pg_errors.DiskFull):
-        return StorageError(f"{where}: disk full while writing the journal ({text})")
-    if isinstance(exc, pg_errors.InsufficientPrivilege):
-        return StorageError(f"{where}: permission denied ({text})")
-    if isinstance(exc, psycopg.OperationalError):
-        return StorageError(f"{where}: cannot use the database ({text})")
-    return StorageError(f"{where}: {text}")
+# How long a claim waits for one-shot writers (operators) inside a transaction on the run.
+PASSING_WAIT_S = 5.0
 
 
 class PostgresJournal:
@@ -323,7 +251,7 @@ class PostgresJournal:
 
     @staticmethod
     def _head(conn: psycopg.Connection[Any], run_id: str) -> tuple[int, bytes]:
-        row = conn.execute(_HEAD, (run_id,)).fetchone()
+        row = conn.execute(HEAD, (run_id,)).fetchone()
         return (int(row[0]), bytes(row[1])) if row else (0, GENESIS)
 
     # -- ownership ----------------------------------------------------------------
@@ -337,16 +265,23 @@ class PostgresJournal:
         claim = Claim(run_id=run_id, owner=new_owner(kind, runner))
         try:
             conn = self._owner_connection()
-            got = conn.execute("SELECT pg_try_advisory_lock(%s, hashtext(%s))", (OWNER_LOCK_CLASS, run_id)).fetchone()
+            deadline = time.monotonic() + PASSING_WAIT_S
+            while True:
+                got = conn.execute(
+                    "SELECT pg_try_advisory_lock(%s, hashtext(%s))", (OWNER_LOCK_CLASS, run_id)
+                ).fetchone()
+                if (got and got[0]) or time.monotonic() > deadline or self.owner(run_id).live:
+                    break
+                time.sleep(0.005)  # one-shot writers (shared) passing through: wait for them, briefly
             if not (got and got[0]):
                 raise RunOwned(
                     f"the run is driven by {describe(self.owner(run_id).owner)}; nothing was written", run_id=run_id
                 )
             try:
                 with self._pool.connection() as pooled, pooled.transaction():
-                    pooled.execute(_LOCK_RUN, (RUN_LOCK_CLASS, run_id))  # no append of the run is in flight
+                    pooled.execute(LOCK_RUN, (RUN_LOCK_CLASS, run_id))  # no append of the run is in flight
                     self._check_binding(pooled, run_id, kind)
-                    row = pooled.execute(_UPSERT_OWNER, (run_id, encode_owner(claim.owner))).fetchone()
+                    row = pooled.execute(UPSERT_OWNER, (run_id, encode_owner(claim.owner))).fetchone()
                     assert row is not None
                     claim.token = int(row[0])
             except BaseException:
@@ -379,16 +314,19 @@ class PostgresJournal:
                 runner = self._lease_holder(conn, run_id)
                 if runner is not None:
                     return OwnerStatus(owner=runner, live=True)
-                row = conn.execute(_OWNER_ROW, (run_id,)).fetchone() if self._has_owners(conn) else None
+                row = conn.execute(OWNER_ROW, (run_id,)).fetchone() if self._has_owners(conn) else None
                 if run_id in self._claims:
                     live = True
                 else:
+                    # Shared: one-shot writers (shared too) passing through are no owner.
                     got = conn.execute(
-                        "SELECT pg_try_advisory_lock(%s, hashtext(%s))", (OWNER_LOCK_CLASS, run_id)
+                        "SELECT pg_try_advisory_lock_shared(%s, hashtext(%s))", (OWNER_LOCK_CLASS, run_id)
                     ).fetchone()
                     live = not (got and got[0])
                     if not live:
-                        conn.execute("SELECT pg_advisory_unlock(%s, hashtext(%s))", (OWNER_LOCK_CLASS, run_id))
+                        conn.execute(
+                            "SELECT pg_advisory_unlock_shared(%s, hashtext(%s))", (OWNER_LOCK_CLASS, run_id)
+                        )
         except (psycopg.Error, PoolTimeout) as exc:
             raise translate(exc, self.location) from None
         return OwnerStatus(owner=decode_owner(row[1]) if row else None, live=live)
@@ -444,16 +382,17 @@ class PostgresJournal:
         for run_id in sorted({e.run_id for e in events}):
             claim = self._claims.get(run_id)
             if claim is None:
+                # Shared: writers passing through never refuse each other, only an owner refuses them.
                 got = conn.execute(
-                    "SELECT pg_try_advisory_xact_lock(%s, hashtext(%s))", (OWNER_LOCK_CLASS, run_id)
+                    "SELECT pg_try_advisory_xact_lock_shared(%s, hashtext(%s))", (OWNER_LOCK_CLASS, run_id)
                 ).fetchone()
                 if not (got and got[0]):
-                    row = conn.execute(_OWNER_ROW, (run_id,)).fetchone()
+                    row = conn.execute(OWNER_ROW, (run_id,)).fetchone()
                     who = describe(decode_owner(row[1]) if row else None)
                     raise RunOwned(f"the run is driven by {who}; nothing was written", run_id=run_id)
                 self._check_binding(conn, run_id, "operator")
                 continue
-            row = conn.execute(_OWNER_ROW, (run_id,)).fetchone()
+            row = conn.execute(OWNER_ROW, (run_id,)).fetchone()
             if row is None or int(row[0]) != claim.token:
                 who = describe(decode_owner(row[1]) if row else None)
                 raise RunOwned(
@@ -513,7 +452,7 @@ class PostgresJournal:
     def _lock_runs(conn: psycopg.Connection[Any], events: Sequence[Event]) -> None:
         """The runs' transaction locks, in sorted order (two batches cannot deadlock); re-taking one is free."""
         for run_id in sorted({e.run_id for e in events}):
-            conn.execute(_LOCK_RUN, (RUN_LOCK_CLASS, run_id))
+            conn.execute(LOCK_RUN, (RUN_LOCK_CLASS, run_id))
 
     def _append_locked(self, conn: psycopg.Connection[Any], events: Sequence[Event]) -> list[Record]:
         # Lock and head are separate statements on purpose: under READ COMMITTED each
@@ -553,7 +492,7 @@ class PostgresJournal:
             out.append(record)
         if rows:
             with conn.cursor() as cur:
-                cur.executemany(_INSERT, rows)
+                cur.executemany(INSERT, rows)
         if self.before_commit is not None:
             self.before_commit(events)
         return out
@@ -597,7 +536,7 @@ class PostgresJournal:
     def read(self, run_id: str, after_seq: int = 0) -> Iterator[Record]:
         try:
             with self._pool.connection() as conn:
-                rows = conn.execute(_READ, (run_id, after_seq)).fetchall()
+                rows = conn.execute(READ, (run_id, after_seq)).fetchall()
         except (psycopg.Error, PoolTimeout) as exc:
             raise translate(exc, self.location) from None
         for seq, body, digest, step_id, phase, attempt in rows:

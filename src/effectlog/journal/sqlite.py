@@ -26,13 +26,11 @@ import sqlite3
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Literal
 
 from effectlog.chain import GENESIS, Chain
 from effectlog.errors import (
     EventConflict,
     JournalAliased,
-    JournalDamaged,
     JournalUnreadable,
     RunOwned,
     SequenceGap,
@@ -53,90 +51,24 @@ from effectlog.journal.ownership import (
     new_owner,
 )
 from effectlog.journal.protocol import SCHEMA_VERSION
-
-Durability = Literal["full", "normal"]
-
-# Ordered migrations: index i brings schema version i to i + 1.
-MIGRATIONS: tuple[tuple[str, ...], ...] = (
-    (
-        "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
-        """CREATE TABLE events (
-            run_id TEXT NOT NULL,
-            seq INTEGER NOT NULL CHECK (seq > 0),
-            step_id TEXT NOT NULL,
-            phase TEXT NOT NULL,
-            attempt INTEGER NOT NULL,
-            body BLOB NOT NULL,
-            hash BLOB NOT NULL,
-            PRIMARY KEY (run_id, seq),
-            UNIQUE (run_id, step_id, phase, attempt)
-        ) WITHOUT ROWID""",
-        """CREATE TRIGGER events_append_only_update BEFORE UPDATE ON events
-           BEGIN SELECT RAISE(ABORT, 'effectlog: events are append-only'); END""",
-        """CREATE TRIGGER events_append_only_delete BEFORE DELETE ON events
-           BEGIN SELECT RAISE(ABORT, 'effectlog: events are append-only'); END""",
-    ),
-)
-assert len(MIGRATIONS) == SCHEMA_VERSION
-
-_INSERT = (
-    "INSERT INTO events (run_id, seq, step_id, phase, attempt, body, hash) VALUES (?, ?, ?, ?, ?, ?, ?)"
+from effectlog.journal.sqlite_schema import (
+    INSERT,
+    INSERT_SEAL,
+    MIGRATIONS,
+    OWNERS_DDL,
+    READ_PAGE,
+    READ_PAGE_ROWS,
+    SEALS_DDL,
+    SELECT_SEAL,
+    UPSERT_OWNER,
+    WAL_AUTOCHECKPOINT_PAGES,
+    Durability,
+    file_size,
+    translate,
 )
 
-SEALS_DDL: tuple[str, ...] = (
-    """CREATE TABLE seals (
-        run_id TEXT PRIMARY KEY,
-        seq INTEGER NOT NULL CHECK (seq > 0),
-        body BLOB NOT NULL,
-        hash BLOB NOT NULL
-    )""",
-    """CREATE TRIGGER seals_append_only_update BEFORE UPDATE ON seals
-       BEGIN SELECT RAISE(ABORT, 'effectlog: seals are append-only'); END""",
-    """CREATE TRIGGER seals_append_only_delete BEFORE DELETE ON seals
-       BEGIN SELECT RAISE(ABORT, 'effectlog: seals are append-only'); END""",
-)
-# Who drives (or last drove) each run: operational state beside the history, not part of it.
-# The OS lock decides who owns a run; this row only names the owner (``status``, messages).
-OWNERS_DDL: tuple[str, ...] = (
-    "CREATE TABLE owners (run_id TEXT PRIMARY KEY, token INTEGER NOT NULL, holder TEXT NOT NULL)",
-)
-_UPSERT_OWNER = (
-    "INSERT INTO owners (run_id, token, holder) VALUES (?, 1, ?) "
-    "ON CONFLICT (run_id) DO UPDATE SET token = token + 1, holder = excluded.holder RETURNING token"
-)
-READ_PAGE_ROWS = 2000
-_READ_PAGE = (
-    "SELECT seq, body, hash, step_id, phase, attempt FROM events WHERE run_id = ? AND seq > ? ORDER BY seq LIMIT ?"
-)
-WAL_AUTOCHECKPOINT_PAGES = 8000  # about 32 MiB of WAL between checkpoints (SQLite's default: 1,000 pages)
-_INSERT_SEAL = "INSERT INTO seals (run_id, seq, body, hash) VALUES (?, ?, ?, ?)"
-# One statement, so one snapshot: the seal and the run's last event together.
-_SELECT_SEAL = (
-    "SELECT s.seq, s.body, s.hash, e.seq, e.hash FROM seals s JOIN events e ON e.run_id = s.run_id "
-    "WHERE s.run_id = ? ORDER BY e.seq DESC LIMIT 1"
-)
-
-
-def _translate(exc: sqlite3.Error, path: str) -> Exception:
-    text = str(exc)
-    if isinstance(exc, sqlite3.DatabaseError) and "not a database" in text:
-        return JournalUnreadable(f"{path}: not an effectlog journal (file is not a SQLite database)")
-    if isinstance(exc, sqlite3.DatabaseError) and "malformed" in text:
-        return JournalDamaged(f"{path}: the journal file is damaged ({text}); restore it from a copy")
-    if "readonly" in text or "read-only" in text:
-        return StorageError(f"{path}: journal is read-only ({text})")
-    if "full" in text:
-        return StorageError(f"{path}: disk full while writing the journal ({text})")
-    if getattr(exc, "sqlite_errorname", "") == "SQLITE_IOERR_WRITE":  # e.g. a file size limit (EFBIG)
-        return StorageError(f"{path}: the journal could not be written ({text}); the write was not committed")
-    return StorageError(f"{path}: {text}")
-
-
-def _size(path: str) -> int:
-    try:
-        return os.stat(path).st_size
-    except OSError:
-        return 0
+# How long a claim waits for one-shot writers (operators) inside a transaction on the run.
+PASSING_WAIT_S = 5.0
 
 
 class SqliteJournal:
@@ -229,7 +161,7 @@ class SqliteJournal:
     @staticmethod
     def _create_private(path: str) -> None:
         """A new journal file is created readable by its owner only (0600)."""
-        if _size(path + "-wal") and not _size(path):
+        if file_size(path + "-wal") and not file_size(path):
             # SQLite would replay a stray WAL into a new or empty file: history that is not this journal's.
             raise JournalUnreadable(f"{path}-wal: a WAL without its database; restore {path} or move the WAL away")
         try:
@@ -259,7 +191,7 @@ class SqliteJournal:
                 db = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False)
                 db.execute("PRAGMA busy_timeout = 5000")
         except sqlite3.Error as exc:
-            raise _translate(exc, self.location) from None
+            raise translate(exc, self.location) from None
         return db
 
     def _version(self) -> int:
@@ -308,7 +240,7 @@ class SqliteJournal:
                 self._db.execute("ROLLBACK")
                 raise
         except sqlite3.Error as exc:
-            raise _translate(exc, self.location) from None
+            raise translate(exc, self.location) from None
 
     def _check_chain(self) -> None:
         row = self._db.execute("SELECT value FROM meta WHERE key = 'chain'").fetchone()
@@ -335,7 +267,7 @@ class SqliteJournal:
                 self._db.execute("ROLLBACK")
                 raise
         except sqlite3.Error as exc:
-            raise _translate(exc, self.location) from None
+            raise translate(exc, self.location) from None
 
     # -- the Protocol -------------------------------------------------------------
 
@@ -348,7 +280,7 @@ class SqliteJournal:
                 "SELECT seq, hash FROM events WHERE run_id = ? ORDER BY seq DESC LIMIT 1", (run_id,)
             ).fetchone()
         except sqlite3.Error as exc:
-            raise _translate(exc, self.location) from None
+            raise translate(exc, self.location) from None
         head = (row[0], bytes(row[1])) if row else (0, GENESIS)
         if run_id in self._claims:  # only the run's owner may trust a cached head: nobody else appends to it
             self._heads[run_id] = head
@@ -391,10 +323,10 @@ class SqliteJournal:
             row = self._db.execute("SELECT holder FROM owners WHERE run_id = ?", (run_id,)).fetchone()
         except sqlite3.OperationalError as exc:
             if "no such table" not in str(exc):  # a journal no writer has opened since owners exist
-                raise _translate(exc, self.location) from None
+                raise translate(exc, self.location) from None
             row = None
         except sqlite3.Error as exc:
-            raise _translate(exc, self.location) from None
+            raise translate(exc, self.location) from None
         runner = self._lease_holder(run_id)
         if runner is not None:
             return OwnerStatus(owner=runner, live=True)
@@ -414,11 +346,18 @@ class SqliteJournal:
                 now=time.time(),
             )
         except sqlite3.Error as exc:
-            raise _translate(exc, self.location) from None
+            raise translate(exc, self.location) from None
 
     def _lock_run(self, run_id: str, claim: Claim) -> None:
         assert self._file is not None
-        if self._file.try_lock(run_id, id(claim)):
+        deadline = time.monotonic() + PASSING_WAIT_S
+        while not self._file.try_lock(run_id, id(claim)):
+            # Refused by an owner: say so at once. Refused by one-shot writers passing through
+            # (an operator's decision, a transaction long): wait for them, briefly.
+            if self._file.locked_anywhere(run_id) or time.monotonic() > deadline:
+                break
+            time.sleep(0.005)
+        else:
             return
         raise RunOwned(
             f"the run is driven by {describe(self._recorded_owner(run_id, claim.owner))}; nothing was written",
@@ -454,7 +393,7 @@ class SqliteJournal:
                 now=time.time(),
             )
         except sqlite3.Error as exc:
-            raise _translate(exc, self.location) from None
+            raise translate(exc, self.location) from None
 
     # -- appends ------------------------------------------------------------------
 
@@ -472,18 +411,23 @@ class SqliteJournal:
             raise StorageError(f"{self.location}: journal opened read-only")
         if not events and not seals:
             return []
+        assert self._file is not None
         claims = self._claims
-        one_shot: list[tuple[str, Claim]] = []
+        one_shot: list[str] = []
         try:
             for run_id in sorted({e.run_id for e in events} | {s[0] for s in seals}):
                 if run_id not in claims:
-                    shot = Claim(run_id=run_id, owner=new_owner("operator"))
-                    self._lock_run(run_id, shot)
-                    one_shot.append((run_id, shot))
-            return self._transact(events, seals, one_shot=[run_id for run_id, _ in one_shot])
+                    if not self._file.try_pass(run_id):
+                        raise RunOwned(
+                            f"the run is driven by {describe(self._recorded_owner(run_id, new_owner()))}; "
+                            "nothing was written",
+                            run_id=run_id,
+                        )
+                    one_shot.append(run_id)
+            return self._transact(events, seals, one_shot=one_shot)
         finally:
-            for run_id, shot in one_shot:
-                self._unlock_run(run_id, shot)
+            for run_id in one_shot:
+                self._file.end_pass(run_id)
 
     def append_under(self, events: Sequence[Event], fence: Fence) -> list[Record]:
         """Append under another proof of ownership (a fleet lease), checked in the same transaction."""
@@ -532,7 +476,7 @@ class SqliteJournal:
                             )
                         digest = link(last_hash, body)
                         try:
-                            insert(_INSERT, (run_id, seq, event.step_key, event.phase, event.attempt_no, body, digest))
+                            insert(INSERT, (run_id, seq, event.step_key, event.phase, event.attempt_no, body, digest))
                         except sqlite3.IntegrityError:
                             raise self._dedup_conflict(event) from None
                         heads[run_id] = (seq, digest)
@@ -551,7 +495,7 @@ class SqliteJournal:
                         claim.token = 0  # the owner row was rolled back with the batch: write it next time
                     raise
         except sqlite3.Error as exc:
-            raise _translate(exc, self.location) from None
+            raise translate(exc, self.location) from None
         for run_id, head in heads.items():
             if run_id in self._claims:
                 self._heads[run_id] = head
@@ -563,7 +507,7 @@ class SqliteJournal:
         for event in events:
             claim = self._claims.get(event.run_id)
             if claim is not None and claim.token == 0:
-                row = self._cursor.execute(_UPSERT_OWNER, (event.run_id, encode_owner(claim.owner))).fetchone()
+                row = self._cursor.execute(UPSERT_OWNER, (event.run_id, encode_owner(claim.owner))).fetchone()
                 claim.token = int(row[0])
                 named.append(claim)
         return named
@@ -574,7 +518,7 @@ class SqliteJournal:
                 f"a seal must follow the run's last event (seq {head[0]}), not seq {seq}", run_id=run_id, seq=seq
             )
         try:
-            self._cursor.execute(_INSERT_SEAL, (run_id, seq, seal, self.chain.link(head[1], seal)))
+            self._cursor.execute(INSERT_SEAL, (run_id, seq, seal, self.chain.link(head[1], seal)))
         except sqlite3.IntegrityError:
             row = self._db.execute("SELECT body FROM seals WHERE run_id = ?", (run_id,)).fetchone()
             if row is None or bytes(row[0]) != seal:
@@ -583,13 +527,13 @@ class SqliteJournal:
     def sealed(self, run_id: str) -> tuple[bytes, bytes] | None:
         """``(seal, chain head)`` when the run's seal is bound to its last event; ``None`` otherwise."""
         try:
-            row = self._db.execute(_SELECT_SEAL, (run_id,)).fetchone()
+            row = self._db.execute(SELECT_SEAL, (run_id,)).fetchone()
         except sqlite3.OperationalError as exc:
             if "no such table" in str(exc):  # a journal no writer has opened since seals exist
                 return None
-            raise _translate(exc, self.location) from None
+            raise translate(exc, self.location) from None
         except sqlite3.Error as exc:
-            raise _translate(exc, self.location) from None
+            raise translate(exc, self.location) from None
         if row is None:
             return None
         seq, seal, digest, head_seq, head = row[0], bytes(row[1]), bytes(row[2]), row[3], bytes(row[4])
@@ -606,9 +550,9 @@ class SqliteJournal:
         except sqlite3.OperationalError as exc:
             if "no such table" in str(exc):
                 return []
-            raise _translate(exc, self.location) from None
+            raise translate(exc, self.location) from None
         except sqlite3.Error as exc:
-            raise _translate(exc, self.location) from None
+            raise translate(exc, self.location) from None
 
     def _existing(self, run_id: str, seq: int, body: bytes) -> Record:
         row = self._db.execute("SELECT body, hash FROM events WHERE run_id = ? AND seq = ?", (run_id, seq)).fetchone()
@@ -636,9 +580,9 @@ class SqliteJournal:
         # append-only and gap-free per run, so the pages are the history as of the last one.
         while True:
             try:
-                rows = self._db.execute(_READ_PAGE, (run_id, after_seq, READ_PAGE_ROWS)).fetchall()
+                rows = self._db.execute(READ_PAGE, (run_id, after_seq, READ_PAGE_ROWS)).fetchall()
             except sqlite3.Error as exc:
-                raise _translate(exc, self.location) from None
+                raise translate(exc, self.location) from None
             for seq, body, digest, step_id, phase, attempt in rows:
                 yield Record(run_id, seq, bytes(body), bytes(digest), step_id, phase, attempt)
             if len(rows) < READ_PAGE_ROWS:
@@ -649,7 +593,7 @@ class SqliteJournal:
         try:
             return [r[0] for r in self._db.execute("SELECT DISTINCT run_id FROM events ORDER BY run_id")]
         except sqlite3.Error as exc:
-            raise _translate(exc, self.location) from None
+            raise translate(exc, self.location) from None
 
     def close(self) -> None:
         for claim in list(self._claims.values()):

@@ -1,0 +1,104 @@
+"""The PostgreSQL journal's schema and SQL: migrations, the owners table, advisory lock classes,
+statements, and how psycopg's errors read to a user. ``PostgresJournal`` uses them."""
+
+from __future__ import annotations
+
+from urllib.parse import urlsplit, urlunsplit
+
+import psycopg
+from psycopg import errors as pg_errors
+from psycopg_pool import PoolTimeout
+
+from effectlog.errors import EffectlogError, JournalLocked, StorageError
+from effectlog.journal.protocol import SCHEMA_VERSION
+
+SCHEMA = "effectlog"
+# Advisory lock classes (the first key of the two-int form), 'EFL' + a tag byte,
+# so our locks never collide with an application's single-bigint advisory locks.
+MIGRATE_LOCK_CLASS = 0x45464C00
+RUN_LOCK_CLASS = 0x45464C01
+OWNER_LOCK_CLASS = 0x45464C02
+
+# Ordered migrations: index i brings schema version i to i + 1. DDL is transactional
+# in PostgreSQL, so a migration applies whole or not at all.
+MIGRATIONS: tuple[tuple[str, ...], ...] = (
+    (
+        f"CREATE SCHEMA IF NOT EXISTS {SCHEMA}",
+        f"CREATE TABLE {SCHEMA}.meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
+        f"""CREATE TABLE {SCHEMA}.events (
+            run_id TEXT NOT NULL,
+            seq BIGINT NOT NULL CHECK (seq > 0),
+            step_id TEXT NOT NULL,
+            phase TEXT NOT NULL,
+            attempt INTEGER NOT NULL,
+            body BYTEA NOT NULL,
+            hash BYTEA NOT NULL CHECK (octet_length(hash) = 32),
+            CONSTRAINT events_pkey PRIMARY KEY (run_id, seq),
+            CONSTRAINT events_dedup UNIQUE (run_id, step_id, phase, attempt)
+        )""",
+        f"""CREATE FUNCTION {SCHEMA}.refuse_change() RETURNS trigger LANGUAGE plpgsql AS $$
+            BEGIN
+                RAISE EXCEPTION 'effectlog: % on %.% refused: events are append-only',
+                    TG_OP, TG_TABLE_SCHEMA, TG_TABLE_NAME;
+            END $$""",
+        # Statement level: fires even when the statement matches no row, and covers TRUNCATE.
+        f"""CREATE TRIGGER events_append_only BEFORE UPDATE OR DELETE OR TRUNCATE ON {SCHEMA}.events
+            FOR EACH STATEMENT EXECUTE FUNCTION {SCHEMA}.refuse_change()""",
+        f"ALTER TABLE {SCHEMA}.events ENABLE ALWAYS TRIGGER events_append_only",
+    ),
+)
+assert len(MIGRATIONS) == SCHEMA_VERSION
+
+INSERT = (
+    f"INSERT INTO {SCHEMA}.events (run_id, seq, step_id, phase, attempt, body, hash)"
+    " VALUES (%s, %s, %s, %s, %s, %s, %s)"
+)
+HEAD = f"SELECT seq, hash FROM {SCHEMA}.events WHERE run_id = %s ORDER BY seq DESC LIMIT 1"
+READ = (
+    f"SELECT seq, body, hash, step_id, phase, attempt FROM {SCHEMA}.events WHERE run_id = %s AND seq > %s ORDER BY seq"
+)
+LOCK_RUN = "SELECT pg_advisory_xact_lock(%s, hashtext(%s))"
+OWNERS_DDL: tuple[str, ...] = (
+    f"CREATE TABLE IF NOT EXISTS {SCHEMA}.owners"
+    " (run_id TEXT PRIMARY KEY, token BIGINT NOT NULL, holder TEXT NOT NULL)",
+)
+UPSERT_OWNER = (
+    f"INSERT INTO {SCHEMA}.owners (run_id, token, holder) VALUES (%s, 1, %s) ON CONFLICT (run_id) "
+    f"DO UPDATE SET token = {SCHEMA}.owners.token + 1, holder = EXCLUDED.holder RETURNING token"
+)
+OWNER_ROW = f"SELECT token, holder FROM {SCHEMA}.owners WHERE run_id = %s"
+
+
+def redact(url: str) -> str:
+    """The URL with its password masked: safe for messages and ``location``."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "postgresql://(unparsable URL)"
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.rsplit("@", 1)
+    userinfo = netloc[0].split(":", 1)[0] + ":***"
+    return urlunsplit(parts._replace(netloc=f"{userinfo}@{netloc[1]}"))
+
+
+def translate(exc: Exception, where: str) -> EffectlogError:
+    """A psycopg or pool error as an effectlog error, worded for the reader."""
+    if isinstance(exc, EffectlogError):
+        return exc
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    if isinstance(exc, PoolTimeout):
+        return StorageError(f"{where}: no database connection available ({text})")
+    if isinstance(exc, pg_errors.LockNotAvailable):
+        return JournalLocked(f"{where}: another writer holds this run's lock for too long ({text})")
+    if isinstance(exc, pg_errors.ReadOnlySqlTransaction):
+        return StorageError(f"{where}: journal is read-only ({text})")
+    if isinstance(exc, pg_errors.DiskFull):
+        return StorageError(f"{where}: disk full while writing the journal ({text})")
+    if isinstance(exc, pg_errors.InsufficientPrivilege):
+        return StorageError(f"{where}: permission denied ({text})")
+    if isinstance(exc, psycopg.OperationalError):
+        return StorageError(f"{where}: cannot use the database ({text})")
+    return StorageError(f"{where}: {text}")
+
+

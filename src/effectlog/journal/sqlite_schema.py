@@ -1,0 +1,97 @@
+"""The SQLite journal's schema and SQL: migrations, derived tables (seals, owners), statements,
+and how SQLite's errors read to a user. ``SqliteJournal`` (``effectlog.journal.sqlite``) uses them."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from typing import Literal
+
+from effectlog.errors import JournalDamaged, JournalUnreadable, StorageError
+from effectlog.journal.protocol import SCHEMA_VERSION
+
+Durability = Literal["full", "normal"]
+
+# Ordered migrations: index i brings schema version i to i + 1.
+MIGRATIONS: tuple[tuple[str, ...], ...] = (
+    (
+        "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
+        """CREATE TABLE events (
+            run_id TEXT NOT NULL,
+            seq INTEGER NOT NULL CHECK (seq > 0),
+            step_id TEXT NOT NULL,
+            phase TEXT NOT NULL,
+            attempt INTEGER NOT NULL,
+            body BLOB NOT NULL,
+            hash BLOB NOT NULL,
+            PRIMARY KEY (run_id, seq),
+            UNIQUE (run_id, step_id, phase, attempt)
+        ) WITHOUT ROWID""",
+        """CREATE TRIGGER events_append_only_update BEFORE UPDATE ON events
+           BEGIN SELECT RAISE(ABORT, 'effectlog: events are append-only'); END""",
+        """CREATE TRIGGER events_append_only_delete BEFORE DELETE ON events
+           BEGIN SELECT RAISE(ABORT, 'effectlog: events are append-only'); END""",
+    ),
+)
+assert len(MIGRATIONS) == SCHEMA_VERSION
+
+INSERT = (
+    "INSERT INTO events (run_id, seq, step_id, phase, attempt, body, hash) VALUES (?, ?, ?, ?, ?, ?, ?)"
+)
+
+SEALS_DDL: tuple[str, ...] = (
+    """CREATE TABLE seals (
+        run_id TEXT PRIMARY KEY,
+        seq INTEGER NOT NULL CHECK (seq > 0),
+        body BLOB NOT NULL,
+        hash BLOB NOT NULL
+    )""",
+    """CREATE TRIGGER seals_append_only_update BEFORE UPDATE ON seals
+       BEGIN SELECT RAISE(ABORT, 'effectlog: seals are append-only'); END""",
+    """CREATE TRIGGER seals_append_only_delete BEFORE DELETE ON seals
+       BEGIN SELECT RAISE(ABORT, 'effectlog: seals are append-only'); END""",
+)
+# Who drives (or last drove) each run: operational state beside the history, not part of it.
+# The OS lock decides who owns a run; this row only names the owner (``status``, messages).
+OWNERS_DDL: tuple[str, ...] = (
+    "CREATE TABLE owners (run_id TEXT PRIMARY KEY, token INTEGER NOT NULL, holder TEXT NOT NULL)",
+)
+UPSERT_OWNER = (
+    "INSERT INTO owners (run_id, token, holder) VALUES (?, 1, ?) "
+    "ON CONFLICT (run_id) DO UPDATE SET token = token + 1, holder = excluded.holder RETURNING token"
+)
+READ_PAGE_ROWS = 2000
+READ_PAGE = (
+    "SELECT seq, body, hash, step_id, phase, attempt FROM events WHERE run_id = ? AND seq > ? ORDER BY seq LIMIT ?"
+)
+WAL_AUTOCHECKPOINT_PAGES = 8000  # about 32 MiB of WAL between checkpoints (SQLite's default: 1,000 pages)
+INSERT_SEAL = "INSERT INTO seals (run_id, seq, body, hash) VALUES (?, ?, ?, ?)"
+# One statement, so one snapshot: the seal and the run's last event together.
+SELECT_SEAL = (
+    "SELECT s.seq, s.body, s.hash, e.seq, e.hash FROM seals s JOIN events e ON e.run_id = s.run_id "
+    "WHERE s.run_id = ? ORDER BY e.seq DESC LIMIT 1"
+)
+
+
+def translate(exc: sqlite3.Error, path: str) -> Exception:
+    text = str(exc)
+    if isinstance(exc, sqlite3.DatabaseError) and "not a database" in text:
+        return JournalUnreadable(f"{path}: not an effectlog journal (file is not a SQLite database)")
+    if isinstance(exc, sqlite3.DatabaseError) and "malformed" in text:
+        return JournalDamaged(f"{path}: the journal file is damaged ({text}); restore it from a copy")
+    if "readonly" in text or "read-only" in text:
+        return StorageError(f"{path}: journal is read-only ({text})")
+    if "full" in text:
+        return StorageError(f"{path}: disk full while writing the journal ({text})")
+    if getattr(exc, "sqlite_errorname", "") == "SQLITE_IOERR_WRITE":  # e.g. a file size limit (EFBIG)
+        return StorageError(f"{path}: the journal could not be written ({text}); the write was not committed")
+    return StorageError(f"{path}: {text}")
+
+
+def file_size(path: str) -> int:
+    try:
+        return os.stat(path).st_size
+    except OSError:
+        return 0
+
+
