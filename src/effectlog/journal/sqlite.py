@@ -85,7 +85,6 @@ class SqliteJournal:
     ) -> None:
         self.location = str(path)
         self.busy_timeout_s = busy_timeout_s
-        self.durability = durability
         # Every name of the file leads to one path, so to one WAL and one set of locks.
         self.path = os.path.realpath(self.location)
         self.chain = chain or Chain()
@@ -292,44 +291,21 @@ class SqliteJournal:
     def claim(self, run_id: str, kind: str = "run", *, runner: str | None = None) -> Claim:
         """Take ``run_id`` for this object until ``release``; ``RunOwned`` (exit 6) if a live owner has it.
 
-        The OS lock is the claim. The owner row that names it is written at once, in a
-        commit that is not synced: it only names the owner (the lock decides), so it need
-        not survive a power loss, and a claim costs no fsync.
+        The OS lock is the claim; the owner row that names it is written with the
+        claim's first append (a run that is only looked at costs no commit).
         """
         if not self.writer:
             raise StorageError(f"{self.location}: journal opened read-only")
-        assert self._file is not None
         claim = Claim(run_id=run_id, owner=new_owner(kind, runner))
         self._lock_run(run_id, claim)
         try:
             self._check_binding(run_id, kind)
-            with self._file.gate(self.location, self.busy_timeout_s):
-                self._name_owner(claim)
         except BaseException:
             self._unlock_run(run_id, claim)
             raise
         self._claims[run_id] = claim
         self._heads.pop(run_id, None)  # written by others until now
         return claim
-
-    def _name_owner(self, claim: Claim) -> None:
-        db = self._db
-        try:
-            db.execute("PRAGMA synchronous = NORMAL")
-            try:
-                db.execute("BEGIN IMMEDIATE")
-                try:
-                    row = db.execute(UPSERT_OWNER, (claim.run_id, encode_owner(claim.owner))).fetchone()
-                    db.execute("COMMIT")
-                except BaseException:
-                    if db.in_transaction:
-                        db.execute("ROLLBACK")
-                    raise
-            finally:
-                db.execute(f"PRAGMA synchronous = {'FULL' if self.durability == 'full' else 'NORMAL'}")
-        except sqlite3.Error as exc:
-            raise translate(exc, self.location) from None
-        claim.token = int(row[0])
 
     def release(self, claim: Claim) -> None:
         """Give the run up (its owner row stays, naming the last owner); safe to call twice."""
@@ -473,6 +449,7 @@ class SqliteJournal:
         db = self._db
         heads: dict[str, tuple[int, bytes]] = {}
         out: list[Record] = []
+        named: list[Claim] = []
         encoded = [encode(e) for e in events]
         try:
             with self._file.gate(self.location, self.busy_timeout_s):
@@ -485,6 +462,7 @@ class SqliteJournal:
                         out = [self._existing(e.run_id, e.seq, b) for e, b in zip(events, encoded, strict=True)]
                         db.execute("COMMIT")
                         return out
+                    named = self._write_owner_rows(events)
                     link, insert = self.chain.link, self._cursor.execute  # bound once: this loop is the hot path
                     for event, body in zip(events, encoded, strict=True):
                         run_id, seq = event.run_id, event.seq
@@ -513,6 +491,8 @@ class SqliteJournal:
                 except BaseException:
                     if db.in_transaction:
                         db.execute("ROLLBACK")
+                    for claim in named:
+                        claim.token = 0  # the owner row was rolled back with the batch: write it next time
                     raise
         except sqlite3.Error as exc:
             raise translate(exc, self.location) from None
@@ -520,6 +500,17 @@ class SqliteJournal:
             if run_id in self._claims:
                 self._heads[run_id] = head
         return out
+
+    def _write_owner_rows(self, events: Sequence[Event]) -> list[Claim]:
+        """Name each claim's owner in the owners table, with the claim's first append."""
+        named: list[Claim] = []
+        for event in events:
+            claim = self._claims.get(event.run_id)
+            if claim is not None and claim.token == 0:
+                row = self._cursor.execute(UPSERT_OWNER, (event.run_id, encode_owner(claim.owner))).fetchone()
+                claim.token = int(row[0])
+                named.append(claim)
+        return named
 
     def _insert_seal(self, run_id: str, seq: int, seal: bytes, head: tuple[int, bytes]) -> None:
         if seq != head[0]:
