@@ -94,6 +94,23 @@ def decode_owner(text: str | bytes | None) -> Owner | None:
         return None
 
 
+def plausible(owner: Owner | None) -> Owner | None:
+    """The recorded owner, if it can be the live one: a process of this host that is gone is not.
+
+    A new owner's row is written with its first append; until then the row names the
+    last owner, and naming a dead process as the one driving the run would mislead.
+    """
+    if owner is None or owner.runner or owner.host != this_host():
+        return owner
+    try:
+        os.kill(owner.pid, 0)
+    except ProcessLookupError:
+        return None
+    except PermissionError:
+        return owner  # alive, another user's
+    return owner
+
+
 def describe(owner: Owner | None) -> str:
     return owner.describe() if owner is not None else "another process"
 

@@ -49,6 +49,7 @@ from effectlog.journal.ownership import (
     describe,
     encode_owner,
     new_owner,
+    plausible,
 )
 from effectlog.journal.protocol import SCHEMA_VERSION
 from effectlog.journal.sqlite_schema import (
@@ -331,7 +332,8 @@ class SqliteJournal:
         if runner is not None:
             return OwnerStatus(owner=runner, live=True)
         live = self._file.locked_anywhere(run_id)
-        return OwnerStatus(owner=decode_owner(row[0]) if row else None, live=live)
+        recorded = decode_owner(row[0]) if row else None
+        return OwnerStatus(owner=plausible(recorded) if live else recorded, live=live)
 
     def _lease_holder(self, run_id: str) -> Owner | None:
         try:
@@ -376,7 +378,7 @@ class SqliteJournal:
         with contextlib.suppress(sqlite3.Error):
             row = self._db.execute("SELECT holder FROM owners WHERE run_id = ?", (run_id,)).fetchone()
             if row:
-                return decode_owner(row[0])
+                return plausible(decode_owner(row[0]))
         return None
 
     def _check_binding(self, run_id: str, kind: str) -> None:
