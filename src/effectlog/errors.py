@@ -286,3 +286,18 @@ class SecretUnavailable(BadInput):
     """A fleet runner cannot supply a secret arg (the store keeps only its digest), or its value is another one."""
 
     code = "secret_unavailable"
+
+
+# -- branch lifecycle (issue 17) --------------------------------------------------------
+
+
+class ForkRefused(Conflict):
+    """A fork or retry that could repeat or guess an effect: an open parent, an uncertain or unknown step (exit 5)."""
+
+    code = "fork_refused"
+
+
+class RepinRefused(Conflict):
+    """A repin while a step's outcome is open, or one that would change more than implementations (exit 5)."""
+
+    code = "repin_refused"

@@ -1,0 +1,476 @@
+"""The life of a run after things go wrong (issue 17): recover at start-up, fork and retry, repin.
+
+Real processes throughout: runs are ``effectlog run`` processes killed with SIGKILL or
+stopped with SIGTERM, recoveries are ``effectlog recover`` processes started together,
+and every effect is counted in the effect store (``effects.control`` writes a row on
+every call, so an effect done twice shows as two rows).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from effectlog import events as ev
+from effectlog.errors import ExitStatus, ForkRefused, SecretUnavailable
+from effectlog.journal import load_run, open_journal
+from effectlog.outcome import SimulatedCrash
+from effectlog.plan import parse_plan
+from effectlog.runtime import Runtime
+
+TESTS = Path(__file__).resolve().parent
+SAFETY_S = 90.0
+ADAPTERS = "lifecycle_adapters:ADAPTERS"
+
+
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "EFFECTLOG_JOURNAL_KEY"}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(TESTS), env.get("PYTHONPATH", "")) if p)
+    return env
+
+
+def effectlog(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "effectlog", *args],
+        capture_output=True, text=True, timeout=SAFETY_S, check=False, cwd=cwd, env=_env(),
+    )  # fmt: skip
+
+
+def start(*args: str, cwd: Path | None = None) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "effectlog", *args],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd, env=_env(),
+    )  # fmt: skip
+
+
+def wait_for(path: Path, proc: subprocess.Popen[str]) -> None:
+    deadline = time.monotonic() + SAFETY_S
+    while not path.exists():
+        if proc.poll() is not None:
+            pytest.fail(f"the run exited {proc.returncode} before {path.name}: {proc.communicate()}")
+        if time.monotonic() > deadline:
+            pytest.fail(f"the run never reached {path.name}")
+        time.sleep(0.02)
+
+
+def effect_counts(effects: Path) -> Counter[tuple[str, str]]:
+    """How many times each (run, step) effect was made, from the effect store itself."""
+    db = sqlite3.connect(f"{effects.resolve().as_uri()}?mode=ro", uri=True)
+    try:
+        return Counter((r, s) for r, s in db.execute("SELECT run_id, step_id FROM effects"))
+    finally:
+        db.close()
+
+
+def tags(journal: Path, run_id: str) -> list[str]:
+    j = open_journal(str(journal), writer=False)
+    try:
+        return [ev.tag_of(ev.decode(r.body)) for r in j.read(run_id)]
+    finally:
+        j.close()
+
+
+def state_of(journal: Path, run_id: str) -> Any:
+    j = open_journal(str(journal), writer=False)
+    try:
+        return load_run(j, run_id)
+    finally:
+        j.close()
+
+
+def write_plan(tmp: Path, plan: dict[str, Any]) -> Path:
+    path = tmp / f"{plan['run_id']}.json"
+    path.write_text(json.dumps(plan))
+    return path
+
+
+LEDGER = {"type": "effects.control", "version": "1", "idempotent": False}
+
+
+# -- 1. recovery at start-up ----------------------------------------------------------
+
+
+def slow_plan(tmp: Path, run_id: str) -> Path:
+    """before (an effect), wait (idempotent, holds while `hold` exists), after (an effect)."""
+    slow = {"hold": str(tmp / "hold"), "started": str(tmp / "started")}
+    return write_plan(
+        tmp,
+        {
+            "run_id": run_id,
+            "adapters": {"ledger": LEDGER, "slow": {"type": "test.slow", "idempotent": True, "options": slow}},
+            "steps": [
+                {"id": "before", "adapter": "ledger", "args": {"n": 1}},
+                {"id": "wait", "adapter": "slow"},
+                {"id": "after", "adapter": "ledger", "args": {"n": 2}},
+            ],
+        },
+    )
+
+
+def test_two_recoveries_at_once_finish_every_killed_run_and_each_effect_happens_once(tmp_path: Path) -> None:
+    """Four runs killed (SIGKILL) mid-way; two `effectlog recover` at once: every run completes, driven once.
+
+    Each run is resumed by exactly one of the two recoveries (the other reports it skipped),
+    each run's journal holds exactly one run.resumed, and the effect store holds exactly one
+    effect per step: none repeated, none lost. No plan file is read (they are deleted first).
+    """
+    journal, effects = tmp_path / "j.db", tmp_path / "e.db"
+    run_ids = [f"r{i}" for i in range(4)]
+    (tmp_path / "hold").touch()
+    procs = {}
+    for rid in run_ids:
+        plan = slow_plan(tmp_path, rid)
+        procs[rid] = start(
+            "run", str(plan), "--journal", str(journal), "--effects", str(effects), "--adapters", ADAPTERS
+        )
+    for rid, proc in procs.items():
+        wait_for(tmp_path / f"started-{rid}", proc)
+    for proc in procs.values():
+        proc.send_signal(signal.SIGKILL)
+        proc.communicate(timeout=SAFETY_S)
+    for rid in run_ids:
+        (tmp_path / f"{rid}.json").unlink()  # recovery needs the journal only
+        assert ("running", "requested") == (state_of(journal, rid).state, state_of(journal, rid).steps["wait"].state)
+    (tmp_path / "hold").unlink()
+
+    args = ("recover", "--journal", str(journal), "--effects", str(effects), "--adapters", ADAPTERS, "--json")
+    recoveries = [start(*args), start(*args)]
+    outputs = [p.communicate(timeout=SAFETY_S) for p in recoveries]
+    assert [0, 0] == [p.returncode for p in recoveries], outputs
+    reports = [r for out, _ in outputs for r in json.loads(out)]
+
+    assert {rid: 1 for rid in run_ids} == Counter(r["run_id"] for r in reports if r["action"] == "resumed")
+    assert [] == [r for r in reports if r["action"] == "refused"]
+    assert {rid: "completed" for rid in run_ids} == {rid: state_of(journal, rid).state for rid in run_ids}
+    assert {rid: 1 for rid in run_ids} == {rid: tags(journal, rid).count("run.resumed") for rid in run_ids}
+    expected = Counter({(rid, step): 1 for rid in run_ids for step in ("before", "after")})
+    assert expected == effect_counts(effects)
+
+
+def test_recover_reports_runs_that_wait_for_a_person_and_lists_sessions_without_driving_them(tmp_path: Path) -> None:
+    """A suspended run and a session run are reported as skipped, with what they wait for; nothing is written.
+
+    ``Runtime.pending("session")`` lists the session run, so its application can re-drive it.
+    """
+    journal = tmp_path / "j.db"
+    plan = write_plan(
+        tmp_path,
+        {
+            "run_id": "held",
+            "adapters": {"n": {"type": "noop"}},
+            "steps": [{"id": "pay", "adapter": "n", "approval": "required"}],
+        },
+    )
+    assert ExitStatus.SUSPENDED == effectlog("run", str(plan), "--journal", str(journal)).returncode
+    with Runtime(str(journal)) as rt:
+        rt.journal.append([ev.RunStarted(run_id="chat-1", seq=1, ts=1, kind="session")])
+        assert ["chat-1"] == [p.run_id for p in rt.pending("session")]
+        assert [("held", "approval", "pay")] == [(p.run_id, p.waits, p.blocked_step) for p in rt.pending("plan")]
+    before = {r: tags(journal, r) for r in ("held", "chat-1")}
+    done = effectlog("recover", "--journal", str(journal), "--json")
+    assert 0 == done.returncode, done.stderr
+    report = {r["run_id"]: (r["action"], r["state"]) for r in json.loads(done.stdout)}
+    assert {"held": ("skipped", "suspended"), "chat-1": ("skipped", "running")} == report
+    assert before == {r: tags(journal, r) for r in ("held", "chat-1")}
+
+
+def crash_after(step_id: str) -> Any:
+    def hook(point: str, sid: str) -> None:
+        if point == "after_confirm" and sid == step_id:
+            raise SimulatedCrash(point)
+
+    return hook
+
+
+SECRET_PLAN = {
+    "run_id": "pay-1",
+    "adapters": {"ledger": LEDGER},
+    "steps": [
+        {"id": "a", "adapter": "ledger", "args": {"n": 1}},
+        {"id": "b", "adapter": "ledger", "args": {"card": "4111-1111", "n": 2}, "secret": ["card"]},
+    ],
+}
+
+
+def test_a_run_with_secret_args_is_recovered_only_with_the_value_supplied(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The journal keeps secret args as digests: recover refuses the run by name until the value is supplied.
+
+    Without EFFECTLOG_SECRET_CARD the run is reported refused (secret_unavailable, exit 2) and
+    nothing is written; with it, the run completes and step b's effect happens once.
+    """
+    journal, effects = str(tmp_path / "j.db"), tmp_path / "e.db"
+    plan = parse_plan(json.dumps(SECRET_PLAN).encode())
+    with Runtime(journal, effects=effects, crash_hook=crash_after("a")) as rt, pytest.raises(SimulatedCrash):
+        rt.run(plan)
+    monkeypatch.delenv("EFFECTLOG_SECRET_CARD", raising=False)
+    with Runtime(journal, effects=effects) as rt:
+        [refused] = rt.recover()
+        assert ("refused", int(SecretUnavailable.exit_status)) == (refused.action, refused.exit_status)
+        assert "EFFECTLOG_SECRET_CARD" in refused.message
+        monkeypatch.setenv("EFFECTLOG_SECRET_CARD", "4111-1111")
+        [resumed] = rt.recover()
+        assert ("resumed", "completed") == (resumed.action, resumed.state)
+    assert Counter({("pay-1", "a"): 1, ("pay-1", "b"): 1}) == effect_counts(effects)
+
+
+# -- 2. fork and retry ---------------------------------------------------------------
+
+
+def gate_plan(tmp: Path, run_id: str = "order-1") -> Path:
+    """charge (an effect), ship (not applied until the file `open` exists), email (an effect)."""
+    return write_plan(
+        tmp,
+        {
+            "run_id": run_id,
+            "adapters": {"ledger": LEDGER, "gate": {"type": "test.gate", "options": {"open": str(tmp / "open")}}},
+            "steps": [
+                {"id": "charge", "adapter": "ledger", "args": {"cents": 500}},
+                {"id": "ship", "adapter": "gate"},
+                {"id": "email", "adapter": "ledger", "args": {"to": "a@example.com"}},
+            ],
+        },
+    )
+
+
+def test_retry_of_a_failed_run_carries_its_earlier_results_and_repeats_no_effect(tmp_path: Path) -> None:
+    """A run failed at `ship`; `effectlog retry` forks it from there: `charge` is carried, not charged again.
+
+    The parent stays failed and unchanged; the fork's first events name the parent
+    (run.started.forked_from, step.carried.from_run/from_seq, the parent's key and receipt);
+    `lineage` shows the fork from both sides; the effect store has one charge and one email.
+    """
+    journal, effects = tmp_path / "j.db", tmp_path / "e.db"
+    common = ("--journal", str(journal), "--effects", str(effects), "--adapters", ADAPTERS)
+    assert ExitStatus.RUN_FAILED == effectlog("run", str(gate_plan(tmp_path)), *common).returncode
+    parent_before = tags(journal, "order-1")
+    (tmp_path / "open").touch()
+
+    done = effectlog("retry", "--run-id", "order-1", "--by", "ops", "--reason", "carrier back up", *common)
+    assert 0 == done.returncode, done.stderr
+
+    assert parent_before == tags(journal, "order-1")
+    assert "failed" == state_of(journal, "order-1").state
+    child = state_of(journal, "order-1.retry1")
+    parent = state_of(journal, "order-1")
+    assert ("completed", ["confirmed"] * 3) == (child.state, [s.state for s in child.ordered_steps()])
+    j = open_journal(str(journal), writer=False)
+    try:
+        first = [ev.decode(r.body) for r in j.read("order-1.retry1")][:2]
+    finally:
+        j.close()
+    started, carried = first
+    assert isinstance(started, ev.RunStarted)
+    assert isinstance(carried, ev.StepCarried)
+    assert ("order-1", "ship", "ops", "carrier back up") == (
+        started.forked_from,
+        started.from_step,
+        started.by,
+        started.reason,
+    )
+    charge = parent.steps["charge"]
+    assert ("order-1", charge.last_seq, charge.idempotency_key, charge.receipt) == (
+        carried.from_run,
+        carried.from_seq,
+        carried.idempotency_key,
+        carried.receipt,
+    )
+    assert child.steps["ship"].idempotency_key != parent.steps["ship"].idempotency_key  # new keys for the rest
+    expected = Counter({("order-1", "charge"): 1, ("order-1.retry1", "email"): 1})
+    assert expected == effect_counts(effects)
+
+    lineage = json.loads(effectlog("lineage", "--journal", str(journal), "--run-id", "order-1", "--json").stdout)
+    assert ["order-1.retry1"] == [f["run_id"] for f in lineage["forks"]]
+    up = json.loads(effectlog("lineage", "--journal", str(journal), "--run-id", "order-1.retry1", "--json").stdout)
+    assert ("order-1", "ship") == (up["forked_from"], up["from_step"])
+
+
+def test_fork_from_an_earlier_step_runs_that_step_again_under_a_new_key(tmp_path: Path) -> None:
+    """`fork --from-step charge` carries nothing and charges again, on purpose, under the fork's own key."""
+    journal, effects = tmp_path / "j.db", tmp_path / "e.db"
+    common = ("--journal", str(journal), "--effects", str(effects), "--adapters", ADAPTERS)
+    (tmp_path / "open").touch()
+    assert 0 == effectlog("run", str(gate_plan(tmp_path)), *common).returncode
+    done = effectlog(
+        "fork", "--run-id", "order-1", "--new-run-id", "order-2", "--from-step", "charge",
+        "--by", "ops", "--reason", "customer ordered again", *common,
+    )  # fmt: skip
+    assert 0 == done.returncode, done.stderr
+    assert "step.carried" not in tags(journal, "order-2")
+    keys = {state_of(journal, r).steps["charge"].idempotency_key for r in ("order-1", "order-2")}
+    assert 2 == len(keys)
+    assert 2 == effect_counts(effects)[("order-1", "charge")] + effect_counts(effects)[("order-2", "charge")]
+
+
+def test_a_fork_is_refused_from_an_unknown_outcome_or_an_open_run_and_writes_nothing(tmp_path: Path) -> None:
+    """Exit 5, naming the step and why, for a step that failed with an unknown outcome and for an open run.
+
+    Also: a completed run has nothing to retry, a new run id that exists is refused, and
+    the Python API raises ForkRefused for the same cases. The journal is unchanged.
+    """
+    journal = tmp_path / "j.db"
+    common = ("--journal", str(journal), "--adapters", ADAPTERS)
+    unsure = write_plan(
+        tmp_path,
+        {
+            "run_id": "call-1",
+            "adapters": {"api": {"type": "test.unsure", "idempotent": True}},
+            "steps": [{"id": "call", "adapter": "api"}],
+        },
+    )
+    assert ExitStatus.RUN_FAILED == effectlog("run", str(unsure), *common).returncode
+    before = tags(journal, "call-1")
+    done = effectlog("retry", "--run-id", "call-1", "--by", "ops", "--reason", "try again", *common)
+    assert ExitStatus.CONFLICT == done.returncode
+    assert [] == [w for w in ("fork_refused", "'call'", "unknown outcome") if w not in done.stderr], done.stderr
+    assert 1 == len(done.stderr.strip().splitlines())
+    assert before == tags(journal, "call-1")
+    with Runtime(str(journal)) as rt:
+        assert [] == rt.forks("call-1")
+        assert ["call-1"] == rt.journal.runs()
+
+    held = write_plan(
+        tmp_path,
+        {
+            "run_id": "held",
+            "adapters": {"n": {"type": "noop"}},
+            "steps": [{"id": "s", "adapter": "n", "approval": "required"}],
+        },
+    )
+    assert ExitStatus.SUSPENDED == effectlog("run", str(held), *common).returncode
+    done = effectlog("fork", "--run-id", "held", "--new-run-id", "held-2", "--by", "o", "--reason", "r", *common)
+    assert (ExitStatus.CONFLICT, True) == (done.returncode, "still open" in done.stderr)
+
+    ok = write_plan(
+        tmp_path, {"run_id": "ok", "adapters": {"n": {"type": "noop"}}, "steps": [{"id": "s", "adapter": "n"}]}
+    )
+    assert 0 == effectlog("run", str(ok), *common).returncode
+    done = effectlog("retry", "--run-id", "ok", "--by", "o", "--reason", "r", *common)
+    assert (ExitStatus.CONFLICT, True) == (done.returncode, "every step of the run is done" in done.stderr)
+    with Runtime(str(journal)) as rt, pytest.raises(ForkRefused, match="already exists"):
+        rt.fork("ok", "held", by="o", reason="r", from_step="s")
+
+
+# -- 3. repin after an upgrade -------------------------------------------------------
+
+TOOLS = """
+import time
+from pathlib import Path
+
+
+class Hold:
+    def __init__(self, options):
+        self.options = options
+
+    def invoke(self, request):
+        Path(self.options["started"]).touch()
+        while Path(self.options["hold"]).exists():
+            time.sleep(0.02)
+        return {"done": request.step_id}
+
+
+ADAPTERS = {"my.hold": lambda decl, ctx: Hold(decl.options)}
+"""
+
+
+def hold_plan(tmp: Path, run_id: str, idempotent: bool) -> Path:
+    options = {"hold": str(tmp / "hold"), "started": str(tmp / f"started-{run_id}")}
+    return write_plan(
+        tmp,
+        {
+            "run_id": run_id,
+            "adapters": {"tool": {"type": "my.hold", "idempotent": idempotent, "options": options}, "ledger": LEDGER},
+            "steps": [{"id": "work", "adapter": "tool"}, {"id": "record", "adapter": "ledger", "args": {"n": 1}}],
+        },
+    )
+
+
+def test_an_upgraded_adapter_is_refused_until_repinned_then_the_run_completes(tmp_path: Path) -> None:
+    """Stop a run between steps (SIGTERM), edit its adapter's module: resume refused (exit 5) naming `repin`.
+
+    `effectlog repin` records run.repinned (who, why, old and new fingerprints); the
+    resume then completes, and `record`'s effect happens once.
+    """
+    (tmp_path / "my_tools.py").write_text(TOOLS)
+    journal, effects = tmp_path / "j.db", tmp_path / "e.db"
+    plan = hold_plan(tmp_path, "up-1", idempotent=True)
+    common = ("--journal", str(journal), "--effects", str(effects), "--adapters", "my_tools:ADAPTERS")
+    (tmp_path / "hold").touch()
+    proc = start("run", str(plan), *common, cwd=tmp_path)
+    wait_for(tmp_path / "started-up-1", proc)
+    proc.send_signal(signal.SIGTERM)  # stop after the current step's commit
+    (tmp_path / "hold").unlink()
+    proc.communicate(timeout=SAFETY_S)
+    assert 128 + signal.SIGTERM == proc.returncode
+    assert ("running", "confirmed") == (state_of(journal, "up-1").state, state_of(journal, "up-1").steps["work"].state)
+
+    (tmp_path / "my_tools.py").write_text(TOOLS + "\n# v2: a comment is a new implementation\n")
+    refused = effectlog("run", str(plan), *common, cwd=tmp_path)
+    assert ExitStatus.CONFLICT == refused.returncode
+    assert [] == [w for w in ("plan_mismatch", "effectlog repin --journal") if w not in refused.stderr], refused.stderr
+    assert 1 == len(refused.stderr.strip().splitlines())
+
+    done = effectlog(
+        "repin", "--run-id", "up-1", "--by", "ops", "--reason", "v2 deployed", "--json", *common, cwd=tmp_path
+    )
+    assert 0 == done.returncode, done.stderr
+    assert ["tool"] == list(json.loads(done.stdout)["changed"])
+    again = effectlog("repin", "--run-id", "up-1", "--by", "ops", "--reason", "v2 deployed", *common, cwd=tmp_path)
+    assert (0, True) == (again.returncode, "nothing to repin" in again.stdout)
+    assert 1 == tags(journal, "up-1").count("run.repinned")
+
+    resumed = effectlog("run", str(plan), *common, cwd=tmp_path)
+    assert 0 == resumed.returncode, resumed.stderr
+    assert Counter({("up-1", "record"): 1}) == effect_counts(effects)
+
+
+def test_repin_is_refused_while_a_step_is_requested_or_uncertain_and_for_another_plan(tmp_path: Path) -> None:
+    """Killed in a non-idempotent step: repin refused (exit 5) while requested, and again once uncertain.
+
+    A plan file that differs from the pinned one (another argument) is refused too: only
+    implementations may change. Nothing is written by any refusal.
+    """
+    (tmp_path / "my_tools.py").write_text(TOOLS)
+    journal, effects = tmp_path / "j.db", tmp_path / "e.db"
+    plan = hold_plan(tmp_path, "up-2", idempotent=False)
+    common = ("--journal", str(journal), "--effects", str(effects), "--adapters", "my_tools:ADAPTERS")
+    repin = ("repin", "--run-id", "up-2", "--by", "ops", "--reason", "v2", *common)
+    (tmp_path / "hold").touch()
+    proc = start("run", str(plan), *common, cwd=tmp_path)
+    wait_for(tmp_path / "started-up-2", proc)
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate(timeout=SAFETY_S)
+    (tmp_path / "hold").unlink()
+    (tmp_path / "my_tools.py").write_text(TOOLS + "\n# v2\n")
+
+    before = tags(journal, "up-2")
+    done = effectlog(*repin, cwd=tmp_path)
+    assert (ExitStatus.CONFLICT, True) == (done.returncode, "'work' is requested" in done.stderr), done.stderr
+    assert before == tags(journal, "up-2")
+
+    (tmp_path / "my_tools.py").write_text(TOOLS)  # the old implementation finds the step uncertain and stops
+    assert ExitStatus.STOPPED_UNCERTAIN == effectlog("run", str(plan), *common, cwd=tmp_path).returncode
+    (tmp_path / "my_tools.py").write_text(TOOLS + "\n# v2\n")
+    before = tags(journal, "up-2")
+    done = effectlog(*repin, cwd=tmp_path)
+    assert (ExitStatus.CONFLICT, True) == (done.returncode, "'work' is uncertain" in done.stderr), done.stderr
+
+    other = json.loads(plan.read_text())
+    other["steps"][1]["args"] = {"n": 2}
+    (tmp_path / "other.json").write_text(json.dumps(other))
+    done = effectlog(*repin, "--plan", str(tmp_path / "other.json"), cwd=tmp_path)
+    assert (ExitStatus.CONFLICT, True) == (done.returncode, "only implementations may change" in done.stderr), (
+        done.stderr
+    )
+    assert before == tags(journal, "up-2")
