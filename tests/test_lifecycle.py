@@ -28,6 +28,8 @@ from effectlog.outcome import SimulatedCrash
 from effectlog.plan import parse_plan
 from effectlog.runtime import Runtime
 
+pytest_plugins = ["pg_fixture"]
+
 TESTS = Path(__file__).resolve().parent
 SAFETY_S = 90.0
 ADAPTERS = "lifecycle_adapters:ADAPTERS"
@@ -250,6 +252,7 @@ def test_retry_of_a_failed_run_carries_its_earlier_results_and_repeats_no_effect
     The parent stays failed and unchanged; the fork's first events name the parent
     (run.started.forked_from, step.carried.from_run/from_seq, the parent's key and receipt);
     `lineage` shows the fork from both sides; the effect store has one charge and one email.
+    A second retry of the same run is refused (exit 5): its fork already carries on.
     """
     journal, effects = tmp_path / "j.db", tmp_path / "e.db"
     common = ("--journal", str(journal), "--effects", str(effects), "--adapters", ADAPTERS)
@@ -288,6 +291,10 @@ def test_retry_of_a_failed_run_carries_its_earlier_results_and_repeats_no_effect
     )
     assert child.steps["ship"].idempotency_key != parent.steps["ship"].idempotency_key  # new keys for the rest
     expected = Counter({("order-1", "charge"): 1, ("order-1.retry1", "email"): 1})
+    assert expected == effect_counts(effects)
+
+    again = effectlog("retry", "--run-id", "order-1", "--by", "ops", "--reason", "once more", *common)
+    assert (ExitStatus.CONFLICT, True) == (again.returncode, "already forked as order-1.retry1" in again.stderr)
     assert expected == effect_counts(effects)
 
     lineage = json.loads(effectlog("lineage", "--journal", str(journal), "--run-id", "order-1", "--json").stdout)
@@ -474,3 +481,84 @@ def test_repin_is_refused_while_a_step_is_requested_or_uncertain_and_for_another
         done.stderr
     )
     assert before == tags(journal, "up-2")
+
+
+# -- the spec format: internal transitions ----------------------------------------------
+
+INTERNAL = """
+name = "m"
+initial = "a"
+terminal = ["z"]
+states = ["a", "z"]
+
+[[transitions]]
+trigger = "note"
+source = ["a"]
+event = "m.noted"
+
+[[transitions]]
+trigger = "end"
+source = ["a"]
+dest = "z"
+event = "m.ended"
+"""
+
+
+def test_an_internal_transition_keeps_the_state_in_the_table_the_machine_and_the_diagram() -> None:
+    """A transition with no `dest` keeps its state: in the compiled table, the transitions machine and the diagram."""
+    from effectlog.diagrams import mermaid
+    from effectlog.machines import SpecModel
+    from effectlog.spec import Compiled, parse_spec
+
+    spec = parse_spec(INTERNAL, "m.toml")
+    model = SpecModel(spec)
+    assert ("a", "a", [("m.noted", {})]) == (
+        Compiled(spec).next_state("a", "m.noted"),
+        model.fire("note"),
+        model.emitted,
+    )
+    assert "    a --> a: note / m.noted" in mermaid(spec).splitlines()
+    assert "a" == SpecModel(spec, "a").fire("note", reason="x")
+
+
+@pytest.mark.parametrize(
+    ("text", "reason"),
+    [
+        (INTERNAL.replace('source = ["a"]\nevent = "m.noted"', 'source = ["z"]\nevent = "m.noted"'), "leaves terminal"),
+        (INTERNAL.replace('event = "m.noted"', 'event = "m.noted"\nby = "how"'), "`by` needs a dest table"),
+    ],
+    ids=["from a terminal state", "by without dest"],
+)
+def test_an_internal_transition_is_refused_from_a_terminal_state_or_with_by(text: str, reason: str) -> None:
+    """A closed state admits no transition, not even one that keeps it; `by` needs a dest table."""
+    from effectlog.errors import SpecError
+    from effectlog.spec import parse_spec
+
+    with pytest.raises(SpecError, match=reason):
+        parse_spec(text, "m.toml")
+
+
+# -- PostgreSQL ------------------------------------------------------------------------
+
+
+def test_postgres_recover_then_retry_repeat_no_effect(tmp_path: Path, pg_url: str) -> None:
+    """On PostgreSQL: a crashed run is recovered from its pinned plan; a failed one is retried; each effect once."""
+    effects = tmp_path / "e.db"
+    steps = [{"id": "a", "adapter": "ledger", "args": {"n": 1}}, {"id": "b", "adapter": "ledger", "args": {"n": 2}}]
+    crashed = parse_plan(json.dumps({"run_id": "pg-1", "adapters": {"ledger": LEDGER}, "steps": steps}).encode())
+    with Runtime(pg_url, effects=effects, crash_hook=crash_after("a")) as rt, pytest.raises(SimulatedCrash):
+        rt.run(crashed)
+    gate = json.loads(gate_plan(tmp_path, "pg-2").read_text())
+    from effectlog.adapters.registry import load_object
+
+    adapters = load_object(ADAPTERS)
+    with Runtime(pg_url, effects=effects, adapters=adapters) as rt:
+        assert 1 == rt.run(parse_plan(json.dumps(gate).encode())).exit_status
+        [report] = rt.recover()
+        assert ("pg-1", "resumed", "completed") == (report.run_id, report.action, report.state)
+        (tmp_path / "open").touch()
+        outcome = rt.retry("pg-2", by="ops", reason="gate open")
+        assert ("pg-2.retry1", "completed") == (outcome.run_id, outcome.state)
+        assert ["pg-2.retry1"] == [f.run_id for f in rt.forks("pg-2")]
+    expected = {("pg-1", "a"): 1, ("pg-1", "b"): 1, ("pg-2", "charge"): 1, ("pg-2.retry1", "email"): 1}
+    assert Counter(expected) == effect_counts(effects)

@@ -173,10 +173,11 @@ class Runtime:
         plan: Plan | None = None,
         secrets: Provider | None = None,
     ) -> RunOutcome:
-        """Fork ``run_id`` from its first unfinished step (the one it failed on) as ``R.retryN``."""
+        """Fork ``run_id`` from its first unfinished step (the one it failed on) as ``R.retryN``; once per run."""
         from effectlog.lifecycle import retry_run_id
 
-        child = new_run_id or retry_run_id(self.journal, run_id)
+        child = retry_run_id(self.journal, run_id)
+        child = new_run_id or child
         return self.fork(run_id, child, by=by, reason=reason, plan=plan, secrets=secrets)
 
     def forks(self, run_id: str) -> list[ForkRecord]:

@@ -210,9 +210,9 @@ async def afork(
         actor = RunActor(runtime, point.plan)
         if actor.state.seq != 0:
             raise ForkRefused(f"run {new_run_id!r} already exists; choose a new run id", run_id=run_id)
-        await actor._record(*carried_specs(parent, point, by, reason, actor))
         runtime.writer.active_runs += 1
         try:
+            await actor._record(*carried_specs(parent, point, by, reason, actor))  # one atomic batch
             return await actor.drive()
         finally:
             runtime.writer.active_runs -= 1
@@ -221,7 +221,20 @@ async def afork(
 
 
 def retry_run_id(journal: Journal, run_id: str) -> str:
-    """The first free ``R.retryN``: the run id ``effectlog retry`` gives its fork when none is named."""
+    """The run id ``effectlog retry`` gives its fork: the first free ``R.retryN``.
+
+    A run is retried once: when it already has a fork, that fork carries on its work, and a
+    second retry would run its remaining steps a second time under new keys. Retry the
+    fork instead (or fork explicitly, which says so on purpose).
+    """
+    existing = forks_of(journal, run_id)
+    if existing:
+        names = ", ".join(f.run_id for f in existing)
+        raise ForkRefused(
+            f"the run was already forked as {names}: retry that run instead, or use effectlog fork to run its "
+            "steps again on purpose",
+            run_id=run_id,
+        )
     n = 1
     while journal.head(f"{run_id}.retry{n}")[0] != 0:
         n += 1
