@@ -122,9 +122,10 @@ def slow_plan(tmp: Path, run_id: str) -> Path:
 def test_two_recoveries_at_once_finish_every_killed_run_and_each_effect_happens_once(tmp_path: Path) -> None:
     """Four runs killed (SIGKILL) mid-way; two `effectlog recover` at once: every run completes, driven once.
 
-    Each run is resumed by exactly one of the two recoveries (the other reports it skipped),
-    each run's journal holds exactly one run.resumed, and the effect store holds exactly one
-    effect per step: none repeated, none lost. No plan file is read (they are deleted first).
+    Each run is resumed by exactly one of the two recoveries (the other reports it skipped, or
+    found it closed), a third one started meanwhile reports every run skipped, naming its
+    owner, each run's journal holds exactly one run.resumed, and the effect store holds exactly
+    one effect per step: none repeated, none lost. No plan file is read (they are deleted first).
     """
     journal, effects = tmp_path / "j.db", tmp_path / "e.db"
     run_ids = [f"r{i}" for i in range(4)]
@@ -142,11 +143,20 @@ def test_two_recoveries_at_once_finish_every_killed_run_and_each_effect_happens_
         proc.communicate(timeout=SAFETY_S)
     for rid in run_ids:
         (tmp_path / f"{rid}.json").unlink()  # recovery needs the journal only
+        (tmp_path / f"started-{rid}").unlink()
         assert ("running", "requested") == (state_of(journal, rid).state, state_of(journal, rid).steps["wait"].state)
-    (tmp_path / "hold").unlink()
 
+    # Two start together and contend for the same four runs; `wait` holds each run where it
+    # is driven until all four are. A third, started then, finds every run driven by another.
     args = ("recover", "--journal", str(journal), "--effects", str(effects), "--adapters", ADAPTERS, "--json")
     recoveries = [start(*args), start(*args)]
+    for rid in run_ids:
+        wait_for(tmp_path / f"started-{rid}", recoveries[0] if recoveries[0].poll() is None else recoveries[1])
+    late = effectlog(*args)
+    assert 0 == late.returncode, late.stderr
+    assert {rid: "skipped" for rid in run_ids} == {r["run_id"]: r["action"] for r in json.loads(late.stdout)}
+    assert all("driven by run pid" in r["message"] for r in json.loads(late.stdout))
+    (tmp_path / "hold").unlink()
     outputs = [p.communicate(timeout=SAFETY_S) for p in recoveries]
     assert [0, 0] == [p.returncode for p in recoveries], outputs
     reports = [r for out, _ in outputs for r in json.loads(out)]
@@ -562,3 +572,19 @@ def test_postgres_recover_then_retry_repeat_no_effect(tmp_path: Path, pg_url: st
         assert ["pg-2.retry1"] == [f.run_id for f in rt.forks("pg-2")]
     expected = {("pg-1", "a"): 1, ("pg-1", "b"): 1, ("pg-2", "charge"): 1, ("pg-2.retry1", "email"): 1}
     assert Counter(expected) == effect_counts(effects)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ("recover",),
+        ("retry", "--run-id", "r", "--by", "o", "--reason", "x"),
+        ("fork", "--run-id", "r", "--new-run-id", "r2", "--by", "o", "--reason", "x"),
+        ("repin", "--run-id", "r", "--by", "o", "--reason", "x"),
+    ],
+    ids=lambda argv: argv[0],
+)
+def test_a_missing_journal_is_bad_input_and_is_not_created(tmp_path: Path, argv: tuple[str, ...]) -> None:
+    """recover, retry, fork and repin on a journal that does not exist: one line, exit 2, no file made."""
+    done = effectlog(*argv, "--journal", str(tmp_path / "nope.db"))
+    assert (ExitStatus.BAD_INPUT, 1, []) == (done.returncode, len(done.stderr.splitlines()), list(tmp_path.iterdir()))

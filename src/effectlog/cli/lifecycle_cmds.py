@@ -99,6 +99,8 @@ def _runtime(args: argparse.Namespace) -> Any:
     effects = getattr(args, "effects", None)
     if effects is not None and not os.path.isdir(os.path.dirname(os.path.abspath(effects))):
         raise BadInput(f"--effects {effects}: directory does not exist")
+    if not args.journal.startswith(("postgresql://", "postgres://")) and not os.path.exists(args.journal):
+        raise BadInput(f"--journal {args.journal}: no such journal (nothing to recover, fork or repin)")
     journal = open_journal(args.journal, writer=True, chain=chain_from_env(args.key_file))
     return Runtime(journal, adapters=registry, effects=effects)
 
@@ -128,6 +130,8 @@ def cmd_recover(args: argparse.Namespace) -> int:
         sys.stdout.write(table(("run", "action", "state", "detail"), rows) + "\n")
     else:
         sys.stdout.write("no open run waits for recovery\n")
+    if runtime.stop_signal is not None:  # stopped by SIGINT/SIGTERM after the runs' last commits: resumable
+        return 128 + int(runtime.stop_signal)
     refused = [r for r in report if r.action == "refused"]
     return refused[0].exit_status if refused else 0
 

@@ -55,14 +55,18 @@ class Recovered(msgspec.Struct, frozen=True, kw_only=True):
 
 def pending(journal: Journal) -> list[PendingRun]:
     """Every open run of ``journal`` with no live owner, in run-id order."""
-    found: list[PendingRun] = []
+    return [run for run, owner in open_runs(journal) if owner is None]
+
+
+def open_runs(journal: Journal) -> list[tuple[PendingRun, str | None]]:
+    """Every open run of ``journal``, with its live owner described (``None`` when nobody drives it)."""
+    found: list[tuple[PendingRun, str | None]] = []
     for run_id in journal.runs():
-        if journal.owner(run_id).live:
-            continue
+        owned = journal.owner(run_id)
         state = load_resumable(journal, run_id)  # a closed run is read from its seal, cheaply
         if state.closed or state.seq == 0:
             continue
-        found.append(_pending_of(state))
+        found.append((_pending_of(state), describe(owned.owner) if owned.live else None))
     return found
 
 
@@ -85,8 +89,10 @@ async def arecover(
     journal = runtime.journal
     report: dict[str, Recovered] = {}
     drives: dict[str, Plan] = {}
-    for run in pending(journal):
-        if run.kind != "plan":
+    for run, owner in open_runs(journal):
+        if owner is not None:  # another recovery, or any process, drives it: it is theirs
+            report[run.run_id] = _skipped(run, f"driven by {owner}")
+        elif run.kind != "plan":
             report[run.run_id] = _skipped(run, "a session run: the application that owns its code re-drives it")
         elif run.waits == "approval":
             report[run.run_id] = _skipped(run, f"step {run.blocked_step!r} waits for approval (effectlog approve|deny)")
