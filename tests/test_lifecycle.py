@@ -588,3 +588,33 @@ def test_a_missing_journal_is_bad_input_and_is_not_created(tmp_path: Path, argv:
     """recover, retry, fork and repin on a journal that does not exist: one line, exit 2, no file made."""
     done = effectlog(*argv, "--journal", str(tmp_path / "nope.db"))
     assert (ExitStatus.BAD_INPUT, 1, []) == (done.returncode, len(done.stderr.splitlines()), list(tmp_path.iterdir()))
+
+
+def test_a_fork_is_refused_from_or_past_an_uncertain_step_of_a_closed_run(tmp_path: Path) -> None:
+    """A run stopped on an uncertain step, then cancelled: no fork may run that step again (exit 5 in the API).
+
+    From the uncertain step itself or an earlier one: refused, naming it (reconcile it first).
+    From a later one: refused, the uncertain step is before the fork point and is not done.
+    Nothing is written.
+    """
+    from effectlog.recorder import record_now
+
+    journal, effects = str(tmp_path / "j.db"), tmp_path / "e.db"
+    steps = [{"id": s, "adapter": "ledger", "args": {"s": s}} for s in ("a", "b", "c")]
+    plan = parse_plan(json.dumps({"run_id": "u-1", "adapters": {"ledger": LEDGER}, "steps": steps}).encode())
+
+    def crash_b(point: str, sid: str) -> None:
+        if (point, sid) == ("after_request", "b"):
+            raise SimulatedCrash(point)
+
+    with Runtime(journal, effects=effects, crash_hook=crash_b) as rt, pytest.raises(SimulatedCrash):
+        rt.run(plan)
+    with Runtime(journal, effects=effects) as rt:
+        assert "stopped" == rt.run(plan).state
+        record_now(rt.journal, rt.load("u-1"), [(ev.RunCancelled, {"by": "ops", "reason": "given up"})], rt.clock)
+        before = rt.load("u-1")
+        for start, words in (("a", "'b' is uncertain"), ("b", "'b' is uncertain"), ("c", "before the fork point")):
+            with pytest.raises(ForkRefused, match=words) as info:
+                rt.fork("u-1", f"u-{start}", by="ops", reason="again", from_step=start)
+            assert ExitStatus.CONFLICT == info.value.exit_status
+        assert (before, ["u-1"]) == (rt.load("u-1"), rt.journal.runs())
