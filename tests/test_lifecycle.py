@@ -618,3 +618,24 @@ def test_a_fork_is_refused_from_or_past_an_uncertain_step_of_a_closed_run(tmp_pa
                 rt.fork("u-1", f"u-{start}", by="ops", reason="again", from_step=start)
             assert ExitStatus.CONFLICT == info.value.exit_status
         assert (before, ["u-1"]) == (rt.load("u-1"), rt.journal.runs())
+
+
+def test_a_run_whose_history_is_damaged_is_refused_and_the_others_are_still_recovered(tmp_path: Path) -> None:
+    """Two interrupted runs, one with a stored hash damaged: recover resumes the other and exits 7 naming the first."""
+    journal, effects = tmp_path / "j.db", tmp_path / "e.db"
+    steps = [{"id": "a", "adapter": "ledger", "args": {"n": 1}}, {"id": "b", "adapter": "ledger", "args": {"n": 2}}]
+    for rid in ("good", "bad"):
+        plan = parse_plan(json.dumps({"run_id": rid, "adapters": {"ledger": LEDGER}, "steps": steps}).encode())
+        with Runtime(str(journal), effects=effects, crash_hook=crash_after("a")) as rt, pytest.raises(SimulatedCrash):
+            rt.run(plan)
+    db = sqlite3.connect(journal, isolation_level=None)
+    try:
+        db.execute("DROP TRIGGER events_append_only_update")
+        db.execute("UPDATE events SET hash = zeroblob(32) WHERE run_id = 'bad' AND seq = 2")
+    finally:
+        db.close()
+    done = effectlog("recover", "--journal", str(journal), "--effects", str(effects), "--json")
+    assert ExitStatus.INTEGRITY == done.returncode, done.stderr
+    report = {r["run_id"]: (r["action"], r["state"]) for r in json.loads(done.stdout)}
+    assert {"good": ("resumed", "completed"), "bad": ("refused", "unknown")} == report
+    assert Counter({("good", "a"): 1, ("good", "b"): 1, ("bad", "a"): 1}) == effect_counts(effects)

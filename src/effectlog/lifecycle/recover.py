@@ -58,12 +58,23 @@ def pending(journal: Journal) -> list[PendingRun]:
     return [run for run, owner in open_runs(journal) if owner is None]
 
 
-def open_runs(journal: Journal) -> list[tuple[PendingRun, str | None]]:
-    """Every open run of ``journal``, with its live owner described (``None`` when nobody drives it)."""
+def open_runs(
+    journal: Journal, errors: dict[str, EffectlogError] | None = None
+) -> list[tuple[PendingRun, str | None]]:
+    """Every open run of ``journal``, with its live owner described (``None`` when nobody drives it).
+
+    A run whose history does not replay raises, unless ``errors`` collects it by run id.
+    """
     found: list[tuple[PendingRun, str | None]] = []
     for run_id in journal.runs():
         owned = journal.owner(run_id)
-        state = load_resumable(journal, run_id)  # a closed run is read from its seal, cheaply
+        try:
+            state = load_resumable(journal, run_id)  # a closed run is read from its seal, cheaply
+        except EffectlogError as exc:
+            if errors is None:
+                raise
+            errors[run_id] = exc
+            continue
         if state.closed or state.seq == 0:
             continue
         found.append((_pending_of(state), describe(owned.owner) if owned.live else None))
@@ -89,7 +100,8 @@ async def arecover(
     journal = runtime.journal
     report: dict[str, Recovered] = {}
     drives: dict[str, Plan] = {}
-    for run, owner in open_runs(journal):
+    unreadable: dict[str, EffectlogError] = {}
+    for run, owner in open_runs(journal, unreadable):
         if owner is not None:  # another recovery, or any process, drives it: it is theirs
             report[run.run_id] = _skipped(run, f"driven by {owner}")
         elif run.kind != "plan":
@@ -108,6 +120,10 @@ async def arecover(
                 report[run.run_id] = Recovered(
                     run_id=run.run_id, action="refused", state=run.state, exit_status=exc.exit_status, message=str(exc)
                 )
+    for run_id, error in unreadable.items():  # reported, not fatal: the other runs are still recovered
+        report[run_id] = Recovered(
+            run_id=run_id, action="refused", state="unknown", exit_status=error.exit_status, message=str(error)
+        )
     results = await asyncio.gather(*(_drive(runtime, plan) for plan in drives.values()))
     report.update((r.run_id, r) for r in results)
     return [report[k] for k in sorted(report)]
