@@ -64,7 +64,14 @@ class ForkRecord(msgspec.Struct, frozen=True, kw_only=True):
 
 
 def _is_done(step: StepState | None) -> bool:
-    return step is not None and step.state in ("confirmed", "reconciled")
+    """Carried by a fork: confirmed, reconciled as applied, or effected with a durable good receipt.
+
+    An effected step's receipt is durable: a resume would only confirm it from the record
+    (``Action.CONFIRM_RECORDED``), so a fork carries it rather than repeat a known effect.
+    """
+    if step is None:
+        return False
+    return step.state in ("confirmed", "reconciled") or (step.state == "effected" and step.ok is True)
 
 
 def _unknown_outcome(step: StepState) -> str | None:
@@ -174,7 +181,7 @@ def carried_specs(parent: RunState, point: ForkPoint, by: str, reason: str, acto
                     "from_run": point.parent,
                     "from_seq": step.last_seq,
                     "from_attempt": step.attempt,
-                    "from_state": step.state,
+                    "from_state": "reconciled" if step.state == "reconciled" else "confirmed",
                     "adapter": step.adapter,
                     "idempotency_key": step.idempotency_key,
                     "args_digest": step.args_digest,
