@@ -639,3 +639,26 @@ def test_a_run_whose_history_is_damaged_is_refused_and_the_others_are_still_reco
     report = {r["run_id"]: (r["action"], r["state"]) for r in json.loads(done.stdout)}
     assert {"good": ("resumed", "completed"), "bad": ("refused", "unknown")} == report
     assert Counter({("good", "a"): 1, ("good", "b"): 1, ("bad", "a"): 1}) == effect_counts(effects)
+
+
+def test_a_run_with_secret_args_is_recovered_from_the_whole_plan_given_and_not_from_another(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`recover(plans=...)`: the whole plan (secret values included) drives the run when it is the pinned one.
+
+    A plan with another secret value is refused (plan_mismatch, exit 5) and writes nothing.
+    """
+    monkeypatch.delenv("EFFECTLOG_SECRET_CARD", raising=False)
+    journal, effects = str(tmp_path / "j.db"), tmp_path / "e.db"
+    plan = parse_plan(json.dumps(SECRET_PLAN).encode())
+    other = json.loads(json.dumps(SECRET_PLAN))
+    other["steps"][1]["args"]["card"] = "5500-0000"
+    with Runtime(journal, effects=effects, crash_hook=crash_after("a")) as rt, pytest.raises(SimulatedCrash):
+        rt.run(plan)
+    with Runtime(journal, effects=effects) as rt:
+        before = rt.load("pay-1")
+        [refused] = rt.recover(plans={"pay-1": parse_plan(json.dumps(other).encode())})
+        assert ("refused", int(ExitStatus.CONFLICT), before) == (refused.action, refused.exit_status, rt.load("pay-1"))
+        [resumed] = rt.recover(plans={"pay-1": plan})
+        assert ("resumed", "completed") == (resumed.action, resumed.state)
+    assert Counter({("pay-1", "a"): 1, ("pay-1", "b"): 1}) == effect_counts(effects)
