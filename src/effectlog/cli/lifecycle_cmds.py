@@ -36,7 +36,7 @@ def _add_secrets_arg(p: argparse.ArgumentParser) -> None:
 
 def _add_audit_args(p: argparse.ArgumentParser, what: str) -> None:
     p.add_argument("--by", metavar="NAME", required=True, help=f"who {what} (recorded)")
-    p.add_argument("--reason", metavar="TEXT", required=True, help=f"why {what} (recorded)")
+    p.add_argument("--reason", metavar="TEXT", required=True, help="why, for the audit record (recorded)")
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
