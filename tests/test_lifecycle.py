@@ -416,6 +416,8 @@ def hold_plan(tmp: Path, run_id: str, idempotent: bool) -> Path:
 def test_an_upgraded_adapter_is_refused_until_repinned_then_the_run_completes(tmp_path: Path) -> None:
     """Stop a run between steps (SIGTERM), edit its adapter's module: resume refused (exit 5) naming `repin`.
 
+    While the run is driven, repin is refused (exit 6, run_owned): the ownership rule.
+
     `effectlog repin` records run.repinned (who, why, old and new fingerprints); the
     resume then completes, and `record`'s effect happens once.
     """
@@ -426,6 +428,8 @@ def test_an_upgraded_adapter_is_refused_until_repinned_then_the_run_completes(tm
     (tmp_path / "hold").touch()
     proc = start("run", str(plan), *common, cwd=tmp_path)
     wait_for(tmp_path / "started-up-1", proc)
+    owned = effectlog("repin", "--run-id", "up-1", "--by", "ops", "--reason", "too early", *common, cwd=tmp_path)
+    assert (ExitStatus.LOCKED, True) == (owned.returncode, "run_owned" in owned.stderr), owned.stderr
     proc.send_signal(signal.SIGTERM)  # stop after the current step's commit
     (tmp_path / "hold").unlink()
     proc.communicate(timeout=SAFETY_S)
