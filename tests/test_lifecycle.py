@@ -666,3 +666,41 @@ def test_a_run_with_secret_args_is_recovered_from_the_whole_plan_given_and_not_f
         [resumed] = rt.recover(plans={"pay-1": plan})
         assert ("resumed", "completed") == (resumed.action, resumed.state)
     assert Counter({("pay-1", "a"): 1, ("pay-1", "b"): 1}) == effect_counts(effects)
+
+
+def test_a_step_reconciled_as_applied_is_carried_as_reconciled_with_its_evidence_kept_in_the_parent(
+    tmp_path: Path,
+) -> None:
+    """charge crashed (uncertain), was reconciled as applied, ship then failed: the retry carries charge as reconciled.
+
+    The effect store still has charge's one effect; the fork's step.carried says
+    from_state=reconciled and points at the parent's step.reconciled event.
+    """
+    from effectlog.adapters.registry import load_object
+
+    journal, effects = str(tmp_path / "j.db"), tmp_path / "e.db"
+    plan = parse_plan(json.dumps(json.loads(gate_plan(tmp_path).read_text())).encode())
+    adapters = load_object(ADAPTERS)
+
+    def crash_charge(point: str, sid: str) -> None:
+        if (point, sid) == ("after_effect", "charge"):
+            raise SimulatedCrash(point)
+
+    crashing = Runtime(journal, effects=effects, adapters=adapters, crash_hook=crash_charge)
+    with crashing as rt, pytest.raises(SimulatedCrash):
+        rt.run(plan)
+    with Runtime(journal, effects=effects, adapters=adapters) as rt:
+        assert "stopped" == rt.run(plan).state
+        rt.reconcile("order-1", "charge", outcome="applied", evidence="ledger row 1", operator="ops")
+        assert "failed" == rt.run(plan).state  # the gate is closed
+        (tmp_path / "open").touch()
+        assert "completed" == rt.retry("order-1", by="ops", reason="gate open").state
+        parent, child = rt.load("order-1"), rt.load("order-1.retry1")
+        carried = [
+            e for e in (ev.decode(r.body) for r in rt.journal.read("order-1.retry1")) if isinstance(e, ev.StepCarried)
+        ]
+    assert [("charge", "reconciled", parent.steps["charge"].last_seq)] == [
+        (c.step_id, c.from_state, c.from_seq) for c in carried
+    ]
+    assert ("reconciled", "applied") == (child.steps["charge"].state, child.steps["charge"].outcome)
+    assert Counter({("order-1", "charge"): 1, ("order-1.retry1", "email"): 1}) == effect_counts(effects)
