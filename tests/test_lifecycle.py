@@ -417,6 +417,7 @@ def test_an_upgraded_adapter_is_refused_until_repinned_then_the_run_completes(tm
     """Stop a run between steps (SIGTERM), edit its adapter's module: resume refused (exit 5) naming `repin`.
 
     While the run is driven, repin is refused (exit 6, run_owned): the ownership rule.
+    `recover` reports the run refused too (exit 5), with the same way forward.
 
     `effectlog repin` records run.repinned (who, why, old and new fingerprints); the
     resume then completes, and `record`'s effect happens once.
@@ -437,6 +438,13 @@ def test_an_upgraded_adapter_is_refused_until_repinned_then_the_run_completes(tm
     assert ("running", "confirmed") == (state_of(journal, "up-1").state, state_of(journal, "up-1").steps["work"].state)
 
     (tmp_path / "my_tools.py").write_text(TOOLS + "\n# v2: a comment is a new implementation\n")
+    recovered = effectlog("recover", *common, "--json", cwd=tmp_path)
+    [report] = json.loads(recovered.stdout)
+    assert (ExitStatus.CONFLICT, "refused", True) == (
+        recovered.returncode,
+        report["action"],
+        "effectlog repin --journal" in report["message"],
+    )
     refused = effectlog("run", str(plan), *common, cwd=tmp_path)
     assert ExitStatus.CONFLICT == refused.returncode
     assert [] == [w for w in ("plan_mismatch", "effectlog repin --journal") if w not in refused.stderr], refused.stderr
