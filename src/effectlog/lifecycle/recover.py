@@ -58,9 +58,7 @@ def pending(journal: Journal) -> list[PendingRun]:
     return [run for run, owner in open_runs(journal) if owner is None]
 
 
-def open_runs(
-    journal: Journal, errors: dict[str, EffectlogError] | None = None
-) -> list[tuple[PendingRun, str | None]]:
+def open_runs(journal: Journal, errors: dict[str, EffectlogError] | None = None) -> list[tuple[PendingRun, str | None]]:
     """Every open run of ``journal``, with its live owner described (``None`` when nobody drives it).
 
     A run whose history does not replay raises, unless ``errors`` collects it by run id.
