@@ -132,6 +132,27 @@ EVENT_STRATEGIES: dict[type[ev.Event], st.SearchStrategy[Any]] = {
         expires_at=st.none() | timestamps,
     ),
     ev.StepFailed: st.builds(ev.StepFailed, **_step, reason=reasons, applied=st.none() | st.booleans()),
+    ev.RunRepinned: st.builds(
+        ev.RunRepinned,
+        **_common,
+        adapters=st.dictionaries(names, adapter_identities, max_size=3),
+        previous=st.dictionaries(names, adapter_identities, max_size=3),
+        version=names,
+        by=names,
+        reason=reasons,
+    ),
+    ev.StepCarried: st.builds(
+        ev.StepCarried,
+        **_step,
+        from_run=ids,
+        from_seq=seqs,
+        from_attempt=st.integers(1, 1000),
+        from_state=st.sampled_from(["confirmed", "reconciled"]),
+        adapter=names,
+        idempotency_key=digests,
+        args_digest=digests,
+        receipt=json_values,
+    ),
 }
 
 any_event: st.SearchStrategy[ev.Event] = st.one_of(*EVENT_STRATEGIES.values())
@@ -183,6 +204,9 @@ def _options(compiled_spec: Compiled) -> list[tuple[str, str | None, str | None]
     """(event tag, `by` field, one of its values) for every event of a spec; field and value None without `by`."""
     out = []
     for t in sorted(compiled_spec.spec.transitions, key=lambda t: t.event):
+        if t.internal:
+            out.append((t.event, None, None))
+            continue
         out += [(t.event, t.by, value) for value in sorted(t.destinations(), key=str)]
     return out
 
@@ -251,6 +275,8 @@ def _run_fields(draw: Draw, walk: Walk, tag: str) -> dict[str, Any]:
         return {"step_id": draw(st.none() | some_step), "reason": draw(reasons)}
     if tag == "run.cancelled":
         return {"by": draw(names), "reason": draw(reasons)}
+    if tag == "run.repinned":
+        return {"adapters": draw(st.dictionaries(names, adapter_identities, max_size=2)), "by": "op", "reason": "up"}
     if tag == "run.started":
         plan = {"steps": [{"id": s} for s in walk.plan_steps]}
         return {"plan": plan, "plan_digest": digest(plan)}
@@ -284,6 +310,8 @@ def _step_fields(draw: Draw, step: StepModel, tag: str, value: str | None, ts: i
         }
     if tag == "step.denied":
         return {"decision": value, "by": draw(st.sampled_from(["policy", "person"])), "reason": draw(reasons)}
+    if tag == "step.carried":
+        return {"from_run": "parent", "from_seq": draw(seqs), "from_state": value, "receipt": draw(json_values)}
     if tag == "step.approved":
         return {
             "by": draw(names),

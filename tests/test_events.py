@@ -23,6 +23,7 @@ EXPECTED_TAGS = {
     "run.completed": "RunCompleted",
     "run.failed": "RunFailed",
     "run.cancelled": "RunCancelled",
+    "run.repinned": "RunRepinned",
     "step.requested": "StepRequested",
     "step.resent": "StepResent",
     "step.effected": "StepEffected",
@@ -32,6 +33,7 @@ EXPECTED_TAGS = {
     "step.denied": "StepDenied",
     "step.approved": "StepApproved",
     "step.failed": "StepFailed",
+    "step.carried": "StepCarried",
 }
 
 by_type = pytest.mark.parametrize("cls", ev.EVENT_TYPES, ids=lambda cls: cls.__name__)

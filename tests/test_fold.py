@@ -143,6 +143,8 @@ REQUIRED: dict[str, dict[str, Any]] = {
     "step.reconciled": {"outcome": "not_applied", "evidence": "e", "operator": "o"},
     "step.denied": {"decision": "require_approval"},
     "step.approved": {"by": "p", "args_digest": "x"},
+    "run.repinned": {"adapters": {}, "by": "p", "reason": "r"},
+    "step.carried": {"from_run": "parent", "from_seq": 1},
 }
 
 

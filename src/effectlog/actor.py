@@ -138,8 +138,19 @@ class RunActor:
                     if old is not None and new is not None
                     else ["added or removed"]
                 )
+                upgrade = (
+                    old is not None
+                    and new is not None
+                    and (old.type, old.version, old.idempotent) == (new.type, new.version, new.idempotent)
+                )
+                hint = (
+                    "; if its implementation was upgraded on purpose, accept it for this run: effectlog repin "
+                    f"--journal {self.rt.journal.location} --run-id {plan.run_id} --by NAME --reason TEXT"
+                    if upgrade
+                    else ""
+                )
                 raise PlanMismatch(
-                    f"adapter {name!r} differs from the one pinned by the run ({'; '.join(diffs)})",
+                    f"adapter {name!r} differs from the one pinned by the run ({'; '.join(diffs)}){hint}",
                     run_id=plan.run_id,
                 )
         pinned, given = recorded.effect_store, self.rt.context.pinned_store()

@@ -12,9 +12,12 @@ Format = Literal["mermaid", "dot"]
 def _edges(spec: MachineSpec) -> list[tuple[str, str, str]]:
     edges: list[tuple[str, str, str]] = []
     for t in spec.transitions:
+        actor = f" ({t.actor})" if t.actor else ""
+        if t.internal:  # keeps the state it fires in: a loop on each source
+            edges.extend((source, source, f"{t.trigger} / {t.event}{actor}") for source in t.source)
+            continue
         for value, dest in t.destinations().items():
             guard = f" [{t.by}={value}]" if t.by else ""
-            actor = f" ({t.actor})" if t.actor else ""
             for source in t.source:
                 edges.append((source, dest, f"{t.trigger}{guard} / {t.event}{actor}"))
     return edges

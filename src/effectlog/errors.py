@@ -359,3 +359,18 @@ class RunUnfinished(Conflict):
     """A run asked to complete while one of its steps has no recorded outcome (exit 5)."""
 
     code = "run_unfinished"
+
+
+# -- branch lifecycle (issue 17) --------------------------------------------------------
+
+
+class ForkRefused(Conflict):
+    """A fork or retry that could repeat or guess an effect: an open parent, an uncertain or unknown step (exit 5)."""
+
+    code = "fork_refused"
+
+
+class RepinRefused(Conflict):
+    """A repin while a step's outcome is open, or one that would change more than implementations (exit 5)."""
+
+    code = "repin_refused"

@@ -66,6 +66,11 @@ class RunStarted(Event, frozen=True, kw_only=True, tag="run.started"):
     plan_digest: str = ""
     adapters: dict[str, AdapterIdentity] = {}
     effect_store: EffectStoreIdentity | None = None  # the store evidence may be read from (issue 12)
+    # A fork (`effectlog fork`/`retry`): the parent run, the step it runs again from, who and why.
+    forked_from: str = ""
+    from_step: str = ""
+    by: str = ""
+    reason: str = ""
 
 
 class RunResumed(Event, frozen=True, kw_only=True, tag="run.resumed"):
@@ -82,6 +87,17 @@ class RunSuspended(Event, frozen=True, kw_only=True, tag="run.suspended"):
 class RunStopped(Event, frozen=True, kw_only=True, tag="run.stopped"):
     step_id: str
     reason: str = ""
+    repeatable: ClassVar[bool] = True
+
+
+class RunRepinned(Event, frozen=True, kw_only=True, tag="run.repinned"):
+    """An operator accepted new adapter implementations (an upgrade) for an open run; its plan is unchanged."""
+
+    adapters: dict[str, AdapterIdentity]  # the identities pinned from now on
+    previous: dict[str, AdapterIdentity] = {}  # those they replace (only the changed ones)
+    version: str = ""  # the effectlog version that accepted them
+    by: str
+    reason: str
     repeatable: ClassVar[bool] = True
 
 
@@ -188,6 +204,19 @@ class StepApproved(StepEvent, frozen=True, kw_only=True, tag="step.approved"):
     repeatable: ClassVar[bool] = True
 
 
+class StepCarried(StepEvent, frozen=True, kw_only=True, tag="step.carried"):
+    """A fork's step before its fork point: the parent run's recorded result, not executed again."""
+
+    from_run: str
+    from_seq: int  # the parent's event that made the step done (its step.confirmed or step.reconciled)
+    from_attempt: int = 1
+    from_state: Literal["confirmed", "reconciled"] = "confirmed"
+    adapter: str = ""
+    idempotency_key: str = ""  # the parent's key: the effect was made under it
+    args_digest: str = ""
+    receipt: Any = None
+
+
 class StepFailed(StepEvent, frozen=True, kw_only=True, tag="step.failed"):
     reason: str = ""
     applied: bool | None = None  # False: the tool said "not applied"; None: it ran and reported failure
@@ -198,6 +227,7 @@ AnyEvent = (
     | RunResumed
     | RunSuspended
     | RunStopped
+    | RunRepinned
     | RunCompleted
     | RunFailed
     | RunCancelled
@@ -210,6 +240,7 @@ AnyEvent = (
     | StepDenied
     | StepApproved
     | StepFailed
+    | StepCarried
 )
 
 EVENT_TYPES: tuple[type[Event], ...] = AnyEvent.__args__

@@ -57,6 +57,7 @@ class StepState(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     operator: str | None = None
     automated: bool = False
     reason: str = ""
+    applied: bool | None = None  # a failed step: False when the tool said "not applied", None when unknown
     rebuilt: bool = False
     requested_seq: int = 0
     last_seq: int = 0
@@ -159,6 +160,8 @@ def _apply_run(state: RunState, event: ev.Event, tag: str) -> RunState:
         changes.update(blocked_step=event.step_id, reason=event.reason)
     elif isinstance(event, ev.RunCancelled):
         changes.update(reason=event.reason)
+    elif isinstance(event, ev.RunRepinned):
+        changes.update(adapters={**state.adapters, **event.adapters})
     elif isinstance(event, ev.RunCompleted):
         if state.kind == "plan":
             missing = [s for s in state.plan_steps if not _is_done(state.steps.get(s))]
@@ -223,8 +226,20 @@ def _apply_step(state: RunState, event: ev.StepEvent, tag: str) -> RunState:
         changes.update(receipt=event.receipt, ok=event.ok)
     elif isinstance(event, ev.StepConfirmed):
         changes.update(rebuilt=event.rebuilt)
-    elif isinstance(event, ev.StepUncertain | ev.StepFailed):
+    elif isinstance(event, ev.StepFailed):
+        changes.update(reason=event.reason, applied=event.applied)
+    elif isinstance(event, ev.StepUncertain):
         changes.update(reason=event.reason)
+    elif isinstance(event, ev.StepCarried):
+        changes.update(
+            adapter=event.adapter,
+            idempotency_key=event.idempotency_key,
+            args_digest=event.args_digest,
+            receipt=event.receipt,
+            ok=True,
+            outcome="applied" if event.from_state == "reconciled" else None,
+            rebuilt=True,
+        )
     elif isinstance(event, ev.StepReconciled):
         changes.update(
             outcome=event.outcome, evidence=event.evidence, operator=event.operator, automated=event.automated

@@ -65,6 +65,9 @@ def _transitions_of(spec: MachineSpec) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     for t in spec.transitions:
         prepare = [_tagger(t.event)]
+        if t.internal:  # dest None: keeps its state; after_state_change still queues its event
+            out.append({"trigger": t.trigger, "source": list(t.source), "dest": None, "prepare": prepare})
+            continue
         if t.by is None:
             out.append({"trigger": t.trigger, "source": list(t.source), "dest": t.dest, "prepare": prepare})
             continue

@@ -14,7 +14,7 @@ import random
 import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from effectlog import events as ev
 from effectlog.actor import RunActor
@@ -35,6 +35,10 @@ from effectlog.outcome import (
 from effectlog.plan import Plan, load_plan
 from effectlog.recorder import Clock
 from effectlog.trace import Trace
+
+if TYPE_CHECKING:
+    from effectlog.fleet.secrets import Provider
+    from effectlog.lifecycle import ForkRecord, PendingRun, Recovered, Repinned
 
 __all__ = [
     "CrashHook",
@@ -119,6 +123,84 @@ class Runtime:
     def load(self, run_id: str) -> RunState:
         """The run's state (its timeline is in ``ordered_steps()``), replayed and verified."""
         return load_run(self.journal, run_id)
+
+    # -- the life of a run after things go wrong (docs/lifecycle.md) -----------------------
+
+    def pending(self, kind: str | None = None) -> list[PendingRun]:
+        """Open runs nobody drives (of ``kind``, "plan" or "session", when given): what an application re-drives."""
+        from effectlog.lifecycle import pending
+
+        return [p for p in pending(self.journal) if kind is None or p.kind == kind]
+
+    def recover(
+        self, *, plans: Mapping[str, Plan] | None = None, secrets: Provider | None = None
+    ) -> list[Recovered]:
+        """Drive every interrupted plan run nobody drives, from its pinned plan; one report per open run."""
+        return asyncio.run(self.arecover(plans=plans, secrets=secrets))
+
+    async def arecover(
+        self, *, plans: Mapping[str, Plan] | None = None, secrets: Provider | None = None
+    ) -> list[Recovered]:
+        from effectlog.lifecycle import arecover
+
+        return await arecover(self, plans=plans, secrets=secrets)
+
+    def fork(
+        self,
+        run_id: str,
+        new_run_id: str,
+        *,
+        by: str,
+        reason: str,
+        from_step: str | None = None,
+        plan: Plan | None = None,
+        secrets: Provider | None = None,
+    ) -> RunOutcome:
+        """A new run carrying ``run_id``'s results before ``from_step`` (default: its first unfinished step)."""
+        from effectlog.lifecycle import afork
+
+        return asyncio.run(
+            afork(self, run_id, new_run_id, by=by, reason=reason, from_step=from_step, plan=plan, secrets=secrets)
+        )
+
+    def retry(
+        self,
+        run_id: str,
+        *,
+        by: str,
+        reason: str,
+        new_run_id: str | None = None,
+        plan: Plan | None = None,
+        secrets: Provider | None = None,
+    ) -> RunOutcome:
+        """Fork ``run_id`` from its first unfinished step (the one it failed on) as ``R.retryN``; once per run."""
+        from effectlog.lifecycle import retry_run_id
+
+        child = retry_run_id(self.journal, run_id)
+        child = new_run_id or child
+        return self.fork(run_id, child, by=by, reason=reason, plan=plan, secrets=secrets)
+
+    def forks(self, run_id: str) -> list[ForkRecord]:
+        """The runs forked from ``run_id`` (each child's run.started names its parent)."""
+        from effectlog.lifecycle import forks_of
+
+        return forks_of(self.journal, run_id)
+
+    def repin(self, run_id: str, *, by: str, reason: str, plan: Plan | None = None) -> Repinned:
+        """Accept the current adapter implementations for an open run (appends run.repinned)."""
+        from effectlog.lifecycle import repin
+
+        return repin(
+            self.journal,
+            run_id,
+            self.registry,
+            self.context,
+            by=by,
+            reason=reason,
+            plan=plan,
+            clock=self.clock,
+            trace=self.trace,
+        )
 
     # -- operators (they only append) ---------------------------------------------------
 

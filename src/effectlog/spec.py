@@ -25,21 +25,33 @@ class Transition(msgspec.Struct, frozen=True, kw_only=True):
     """One declared transition.
 
     ``dest`` is a state name, or (with ``by``) a mapping from the value of the
-    event field ``by`` to a state name.
+    event field ``by`` to a state name. A transition without ``dest`` is *internal*:
+    it records its event and keeps the state it fired in (an annotation such as
+    ``run.repinned``); it may not leave a terminal state either, so none starts there.
     """
 
     trigger: str
     source: tuple[str, ...]
     event: str
-    dest: str | dict[str, str]
+    dest: str | dict[str, str] | None = None
     by: str | None = None
     actor: str | None = None
 
+    @property
+    def internal(self) -> bool:
+        return self.dest is None
+
     def destinations(self) -> dict[str | None, str]:
-        """Destination per value of the ``by`` field (key ``None`` when unconditional)."""
+        """Destination per value of the ``by`` field (key ``None`` when unconditional); empty when internal."""
+        if self.dest is None:
+            return {}
         if isinstance(self.dest, str):
             return {None: self.dest}
         return {key: state for key, state in self.dest.items()}
+
+    def destinations_from(self, source: str) -> dict[str | None, str]:
+        """Destination per value of ``by`` when fired in ``source`` (``source`` itself when internal)."""
+        return {None: source} if self.dest is None else self.destinations()
 
 
 class MachineSpec(msgspec.Struct, frozen=True, kw_only=True):
@@ -93,7 +105,7 @@ def _check(spec: MachineSpec, origin: str) -> None:
         triggers.add(t.trigger)
         if isinstance(t.dest, dict) and t.by is None:
             raise SpecError(f"{where}: a dest table needs `by` naming the event field")
-        if isinstance(t.dest, str) and t.by is not None:
+        if not isinstance(t.dest, dict) and t.by is not None:
             raise SpecError(f"{where}: `by` needs a dest table")
         for s in (*t.source, *t.destinations().values()):
             if s not in states:
@@ -134,7 +146,7 @@ class Compiled:
     def __init__(self, spec: MachineSpec) -> None:
         self.spec = spec
         self.table: dict[tuple[str, str], tuple[str | None, dict[str | None, str]]] = {
-            (s, t.event): (t.by, t.destinations()) for t in spec.transitions for s in t.source
+            (s, t.event): (t.by, t.destinations_from(s)) for t in spec.transitions for s in t.source
         }
         self.terminal = frozenset(spec.terminal)
         self.admits: Mapping[str, frozenset[str]] = {k: frozenset(v) for k, v in spec.admits.items()}

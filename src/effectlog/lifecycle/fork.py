@@ -1,0 +1,273 @@
+"""Fork and retry: a new run that carries a closed run's results up to a step and runs the rest.
+
+``R`` is closed and stays closed. The fork ``R2`` starts from ``R``'s pinned plan (its own
+run id, so new idempotency keys), and each step before the fork point is recorded in
+``R2`` as ``step.carried``: ``R``'s receipt and key, with the seq of ``R``'s event that made
+the step done, never executed again. The steps from the fork point on run as a new run's.
+
+Where the lineage lives: ``R2``'s ``run.started`` names its parent (``forked_from``,
+``from_step``, ``by``, ``reason``) and each carried step names ``R``'s event. ``R`` records
+nothing: a closed run's history is final, its chain head and seal never move after its
+closing event, and two forks of one run never contend for it. ``forks_of`` finds the
+children by reading the first event of each run of the journal.
+
+Refused (``ForkRefused``, exit 5) whenever a new run could repeat an effect nobody knows
+the outcome of: a parent that is still open (resume it instead), a step before the fork
+point that is not done, or a step from the fork point on that is requested or uncertain,
+or that failed with an unknown outcome. Those are reconciled, or looked up by their key,
+first: nothing uncertain is guessed.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+from effectlog import events as ev
+from effectlog.errors import BadInput, ForkRefused, RunOwned, UnknownRun, UnknownStep
+from effectlog.fleet.secrets import Provider
+from effectlog.fold import RunState, StepState
+from effectlog.journal import Journal, load_run
+from effectlog.journal.ownership import describe
+from effectlog.lifecycle.pinned import pinned_plan
+from effectlog.outcome import RunOutcome
+from effectlog.plan import ID_PATTERN, Plan
+
+if TYPE_CHECKING:
+    from effectlog.actor import RunActor
+    from effectlog.runtime import Runtime
+
+_ID = re.compile(ID_PATTERN)
+
+
+class ForkPoint(msgspec.Struct, frozen=True, kw_only=True):
+    """What a fork will do, decided from the parent's recorded state alone (nothing written yet)."""
+
+    parent: str
+    child: str
+    from_step: str
+    carried: tuple[str, ...]  # the steps before the fork point, in plan order
+    plan: Plan  # the child's plan: the parent's, under the child's run id
+
+
+class ForkRecord(msgspec.Struct, frozen=True, kw_only=True):
+    """One fork of a run, as its child's run.started records it."""
+
+    run_id: str
+    forked_from: str
+    from_step: str
+    by: str
+    reason: str
+    ts: int
+
+
+def _is_done(step: StepState | None) -> bool:
+    """Carried by a fork: confirmed, reconciled as applied, or effected with a durable good receipt.
+
+    An effected step's receipt is durable: a resume would only confirm it from the record
+    (``Action.CONFIRM_RECORDED``), so a fork carries it rather than repeat a known effect.
+    """
+    if step is None:
+        return False
+    return step.state in ("confirmed", "reconciled") or (step.state == "effected" and step.ok is True)
+
+
+def _unknown_outcome(step: StepState) -> str | None:
+    """Why the step's effect is not known (so it must not run again under a new key), or None."""
+    if step.state == "uncertain":
+        return "is uncertain: reconcile it with evidence first"
+    if step.state == "requested":
+        return "was requested and its outcome never recorded: resume or reconcile it first"
+    if step.state == "failed" and step.applied is None and step.ok is None:
+        return (
+            f"failed with an unknown outcome ({step.reason}); its effect may exist under key "
+            f"{step.idempotency_key}: effectlog will not run it again under a new key"
+        )
+    return None
+
+
+def first_unfinished(state: RunState, plan: Plan) -> str | None:
+    """The first step of the plan that is not done in ``state`` (where a retry starts)."""
+    return next((d.id for d in plan.steps if not _is_done(state.step(d.id))), None)
+
+
+def fork_point(
+    journal: Journal,
+    run_id: str,
+    new_run_id: str,
+    *,
+    from_step: str | None = None,
+    plan: Plan | None = None,
+    secrets: Provider | None = None,
+) -> ForkPoint:
+    """Check that ``run_id`` may be forked as ``new_run_id`` from ``from_step``; raises naming why not."""
+    if not _ID.match(new_run_id):
+        raise BadInput(f"--new-run-id {new_run_id!r} is not a valid run id (letters, digits, . _ : @ -)")
+    if new_run_id == run_id:
+        raise BadInput("--new-run-id must differ from --run-id: a fork is a new run", run_id=run_id)
+    found = journal.owner(run_id)
+    if found.live:
+        raise RunOwned(f"cannot fork: the run is driven by {describe(found.owner)}", run_id=run_id)
+    parent = load_run(journal, run_id)
+    if parent.seq == 0:
+        raise UnknownRun(f"no run {run_id!r} in {journal.location}", run_id=run_id)
+    if not parent.closed:
+        raise ForkRefused(
+            f"the run is still open ({parent.state}): resume it (effectlog recover, or run its plan again) "
+            "or cancel it before forking; two open runs of one plan could both do its remaining steps",
+            run_id=run_id,
+        )
+    if journal.head(new_run_id)[0] != 0:
+        raise ForkRefused(f"run {new_run_id!r} already exists; choose a new run id", run_id=run_id)
+    base = pinned_plan(parent, secrets=secrets, given=plan)
+    start = from_step if from_step is not None else first_unfinished(parent, base)
+    if start is None:
+        raise ForkRefused(
+            "every step of the run is done: name the step to run again from (--from-step S)", run_id=run_id
+        )
+    ids = [d.id for d in base.steps]
+    if start not in ids:
+        raise UnknownStep("no such step in the run's plan", run_id=run_id, step_id=start)
+    cut = ids.index(start)
+    for sid in ids[:cut]:
+        step = parent.step(sid)
+        if not _is_done(step):
+            raise ForkRefused(
+                f"step {sid!r} before the fork point is {step.state if step else 'pending'}, not done: "
+                f"fork from {sid!r} or earlier",
+                run_id=run_id,
+                step_id=sid,
+            )
+    for sid in ids[cut:]:
+        step = parent.step(sid)
+        why = _unknown_outcome(step) if step is not None else None
+        if why is not None:
+            raise ForkRefused(f"cannot fork from {start!r}: step {sid!r} {why}", run_id=run_id, step_id=sid)
+    return ForkPoint(
+        parent=run_id,
+        child=new_run_id,
+        from_step=start,
+        carried=tuple(ids[:cut]),
+        plan=msgspec.structs.replace(base, run_id=new_run_id),
+    )
+
+
+def carried_specs(parent: RunState, point: ForkPoint, by: str, reason: str, actor: RunActor) -> list[Any]:
+    """The child's first batch: run.started naming its parent, then one step.carried per step before the cut."""
+    specs: list[Any] = [
+        (
+            ev.RunStarted,
+            {
+                "plan": point.plan.pinned(),
+                "plan_digest": point.plan.digest,
+                "adapters": actor.identities,
+                "forked_from": point.parent,
+                "from_step": point.from_step,
+                "by": by,
+                "reason": reason,
+            },
+        )
+    ]
+    for sid in point.carried:
+        step = parent.step(sid)
+        assert step is not None
+        specs.append(
+            (
+                ev.StepCarried,
+                {
+                    "step_id": sid,
+                    "from_run": point.parent,
+                    "from_seq": step.last_seq,
+                    "from_attempt": step.attempt,
+                    "from_state": "reconciled" if step.state == "reconciled" else "confirmed",
+                    "adapter": step.adapter,
+                    "idempotency_key": step.idempotency_key,
+                    "args_digest": step.args_digest,
+                    "receipt": step.receipt,
+                },
+            )
+        )
+    return specs
+
+
+async def afork(
+    runtime: Runtime,
+    run_id: str,
+    new_run_id: str,
+    *,
+    by: str,
+    reason: str,
+    from_step: str | None = None,
+    plan: Plan | None = None,
+    secrets: Provider | None = None,
+) -> RunOutcome:
+    """Fork ``run_id`` as ``new_run_id`` and drive the fork; the parent is only read."""
+    from effectlog.actor import RunActor
+
+    if not by.strip() or not reason.strip():
+        raise BadInput("a fork needs --by (who) and --reason (why): both are recorded", run_id=run_id)
+    journal = runtime.journal
+    point = fork_point(journal, run_id, new_run_id, from_step=from_step, plan=plan, secrets=secrets)
+    # The child is claimed before anything is written, so no recovery can pick it up half-made.
+    claim = journal.claim(new_run_id, "run")
+    try:
+        parent = load_run(journal, run_id)  # again, under the claim: what is carried is what is recorded
+        actor = RunActor(runtime, point.plan)
+        if actor.state.seq != 0:
+            raise ForkRefused(f"run {new_run_id!r} already exists; choose a new run id", run_id=run_id)
+        runtime.writer.active_runs += 1
+        try:
+            await actor._record(*carried_specs(parent, point, by, reason, actor))  # one atomic batch
+            return await actor.drive()
+        finally:
+            runtime.writer.active_runs -= 1
+    finally:
+        journal.release(claim)
+
+
+def retry_run_id(journal: Journal, run_id: str) -> str:
+    """The run id ``effectlog retry`` gives its fork: the first free ``R.retryN``.
+
+    A run is retried once: when it already has a fork, that fork carries on its work, and a
+    second retry would run its remaining steps a second time under new keys. Retry the
+    fork instead (or fork explicitly, which says so on purpose).
+    """
+    existing = forks_of(journal, run_id)
+    if existing:
+        names = ", ".join(f.run_id for f in existing)
+        raise ForkRefused(
+            f"the run was already forked as {names}: retry that run instead, or use effectlog fork to run its "
+            "steps again on purpose",
+            run_id=run_id,
+        )
+    n = 1
+    while journal.head(f"{run_id}.retry{n}")[0] != 0:
+        n += 1
+    return f"{run_id}.retry{n}"
+
+
+def forks_of(journal: Journal, run_id: str) -> list[ForkRecord]:
+    """Every run of ``journal`` forked from ``run_id``, by reading each run's first event."""
+    found: list[ForkRecord] = []
+    for other in journal.runs():
+        first = next(iter(journal.read(other)), None)
+        if first is None:
+            continue
+        try:
+            event = ev.decode(first.body)
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            continue  # `effectlog verify` reports it; a lineage listing only reads
+        if isinstance(event, ev.RunStarted) and event.forked_from == run_id:
+            found.append(
+                ForkRecord(
+                    run_id=other,
+                    forked_from=run_id,
+                    from_step=event.from_step,
+                    by=event.by,
+                    reason=event.reason,
+                    ts=event.ts,
+                )
+            )
+    return found
