@@ -208,8 +208,6 @@ class _Pass:
         step_id = f"tool-{_turn(ctx.messages)}-{ctx.tool_call_id}"
         if self.session.completed:
             return self._replayed(step_id)
-        if tool.tool_def.kind == "unapproved":
-            self.needs_approval.add(name)
         if self.held is not None:
             # The run waits on disk for an earlier call of this response: nothing runs past it in this
             # pass. The call is left to the pass that resumes after the decision (same step id then).
@@ -290,6 +288,16 @@ class DurableToolset(WrapperToolset[Any]):
     """A toolset of the agent, each call a journaled tool step."""
 
     durable: _Pass = dataclasses.field(kw_only=True)
+
+    async def get_tools(self, ctx: RunContext[Any]) -> dict[str, ToolsetTool[Any]]:
+        tools = await super().get_tools(ctx)
+        for name, tool in tools.items():
+            if tool.tool_def.kind == "unapproved":
+                # pydantic-ai's requires_approval becomes effectlog's: held in the journal, bound to the
+                # exact args, approved from the CLI while the app is not running.
+                self.durable.needs_approval.add(name)
+                tools[name] = dataclasses.replace(tool, tool_def=dataclasses.replace(tool.tool_def, kind="function"))
+        return tools
 
     async def call_tool(
         self, name: str, tool_args: dict[str, Any], ctx: RunContext[Any], tool: ToolsetTool[Any]

@@ -1,0 +1,179 @@
+"""DurableAgent in one process: parallel tool calls, streaming, and errors that reach the caller unwrapped.
+
+A real pydantic-ai ``Agent`` with ``FunctionModel`` (no network) over a real SQLite journal.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+from collections.abc import AsyncIterable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("pydantic_ai")
+
+from pydantic_ai import Agent, RunContext
+from pydantic_ai.messages import (
+    AgentStreamEvent,
+    ModelMessage,
+    ModelResponse,
+    PartDeltaEvent,
+    PartStartEvent,
+    TextPart,
+    ToolCallPart,
+)
+from pydantic_ai.models.function import AgentInfo, FunctionModel
+
+from effectlog.errors import ApprovalRequired, UncertainEffect
+from effectlog.integrations.pydantic_ai import DurableAgent
+from effectlog.session import SqliteCheckpointer
+
+
+class Tally:
+    def __init__(self) -> None:
+        self.model = 0
+        self.tools: list[str] = []
+
+
+def parallel_agent(tally: Tally, *, fail: bool = False) -> Agent[None, str]:
+    """One response asks for three tool calls at once, the next one answers."""
+
+    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        tally.model += 1
+        if not any(isinstance(m, ModelResponse) for m in messages):
+            return ModelResponse(
+                parts=[
+                    ToolCallPart("lookup", {"who": "ann"}, tool_call_id="a"),
+                    ToolCallPart("charge", {"who": "bob"}, tool_call_id="b"),
+                    ToolCallPart("lookup", {"who": "cy"}, tool_call_id="c"),
+                ]
+            )
+        return ModelResponse(parts=[TextPart("all done")])
+
+    agent: Agent[None, str] = Agent(FunctionModel(model))
+
+    @agent.tool_plain
+    async def lookup(who: str) -> str:
+        await asyncio.sleep(0.01 if who == "ann" else 0)  # a slower first call must not reorder the journal
+        tally.tools.append(f"lookup {who}")
+        return f"found {who}"
+
+    @agent.tool_plain
+    def charge(who: str) -> str:
+        tally.tools.append(f"charge {who}")
+        if fail:
+            raise ConnectionError("the bank hung up")
+        return f"charged {who}"
+
+    return agent
+
+
+def test_parallel_tool_calls_run_in_response_order_once_and_replay_without_calls(tmp_path: Path) -> None:
+    """Three tool calls in one response are journaled and run one after another, in the response's
+    order; a second pass of the completed run returns the same output and calls nothing."""
+    tally = Tally()
+    durable = DurableAgent(parallel_agent(tally), journal=tmp_path / "runs.db", idempotent={"lookup"})
+    first = durable.run_sync("go", run_id="r")
+    again = durable.run_sync("go", run_id="r")
+    assert ("all done", "all done") == (first.output, again.output)
+    assert ["lookup ann", "charge bob", "lookup cy"] == tally.tools
+    assert 2 == tally.model
+    store = SqliteCheckpointer(tmp_path / "runs.db")
+    timeline = store.load("r")
+    store.close()
+    assert ["model-0", "tool-1-a", "tool-1-b", "tool-1-c", "model-1"] == [s.step_id for s in timeline.steps]
+    assert ("completed", "all done") == (timeline.state, timeline.result)
+
+
+def test_an_unknown_outcome_of_a_non_idempotent_tool_raises_uncertain_effect_unwrapped(tmp_path: Path) -> None:
+    """A tool declared not idempotent (the default) that raises: the caller gets UncertainEffect itself,
+    with the reconcile command, and the run is stopped in the journal."""
+    durable = DurableAgent(parallel_agent(Tally(), fail=True), journal=tmp_path / "runs.db", idempotent={"lookup"})
+    with pytest.raises(UncertainEffect) as caught:
+        durable.run_sync("go", run_id="r")
+    assert "tool 'charge'" in str(caught.value)
+    assert f"effectlog reconcile --journal {tmp_path / 'runs.db'} --run-id r --step tool-1-b" in str(caught.value)
+    store = SqliteCheckpointer(tmp_path / "runs.db")
+    assert ("stopped", "tool-1-b") == (store.state("r").state, store.state("r").blocked_step)
+    store.close()
+
+
+def test_approval_without_room_for_deferred_requests_raises_approval_required(tmp_path: Path) -> None:
+    """An agent whose output type cannot hold DeferredToolRequests: a held call raises effectlog's
+    ApprovalRequired with the approve command, and nothing after it ran."""
+    tally = Tally()
+    durable = DurableAgent(
+        parallel_agent(tally), journal=tmp_path / "runs.db", idempotent={"lookup"}, needs_approval={"charge"}
+    )
+    with pytest.raises(ApprovalRequired) as caught:
+        durable.run_sync("go", run_id="r")
+    assert f"effectlog approve --journal {tmp_path / 'runs.db'} --run-id r --step tool-1-b --by NAME" in str(
+        caught.value
+    )
+    assert ["lookup ann"] == tally.tools  # the call before the held one ran; the one after waits
+
+
+def test_pydantic_ais_own_requires_approval_holds_the_call_in_the_journal(tmp_path: Path) -> None:
+    """A tool pydantic-ai marks requires_approval is held in the journal (not run, not uncertain); approved
+    from the CLI, the next pass runs it once."""
+    ran: list[str] = []
+
+    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        if not any(isinstance(m, ModelResponse) for m in messages):
+            return ModelResponse(parts=[ToolCallPart("wire", {"amount": 9}, tool_call_id="w")])
+        return ModelResponse(parts=[TextPart("wired")])
+
+    agent: Agent[None, str] = Agent(FunctionModel(model))
+
+    @agent.tool(requires_approval=True)
+    def wire(ctx: RunContext[None], amount: int) -> str:
+        ran.append(f"wire {amount}")
+        return "ok"
+
+    durable = DurableAgent(agent, journal=tmp_path / "runs.db")
+    with pytest.raises(ApprovalRequired):
+        durable.run_sync("go", run_id="r")
+    store = SqliteCheckpointer(tmp_path / "runs.db")
+    step = store.state("r").step("tool-1-w")
+    store.close()
+    assert step is not None
+    assert ("awaiting_approval", []) == (step.state, ran)
+    approve = [sys.executable, "-m", "effectlog", "approve", "--journal", str(tmp_path / "runs.db")]
+    approved = subprocess.run([*approve, "--run-id", "r", "--step", "tool-1-w", "--by", "ann"], check=False)
+    assert 0 == approved.returncode
+    assert "wired" == durable.run_sync("go", run_id="r").output
+    assert ["wire 9"] == ran
+
+
+def test_a_streamed_run_journals_the_whole_response_and_replays_it_as_events(tmp_path: Path) -> None:
+    """With an event_stream_handler the model request is one journaled step; the handler still sees the
+    text as part events, live and on a replay of the completed run (which calls no model)."""
+    calls: list[int] = []
+
+    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        calls.append(1)
+        return ModelResponse(parts=[TextPart("streamed answer")])
+
+    agent: Agent[None, str] = Agent(FunctionModel(model))
+    seen: list[str] = []
+
+    async def handler(ctx: RunContext[None], stream: AsyncIterable[AgentStreamEvent]) -> None:
+        async for event in stream:
+            if isinstance(event, PartStartEvent) and isinstance(event.part, TextPart):
+                seen.append(event.part.content)
+            elif isinstance(event, PartDeltaEvent):
+                seen.append(str(getattr(event.delta, "content_delta", "")))
+
+    durable = DurableAgent(agent, journal=tmp_path / "runs.db")
+    kwargs: dict[str, Any] = {"event_stream_handler": handler}
+    first = durable.run_sync("go", run_id="s", **kwargs)
+    streamed_live = "".join(seen)
+    seen.clear()
+    again = durable.run_sync("go", run_id="s", **kwargs)
+    assert ("streamed answer", "streamed answer") == (first.output, again.output)
+    assert ("streamed answer", "streamed answer") == (streamed_live, "".join(seen))
+    assert 1 == len(calls)
