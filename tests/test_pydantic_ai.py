@@ -16,7 +16,7 @@ import pytest
 
 pytest.importorskip("pydantic_ai")
 
-from pydantic_ai import Agent, RunContext
+from pydantic_ai import Agent, DeferredToolRequests, DeferredToolResults, RunContext, ToolApproved, ToolDenied
 from pydantic_ai.messages import (
     AgentStreamEvent,
     ModelMessage,
@@ -28,7 +28,7 @@ from pydantic_ai.messages import (
 )
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 
-from effectlog.errors import ApprovalRequired, UncertainEffect
+from effectlog.errors import ApprovalRequired, BadInput, RunFailed, UncertainEffect
 from effectlog.integrations.pydantic_ai import DurableAgent
 from effectlog.session import SqliteCheckpointer
 
@@ -39,7 +39,7 @@ class Tally:
         self.tools: list[str] = []
 
 
-def parallel_agent(tally: Tally, *, fail: bool = False) -> Agent[None, str]:
+def parallel_agent(tally: Tally, *, fail: bool = False, deferrable: bool = False) -> Agent[None, Any]:
     """One response asks for three tool calls at once, the next one answers."""
 
     def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
@@ -54,7 +54,9 @@ def parallel_agent(tally: Tally, *, fail: bool = False) -> Agent[None, str]:
             )
         return ModelResponse(parts=[TextPart("all done")])
 
-    agent: Agent[None, str] = Agent(FunctionModel(model))
+    agent: Agent[None, Any] = Agent(
+        FunctionModel(model), output_type=[str, DeferredToolRequests] if deferrable else str
+    )
 
     @agent.tool_plain
     async def lookup(who: str) -> str:
@@ -177,3 +179,63 @@ def test_a_streamed_run_journals_the_whole_response_and_replays_it_as_events(tmp
     assert ("streamed answer", "streamed answer") == (first.output, again.output)
     assert ("streamed answer", "streamed answer") == (streamed_live, "".join(seen))
     assert 1 == len(calls)
+
+
+def held_run(tmp_path: Path, tally: Tally) -> DurableAgent[None, Any]:
+    durable = DurableAgent(
+        parallel_agent(tally, deferrable=True),
+        journal=tmp_path / "runs.db",
+        idempotent={"lookup"},
+        needs_approval={"charge"},
+    )
+    held = durable.run_sync("go", run_id="r").output
+    assert isinstance(held, DeferredToolRequests)
+    assert (["b"], ["c"]) == ([c.tool_call_id for c in held.approvals], [c.tool_call_id for c in held.calls])
+    return durable
+
+
+def test_an_approval_given_through_deferred_tool_results_is_journaled_and_the_call_runs_once(tmp_path: Path) -> None:
+    """pydantic-ai's own answer (DeferredToolResults.approvals) is written to the journal as an approval
+    by ``answered_by``; the run resumes from its prompt, charges once, and runs the deferred lookup."""
+    tally = Tally()
+    durable = held_run(tmp_path, tally)
+    assert ["lookup ann"] == tally.tools
+    answers = DeferredToolResults(approvals={"b": True}, answered_by={"b": "ann"})
+    assert "all done" == durable.run_sync("go", run_id="r", deferred_tool_results=answers).output
+    assert "all done" == durable.run_sync("go", run_id="r", deferred_tool_results=answers).output
+    assert ["lookup ann", "charge bob", "lookup cy"] == tally.tools
+    store = SqliteCheckpointer(tmp_path / "runs.db")
+    approvals = [e for e in store.load("r").events if type(e).__name__ == "StepApproved"]
+    store.close()
+    assert [("tool-1-b", "ann")] == [(e.step_id, e.by) for e in approvals]
+
+
+@pytest.mark.parametrize("answer", [False, ToolDenied("not today")])
+def test_a_denial_through_deferred_tool_results_is_final(tmp_path: Path, answer: bool | ToolDenied) -> None:
+    """A "no" from the app is a person's no in the journal: the run fails, the call never runs."""
+    tally = Tally()
+    durable = held_run(tmp_path, tally)
+    with pytest.raises(RunFailed):
+        durable.run_sync("go", run_id="r", deferred_tool_results=DeferredToolResults(approvals={"b": answer}))
+    assert ["lookup ann"] == tally.tools
+
+
+@pytest.mark.parametrize(
+    "answers",
+    [
+        DeferredToolResults(approvals={"b": ToolApproved(override_args={"who": "eve"})}),
+        DeferredToolResults(approvals={"zz": True}),
+    ],
+)
+def test_an_approval_of_other_args_or_of_no_held_call_is_refused(tmp_path: Path, answers: DeferredToolResults) -> None:
+    """An approval is bound to the exact held args: other args, or an unknown call id, is BadInput;
+    nothing is written and nothing runs."""
+    tally = Tally()
+    durable = held_run(tmp_path, tally)
+    store = SqliteCheckpointer(tmp_path / "runs.db")
+    before = store.state("r").seq
+    with pytest.raises(BadInput):
+        durable.run_sync("go", run_id="r", deferred_tool_results=answers)
+    assert before == store.state("r").seq
+    store.close()
+    assert ["lookup ann"] == tally.tools

@@ -33,7 +33,7 @@ from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, Generic, TypeVar, cast
 
-from pydantic_ai import Agent, AgentRunResult, DeferredToolRequests
+from pydantic_ai import Agent, AgentRunResult, DeferredToolRequests, DeferredToolResults, ToolApproved, ToolDenied
 from pydantic_ai.exceptions import ApprovalRequired as DeferForApproval
 from pydantic_ai.exceptions import CallDeferred
 from pydantic_ai.messages import ModelMessage, ModelMessagesTypeAdapter, ModelResponse
@@ -61,6 +61,7 @@ from effectlog.session import (
     allow_all,
 )
 from effectlog.session.durable import CrashHook
+from effectlog.session.store import JournalCheckpointer
 
 OutputT = TypeVar("OutputT")
 DepsT = TypeVar("DepsT")
@@ -315,6 +316,47 @@ class DurableToolset(WrapperToolset[Any]):
         return await self.durable.tool_step(name, tool_args, ctx, tool, send)
 
 
+def record_decisions(store: Checkpointer, run_id: str, results: DeferredToolResults) -> list[str]:
+    """Write the app's answers to held calls (pydantic-ai's ``DeferredToolResults.approvals``) into the journal.
+
+    An approval is bound to the call's recorded args, as one from the CLI; a denial is a
+    person's "no", final: the run fails. Returns the step ids decided. Answers to calls
+    effectlog only deferred (``DeferredToolResults.calls``) are not needed: the resumed
+    pass runs them.
+    """
+    state = store.state(run_id)
+    held = {
+        s.step_id.split("-", 2)[2]: s
+        for s in state.ordered_steps()
+        if s.kind == "tool" and s.step_id.startswith("tool-") and s.step_id.count("-") >= 2
+    }
+    if results.approvals and not isinstance(store, JournalCheckpointer):
+        raise BadInput("deferred_tool_results needs a journal store (a path or a JournalCheckpointer)", run_id=run_id)
+    decided: list[str] = []
+    for call_id, answer in results.approvals.items():
+        step = held.get(call_id)
+        if step is None:
+            raise BadInput(f"no held tool call {call_id!r} in run {run_id!r}", run_id=run_id)
+        if step.state != "awaiting_approval":
+            continue  # decided before (an earlier pass gave the same answers): nothing to write
+        by = results.answered_by.get(call_id) or "application"
+        assert isinstance(store, JournalCheckpointer)
+        if answer is True or isinstance(answer, ToolApproved):
+            if isinstance(answer, ToolApproved) and answer.override_args is not None:
+                raise BadInput(
+                    f"an approval is bound to the exact args held at {step.step_id!r}; "
+                    "approving other args (override_args) would run a call nobody was shown",
+                    run_id=run_id,
+                    step_id=step.step_id,
+                )
+            store.approve(run_id, step.step_id, by=by, reason="approved through pydantic-ai DeferredToolResults")
+        else:
+            message = answer.message if isinstance(answer, ToolDenied) else "denied through DeferredToolResults"
+            store.deny(run_id, step.step_id, by=by, reason=message)
+        decided.append(step.step_id)
+    return decided
+
+
 def _effectlog_error(exc: BaseException) -> EffectlogError | None:
     """The effectlog error inside whatever pydantic-ai wrapped it in (cause, context, exception group)."""
     seen: set[int] = set()
@@ -374,6 +416,7 @@ class DurableAgent(Generic[DepsT, OutputT]):
         deps: DepsT = None,  # type: ignore[assignment]  # pydantic-ai's own default
         model: Model | str | None = None,
         message_history: Sequence[ModelMessage] | None = None,
+        deferred_tool_results: DeferredToolResults | None = None,
         **kwargs: Any,
     ) -> AgentRunResult[Any]:
         """One pass of run ``run_id``: run it, or resume it from its journal, or replay it if completed.
@@ -381,12 +424,19 @@ class DurableAgent(Generic[DepsT, OutputT]):
         Returns pydantic-ai's result (its output is ``DeferredToolRequests`` when a tool call
         waits for approval and the output type allows it). Raises ``UncertainEffect``,
         ``ApprovalRequired`` and the other effectlog errors unwrapped.
+
+        Resume by calling ``run`` again with the same prompt (and the same ``message_history``,
+        if any): the journal replays what happened. ``deferred_tool_results`` answers held
+        calls from the app: its approvals are written to the journal (see
+        ``record_decisions``), then the run resumes from its prompt.
         """
         chosen = model if model is not None else self.agent.model
         if chosen is None:
             raise BadInput("the agent has no model: give one to Agent(...) or to run(model=...)")
         store, owned = self._store()
         try:
+            if deferred_tool_results is not None:
+                record_decisions(store, run_id, deferred_tool_results)
             inner = WrapperModel(chosen).wrapped
             session = Session(run_id, _Gateway(inner.model_name, self.idempotent), store, crash_hook=self.crash_hook)
             durable = _Pass(session, needs_approval=self.needs_approval)
@@ -442,4 +492,5 @@ __all__ = [
     "DurableToolset",
     "idempotency_key",
     "reconciled_value",
+    "record_decisions",
 ]
