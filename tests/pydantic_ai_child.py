@@ -5,7 +5,8 @@ Usage: python tests/pydantic_ai_child.py JOURNAL RUN_ID CALLS_FILE TOOL MODE [PR
 TOOL is ``charge`` (declared not idempotent) or ``lookup`` (declared idempotent). MODE:
 ``live``; ``die-in-tool`` (SIGKILL inside the tool, right after its effect);
 ``die-in-model`` (SIGKILL inside the first model request, before it answers);
-``approve`` (the tool needs approval). The calls file gets one line per real model
+``approve`` (the tool needs approval); ``hold`` (the tool waits, after its effect, until
+the file CALLS_FILE.go exists). The calls file gets one line per real model
 request (``model KEY``) and per real tool effect (``effect KEY``). On success the last
 line of stdout is the output as JSON; an effectlog error prints its message to stderr
 and exits with its documented status.
@@ -17,6 +18,7 @@ import json
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 
 from pydantic_ai import Agent, DeferredToolRequests
@@ -50,6 +52,10 @@ def build(journal: str, calls: Path, tool: str, mode: str) -> DurableAgent[None,
         note(calls, f"effect {idempotency_key()}")
         if mode == "die-in-tool":
             os.kill(os.getpid(), signal.SIGKILL)  # the effect happened; its result was never recorded
+        go = calls.with_suffix(".go")
+        deadline = time.monotonic() + 60
+        while mode == "hold" and not go.exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
         return f"{name} {amount} to {to}"
 
     @agent.tool_plain

@@ -28,7 +28,7 @@ from pydantic_ai.messages import (
 )
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 
-from effectlog.errors import ApprovalRequired, BadInput, RunFailed, UncertainEffect
+from effectlog.errors import ApprovalRequired, BadInput, ReplayDivergence, RunFailed, UncertainEffect
 from effectlog.integrations.pydantic_ai import DurableAgent
 from effectlog.session import SqliteCheckpointer
 
@@ -239,3 +239,21 @@ def test_an_approval_of_other_args_or_of_no_held_call_is_refused(tmp_path: Path,
     assert before == store.state("r").seq
     store.close()
     assert ["lookup ann"] == tally.tools
+
+
+def test_resuming_with_another_model_is_replay_divergence_and_nothing_runs(tmp_path: Path) -> None:
+    """The journal recorded model-0 from one model; a pass whose agent uses another model is refused
+    with ReplayDivergence naming the step, before any call, with nothing written."""
+    tally = Tally()
+    held_run(tmp_path, tally)
+
+    def other(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        tally.model += 1
+        return ModelResponse(parts=[TextPart("something else")])
+
+    store = SqliteCheckpointer(tmp_path / "runs.db")
+    before = store.state("r").seq
+    with pytest.raises(ReplayDivergence) as caught:
+        DurableAgent(Agent(FunctionModel(other)), journal=store).run_sync("go", run_id="r")
+    assert ("model-0", before, 1) == (caught.value.step_id, store.state("r").seq, tally.model)
+    store.close()

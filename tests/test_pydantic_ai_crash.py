@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -26,10 +27,15 @@ CHILD = ROOT / "tests" / "pydantic_ai_child.py"
 RUN = "order-7"
 
 
-def one_pass(tmp: Path, tool: str, mode: str, prompt: str | None = None) -> subprocess.CompletedProcess[str]:
+def child(tmp: Path, tool: str, mode: str, prompt: str | None = None) -> tuple[list[str], dict[str, str]]:
     argv = [sys.executable, str(CHILD), str(tmp / "runs.db"), RUN, str(tmp / "calls.log"), tool, mode]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])}
-    return subprocess.run(argv + ([prompt] if prompt else []), capture_output=True, text=True, timeout=120, env=env)
+    return argv + ([prompt] if prompt else []), env
+
+
+def one_pass(tmp: Path, tool: str, mode: str, prompt: str | None = None) -> subprocess.CompletedProcess[str]:
+    argv, env = child(tmp, tool, mode, prompt)
+    return subprocess.run(argv, capture_output=True, text=True, timeout=120, env=env)
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -139,3 +145,30 @@ def test_a_changed_prompt_on_resume_is_refused_before_anything_runs(tmp_path: Pa
     assert diverged.stderr.startswith("IdempotencyConflict: ")
     assert "step 'model-0'" in diverged.stderr
     assert before == (len(keys(calls, "model")), len(keys(calls, "effect")))
+
+
+@pytest.mark.parametrize("tool", ["charge", "lookup"])
+def test_a_second_pass_while_the_first_is_inside_a_tool_is_refused_and_writes_nothing(
+    tmp_path: Path, tool: str
+) -> None:
+    """While one process is inside the tool, a second pass of the same run exits 6 (RunOwned): it neither
+    re-sends the call nor records it as uncertain; the first pass then completes with one effect."""
+    calls = tmp_path / "calls.log"
+    argv, env = child(tmp_path, tool, "hold")
+    first = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        deadline = time.monotonic() + 60
+        while not keys(calls, "effect") and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert 1 == len(keys(calls, "effect"))
+        second = one_pass(tmp_path, tool, "live")
+        assert ExitStatus.LOCKED == second.returncode, second.stderr
+        assert second.stderr.startswith("RunOwned: ")
+        assert (1, 1) == (len(keys(calls, "model")), len(keys(calls, "effect")))
+    finally:
+        (tmp_path / "calls.go").touch()
+        out, err = first.communicate(timeout=60)
+    assert 0 == first.returncode, err
+    effect = "charged 5 to bob" if tool == "charge" else "looked up 5 to bob"
+    assert {"output": f"done: {json.dumps([effect])}"} == json.loads(out.splitlines()[-1])
+    assert 1 == len(keys(calls, "effect"))
