@@ -27,8 +27,16 @@ from pydantic_ai.messages import (
     ToolCallPart,
 )
 from pydantic_ai.models.function import AgentInfo, FunctionModel
+from pydantic_ai.toolsets import FunctionToolset
 
-from effectlog.errors import ApprovalRequired, BadInput, ReplayDivergence, RunFailed, UncertainEffect
+from effectlog.errors import (
+    ApprovalRequired,
+    BadInput,
+    IdempotencyConflict,
+    ReplayDivergence,
+    RunFailed,
+    UncertainEffect,
+)
 from effectlog.integrations.pydantic_ai import DurableAgent
 from effectlog.session import SqliteCheckpointer
 
@@ -257,3 +265,40 @@ def test_resuming_with_another_model_is_replay_divergence_and_nothing_runs(tmp_p
         DurableAgent(Agent(FunctionModel(other)), journal=store).run_sync("go", run_id="r")
     assert ("model-0", before, 1) == (caught.value.step_id, store.state("r").seq, tally.model)
     store.close()
+
+
+def test_a_completed_run_asked_with_another_prompt_is_refused_not_replayed(tmp_path: Path) -> None:
+    """A completed run answers only the request it recorded: another prompt is IdempotencyConflict on
+    model-0, and nothing is called or written."""
+    tally = Tally()
+    durable = DurableAgent(parallel_agent(tally), journal=tmp_path / "runs.db", idempotent={"lookup"})
+    durable.run_sync("go", run_id="r")
+    store = SqliteCheckpointer(tmp_path / "runs.db")
+    before = (store.state("r").seq, tally.model, len(tally.tools))
+    with pytest.raises(IdempotencyConflict) as caught:
+        durable.run_sync("go somewhere else", run_id="r")
+    assert ("model-0", before) == (caught.value.step_id, (store.state("r").seq, tally.model, len(tally.tools)))
+    store.close()
+
+
+def test_toolsets_given_to_run_are_journaled_too(tmp_path: Path) -> None:
+    """A toolset passed to run(toolsets=...) is wrapped like the agent's own: its call is a tool step."""
+    ran: list[str] = []
+
+    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        if not any(isinstance(m, ModelResponse) for m in messages):
+            return ModelResponse(parts=[ToolCallPart("ping", {}, tool_call_id="p")])
+        return ModelResponse(parts=[TextPart("pong")])
+
+    def ping() -> str:
+        ran.append("ping")
+        return "pong"
+
+    durable = DurableAgent(Agent(FunctionModel(model)), journal=tmp_path / "runs.db")
+    extra = FunctionToolset([ping])
+    assert "pong" == durable.run_sync("go", run_id="r", toolsets=[extra]).output
+    assert "pong" == durable.run_sync("go", run_id="r", toolsets=[extra]).output
+    store = SqliteCheckpointer(tmp_path / "runs.db")
+    assert ["model-0", "tool-1-p", "model-1"] == [s.step_id for s in store.load("r").steps]
+    store.close()
+    assert ["ping"] == ran

@@ -53,7 +53,8 @@ def test_killed_inside_a_non_idempotent_tool_stops_uncertain_then_reconciled_com
     tmp_path: Path,
 ) -> None:
     """(a) SIGKILL after the charge's effect: the resumed pass stops (exit 3) with the reconcile command,
-    runs no tool; the operator reconciles from the CLI; the next pass completes; one charge in all."""
+    runs no tool; the operator reconciles from the CLI; the next pass completes (the model is told the
+    reconciled outcome), a later one replays it; one charge in all."""
     calls = tmp_path / "calls.log"
     assert -signal.SIGKILL == one_pass(tmp_path, "charge", "die-in-tool").returncode
     resumed = one_pass(tmp_path, "charge", "live")
@@ -76,6 +77,7 @@ def test_killed_inside_a_non_idempotent_tool_stops_uncertain_then_reconciled_com
         "operator": "ann",
     }
     assert {"output": f"done: {json.dumps([expected_return], sort_keys=True)}"} == done
+    assert done == output(one_pass(tmp_path, "charge", "live"))  # the completed run replays the reconciled call
     assert 1 == len(keys(calls, "effect"))
     model_keys = keys(calls, "model")
     assert 2 == len(model_keys) == len(set(model_keys))  # one call per model step, none paid twice

@@ -46,7 +46,15 @@ from pydantic_ai.toolsets.abstract import ToolsetTool
 from pydantic_ai.toolsets.wrapper import WrapperToolset
 from pydantic_core import to_jsonable_python
 
-from effectlog.errors import ApprovalRequired, BadInput, EffectlogError, RunClosed
+from effectlog.errors import (
+    ApprovalRequired,
+    BadInput,
+    EffectlogError,
+    IdempotencyConflict,
+    ReplayDivergence,
+    RunClosed,
+)
+from effectlog.fold import StepState
 from effectlog.session import (
     ApprovalStep,
     Checkpointer,
@@ -60,6 +68,7 @@ from effectlog.session import (
     ToolStep,
     allow_all,
 )
+from effectlog.session import identity as ids
 from effectlog.session.durable import CrashHook
 from effectlog.session.store import JournalCheckpointer
 
@@ -164,16 +173,25 @@ class _Pass:
 
         return decide
 
-    def _replayed(self, step_id: str) -> Any:
-        """A completed run answers from the journal alone; a step it never recorded cannot run."""
+    def _recorded(self, step_id: str, kind: str, name: str, fp: str) -> StepState:
+        """A completed run answers from the journal alone: the same step, or an error, never a call."""
         step = self.session.state.step(step_id)
-        if step is None or step.receipt is None:
+        if step is None:
             raise RunClosed(
                 f"step {step_id!r} asked of a completed run; a closed run never reopens (use a new run id)",
                 run_id=self.session.run_id,
                 step_id=step_id,
             )
-        return step.receipt
+        if step.fingerprint != fp:
+            recorded, asked = f"{step.kind} {step.adapter!r}", f"{kind} {name!r}"
+            raise ReplayDivergence(
+                f"the journal recorded {recorded} at this step, this run asks for {asked}",
+                run_id=self.session.run_id,
+                step_id=step_id,
+                recorded=recorded,
+                requested=asked,
+            )
+        return step
 
     async def model_step(
         self,
@@ -184,38 +202,47 @@ class _Pass:
         send: _Send,
     ) -> ModelResponse:
         step_id = f"model-{_turn(messages)}"
+        fields: dict[str, Any] = {
+            "tools": stable(to_jsonable_python(params)),
+            "settings": to_jsonable_python({k: v for k, v in (settings or {}).items() if k != "extra_headers"}),
+        }
+        history = stable(ModelMessagesTypeAdapter.dump_python(messages, mode="json"))
         if self.session.completed:
-            return _load_response(self._replayed(step_id))
-        body_settings = {k: v for k, v in (settings or {}).items() if k != "extra_headers"}
+            step = self._recorded(step_id, "model", model_name, ids.fingerprint("model", model_name, None))
+            body = ids.normalized({**fields, "model": model_name, "messages": history}, "the model request body")
+            if step.args_digest != ids.body_digest(body):
+                raise IdempotencyConflict(
+                    "the completed run recorded another request at this step: a changed prompt, instructions "
+                    "or tool list needs a new run id",
+                    run_id=self.session.run_id,
+                    step_id=step_id,
+                )
+            return _load_response(step.receipt)
         token = _PENDING.set(send)
         try:
-            step = await self.session.model_step(
-                stable(ModelMessagesTypeAdapter.dump_python(messages, mode="json")),
-                model=model_name,
-                key=step_id,
-                tools=stable(to_jsonable_python(params)),
-                settings=to_jsonable_python(body_settings),
-            )
+            recorded = await self.session.model_step(history, model=model_name, key=step_id, **fields)
         except EffectlogError as exc:
             self.error = exc
             raise
         finally:
             _PENDING.reset(token)
-        return _load_response(step.response)
+        return _load_response(recorded.response)
 
     async def tool_step(
         self, name: str, args: dict[str, Any], ctx: RunContext[Any], tool: ToolsetTool[Any], send: _Send
     ) -> Any:
         step_id = f"tool-{_turn(ctx.messages)}-{ctx.tool_call_id}"
+        call_args = ids.normalized(to_jsonable_python(args), f"tool {name!r} args")
         if self.session.completed:
-            return self._replayed(step_id)
+            recorded = self._recorded(step_id, "tool", name, ids.fingerprint("tool", name, call_args))
+            return self._outcome(_replayed_tool(recorded, name, call_args))
         if self.held is not None:
             # The run waits on disk for an earlier call of this response: nothing runs past it in this
             # pass. The call is left to the pass that resumes after the decision (same step id then).
             raise CallDeferred(metadata={"effectlog": {"waits_for": self.held.step_id, "command": self.held.command}})
         token = _PENDING.set(send)
         try:
-            step = await self.session.tool_step(name, to_jsonable_python(args), key=step_id)
+            step = await self.session.tool_step(name, call_args, key=step_id)
         except EffectlogError as exc:
             self.error = exc
             raise
@@ -357,6 +384,24 @@ def record_decisions(store: Checkpointer, run_id: str, results: DeferredToolResu
     return decided
 
 
+def _replayed_tool(step: StepState, name: str, args: dict[str, Any]) -> ToolStep:
+    """The outcome a completed run recorded for a tool step (it was closed with every step decided)."""
+    common: dict[str, Any] = {"step_id": step.step_id, "tool": name, "args": args, "replayed": True}
+    if step.state == "reconciled":
+        result = Reconciled(
+            outcome=step.outcome or "applied",
+            evidence=step.evidence or "",
+            operator=step.operator or "",
+            automated=step.automated,
+        )
+        return ToolStep(status="reconciled", result=result, **common)
+    if step.state == "denied":
+        return ToolStep(status="denied", decision="deny", reason=step.reason, **common)
+    if step.state == "failed":
+        return ToolStep(status="failed", reason=step.reason, **common)
+    return ToolStep(status="ok", result=step.receipt, **common)
+
+
 def _effectlog_error(exc: BaseException) -> EffectlogError | None:
     """The effectlog error inside whatever pydantic-ai wrapped it in (cause, context, exception group)."""
     seen: set[int] = set()
@@ -441,7 +486,10 @@ class DurableAgent(Generic[DepsT, OutputT]):
             session = Session(run_id, _Gateway(inner.model_name, self.idempotent), store, crash_hook=self.crash_hook)
             durable = _Pass(session, needs_approval=self.needs_approval)
             session.policy = durable.policy(self.policy)
-            toolsets: list[AbstractToolset[Any]] = [DurableToolset(t, durable=durable) for t in self.agent.toolsets]
+            extra: Sequence[AbstractToolset[Any]] = kwargs.pop("toolsets", None) or ()
+            toolsets: list[AbstractToolset[Any]] = [
+                DurableToolset(t, durable=durable) for t in [*self.agent.toolsets, *extra]
+            ]
             try:
                 with (
                     self.agent.override(model=DurableModel(inner, durable), toolsets=toolsets, tools=[]),
