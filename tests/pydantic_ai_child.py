@@ -6,10 +6,13 @@ TOOL is ``charge`` (declared not idempotent) or ``lookup`` (declared idempotent)
 ``live``; ``die-in-tool`` (SIGKILL inside the tool, right after its effect);
 ``die-in-model`` (SIGKILL inside the first model request, before it answers);
 ``approve`` (the tool needs approval); ``hold`` (the tool waits, after its effect, until
-the file CALLS_FILE.go exists). The calls file gets one line per real model
-request (``model KEY``) and per real tool effect (``effect KEY``). On success the last
-line of stdout is the output as JSON; an effectlog error prints its message to stderr
-and exits with its documented status.
+the file CALLS_FILE.go exists); ``die-after-model-call`` (SIGKILL once the provider answered
+model-0, before the answer is recorded). With PROVIDER_URL in the environment, the model
+is pydantic-ai's ``OpenAIChatModel`` talking HTTP to that OpenAI-compatible endpoint.
+The calls file gets one line per real model request (``model KEY``, FunctionModel only)
+and per real tool effect (``effect KEY``). On success the last line of stdout is the
+output as JSON; an effectlog error prints its message to stderr and exits with its
+documented status.
 """
 
 from __future__ import annotations
@@ -23,11 +26,12 @@ from pathlib import Path
 
 from pydantic_ai import Agent, DeferredToolRequests
 from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart, ToolReturnPart
+from pydantic_ai.models import Model
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 
 from effectlog.errors import EffectlogError
 from effectlog.integrations.pydantic_ai import DurableAgent, idempotency_key
-from session_kit import note
+from session_kit import kill_at, note
 
 PROMPT = "charge bob 5"
 
@@ -44,9 +48,14 @@ def build(journal: str, calls: Path, tool: str, mode: str) -> DurableAgent[None,
         returned = [p.content for m in messages for p in getattr(m, "parts", []) if isinstance(p, ToolReturnPart)]
         return ModelResponse(parts=[TextPart(f"done: {json.dumps(returned, sort_keys=True)}")])
 
-    agent: Agent[None, str | DeferredToolRequests] = Agent(
-        FunctionModel(model), output_type=[str, DeferredToolRequests]
-    )
+    url = os.environ.get("PROVIDER_URL")
+    chosen: Model = FunctionModel(model)
+    if url:
+        from pydantic_ai.models.openai import OpenAIChatModel
+        from pydantic_ai.providers.openai import OpenAIProvider
+
+        chosen = OpenAIChatModel("stand-in", provider=OpenAIProvider(base_url=url, api_key="test"))
+    agent: Agent[None, str | DeferredToolRequests] = Agent(chosen, output_type=[str, DeferredToolRequests])
 
     def effect(name: str, to: str, amount: int) -> str:
         note(calls, f"effect {idempotency_key()}")
@@ -73,6 +82,7 @@ def build(journal: str, calls: Path, tool: str, mode: str) -> DurableAgent[None,
         journal=journal,
         idempotent={"lookup"},
         needs_approval={"charge"} if mode == "approve" else (),
+        crash_hook=kill_at("after_call", "model-0") if mode == "die-after-model-call" else None,
     )
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from effectlog.errors import ExitStatus
+from provider_standin import ProviderStandIn
 from session_kit import ROOT, keys
 
 pytest.importorskip("pydantic_ai")
@@ -27,14 +28,21 @@ CHILD = ROOT / "tests" / "pydantic_ai_child.py"
 RUN = "order-7"
 
 
-def child(tmp: Path, tool: str, mode: str, prompt: str | None = None) -> tuple[list[str], dict[str, str]]:
+def child(
+    tmp: Path, tool: str, mode: str, prompt: str | None = None, url: str | None = None
+) -> tuple[list[str], dict[str, str]]:
     argv = [sys.executable, str(CHILD), str(tmp / "runs.db"), RUN, str(tmp / "calls.log"), tool, mode]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])}
+    env.pop("PROVIDER_URL", None)
+    if url is not None:
+        env["PROVIDER_URL"] = url
     return argv + ([prompt] if prompt else []), env
 
 
-def one_pass(tmp: Path, tool: str, mode: str, prompt: str | None = None) -> subprocess.CompletedProcess[str]:
-    argv, env = child(tmp, tool, mode, prompt)
+def one_pass(
+    tmp: Path, tool: str, mode: str, prompt: str | None = None, url: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    argv, env = child(tmp, tool, mode, prompt, url)
     return subprocess.run(argv, capture_output=True, text=True, timeout=120, env=env)
 
 
@@ -174,3 +182,23 @@ def test_a_second_pass_while_the_first_is_inside_a_tool_is_refused_and_writes_no
     effect = "charged 5 to bob" if tool == "charge" else "looked up 5 to bob"
     assert {"output": f"done: {json.dumps([effect])}"} == json.loads(out.splitlines()[-1])
     assert 1 == len(keys(calls, "effect"))
+
+
+def test_an_openai_compatible_provider_bills_each_model_step_once_over_a_kill(tmp_path: Path) -> None:
+    """Item 4 on the wire: pydantic-ai's OpenAIChatModel against a local OpenAI-compatible stand-in that
+    honours Idempotency-Key. SIGKILL after the provider answered model-0, before the answer was
+    recorded: the resumed pass re-sends it under the same key, the provider answers from its record,
+    and each of the two model steps is billed once."""
+    pytest.importorskip("openai")
+    provider = ProviderStandIn([("charge", {"to": "bob", "amount": 5}), "done"]).start()
+    try:
+        assert -signal.SIGKILL == one_pass(tmp_path, "charge", "die-after-model-call", url=provider.url).returncode
+        assert {"output": "done"} == output(one_pass(tmp_path, "charge", "live", url=provider.url))
+        assert {"output": "done"} == output(one_pass(tmp_path, "charge", "live", url=provider.url))
+    finally:
+        provider.stop()
+    assert (2, 1, 3) == (provider.billed, provider.replayed, provider.requests)
+    first, resent, final = (str(k) for k in provider.keys_seen)
+    assert first == resent
+    assert [f"{RUN}/model-0/", f"{RUN}/model-1/"] == [first[: len(RUN) + 9], final[: len(RUN) + 9]]
+    assert 1 == len(keys(tmp_path / "calls.log", "effect"))
