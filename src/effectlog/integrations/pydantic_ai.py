@@ -55,6 +55,7 @@ from effectlog.errors import (
     RunClosed,
 )
 from effectlog.fold import StepState
+from effectlog.journal import chain_from_env, open_journal
 from effectlog.session import (
     ApprovalStep,
     Checkpointer,
@@ -424,8 +425,8 @@ class DurableAgent(Generic[DepsT, OutputT]):
 
     ``idempotent``: the tools that may be called again with the same key after a crash
     (every other tool is not). ``needs_approval``: the tools held for a person's approval
-    (tools pydantic-ai marks ``requires_approval`` are held too). ``journal``: a path to a
-    SQLite journal or any ``Checkpointer``. ``policy``: effectlog's policy hook.
+    (tools pydantic-ai marks ``requires_approval`` are held too). ``journal``: a SQLite file
+    path, a ``postgresql://`` URL, or any ``Checkpointer``. ``policy``: effectlog's policy hook.
     """
 
     def __init__(
@@ -449,8 +450,11 @@ class DurableAgent(Generic[DepsT, OutputT]):
         self.crash_hook = crash_hook
 
     def _store(self) -> tuple[Checkpointer, bool]:
-        if isinstance(self.journal, (str, Path)):
+        """The store of one pass (opened by it and closed after it, when given as a location)."""
+        if isinstance(self.journal, Path):
             return SqliteCheckpointer(self.journal), True
+        if isinstance(self.journal, str):
+            return JournalCheckpointer(open_journal(self.journal, chain=chain_from_env())), True
         return self.journal, False
 
     async def run(
