@@ -302,3 +302,16 @@ def test_toolsets_given_to_run_are_journaled_too(tmp_path: Path) -> None:
     assert ["model-0", "tool-1-p", "model-1"] == [s.step_id for s in store.load("r").steps]
     store.close()
     assert ["ping"] == ran
+
+
+def test_a_declared_tool_the_agent_does_not_have_is_refused_before_anything_runs(tmp_path: Path) -> None:
+    """needs_approval={"chrage"} (a typo) would leave "charge" unheld: BadInput names it, and no model
+    request, tool call or journal write happens."""
+    tally = Tally()
+    durable = DurableAgent(parallel_agent(tally), journal=tmp_path / "runs.db", needs_approval={"chrage"})
+    with pytest.raises(BadInput) as caught:
+        durable.run_sync("go", run_id="r")
+    assert "'chrage'" in str(caught.value)
+    store = SqliteCheckpointer(tmp_path / "runs.db")
+    assert (0, 0, []) == (store.state("r").seq, tally.model, tally.tools)
+    store.close()

@@ -41,7 +41,7 @@ from pydantic_ai.models import CompletedStreamedResponse, Model, ModelRequestPar
 from pydantic_ai.models.wrapper import WrapperModel
 from pydantic_ai.settings import ModelSettings
 from pydantic_ai.tools import RunContext
-from pydantic_ai.toolsets import AbstractToolset
+from pydantic_ai.toolsets import AbstractToolset, FunctionToolset
 from pydantic_ai.toolsets.abstract import ToolsetTool
 from pydantic_ai.toolsets.wrapper import WrapperToolset
 from pydantic_core import to_jsonable_python
@@ -159,11 +159,29 @@ class _Gateway:
 class _Pass:
     """One ``DurableAgent.run``: its session, and what the wrappers learned during it."""
 
-    def __init__(self, session: Session, *, needs_approval: frozenset[str]) -> None:
+    def __init__(
+        self, session: Session, *, needs_approval: frozenset[str], declared: frozenset[str], known: set[str]
+    ) -> None:
         self.session = session
         self.needs_approval = set(needs_approval)  # grows with tools pydantic-ai marks requires_approval
+        self.declared = declared  # every tool name the user declared idempotent or needing approval
+        self.known: set[str] | None = known  # tool names the agent's function toolsets register
         self.error: EffectlogError | None = None
         self.held: ApprovalStep | None = None
+
+    def check_declared(self, params: ModelRequestParameters) -> None:
+        """A declared name no tool has is a typo, and a typo in needs_approval would run a call unheld."""
+        if self.known is None:
+            return
+        offered = self.known | {t.name for t in params.function_tools}
+        unknown = sorted(self.declared - offered)
+        self.known = None  # checked once a pass, at its first model request
+        if unknown:
+            raise BadInput(
+                f"DurableAgent declares tool(s) {', '.join(map(repr, unknown))} that the agent does not have "
+                f"(it has: {', '.join(sorted(offered)) or 'none'}); nothing was run",
+                run_id=self.session.run_id,
+            )
 
     def policy(self, user: Policy) -> Policy:
         def decide(call: ToolCall) -> Decision:
@@ -202,6 +220,7 @@ class _Pass:
         model_name: str,
         send: _Send,
     ) -> ModelResponse:
+        self.check_declared(params)
         step_id = f"model-{_turn(messages)}"
         fields: dict[str, Any] = {
             "tools": stable(to_jsonable_python(params)),
@@ -385,6 +404,19 @@ def record_decisions(store: Checkpointer, run_id: str, results: DeferredToolResu
     return decided
 
 
+def _registered_names(toolsets: Sequence[AbstractToolset[Any]]) -> set[str]:
+    """The names function toolsets register, offered to the model or not (a ``prepare`` may hide one)."""
+    names: set[str] = set()
+
+    def visit(toolset: AbstractToolset[Any]) -> None:
+        if isinstance(toolset, FunctionToolset):
+            names.update(toolset.tools)
+
+    for toolset in toolsets:
+        toolset.apply(visit)
+    return names
+
+
 def _replayed_tool(step: StepState, name: str, args: dict[str, Any]) -> ToolStep:
     """The outcome a completed run recorded for a tool step (it was closed with every step decided)."""
     common: dict[str, Any] = {"step_id": step.step_id, "tool": name, "args": args, "replayed": True}
@@ -488,12 +520,15 @@ class DurableAgent(Generic[DepsT, OutputT]):
                 record_decisions(store, run_id, deferred_tool_results)
             inner = WrapperModel(chosen).wrapped
             session = Session(run_id, _Gateway(inner.model_name, self.idempotent), store, crash_hook=self.crash_hook)
-            durable = _Pass(session, needs_approval=self.needs_approval)
+            given: list[AbstractToolset[Any]] = [*self.agent.toolsets, *(kwargs.pop("toolsets", None) or ())]
+            durable = _Pass(
+                session,
+                needs_approval=self.needs_approval,
+                declared=self.idempotent | self.needs_approval,
+                known=_registered_names(given),
+            )
             session.policy = durable.policy(self.policy)
-            extra: Sequence[AbstractToolset[Any]] = kwargs.pop("toolsets", None) or ()
-            toolsets: list[AbstractToolset[Any]] = [
-                DurableToolset(t, durable=durable) for t in [*self.agent.toolsets, *extra]
-            ]
+            toolsets: list[AbstractToolset[Any]] = [DurableToolset(t, durable=durable) for t in given]
             try:
                 with (
                     self.agent.override(model=DurableModel(inner, durable), toolsets=toolsets, tools=[]),
