@@ -16,7 +16,15 @@ import pytest
 
 pytest.importorskip("pydantic_ai")
 
-from pydantic_ai import Agent, DeferredToolRequests, DeferredToolResults, RunContext, ToolApproved, ToolDenied
+from pydantic_ai import (
+    Agent,
+    DeferredToolRequests,
+    DeferredToolResults,
+    ModelRetry,
+    RunContext,
+    ToolApproved,
+    ToolDenied,
+)
 from pydantic_ai.messages import (
     AgentStreamEvent,
     ModelMessage,
@@ -315,3 +323,36 @@ def test_a_declared_tool_the_agent_does_not_have_is_refused_before_anything_runs
     store = SqliteCheckpointer(tmp_path / "runs.db")
     assert (0, 0, []) == (store.state("r").seq, tally.model, tally.tools)
     store.close()
+
+
+def test_a_tool_asking_the_model_to_retry_is_a_failed_step_not_an_uncertain_one(tmp_path: Path) -> None:
+    """ModelRetry from a non-idempotent tool means nothing was applied: the step is recorded failed, the
+    model gets pydantic-ai's retry prompt and calls again; a replay gives the same conversation, no call."""
+    attempts: list[int] = []
+
+    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        turn = sum(isinstance(m, ModelResponse) for m in messages)
+        if turn < 2:
+            return ModelResponse(
+                parts=[ToolCallPart("pay", {"amount": -5 if turn == 0 else 5}, tool_call_id=f"p{turn}")]
+            )
+        return ModelResponse(parts=[TextPart("paid")])
+
+    agent: Agent[None, str] = Agent(FunctionModel(model))
+
+    @agent.tool_plain
+    def pay(amount: int) -> str:
+        attempts.append(amount)
+        if amount < 0:
+            raise ModelRetry("the amount must be positive")
+        return "ok"
+
+    durable = DurableAgent(agent, journal=tmp_path / "runs.db")
+    assert ("paid", "paid") == (durable.run_sync("pay", run_id="r").output, durable.run_sync("pay", run_id="r").output)
+    assert [-5, 5] == attempts
+    store = SqliteCheckpointer(tmp_path / "runs.db")
+    steps = {s.step_id: s.state for s in store.load("r").steps}
+    store.close()
+    assert {"model-0": "confirmed", "tool-1-p0": "failed", "model-1": "confirmed", "tool-2-p1": "confirmed"} == {
+        k: v for k, v in steps.items() if k != "model-2"
+    }

@@ -35,7 +35,7 @@ from typing import Any, Generic, TypeVar, cast
 
 from pydantic_ai import Agent, AgentRunResult, DeferredToolRequests, DeferredToolResults, ToolApproved, ToolDenied
 from pydantic_ai.exceptions import ApprovalRequired as DeferForApproval
-from pydantic_ai.exceptions import CallDeferred
+from pydantic_ai.exceptions import CallDeferred, ModelRetry
 from pydantic_ai.messages import ModelMessage, ModelMessagesTypeAdapter, ModelResponse
 from pydantic_ai.models import CompletedStreamedResponse, Model, ModelRequestParameters, StreamedResponse
 from pydantic_ai.models.wrapper import WrapperModel
@@ -51,6 +51,7 @@ from effectlog.errors import (
     BadInput,
     EffectlogError,
     IdempotencyConflict,
+    NotApplied,
     ReplayDivergence,
     RunClosed,
 )
@@ -82,6 +83,8 @@ IDEMPOTENCY_HEADER = "Idempotency-Key"
 VOLATILE_FIELDS = frozenset(
     {"timestamp", "run_id", "conversation_id", "history_digest", "usage", "model_id", "workspace_ref"}
 )
+
+MODEL_RETRY = "ModelRetry: "  # how a tool's ModelRetry is recorded (a failed step: nothing applied)
 
 _Send = Callable[[str], Awaitable[Any]]  # runs the real call with the step's idempotency key
 _PENDING: ContextVar[_Send | None] = ContextVar("effectlog_pydantic_ai_pending", default=None)
@@ -277,6 +280,8 @@ class _Pass:
         if step.status == "reconciled" and isinstance(step.result, Reconciled):
             return reconciled_value(step.result)
         if step.status == "failed":
+            if step.reason.startswith(MODEL_RETRY):  # replayed too: the same retry prompt on every pass
+                raise ModelRetry(step.reason.removeprefix(MODEL_RETRY))
             return f"failed, not applied: {step.reason}"
         if step.decision == "require_approval":
             self.held = approval = self.session.approval_for(step)
@@ -356,6 +361,13 @@ class DurableToolset(WrapperToolset[Any]):
             token = _TOOL_KEY.set(key)
             try:
                 result = await self.wrapped.call_tool(name, tool_args, run_ctx, tool)
+            except ModelRetry as exc:  # the tool refused the args: nothing applied, the model is asked again
+                raise NotApplied(MODEL_RETRY + exc.message) from exc
+            except (CallDeferred, DeferForApproval) as exc:
+                raise NotApplied(
+                    f"the tool raised pydantic-ai's {type(exc).__name__} itself; a durable call that needs a "
+                    "person is declared with needs_approval= (or requires_approval=True)"
+                ) from exc
             finally:
                 _TOOL_KEY.reset(token)
             return to_jsonable_python(result)
