@@ -33,6 +33,13 @@ from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, Generic, TypeVar, cast
 
+try:
+    import pydantic_ai  # noqa: F401 -- only to say what to install when it is missing
+except ImportError as exc:  # pragma: no cover - the dev extra installs it
+    raise ImportError(
+        "effectlog.integrations.pydantic_ai needs pydantic-ai: pip install 'effectlog[pydantic-ai]'"
+    ) from exc
+
 from pydantic_ai import Agent, AgentRunResult, DeferredToolRequests, DeferredToolResults, ToolApproved, ToolDenied
 from pydantic_ai.exceptions import ApprovalRequired as DeferForApproval
 from pydantic_ai.exceptions import CallDeferred, ModelRetry
