@@ -40,7 +40,7 @@ except ImportError as exc:  # pragma: no cover - the dev extra installs it
         "effectlog.integrations.pydantic_ai needs pydantic-ai: pip install 'effectlog[pydantic-ai]'"
     ) from exc
 
-from pydantic_ai import Agent, AgentRunResult, DeferredToolRequests, DeferredToolResults, ToolApproved, ToolDenied
+from pydantic_ai import Agent, AgentRunResult, DeferredToolRequests, DeferredToolResults
 from pydantic_ai.exceptions import ApprovalRequired as DeferForApproval
 from pydantic_ai.exceptions import CallDeferred, ModelRetry
 from pydantic_ai.messages import ModelMessage, ModelMessagesTypeAdapter, ModelResponse
@@ -63,6 +63,7 @@ from effectlog.errors import (
     RunClosed,
 )
 from effectlog.fold import StepState
+from effectlog.integrations.pydantic_ai_decisions import record_decisions
 from effectlog.journal import chain_from_env, open_journal
 from effectlog.session import (
     ApprovalStep,
@@ -380,47 +381,6 @@ class DurableToolset(WrapperToolset[Any]):
             return to_jsonable_python(result)
 
         return await self.durable.tool_step(name, tool_args, ctx, tool, send)
-
-
-def record_decisions(store: Checkpointer, run_id: str, results: DeferredToolResults) -> list[str]:
-    """Write the app's answers to held calls (pydantic-ai's ``DeferredToolResults.approvals``) into the journal.
-
-    An approval is bound to the call's recorded args, as one from the CLI; a denial is a
-    person's "no", final: the run fails. Returns the step ids decided. Answers to calls
-    effectlog only deferred (``DeferredToolResults.calls``) are not needed: the resumed
-    pass runs them.
-    """
-    state = store.state(run_id)
-    held = {
-        s.step_id.split("-", 2)[2]: s
-        for s in state.ordered_steps()
-        if s.kind == "tool" and s.step_id.startswith("tool-") and s.step_id.count("-") >= 2
-    }
-    if results.approvals and not isinstance(store, JournalCheckpointer):
-        raise BadInput("deferred_tool_results needs a journal store (a path or a JournalCheckpointer)", run_id=run_id)
-    decided: list[str] = []
-    for call_id, answer in results.approvals.items():
-        step = held.get(call_id)
-        if step is None:
-            raise BadInput(f"no held tool call {call_id!r} in run {run_id!r}", run_id=run_id)
-        if step.state != "awaiting_approval":
-            continue  # decided before (an earlier pass gave the same answers): nothing to write
-        by = results.answered_by.get(call_id) or "application"
-        assert isinstance(store, JournalCheckpointer)
-        if answer is True or isinstance(answer, ToolApproved):
-            if isinstance(answer, ToolApproved) and answer.override_args is not None:
-                raise BadInput(
-                    f"an approval is bound to the exact args held at {step.step_id!r}; "
-                    "approving other args (override_args) would run a call nobody was shown",
-                    run_id=run_id,
-                    step_id=step.step_id,
-                )
-            store.approve(run_id, step.step_id, by=by, reason="approved through pydantic-ai DeferredToolResults")
-        else:
-            message = answer.message if isinstance(answer, ToolDenied) else "denied through DeferredToolResults"
-            store.deny(run_id, step.step_id, by=by, reason=message)
-        decided.append(step.step_id)
-    return decided
 
 
 def _registered_names(toolsets: Sequence[AbstractToolset[Any]]) -> set[str]:
