@@ -45,7 +45,7 @@ from effectlog.errors import (
     RunFailed,
     UncertainEffect,
 )
-from effectlog.integrations.pydantic_ai import DurableAgent
+from effectlog.integrations.pydantic_ai import DurableAgent, idempotency_key
 from effectlog.session import SqliteCheckpointer
 
 
@@ -356,3 +356,34 @@ def test_a_tool_asking_the_model_to_retry_is_a_failed_step_not_an_uncertain_one(
     assert {"model-0": "confirmed", "tool-1-p0": "failed", "model-1": "confirmed", "tool-2-p1": "confirmed"} == {
         k: v for k, v in steps.items() if k != "model-2"
     }
+
+
+def test_reconciled_not_applied_the_next_pass_runs_the_call_again_under_a_new_attempt(tmp_path: Path) -> None:
+    """An uncertain call a person reconciles as not applied is run again by the next pass, once, with the
+    key of attempt 2; the model sees only the real result."""
+    keys: list[str] = []
+
+    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        if not any(isinstance(m, ModelResponse) for m in messages):
+            return ModelResponse(parts=[ToolCallPart("charge", {"who": "bob"}, tool_call_id="c")])
+        return ModelResponse(parts=[TextPart("charged")])
+
+    agent: Agent[None, str] = Agent(FunctionModel(model))
+
+    @agent.tool_plain
+    def charge(who: str) -> str:
+        keys.append(idempotency_key())
+        if len(keys) == 1:
+            raise TimeoutError("the bank did not answer")
+        return f"charged {who}"
+
+    durable = DurableAgent(agent, journal=tmp_path / "runs.db")
+    with pytest.raises(UncertainEffect):
+        durable.run_sync("go", run_id="r")
+    store = SqliteCheckpointer(tmp_path / "runs.db")
+    store.reconcile("r", "tool-1-c", outcome="not_applied", evidence="no charge at the bank", operator="ann")
+    store.close()
+    assert "charged" == durable.run_sync("go", run_id="r").output
+    assert "charged" == durable.run_sync("go", run_id="r").output
+    assert 2 == len(keys)
+    assert keys[0] != keys[1]  # a new attempt, a new key: the first was never applied
