@@ -387,3 +387,54 @@ def test_reconciled_not_applied_the_next_pass_runs_the_call_again_under_a_new_at
     assert "charged" == durable.run_sync("go", run_id="r").output
     assert 2 == len(keys)
     assert keys[0] != keys[1]  # a new attempt, a new key: the first was never applied
+
+
+def test_continuing_with_this_runs_own_messages_is_refused_before_anything_runs(tmp_path: Path) -> None:
+    """pydantic-ai's continuation (message_history=result.all_messages()) would skip recorded steps: it is
+    BadInput naming them, nothing written, nothing run; the same answer given as a resume completes."""
+    tally = Tally()
+    durable = DurableAgent(
+        parallel_agent(tally, deferrable=True),
+        journal=tmp_path / "runs.db",
+        idempotent={"lookup"},
+        needs_approval={"charge"},
+    )
+    held = durable.run_sync("go", run_id="r")
+    approve = DeferredToolResults(approvals={"b": True})
+    store = SqliteCheckpointer(tmp_path / "runs.db")
+    before = store.state("r").seq
+    with pytest.raises(BadInput) as caught:
+        durable.run_sync(run_id="r", message_history=held.all_messages(), deferred_tool_results=approve)
+    assert "model-0" in str(caught.value)
+    assert (before, ["lookup ann"]) == (store.state("r").seq, tally.tools)
+    store.close()
+    assert "all done" == durable.run_sync("go", run_id="r", deferred_tool_results=approve).output
+
+
+def test_a_run_started_from_an_earlier_conversation_numbers_its_steps_after_it(tmp_path: Path) -> None:
+    """A history from elsewhere (an earlier chat) is part of every pass's request: the run's first model
+    step is model-N after its N responses, and the run resumes and completes with that same history."""
+    earlier = Agent(FunctionModel(lambda messages, info: ModelResponse(parts=[TextPart("hello ann")])))
+    history = earlier.run_sync("hi").all_messages()
+    tally = Tally()
+
+    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        tally.model += 1
+        if sum(isinstance(m, ModelResponse) for m in messages) == 1:
+            return ModelResponse(parts=[ToolCallPart("lookup", {"who": "ann"}, tool_call_id="l")])
+        return ModelResponse(parts=[TextPart("ann is known")])
+
+    agent: Agent[None, str] = Agent(FunctionModel(model))
+
+    @agent.tool_plain
+    def lookup(who: str) -> str:
+        tally.tools.append(who)
+        return "known"
+
+    durable = DurableAgent(agent, journal=tmp_path / "runs.db", idempotent={"lookup"})
+    first = durable.run_sync("who is ann?", run_id="r", message_history=history)
+    again = durable.run_sync("who is ann?", run_id="r", message_history=history)
+    assert ("ann is known", "ann is known", 2, ["ann"]) == (first.output, again.output, tally.model, tally.tools)
+    store = SqliteCheckpointer(tmp_path / "runs.db")
+    assert ["model-1", "tool-2-l", "model-2"] == [s.step_id for s in store.load("r").steps]
+    store.close()

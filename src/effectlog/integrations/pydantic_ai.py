@@ -383,6 +383,27 @@ class DurableToolset(WrapperToolset[Any]):
         return await self.durable.tool_step(name, tool_args, ctx, tool, send)
 
 
+def _check_history(store: Checkpointer, run_id: str, history: Sequence[ModelMessage]) -> None:
+    """Refuse a history that holds answers this run recorded: pydantic-ai's continuation is not a resume.
+
+    ``message_history=result.all_messages()`` would skip the recorded steps (and the journal
+    would then refuse to finish); a durable run resumes from its journal instead.
+    """
+    turns = _turn(history)
+    recorded = [
+        s.step_id
+        for s in store.state(run_id).ordered_steps()
+        if s.step_id.startswith("model-") and s.step_id[6:].isdigit() and int(s.step_id[6:]) < turns
+    ]
+    if recorded:
+        raise BadInput(
+            f"message_history holds model responses this run recorded ({', '.join(recorded)}): a durable run "
+            "resumes from its journal, so call run() again with the first pass's prompt and history "
+            "(and deferred_tool_results to answer held calls); nothing was run",
+            run_id=run_id,
+        )
+
+
 def _registered_names(toolsets: Sequence[AbstractToolset[Any]]) -> set[str]:
     """The names function toolsets register, offered to the model or not (a ``prepare`` may hide one)."""
     names: set[str] = set()
@@ -495,6 +516,7 @@ class DurableAgent(Generic[DepsT, OutputT]):
             raise BadInput("the agent has no model: give one to Agent(...) or to run(model=...)")
         store, owned = self._store()
         try:
+            _check_history(store, run_id, message_history or ())
             if deferred_tool_results is not None:
                 record_decisions(store, run_id, deferred_tool_results)
             inner = WrapperModel(chosen).wrapped
