@@ -10,6 +10,7 @@ from __future__ import annotations
 from pydantic_ai import DeferredToolResults, ToolApproved, ToolDenied
 
 from effectlog.errors import BadInput
+from effectlog.fold import StepState
 from effectlog.session import Checkpointer
 from effectlog.session.store import JournalCheckpointer
 
@@ -23,11 +24,12 @@ def record_decisions(store: Checkpointer, run_id: str, results: DeferredToolResu
     pass runs them.
     """
     state = store.state(run_id)
-    held = {
-        s.step_id.split("-", 2)[2]: s
-        for s in state.ordered_steps()
-        if s.kind == "tool" and s.step_id.startswith("tool-") and s.step_id.count("-") >= 2
-    }
+    held: dict[str, StepState] = {}  # by tool_call_id; a call waiting now wins over an earlier one of the same id
+    for s in state.ordered_steps():
+        if s.kind == "tool" and s.step_id.startswith("tool-") and s.step_id.count("-") >= 2:
+            call_id = s.step_id.split("-", 2)[2]
+            if call_id not in held or held[call_id].state != "awaiting_approval":
+                held[call_id] = s
     if results.approvals and not isinstance(store, JournalCheckpointer):
         raise BadInput("deferred_tool_results needs a journal store (a path or a JournalCheckpointer)", run_id=run_id)
     decided: list[str] = []
