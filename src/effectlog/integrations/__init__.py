@@ -1,0 +1,11 @@
+"""Durability for agents written with other frameworks, built on their public interfaces.
+
+Each integration lives in its own module and needs its own extra; importing this
+package imports none of them:
+
+- ``effectlog.integrations.pydantic_ai`` (extra ``pydantic-ai``): ``DurableAgent`` wraps a
+  pydantic-ai ``Agent`` so each model request and each tool call is a journaled session step
+  (``pydantic_ai_decisions``: the app's answers to held calls, written to the journal).
+"""
+
+from __future__ import annotations
