@@ -315,9 +315,10 @@ def cmd_reconcile(args: argparse.Namespace) -> int:
     if automated:
         if args.outcome or args.evidence:
             raise BadInput(f"reconcile: {automated[0]} decides the outcome; do not also give --outcome/--evidence")
-        if args.from_ledger and not os.path.isfile(args.from_ledger):
-            raise BadInput(f"--from-ledger {args.from_ledger}: no effect store there")
-        check_effect_store(args.from_ledger, flag="--from-ledger")
+        if args.from_ledger:
+            if not os.path.isfile(args.from_ledger):
+                raise BadInput(f"--from-ledger {args.from_ledger}: no effect store there")
+            check_effect_store(args.from_ledger, flag="--from-ledger")
     elif not (args.outcome and args.evidence and args.operator):
         raise BadInput(
             "reconcile: give --outcome, --evidence and --operator (or --lookup, or --from-ledger EFFECTS_DB)"
