@@ -140,11 +140,12 @@ def test_state_filters_and_limit(journal: Path, argv: tuple[str, ...], expected:
 
 
 def test_the_human_list_is_newest_first_and_filtered(journal: Path) -> None:
-    """The table without --json: the same order and filter, one row per run."""
+    """The table without --json: the same order and filter, one row per run; a running run whose
+    process is gone reads ``interrupted`` (its owner is no longer alive)."""
     filters = ("--state", "stopped", "--state", "running")
     done = effectlog("status", "--journal", str(journal), *filters, cwd=journal.parent)
     rows = [line.split()[:2] for line in done.stdout.splitlines()[2:]]
-    assert (0, [["v-running", "running"], ["w-stopped", "stopped"]]) == (done.returncode, rows)
+    assert (0, [["v-running", "interrupted"], ["w-stopped", "stopped"]]) == (done.returncode, rows)
 
 
 @pytest.mark.parametrize(

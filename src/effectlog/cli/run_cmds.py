@@ -278,7 +278,7 @@ def cmd_status(args: argparse.Namespace) -> int:
             found = journal.owner(args.run_id)
         else:
             states = summaries(journal, journal.runs(), states=args.state, limit=args.limit)
-            owners = {s.run_id: journal.owner(s.run_id) for s in states if s.state == "running"}
+            owners = {s.run_id: journal.owner(s.run_id) for s in states}
     finally:
         journal.close()
     if args.run_id:
