@@ -99,6 +99,7 @@ VOLATILE_FIELDS = frozenset(
 
 MODEL_RETRY = "ModelRetry: "  # how a tool's ModelRetry is recorded (a failed step: nothing applied)
 
+
 def stable(value: Any) -> Any:
     """``value`` (JSON types) without the fields pydantic-ai sets afresh in each process."""
     if isinstance(value, dict):
