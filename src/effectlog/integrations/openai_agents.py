@@ -438,7 +438,9 @@ class DurableRunner:
             config = dataclasses.replace(
                 config, model=model, model_provider=DurableModelProvider(config.model_provider, durable)
             )
-            agent = _durable_agent(starting_agent, durable, {})
+            cloned: dict[int, Agent[Any]] = {}
+            agent = _durable_agent(starting_agent, durable, cloned)
+            self._check_declared(run_id, cloned.values())
             try:
                 result = await Runner.run(agent, input, run_config=config, **kwargs)
                 if result.interruptions:
@@ -457,6 +459,17 @@ class DurableRunner:
         finally:
             if owned:
                 store.close()
+
+    def _check_declared(self, run_id: str, agents: Collection[Agent[Any]]) -> None:
+        """A declared name no tool has is a typo, and a typo in needs_approval would run a call unheld."""
+        known = {t.name for a in agents for t in a.tools if isinstance(t, FunctionTool)}
+        unknown = sorted((self.idempotent | self.needs_approval) - known)
+        if unknown:
+            raise BadInput(
+                f"DurableRunner declares tool(s) {', '.join(map(repr, unknown))} that the agents do not have "
+                f"(they have: {', '.join(sorted(known)) or 'none'}); nothing was run",
+                run_id=run_id,
+            )
 
     def run_sync(
         self,
