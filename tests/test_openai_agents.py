@@ -271,3 +271,16 @@ def test_a_held_call_beside_a_free_one_in_one_response_holds_only_itself(
         store.close()
     assert "done" == runner.run_sync(agent, "look up and charge bob", run_id=RUN).final_output
     assert ["lookup", "charge"] == [name for name, _ in effects]
+
+
+def test_runner_managed_model_retries_are_refused(
+    tmp_path: Path, stand_in: ProviderStandIn, effects: list[tuple[str, str]]
+) -> None:
+    """``ModelSettings.retry`` would re-ask a failed request as the next step under another key: refused
+    before any request is made."""
+    from agents.retry import ModelRetrySettings
+
+    agent = make_agent(stand_in.url, effects).clone(model_settings=ModelSettings(retry=ModelRetrySettings()))
+    with pytest.raises(BadInput, match=r"ModelSettings\.retry"):
+        DurableRunner(journal=tmp_path / "runs.db").run_sync(agent, "charge bob 5", run_id=RUN)
+    assert 0 == stand_in.requests

@@ -262,6 +262,12 @@ class DurableModel(Model):
         conversation_id: str | None,
         prompt: Any,
     ) -> ModelResponse:
+        if model_settings.retry is not None:
+            raise BadInput(
+                "ModelSettings.retry re-asks a model step within one pass under the next step's number; "
+                "a durable run retries by resuming (the same step, the same Idempotency-Key): leave it unset",
+                run_id=self._durable.session.run_id,
+            )
         schema: Any = None
         if output_schema is not None and not output_schema.is_plain_text():
             schema = output_schema.json_schema()
