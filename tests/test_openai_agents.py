@@ -224,8 +224,7 @@ def test_streaming_is_refused_with_a_clear_error(tmp_path: Path, stand_in: Provi
         from effectlog.session import Session
 
         store = SqliteCheckpointer(tmp_path / "runs.db")
-        durable = _Pass(Session(RUN, PendingGateway("m", frozenset()), store), needs_approval=frozenset(),
-                        idempotent=frozenset())  # fmt: skip
+        durable = _Pass(Session(RUN, PendingGateway("m", frozenset()), store), needs_approval=frozenset())
         model = _durable_agent(agent, durable, {}).model
         assert isinstance(model, DurableModel)
         seen.append(model)
@@ -284,3 +283,35 @@ def test_runner_managed_model_retries_are_refused(
     with pytest.raises(BadInput, match=r"ModelSettings\.retry"):
         DurableRunner(journal=tmp_path / "runs.db").run_sync(agent, "charge bob 5", run_id=RUN)
     assert 0 == stand_in.requests
+
+
+@pytest.mark.parametrize(
+    "stand_in", [[("transfer_to_billing", {}), ("charge", {"to": "bob", "amount": 5}), "done"]], indirect=True
+)
+def test_a_handoff_agents_tools_and_model_are_journaled_too(
+    tmp_path: Path, stand_in: ProviderStandIn, effects: list[tuple[str, str]]
+) -> None:
+    """A triage agent hands off to the billing agent (given as an Agent): the handoff's response, the
+    billing agent's tool call and its answer are steps of the same run; a second pass calls nothing."""
+    billing = make_agent(stand_in.url, effects)
+    triage = Agent(name="triage", instructions="Route.", model=billing.model, handoffs=[billing])
+    runner = DurableRunner(journal=tmp_path / "runs.db")
+    assert "done" == runner.run_sync(triage, "charge bob 5", run_id=RUN).final_output
+    assert ["model-0", "model-1", "tool-2-call_1", "model-2"] == [sid for sid, _ in steps(tmp_path / "runs.db")]
+    assert "done" == runner.run_sync(triage, "charge bob 5", run_id=RUN).final_output
+    assert (3, 1) == (stand_in.requests, len(effects))
+
+
+def test_a_held_run_resumed_before_any_decision_stays_held_and_charges_nothing(
+    tmp_path: Path, stand_in: ProviderStandIn, effects: list[tuple[str, str]]
+) -> None:
+    """A pass of a run waiting for approval, with no decision yet: the same interruption, the same approve
+    command, no model request after the recorded one, no charge."""
+    runner = DurableRunner(journal=tmp_path / "runs.db", needs_approval={"charge"})
+    agent = make_agent(stand_in.url, effects)
+    first = runner.run_sync(agent, "charge bob 5", run_id=RUN)
+    commands = [h.command for h in runner.last_held]
+    again = runner.run_sync(agent, "charge bob 5", run_id=RUN)
+    assert len(first.interruptions) == len(again.interruptions) == 1
+    assert commands == [h.command for h in runner.last_held]
+    assert (1, []) == (stand_in.requests, effects)

@@ -126,10 +126,9 @@ def _tool_shape(tool: Any) -> dict[str, Any]:
 class _Pass:
     """One ``DurableRunner.run``: its session, and what the wrappers learned during it."""
 
-    def __init__(self, session: Session, *, needs_approval: frozenset[str], idempotent: frozenset[str]) -> None:
+    def __init__(self, session: Session, *, needs_approval: frozenset[str]) -> None:
         self.session = session
-        self.needs_approval = set(needs_approval)
-        self.idempotent = idempotent
+        self.needs_approval = needs_approval  # declared here; the SDK's own are held through record_holds
         self.responses = 0  # model responses so far in this pass: the place of the next request
         self.error: EffectlogError | None = None
         self.holds: list[tuple[str, str, dict[str, Any]]] = []  # (step id, tool, args) the SDK interrupted on
@@ -437,7 +436,7 @@ class DurableRunner:
             session = Session(
                 run_id, PendingGateway("openai-agents", self.idempotent), store, crash_hook=self.crash_hook
             )
-            durable = _Pass(session, needs_approval=self.needs_approval, idempotent=self.idempotent)
+            durable = _Pass(session, needs_approval=self.needs_approval)
             session.policy = durable.policy(self.policy)
             config = run_config or RunConfig()
             model = DurableModel(config.model, durable) if isinstance(config.model, Model) else config.model
