@@ -181,7 +181,8 @@ class _Pass:
         step = self.session.state.step(sid)
         if step is not None and step.state != "awaiting_approval":
             return False  # approved (runs now), denied, or done: the tool step answers from the journal
-        self.holds.append((sid, name, args))
+        if all(sid != held for held, _, _ in self.holds):  # the SDK may ask more than once per call
+            self.holds.append((sid, name, args))
         return True
 
     async def record_holds(self) -> list[ApprovalStep]:
