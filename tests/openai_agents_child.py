@@ -6,10 +6,11 @@ The model is the SDK's ``OpenAIChatCompletionsModel`` talking HTTP to the OpenAI
 stand-in at PROVIDER_URL (tests/provider_standin.py, run by the test). Tools: ``charge``
 (declared not idempotent) and ``lookup`` (declared idempotent); which one is called is the
 stand-in's script. MODE: ``live``; ``die-in-tool`` (SIGKILL inside the tool, right after its
-effect); ``approve`` (``charge`` needs approval). The calls file gets one line per real tool
-effect (``effect KEY``). On success the last line of stdout is JSON: ``{"output": ...}`` or,
-when held, ``{"held": [{"step_id", "command"}], "interruptions": [call ids]}``; an effectlog
-error prints its message to stderr and exits with its documented status.
+effect); ``die-in-charge`` (the same, in ``charge`` only); ``approve`` (``charge`` needs
+approval). The calls file gets one line per real tool effect (``effect KEY``). On success
+the last line of stdout is JSON: ``{"output": ...}`` or, when held, ``{"held": [{"step_id",
+"command"}], "interruptions": [call ids]}``; an effectlog error prints its message to stderr
+and exits with its documented status.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ PROMPT = "charge bob 5"
 def build(url: str, calls: Path, mode: str) -> Agent[None]:
     def effect(name: str, to: str, amount: int) -> str:
         note(calls, f"effect {idempotency_key()}")
-        if mode == "die-in-tool":
+        if mode == "die-in-tool" or (mode == "die-in-charge" and name == "charged"):
             os.kill(os.getpid(), signal.SIGKILL)  # the effect happened; its result was never recorded
         return f"{name} {amount} to {to}"
 

@@ -174,3 +174,30 @@ def test_a_changed_prompt_on_resume_is_refused_before_anything_runs(
     assert diverged.stderr.startswith("IdempotencyConflict: ")
     assert "step 'model-0'" in diverged.stderr
     assert before == (charge_provider.requests, len(keys(calls, "effect")))
+
+
+def test_killed_in_the_second_of_two_parallel_calls_keeps_the_first_and_doubts_only_the_second(
+    tmp_path: Path,
+) -> None:
+    """Parallel calls (lookup, then charge) in one response, SIGKILL after the charge's effect: the resumed
+    pass replays the lookup from the journal (not called again), stops uncertain on the charge alone;
+    reconciled, the run completes with one lookup and one charge."""
+    script: list[Reply] = [[("lookup", {"to": "bob", "amount": 5}), ("charge", {"to": "bob", "amount": 5})], "done"]
+    provider = ProviderStandIn(script).start()
+    calls = tmp_path / "calls.log"
+    try:
+        assert -signal.SIGKILL == one_pass(tmp_path, provider.url, "die-in-charge").returncode
+        resumed = one_pass(tmp_path, provider.url, "live")
+        assert ExitStatus.STOPPED_UNCERTAIN == resumed.returncode, resumed.stderr
+        assert "--step tool-1-call_0_1 " in resumed.stderr
+        assert 2 == len(keys(calls, "effect"))  # the lookup and the charge, each once so far
+        reconciled = cli(
+            "reconcile", "--journal", str(tmp_path / "runs.db"), "--run-id", RUN, "--step", "tool-1-call_0_1",
+            "--outcome", "applied", "--evidence", "charge ch_1 found at the bank", "--operator", "ann",
+        )  # fmt: skip
+        assert 0 == reconciled.returncode, reconciled.stderr
+        assert {"output": "done"} == output(one_pass(tmp_path, provider.url, "live"))
+    finally:
+        provider.stop()
+    assert 2 == len(keys(calls, "effect"))
+    billed_once_per_step(provider)
