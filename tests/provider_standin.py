@@ -15,12 +15,15 @@ from collections.abc import Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-Reply = str | tuple[str, dict[str, Any]]  # final text, or (tool name, args)
+Reply = str | tuple[str, dict[str, Any]] | list[tuple[str, dict[str, Any]]]  # text, a tool call, parallel calls
 
 
 class ProviderStandIn:
-    def __init__(self, script: Sequence[Reply]) -> None:
+    def __init__(self, script: Sequence[Reply], *, stall: threading.Event | None = None) -> None:
         self.script = list(script)
+        # When given: the first generation is billed, then its answer waits until the event is set
+        # (a test kills the client while the request is in flight).
+        self.stall = stall
         self.billed = 0
         self.requests = 0
         self.replayed = 0
@@ -51,16 +54,17 @@ class ProviderStandIn:
         if isinstance(reply, str):
             message: dict[str, Any] = {"role": "assistant", "content": reply}
         else:
-            name, args = reply
+            calls = (
+                [(f"call_{turn}", *reply)]
+                if isinstance(reply, tuple)
+                else [(f"call_{turn}_{i}", *call) for i, call in enumerate(reply)]
+            )
             message = {
                 "role": "assistant",
                 "content": None,
                 "tool_calls": [
-                    {
-                        "id": f"call_{turn}",
-                        "type": "function",
-                        "function": {"name": name, "arguments": json.dumps(args)},
-                    }
+                    {"id": cid, "type": "function", "function": {"name": name, "arguments": json.dumps(args)}}
+                    for cid, name, args in calls
                 ],
             }
         return {
@@ -103,6 +107,10 @@ class ProviderStandIn:
                     return
                 raw = self.rfile.read(int(self.headers.get("Content-Length", "0")))
                 status, payload = provider.handle(self.headers.get("Idempotency-Key"), raw)
+                stall = provider.stall
+                if stall is not None and provider.billed == 1:
+                    provider.stall = None  # one request stalls: the one a test kills its client during
+                    stall.wait(60)
                 self._send(status, payload)
 
             def _send(self, status: int, payload: dict[str, Any]) -> None:

@@ -27,9 +27,8 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Sequence
+from collections.abc import AsyncIterator, Collection, Sequence
 from contextlib import asynccontextmanager
-from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, Generic, TypeVar, cast
 
@@ -59,12 +58,22 @@ from effectlog.errors import (
     EffectlogError,
     IdempotencyConflict,
     NotApplied,
-    ReplayDivergence,
-    RunClosed,
 )
-from effectlog.fold import StepState
+from effectlog.integrations.framework_steps import (
+    IDEMPOTENCY_HEADER,
+    PENDING,
+    TOOL_KEY,
+    PendingGateway,
+    Send,
+    check_names,
+    effectlog_error,
+    idempotency_key,
+    open_store,
+    reconciled_value,
+    recorded_step,
+    replayed_tool,
+)
 from effectlog.integrations.pydantic_ai_decisions import record_decisions
-from effectlog.journal import chain_from_env, open_journal
 from effectlog.session import (
     ApprovalStep,
     Checkpointer,
@@ -72,20 +81,16 @@ from effectlog.session import (
     Policy,
     Reconciled,
     Session,
-    SqliteCheckpointer,
     ToolCall,
-    ToolInfo,
     ToolStep,
     allow_all,
 )
 from effectlog.session import identity as ids
 from effectlog.session.durable import CrashHook
-from effectlog.session.store import JournalCheckpointer
 
 OutputT = TypeVar("OutputT")
 DepsT = TypeVar("DepsT")
 
-IDEMPOTENCY_HEADER = "Idempotency-Key"
 # Fields pydantic-ai sets afresh in every process (clock, per-run ids, accounting): left
 # out of a model step's body, so a resumed pass asks for the same request with the same key.
 VOLATILE_FIELDS = frozenset(
@@ -93,18 +98,6 @@ VOLATILE_FIELDS = frozenset(
 )
 
 MODEL_RETRY = "ModelRetry: "  # how a tool's ModelRetry is recorded (a failed step: nothing applied)
-
-_Send = Callable[[str], Awaitable[Any]]  # runs the real call with the step's idempotency key
-_PENDING: ContextVar[_Send | None] = ContextVar("effectlog_pydantic_ai_pending", default=None)
-_TOOL_KEY: ContextVar[str | None] = ContextVar("effectlog_pydantic_ai_tool_key", default=None)
-
-
-def idempotency_key() -> str:
-    """The idempotency key of the tool step running now, stable across crashes: pass it to your API."""
-    key = _TOOL_KEY.get()
-    if key is None:
-        raise BadInput("idempotency_key() is only available inside a tool called by a DurableAgent run")
-    return key
 
 
 def stable(value: Any) -> Any:
@@ -129,42 +122,6 @@ def _load_response(recorded: Any) -> ModelResponse:
 def _turn(messages: Sequence[ModelMessage]) -> int:
     """How many model responses the conversation holds: the place of the next request."""
     return sum(isinstance(m, ModelResponse) for m in messages)
-
-
-def reconciled_value(result: Reconciled) -> dict[str, Any]:
-    """What a tool call reconciled by a person returns to the model (its real answer was never recorded)."""
-    return {
-        "reconciled": True,
-        "outcome": result.outcome,
-        "evidence": result.evidence,
-        "operator": result.operator,
-    }
-
-
-class _Gateway:
-    """The session's gateway for one pass: the real call is whatever the wrapper put in ``_PENDING``."""
-
-    def __init__(self, model: str, idempotent: frozenset[str]) -> None:
-        self.model = model
-        self.idempotent = idempotent
-
-    def tool(self, name: str) -> ToolInfo:
-        return ToolInfo(name=name, idempotent=name in self.idempotent)
-
-    def tools(self) -> Sequence[ToolInfo]:
-        return []
-
-    async def _send(self, key: str) -> Any:
-        send = _PENDING.get()
-        if send is None:  # pragma: no cover - the wrappers always set it
-            raise BadInput("a pydantic-ai step ran outside its wrapper")
-        return await send(key)
-
-    async def complete(self, body: Any, *, idempotency_key: str) -> dict[str, Any]:
-        return cast(dict[str, Any], await self._send(idempotency_key))
-
-    async def call_tool(self, name: str, args: Any, *, idempotency_key: str) -> Any:
-        return await self._send(idempotency_key)
 
 
 class _Pass:
@@ -203,33 +160,13 @@ class _Pass:
 
         return decide
 
-    def _recorded(self, step_id: str, kind: str, name: str, fp: str) -> StepState:
-        """A completed run answers from the journal alone: the same step, or an error, never a call."""
-        step = self.session.state.step(step_id)
-        if step is None:
-            raise RunClosed(
-                f"step {step_id!r} asked of a completed run; a closed run never reopens (use a new run id)",
-                run_id=self.session.run_id,
-                step_id=step_id,
-            )
-        if step.fingerprint != fp:
-            recorded, asked = f"{step.kind} {step.adapter!r}", f"{kind} {name!r}"
-            raise ReplayDivergence(
-                f"the journal recorded {recorded} at this step, this run asks for {asked}",
-                run_id=self.session.run_id,
-                step_id=step_id,
-                recorded=recorded,
-                requested=asked,
-            )
-        return step
-
     async def model_step(
         self,
         messages: list[ModelMessage],
         settings: ModelSettings | None,
         params: ModelRequestParameters,
         model_name: str,
-        send: _Send,
+        send: Send,
     ) -> ModelResponse:
         self.check_declared(params)
         step_id = f"model-{_turn(messages)}"
@@ -239,7 +176,7 @@ class _Pass:
         }
         history = stable(ModelMessagesTypeAdapter.dump_python(messages, mode="json"))
         if self.session.completed:
-            step = self._recorded(step_id, "model", model_name, ids.fingerprint("model", model_name, None))
+            step = recorded_step(self.session, step_id, "model", model_name, ids.fingerprint("model", model_name, None))
             body = ids.normalized({**fields, "model": model_name, "messages": history}, "the model request body")
             if step.args_digest != ids.body_digest(body):
                 raise IdempotencyConflict(
@@ -249,36 +186,36 @@ class _Pass:
                     step_id=step_id,
                 )
             return _load_response(step.receipt)
-        token = _PENDING.set(send)
+        token = PENDING.set(send)
         try:
             recorded = await self.session.model_step(history, model=model_name, key=step_id, **fields)
         except EffectlogError as exc:
             self.error = exc
             raise
         finally:
-            _PENDING.reset(token)
+            PENDING.reset(token)
         return _load_response(recorded.response)
 
     async def tool_step(
-        self, name: str, args: dict[str, Any], ctx: RunContext[Any], tool: ToolsetTool[Any], send: _Send
+        self, name: str, args: dict[str, Any], ctx: RunContext[Any], tool: ToolsetTool[Any], send: Send
     ) -> Any:
         step_id = f"tool-{_turn(ctx.messages)}-{ctx.tool_call_id}"
         call_args = ids.normalized(to_jsonable_python(args), f"tool {name!r} args")
         if self.session.completed:
-            recorded = self._recorded(step_id, "tool", name, ids.fingerprint("tool", name, call_args))
-            return self._outcome(_replayed_tool(recorded, name, call_args))
+            recorded = recorded_step(self.session, step_id, "tool", name, ids.fingerprint("tool", name, call_args))
+            return self._outcome(replayed_tool(recorded, name, call_args))
         if self.held is not None:
             # The run waits on disk for an earlier call of this response: nothing runs past it in this
             # pass. The call is left to the pass that resumes after the decision (same step id then).
             raise CallDeferred(metadata={"effectlog": {"waits_for": self.held.step_id, "command": self.held.command}})
-        token = _PENDING.set(send)
+        token = PENDING.set(send)
         try:
             step = await self.session.tool_step(name, call_args, key=step_id)
         except EffectlogError as exc:
             self.error = exc
             raise
         finally:
-            _PENDING.reset(token)
+            PENDING.reset(token)
         return self._outcome(step)
 
     def _outcome(self, step: ToolStep) -> Any:
@@ -366,7 +303,7 @@ class DurableToolset(WrapperToolset[Any]):
         async def send(key: str) -> Any:
             # Reached for a call needing approval only once the journal holds the approval.
             run_ctx = dataclasses.replace(ctx, tool_call_approved=True) if name in self.durable.needs_approval else ctx
-            token = _TOOL_KEY.set(key)
+            token = TOOL_KEY.set(key)
             try:
                 result = await self.wrapped.call_tool(name, tool_args, run_ctx, tool)
             except ModelRetry as exc:  # the tool refused the args: nothing applied, the model is asked again
@@ -377,7 +314,7 @@ class DurableToolset(WrapperToolset[Any]):
                     "person is declared with needs_approval= (or requires_approval=True)"
                 ) from exc
             finally:
-                _TOOL_KEY.reset(token)
+                TOOL_KEY.reset(token)
             return to_jsonable_python(result)
 
         return await self.durable.tool_step(name, tool_args, ctx, tool, send)
@@ -417,41 +354,6 @@ def _registered_names(toolsets: Sequence[AbstractToolset[Any]]) -> set[str]:
     return names
 
 
-def _replayed_tool(step: StepState, name: str, args: dict[str, Any]) -> ToolStep:
-    """The outcome a completed run recorded for a tool step (it was closed with every step decided)."""
-    common: dict[str, Any] = {"step_id": step.step_id, "tool": name, "args": args, "replayed": True}
-    if step.state == "reconciled":
-        result = Reconciled(
-            outcome=step.outcome or "applied",
-            evidence=step.evidence or "",
-            operator=step.operator or "",
-            automated=step.automated,
-        )
-        return ToolStep(status="reconciled", result=result, **common)
-    if step.state == "denied":
-        return ToolStep(status="denied", decision="deny", reason=step.reason, **common)
-    if step.state == "failed":
-        return ToolStep(status="failed", reason=step.reason, **common)
-    return ToolStep(status="ok", result=step.receipt, **common)
-
-
-def _effectlog_error(exc: BaseException) -> EffectlogError | None:
-    """The effectlog error inside whatever pydantic-ai wrapped it in (cause, context, exception group)."""
-    seen: set[int] = set()
-    todo: list[BaseException] = [exc]
-    while todo:
-        current = todo.pop()
-        if id(current) in seen:
-            continue
-        seen.add(id(current))
-        if isinstance(current, EffectlogError):
-            return current
-        if isinstance(current, BaseExceptionGroup):
-            todo.extend(current.exceptions)
-        todo.extend(e for e in (current.__cause__, current.__context__) if e is not None)
-    return None
-
-
 class DurableAgent(Generic[DepsT, OutputT]):
     """A pydantic-ai ``Agent`` whose runs are effectlog sessions: ``await DurableAgent(agent, ...).run(p, run_id=...)``.
 
@@ -471,23 +373,14 @@ class DurableAgent(Generic[DepsT, OutputT]):
         policy: Policy | None = None,
         crash_hook: CrashHook | None = None,
     ) -> None:
-        for what, names in (("idempotent", idempotent), ("needs_approval", needs_approval)):
-            if isinstance(names, str):
-                raise BadInput(f"{what} takes a collection of tool names, not the string {names!r}")
+        check_names("idempotent", idempotent)
+        check_names("needs_approval", needs_approval)
         self.agent = agent
         self.journal = journal
         self.idempotent = frozenset(idempotent)
         self.needs_approval = frozenset(needs_approval)
         self.policy = policy or allow_all
         self.crash_hook = crash_hook
-
-    def _store(self) -> tuple[Checkpointer, bool]:
-        """The store of one pass (opened by it and closed after it, when given as a location)."""
-        if isinstance(self.journal, Path):
-            return SqliteCheckpointer(self.journal), True
-        if isinstance(self.journal, str):
-            return JournalCheckpointer(open_journal(self.journal, chain=chain_from_env())), True
-        return self.journal, False
 
     async def run(
         self,
@@ -514,13 +407,14 @@ class DurableAgent(Generic[DepsT, OutputT]):
         chosen = model if model is not None else self.agent.model
         if chosen is None:
             raise BadInput("the agent has no model: give one to Agent(...) or to run(model=...)")
-        store, owned = self._store()
+        store, owned = open_store(self.journal)
         try:
             _check_history(store, run_id, message_history or ())
             if deferred_tool_results is not None:
                 record_decisions(store, run_id, deferred_tool_results)
             inner = WrapperModel(chosen).wrapped
-            session = Session(run_id, _Gateway(inner.model_name, self.idempotent), store, crash_hook=self.crash_hook)
+            gateway = PendingGateway(inner.model_name, self.idempotent)
+            session = Session(run_id, gateway, store, crash_hook=self.crash_hook)
             given: list[AbstractToolset[Any]] = [*self.agent.toolsets, *(kwargs.pop("toolsets", None) or ())]
             durable = _Pass(
                 session,
@@ -554,7 +448,7 @@ class DurableAgent(Generic[DepsT, OutputT]):
                 store.close()
 
     def _unwrapped(self, durable: _Pass, exc: Exception) -> EffectlogError | None:
-        found = durable.error or _effectlog_error(exc)
+        found = durable.error or effectlog_error(exc)
         if found is not None:
             return found
         if durable.held is not None:  # the output type had no room for DeferredToolRequests

@@ -1,0 +1,143 @@
+"""What every framework integration shares: the pass's gateway, the tool key, replayed outcomes, unwrapping.
+
+An integration wraps a framework's model and tools so that each call goes through an
+effectlog ``Session`` step. The session calls its gateway only when the journal says the
+call must run; here the gateway runs whatever the integration's wrapper put in
+``PENDING`` (the real call, given the step's idempotency key). A completed run answers
+from the journal alone (``recorded_step``, ``replayed_tool``). Frameworks wrap the
+errors their tools and models raise; ``effectlog_error`` finds effectlog's own inside.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from contextvars import ContextVar
+from pathlib import Path
+from typing import Any, cast
+
+from effectlog.errors import BadInput, EffectlogError, ReplayDivergence, RunClosed
+from effectlog.fold import StepState
+from effectlog.journal import chain_from_env, open_journal
+from effectlog.session import Checkpointer, Reconciled, Session, SqliteCheckpointer, ToolInfo, ToolStep
+from effectlog.session.store import JournalCheckpointer
+
+IDEMPOTENCY_HEADER = "Idempotency-Key"
+
+Send = Callable[[str], Awaitable[Any]]  # runs the real call with the step's idempotency key
+PENDING: ContextVar[Send | None] = ContextVar("effectlog_integration_pending", default=None)
+TOOL_KEY: ContextVar[str | None] = ContextVar("effectlog_integration_tool_key", default=None)
+
+
+def idempotency_key() -> str:
+    """The idempotency key of the tool step running now, stable across crashes: pass it to your API."""
+    key = TOOL_KEY.get()
+    if key is None:
+        raise BadInput("idempotency_key() is only available inside a tool called by a durable agent run")
+    return key
+
+
+class PendingGateway:
+    """The session's gateway for one pass: the real call is whatever the wrapper put in ``PENDING``."""
+
+    def __init__(self, model: str, idempotent: frozenset[str]) -> None:
+        self.model = model
+        self.idempotent = idempotent
+
+    def tool(self, name: str) -> ToolInfo:
+        return ToolInfo(name=name, idempotent=name in self.idempotent)
+
+    def tools(self) -> Sequence[ToolInfo]:
+        return []
+
+    async def _send(self, key: str) -> Any:
+        send = PENDING.get()
+        if send is None:  # pragma: no cover - the wrappers always set it
+            raise BadInput("a framework step ran outside its wrapper")
+        return await send(key)
+
+    async def complete(self, body: Any, *, idempotency_key: str) -> dict[str, Any]:
+        return cast(dict[str, Any], await self._send(idempotency_key))
+
+    async def call_tool(self, name: str, args: Any, *, idempotency_key: str) -> Any:
+        return await self._send(idempotency_key)
+
+
+def open_store(journal: str | Path | Checkpointer) -> tuple[Checkpointer, bool]:
+    """The store of one pass, and whether the pass opened it (then it closes it after)."""
+    if isinstance(journal, Path):
+        return SqliteCheckpointer(journal), True
+    if isinstance(journal, str):
+        return JournalCheckpointer(open_journal(journal, chain=chain_from_env())), True
+    return journal, False
+
+
+def check_names(what: str, names: Any) -> None:
+    """A bare string would be read as a set of one-letter tool names."""
+    if isinstance(names, str):
+        raise BadInput(f"{what} takes a collection of tool names, not the string {names!r}")
+
+
+def reconciled_value(result: Reconciled) -> dict[str, Any]:
+    """What a tool call reconciled by a person returns to the model (its real answer was never recorded)."""
+    return {
+        "reconciled": True,
+        "outcome": result.outcome,
+        "evidence": result.evidence,
+        "operator": result.operator,
+    }
+
+
+def recorded_step(session: Session, step_id: str, kind: str, name: str, fp: str) -> StepState:
+    """A completed run answers from the journal alone: the same step, or an error, never a call."""
+    step = session.state.step(step_id)
+    if step is None:
+        raise RunClosed(
+            f"step {step_id!r} asked of a completed run; a closed run never reopens (use a new run id)",
+            run_id=session.run_id,
+            step_id=step_id,
+        )
+    if step.fingerprint != fp:
+        recorded, asked = f"{step.kind} {step.adapter!r}", f"{kind} {name!r}"
+        raise ReplayDivergence(
+            f"the journal recorded {recorded} at this step, this run asks for {asked}",
+            run_id=session.run_id,
+            step_id=step_id,
+            recorded=recorded,
+            requested=asked,
+        )
+    return step
+
+
+def replayed_tool(step: StepState, name: str, args: dict[str, Any]) -> ToolStep:
+    """The outcome a completed run recorded for a tool step (it was closed with every step decided)."""
+    common: dict[str, Any] = {"step_id": step.step_id, "tool": name, "args": args, "replayed": True}
+    if step.state == "reconciled":
+        result = Reconciled(
+            outcome=step.outcome or "applied",
+            evidence=step.evidence or "",
+            operator=step.operator or "",
+            automated=step.automated,
+        )
+        return ToolStep(status="reconciled", result=result, **common)
+    if step.state == "denied":
+        return ToolStep(status="denied", decision="deny", reason=step.reason, **common)
+    if step.state == "failed":
+        return ToolStep(status="failed", reason=step.reason, **common)
+    return ToolStep(status="ok", result=step.receipt, **common)
+
+
+def effectlog_error(exc: BaseException) -> EffectlogError | None:
+    """The effectlog error inside whatever the framework wrapped it in (cause, context, exception group)."""
+    seen: set[int] = set()
+    todo: list[BaseException] = [exc]
+    while todo:
+        current = todo.pop()
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        if isinstance(current, EffectlogError):
+            return current
+        if isinstance(current, BaseExceptionGroup):
+            todo.extend(current.exceptions)
+        todo.extend(e for e in (current.__cause__, current.__context__) if e is not None)
+    return None

@@ -1,0 +1,501 @@
+"""OpenAI Agents SDK: each model response and each ``function_tool`` call of a run is a journaled step.
+
+``await DurableRunner(journal=..., idempotent={...}, needs_approval={...}).run(agent, input, run_id=...)``
+is ``Runner.run`` with an effectlog session under it. Like Temporal's and DBOS's contribs,
+it works at the SDK's public seams: each agent of the run (the starting agent and the
+``Agent`` handoffs) is cloned with its model behind ``DurableModel`` and each
+``FunctionTool`` behind a wrapped ``on_invoke_tool``; models named by string go through
+``RunConfig.model_provider``, wrapped the same way. Each ``run`` is one pass of the run
+``run_id``; calling it again with the same input resumes from the journal:
+
+- a model response is a model step ``model-N`` (N = the responses before it in this run).
+  Its body (instructions, input items, settings, tools, handoffs, output schema) gives the
+  provider idempotency key ``(run, step, body digest)``, sent as the ``Idempotency-Key``
+  header through ``ModelSettings.extra_headers``; a later pass gets the recorded response;
+- a tool call is a tool step ``tool-N-<call_id>`` (the call id comes from the recorded
+  response). Whether a tool may be repeated after a crash is declared per tool (default: not).
+
+A non-idempotent tool whose outcome is unknown raises ``UncertainEffect`` (unwrapped, not
+in the SDK's ``UserError``). A tool that needs approval (``needs_approval=`` here, or the
+SDK's own ``needs_approval`` on the tool) is held in the journal, bound to its exact args,
+and surfaces as the SDK's interruption (``result.interruptions``): approve it from the CLI
+(``DurableRunner.last_held`` has the command) or with ``RunState.approve`` and pass the
+state back to ``run``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+from collections.abc import AsyncIterator, Collection
+from pathlib import Path
+from typing import Any
+
+try:
+    import agents  # noqa: F401 -- only to say what to install when it is missing
+except ImportError as exc:  # pragma: no cover - the dev extra installs it
+    raise ImportError(
+        "effectlog.integrations.openai_agents needs the OpenAI Agents SDK: pip install 'effectlog[openai-agents]'"
+    ) from exc
+
+from agents import Agent, FunctionTool, Model, ModelProvider, ModelSettings, RunConfig, Runner, RunResult
+from agents.items import ModelResponse, TResponseInputItem, TResponseStreamEvent
+from agents.run_context import RunContextWrapper
+from agents.run_state import RunState
+from agents.tool_context import ToolContext
+from agents.usage import Usage
+from openai.types.responses import ResponseOutputItem
+from pydantic import TypeAdapter
+from pydantic_core import to_jsonable_python
+
+from effectlog.errors import ApprovalRequired, BadInput, EffectlogError, IdempotencyConflict
+from effectlog.integrations.framework_steps import (
+    IDEMPOTENCY_HEADER,
+    PENDING,
+    TOOL_KEY,
+    PendingGateway,
+    Send,
+    check_names,
+    effectlog_error,
+    idempotency_key,
+    open_store,
+    reconciled_value,
+    recorded_step,
+    replayed_tool,
+)
+from effectlog.integrations.openai_agents_decisions import record_sdk_decisions
+from effectlog.session import (
+    ApprovalStep,
+    Checkpointer,
+    Decision,
+    Policy,
+    Reconciled,
+    Session,
+    ToolCall,
+    ToolStep,
+    allow_all,
+)
+from effectlog.session import identity as ids
+from effectlog.session.durable import CrashHook
+
+_OUTPUT_ITEMS: TypeAdapter[list[ResponseOutputItem]] = TypeAdapter(list[ResponseOutputItem])
+_USAGE_FIELDS = ("requests", "input_tokens", "output_tokens", "total_tokens")
+
+
+def _model_name(model: Model) -> str:
+    name = getattr(model, "model", None)
+    return name if isinstance(name, str) and name else type(model).__name__
+
+
+def _dump_response(response: ModelResponse) -> dict[str, Any]:
+    return {
+        "output": to_jsonable_python([item.model_dump(mode="json") for item in response.output]),
+        "usage": {f: getattr(response.usage, f) for f in _USAGE_FIELDS},
+        "response_id": response.response_id,
+    }
+
+
+def _load_response(recorded: Any) -> ModelResponse:
+    """The response as recorded: live and resumed passes build the next request from the same items."""
+    counts = {f: int(recorded.get("usage", {}).get(f, 0)) for f in _USAGE_FIELDS}
+    usage = Usage(
+        requests=counts["requests"],
+        input_tokens=counts["input_tokens"],
+        output_tokens=counts["output_tokens"],
+        total_tokens=counts["total_tokens"],
+    )
+    return ModelResponse(
+        output=_OUTPUT_ITEMS.validate_python(recorded["output"]),
+        usage=usage,
+        response_id=recorded.get("response_id"),
+    )
+
+
+def _tool_shape(tool: Any) -> dict[str, Any]:
+    if isinstance(tool, FunctionTool):
+        return {
+            "name": tool.name,
+            "description": tool.description,
+            "parameters": tool.params_json_schema,
+            "strict": tool.strict_json_schema,
+        }
+    return {"name": getattr(tool, "name", type(tool).__name__), "type": type(tool).__name__}
+
+
+class _Pass:
+    """One ``DurableRunner.run``: its session, and what the wrappers learned during it."""
+
+    def __init__(self, session: Session, *, needs_approval: frozenset[str]) -> None:
+        self.session = session
+        self.needs_approval = needs_approval  # declared here; the SDK's own are held through record_holds
+        self.responses = 0  # model responses so far in this pass: the place of the next request
+        self.error: EffectlogError | None = None
+        self.holds: list[tuple[str, str, dict[str, Any]]] = []  # (step id, tool, args) the SDK interrupted on
+        self.holding = False
+        self.lock = asyncio.Lock()  # the SDK runs a response's tool calls concurrently; the journal takes one at a time
+
+    def policy(self, user: Policy) -> Policy:
+        def decide(call: ToolCall) -> Decision:
+            if self.holding:
+                return "require_approval"
+            verdict = user(call)
+            if verdict == "allow" and call.tool in self.needs_approval:
+                return "require_approval"
+            return verdict
+
+        return decide
+
+    def tool_step_id(self, call_id: str) -> str:
+        return f"tool-{self.responses}-{call_id}"
+
+    async def model_step(self, name: str, fields: dict[str, Any], send: Send) -> ModelResponse:
+        step_id = f"model-{self.responses}"
+        self.responses += 1
+        if self.session.completed:
+            step = recorded_step(self.session, step_id, "model", name, ids.fingerprint("model", name, None))
+            body = ids.normalized({**fields, "model": name, "messages": fields["input"]}, "the model request body")
+            if step.args_digest != ids.body_digest(body):
+                raise IdempotencyConflict(
+                    "the completed run recorded another request at this step: a changed input, instructions "
+                    "or tool list needs a new run id",
+                    run_id=self.session.run_id,
+                    step_id=step_id,
+                )
+            return _load_response(step.receipt)
+        token = PENDING.set(send)
+        try:
+            recorded = await self.session.model_step(fields["input"], model=name, key=step_id, **fields)
+        except EffectlogError as exc:
+            self.error = exc
+            raise
+        finally:
+            PENDING.reset(token)
+        return _load_response(recorded.response)
+
+    async def needs_hold(self, name: str, call_id: str, args: dict[str, Any]) -> bool:
+        """Whether the SDK should interrupt on this call: only while the journal holds no decision for it."""
+        if self.session.completed:
+            return False
+        sid = self.tool_step_id(call_id)
+        step = self.session.state.step(sid)
+        if step is not None and step.state != "awaiting_approval":
+            return False  # approved (runs now), denied, or done: the tool step answers from the journal
+        if all(sid != held for held, _, _ in self.holds):  # the SDK may ask more than once per call
+            self.holds.append((sid, name, args))
+        return True
+
+    async def record_holds(self) -> list[ApprovalStep]:
+        """Write the calls the SDK interrupted on into the journal, held for a person (one per pass)."""
+        held: list[ApprovalStep] = []
+        self.holding = True
+        try:
+            for sid, name, args in self.holds:
+                try:
+                    step = await self.session.tool_step(name, args, key=sid)
+                except ApprovalRequired:
+                    break  # the run already waits on an earlier call: the next pass holds this one
+                if step.decision == "require_approval":
+                    held.append(self.session.approval_for(step))
+        finally:
+            self.holding = False
+        return held
+
+    async def tool_step(self, name: str, call_id: str, args: dict[str, Any], send: Send) -> Any:
+        sid = self.tool_step_id(call_id)
+        call_args = ids.normalized(args, f"tool {name!r} args")
+        async with self.lock:
+            if self.session.completed:
+                step = recorded_step(self.session, sid, "tool", name, ids.fingerprint("tool", name, call_args))
+                return self._outcome(replayed_tool(step, name, call_args))
+            token = PENDING.set(send)
+            try:
+                outcome = await self.session.tool_step(name, call_args, key=sid)
+            except EffectlogError as exc:
+                self.error = exc
+                raise
+            finally:
+                PENDING.reset(token)
+            return self._outcome(outcome)
+
+    def _outcome(self, step: ToolStep) -> Any:
+        """What the model is told about a tool step: a function of the recorded outcome only."""
+        if step.status == "ok":
+            return step.result
+        if step.status == "reconciled" and isinstance(step.result, Reconciled):
+            return reconciled_value(step.result)
+        if step.status == "failed":
+            return f"failed, not applied: {step.reason}"
+        if step.decision == "require_approval":
+            # Held by effectlog's policy hook (not a declared approval): no SDK interruption can be
+            # raised from inside a tool, so the run stops with effectlog's own error.
+            approval = self.session.approval_for(step)
+            self.error = ApprovalRequired(
+                f"tool {step.tool!r} waits for approval: {approval.command}",
+                run_id=approval.run_id,
+                step_id=approval.step_id,
+                tool_call_hash=approval.tool_call_hash,
+                command=approval.command,
+            )
+            raise self.error
+        return f"denied: {step.reason}"
+
+
+class DurableModel(Model):
+    """The agent's model, each response a journaled model step (``stream_response`` is refused)."""
+
+    def __init__(self, wrapped: Model, durable: _Pass) -> None:
+        self.wrapped = wrapped
+        self._durable = durable
+
+    async def get_response(  # noqa: PLR0917 -- the SDK's Model signature
+        self,
+        system_instructions: str | None,
+        input: str | list[TResponseInputItem],
+        model_settings: ModelSettings,
+        tools: list[Any],
+        output_schema: Any,
+        handoffs: list[Any],
+        tracing: Any,
+        *,
+        previous_response_id: str | None,
+        conversation_id: str | None,
+        prompt: Any,
+    ) -> ModelResponse:
+        if model_settings.retry is not None:
+            raise BadInput(
+                "ModelSettings.retry re-asks a model step within one pass under the next step's number; "
+                "a durable run retries by resuming (the same step, the same Idempotency-Key): leave it unset",
+                run_id=self._durable.session.run_id,
+            )
+        schema: Any = None
+        if output_schema is not None and not output_schema.is_plain_text():
+            schema = output_schema.json_schema()
+        settings = {k: v for k, v in model_settings.to_json_dict().items() if k != "extra_headers" and v is not None}
+        fields: dict[str, Any] = {
+            "instructions": system_instructions,
+            "input": to_jsonable_python([{"role": "user", "content": input}] if isinstance(input, str) else input),
+            "settings": to_jsonable_python(settings),
+            "tools": [_tool_shape(t) for t in tools],
+            "handoffs": [{"name": h.tool_name, "parameters": h.input_json_schema} for h in handoffs],
+            "output_schema": schema,
+            "previous_response_id": previous_response_id,
+            "conversation_id": conversation_id,
+        }
+
+        async def send(key: str) -> dict[str, Any]:
+            headers = dict(model_settings.extra_headers or {})
+            keyed = dataclasses.replace(model_settings, extra_headers={**headers, IDEMPOTENCY_HEADER: key})
+            response = await self.wrapped.get_response(
+                system_instructions,
+                input,
+                keyed,
+                tools,
+                output_schema,
+                handoffs,
+                tracing,
+                previous_response_id=previous_response_id,
+                conversation_id=conversation_id,
+                prompt=prompt,
+            )
+            return _dump_response(response)
+
+        return await self._durable.model_step(_model_name(self.wrapped), fields, send)
+
+    async def stream_response(self, *args: Any, **kwargs: Any) -> AsyncIterator[TResponseStreamEvent]:
+        raise BadInput(
+            "a durable run does not stream: a half-streamed response cannot be recorded as one step; "
+            "use DurableRunner.run (Runner.run_streamed is not wrapped)",
+            run_id=self._durable.session.run_id,
+        )
+        yield  # pragma: no cover - makes this an async generator, as the SDK expects
+
+    async def close(self) -> None:
+        await self.wrapped.close()
+
+
+class DurableModelProvider(ModelProvider):
+    """``RunConfig.model_provider``, its models wrapped: agents that name their model by string."""
+
+    def __init__(self, wrapped: ModelProvider, durable: _Pass) -> None:
+        self.wrapped = wrapped
+        self._durable = durable
+
+    def get_model(self, model_name: str | None) -> Model:
+        return DurableModel(self.wrapped.get_model(model_name), self._durable)
+
+    async def aclose(self) -> None:
+        await self.wrapped.aclose()
+
+
+def durable_tool(tool: FunctionTool, durable: _Pass) -> FunctionTool:
+    """``tool`` with each call a journaled step, and its approvals held in the journal."""
+    original_invoke = tool.on_invoke_tool
+    original_approval = tool.needs_approval
+    name = tool.name
+
+    async def invoke(ctx: ToolContext[Any], input_json: str) -> Any:
+        args = json.loads(input_json or "{}")
+        if not isinstance(args, dict):
+            raise BadInput(f"tool {name!r} got arguments that are not a JSON object", run_id=durable.session.run_id)
+
+        async def send(key: str) -> Any:
+            token = TOOL_KEY.set(key)
+            try:
+                result = await original_invoke(ctx, input_json)
+            finally:
+                TOOL_KEY.reset(token)
+            return to_jsonable_python(result)
+
+        return await durable.tool_step(name, ctx.tool_call_id, args, send)
+
+    async def needs_approval(ctx: RunContextWrapper[Any], params: dict[str, Any], call_id: str) -> bool:
+        if callable(original_approval):
+            if not await original_approval(ctx, params, call_id):
+                return False
+        elif not original_approval and name not in durable.needs_approval:
+            return False
+        return await durable.needs_hold(name, call_id, ids.normalized(params, f"tool {name!r} args"))
+
+    return dataclasses.replace(tool, on_invoke_tool=invoke, needs_approval=needs_approval)
+
+
+def _durable_agent(agent: Agent[Any], durable: _Pass, done: dict[int, Agent[Any]]) -> Agent[Any]:
+    """A clone of ``agent`` (and of its ``Agent`` handoffs) with a durable model and durable function tools."""
+    if id(agent) in done:
+        return done[id(agent)]
+    clone = agent.clone()
+    done[id(agent)] = clone
+    changes: dict[str, Any] = {
+        "tools": [durable_tool(t, durable) if isinstance(t, FunctionTool) else t for t in agent.tools],
+        "handoffs": [_durable_agent(h, durable, done) if isinstance(h, Agent) else h for h in agent.handoffs],
+    }
+    if isinstance(agent.model, Model):
+        changes["model"] = DurableModel(agent.model, durable)
+    for key, value in changes.items():
+        setattr(clone, key, value)
+    return clone
+
+
+class DurableRunner:
+    """``Runner.run`` whose runs are effectlog sessions: ``await DurableRunner(...).run(agent, input, run_id=...)``.
+
+    ``idempotent``: the tools that may be called again with the same key after a crash
+    (every other tool is not). ``needs_approval``: the tools held for a person's approval
+    (tools with the SDK's ``needs_approval`` are held too). ``journal``: a SQLite file path,
+    a ``postgresql://`` URL, or any ``Checkpointer``. ``policy``: effectlog's policy hook.
+    """
+
+    def __init__(
+        self,
+        *,
+        journal: str | Path | Checkpointer,
+        idempotent: Collection[str] = (),
+        needs_approval: Collection[str] = (),
+        policy: Policy | None = None,
+        crash_hook: CrashHook | None = None,
+    ) -> None:
+        check_names("idempotent", idempotent)
+        check_names("needs_approval", needs_approval)
+        self.journal = journal
+        self.idempotent = frozenset(idempotent)
+        self.needs_approval = frozenset(needs_approval)
+        self.policy = policy or allow_all
+        self.crash_hook = crash_hook
+        self.last_held: list[ApprovalStep] = []  # what the last pass left waiting for a person
+
+    async def run(
+        self,
+        starting_agent: Agent[Any],
+        input: str | list[TResponseInputItem] | RunState[Any],
+        *,
+        run_id: str,
+        run_config: RunConfig | None = None,
+        **kwargs: Any,
+    ) -> RunResult:
+        """One pass of run ``run_id``: run it, resume it from its journal, or replay it if completed.
+
+        Returns the SDK's ``RunResult`` (its ``interruptions`` list the calls held for approval;
+        ``last_held`` has effectlog's approve commands for them). Raises ``UncertainEffect``,
+        ``ApprovalRequired`` and the other effectlog errors unwrapped. Resume by calling ``run``
+        again with the same input, or with the ``RunState`` of an interrupted result after
+        ``state.approve(...)``/``state.reject(...)``: its decisions are written to the journal,
+        then the run resumes from its original input.
+        """
+        for name in ("previous_response_id", "conversation_id", "session"):
+            if kwargs.get(name) is not None:
+                raise BadInput(
+                    f"{name}= keeps the conversation outside the journal; a durable run resumes from its journal",
+                    run_id=run_id,
+                )
+        store, owned = open_store(self.journal)
+        self.last_held = []
+        try:
+            if isinstance(input, RunState):
+                record_sdk_decisions(store, run_id, input)
+                input = input._original_input
+            session = Session(
+                run_id, PendingGateway("openai-agents", self.idempotent), store, crash_hook=self.crash_hook
+            )
+            durable = _Pass(session, needs_approval=self.needs_approval)
+            session.policy = durable.policy(self.policy)
+            config = run_config or RunConfig()
+            model = DurableModel(config.model, durable) if isinstance(config.model, Model) else config.model
+            config = dataclasses.replace(
+                config, model=model, model_provider=DurableModelProvider(config.model_provider, durable)
+            )
+            cloned: dict[int, Agent[Any]] = {}
+            agent = _durable_agent(starting_agent, durable, cloned)
+            self._check_declared(run_id, cloned.values())
+            try:
+                result = await Runner.run(agent, input, run_config=config, **kwargs)
+                if result.interruptions:
+                    self.last_held = await durable.record_holds()
+            except Exception as exc:
+                found = durable.error or effectlog_error(exc)
+                if found is None:
+                    raise
+                raise found from None
+            finally:
+                session.release()  # a pass that stopped early leaves the run to the next one
+            if result.interruptions:
+                return result  # held on disk: a person decides, a later pass resumes
+            session.finish(to_jsonable_python(result.final_output))
+            return result
+        finally:
+            if owned:
+                store.close()
+
+    def _check_declared(self, run_id: str, agents: Collection[Agent[Any]]) -> None:
+        """A declared name no tool has is a typo, and a typo in needs_approval would run a call unheld."""
+        known = {t.name for a in agents for t in a.tools if isinstance(t, FunctionTool)}
+        unknown = sorted((self.idempotent | self.needs_approval) - known)
+        if unknown:
+            raise BadInput(
+                f"DurableRunner declares tool(s) {', '.join(map(repr, unknown))} that the agents do not have "
+                f"(they have: {', '.join(sorted(known)) or 'none'}); nothing was run",
+                run_id=run_id,
+            )
+
+    def run_sync(
+        self,
+        starting_agent: Agent[Any],
+        input: str | list[TResponseInputItem] | RunState[Any],
+        *,
+        run_id: str,
+        **kwargs: Any,
+    ) -> RunResult:
+        """``run`` in a fresh event loop."""
+        return asyncio.run(self.run(starting_agent, input, run_id=run_id, **kwargs))
+
+
+__all__ = [
+    "IDEMPOTENCY_HEADER",
+    "DurableModel",
+    "DurableModelProvider",
+    "DurableRunner",
+    "durable_tool",
+    "idempotency_key",
+    "reconciled_value",
+    "record_sdk_decisions",
+]
