@@ -394,3 +394,12 @@ class ModelUnavailable(EffectlogError):
 
     code = "model_unavailable"
     exit_status = ExitStatus.INTERRUPTED
+
+
+class ModelRefused(EffectlogError):
+    """The provider refused a model request for good (400, 401, 404...): another try would not help (exit 2).
+
+    The step's intent stays in the journal (the run is open): fix the cause, run it again.
+    """
+
+    code = "model_refused"

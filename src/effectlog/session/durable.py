@@ -29,6 +29,8 @@ from effectlog.errors import (
     DeadlinePassed,
     EventConflict,
     IdempotencyConflict,
+    ModelRefused,
+    ModelUnavailable,
     NotApplied,
     PlanMismatch,
     ReplayDivergence,
@@ -296,7 +298,11 @@ class Session:
                 raise RunFailed(f"the model step is {step.state}", run_id=self.run_id, step_id=sid)
             break
         self.model_calls += 1
-        response = await self.gateway.complete(body, idempotency_key=pkey)
+        try:
+            response = await self.gateway.complete(body, idempotency_key=pkey)
+        except (ModelUnavailable, ModelRefused) as exc:  # the intent stays: the run is open, a new pass resends
+            exc.run_id, exc.step_id = exc.run_id or self.run_id, exc.step_id or sid
+            raise
         response = ids.normalized(response, f"the answer of model {name!r}")
         self._crash_point("after_call", sid)
         self._record(
