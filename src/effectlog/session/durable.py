@@ -42,6 +42,7 @@ from effectlog.errors import (
 )
 from effectlog.fold import RunState, StepState
 from effectlog.journal.ownership import Claim
+from effectlog.notify import Kind, Notification, Notifier, deliver, hooks_of
 from effectlog.recorder import Clock, EventSpec, prepare
 from effectlog.recovery import Action, decide
 from effectlog.session import identity as ids
@@ -57,7 +58,7 @@ from effectlog.session.steps import (
 from effectlog.session.store import Checkpointer
 from effectlog.session.timing import Sleeper
 from effectlog.session.tool_driver import ToolDriver
-from effectlog.stake import approve_command
+from effectlog.stake import approve_command, reconcile_command
 
 CrashHook = Callable[[str, str], None]  # (point, step_id): a test seam, like the runtime's
 
@@ -77,6 +78,7 @@ class Session:
         replay_closed: bool = False,
         deadline: float | None = None,
         sleeper: Sleeper | None = None,
+        notify: Notifier | Sequence[Notifier] | None = None,
     ) -> None:
         if not run_id:
             raise BadInput("a session needs a run id")
@@ -93,6 +95,7 @@ class Session:
         # earlier of it and the pinned one applies. ``sleeper`` waits durable sleeps (a test injects one).
         self.deadline_ns = timing.to_ns(deadline)
         self.sleeper: Sleeper = sleeper or asyncio.sleep
+        self.notify = hooks_of(notify)  # called once when this pass suspends or stops the run
         self._state: RunState = store.state(run_id)
         if self._state.seq and self._state.kind != "session":
             raise PlanMismatch(
@@ -145,6 +148,28 @@ class Session:
         self._opened = True
         if new_state.closed or new_state.state in ("suspended", "stopped"):
             self.release()  # waits for a person (or is done): the pass drives it no more
+        if self.notify:
+            for event in events:
+                if isinstance(event, ev.RunSuspended | ev.RunStopped):
+                    deliver(self.notify, self._notification(event))
+
+    def _notification(self, event: ev.RunSuspended | ev.RunStopped) -> Notification:
+        location, sid = self.store.location, event.step_id
+        if isinstance(event, ev.RunSuspended):
+            step = self._state.step(sid)
+            command = approve_command(location, self.run_id, sid, step.args_digest if step is not None else "")
+        else:
+            command = reconcile_command(location, self.run_id, sid)
+        kind: Kind = "suspended" if isinstance(event, ev.RunSuspended) else "stopped"
+        return Notification(
+            kind=kind,
+            run_id=self.run_id,
+            step_id=sid,
+            reason=event.reason,
+            command=command,
+            journal=location,
+            seq=event.seq,
+        )
 
     def _own(self) -> None:
         """Claim the run for this pass before its first write, and check nobody wrote it since it was read."""
