@@ -11,6 +11,8 @@ suspended`` lists what waits.
 For the CLI: ``--notify-command CMD`` runs ``CMD`` through the shell with the
 notification as JSON on stdin (and ``EFFECTLOG_NOTIFY_*`` in its environment);
 ``--notify-url URL`` POSTs the JSON to ``URL`` with an ``Idempotency-Key`` naming the event.
+Around a plan run in your own code: ``since = marks(journal, [run_id])`` before
+``Runtime.run``, ``notify_new_waits(hooks, journal, location, since)`` after.
 """
 
 from __future__ import annotations
@@ -20,12 +22,14 @@ import subprocess
 import sys
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Iterable, Sequence
-from typing import Literal
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, Literal
 
 import msgspec
 
+from effectlog import events as ev
 from effectlog.errors import BadInput
+from effectlog.stake import approve_command, reconcile_command
 
 Kind = Literal["suspended", "stopped", "operator_needed"]
 
@@ -145,3 +149,50 @@ def shown_location(location: str) -> str:
     host = parts.hostname or ""
     netloc = f"{parts.username}:***@{host}" + (f":{parts.port}" if parts.port else "")
     return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
+
+
+# -- around a plan run (the CLI's --notify-*; a library user can do the same around Runtime.run) --
+
+
+def marks(journal: Any, run_ids: Iterable[str]) -> dict[str, int]:
+    """Each run's last sequence number now: what was written after it is this command's."""
+    return {run_id: journal.head(run_id)[0] for run_id in run_ids}
+
+
+def notify_new_waits(
+    notifiers: Sequence[Notifier], journal: Any, location: str, since: Mapping[str, int]
+) -> list[Notification]:
+    """One notification per ``run.suspended``/``run.stopped`` written after ``since[run_id]``."""
+    sent: list[Notification] = []
+    if not notifiers:
+        return sent
+    for run_id, seq in since.items():
+        for record in journal.read(run_id, seq):
+            event = ev.decode(record.body)
+            if isinstance(event, ev.RunSuspended | ev.RunStopped):
+                note = _notification(location, event)
+                deliver(notifiers, note)
+                sent.append(note)
+    return sent
+
+
+def _notification(location: str, event: ev.RunSuspended | ev.RunStopped) -> Notification:
+    if isinstance(event, ev.RunSuspended):
+        return Notification(
+            kind="suspended",
+            run_id=event.run_id,
+            step_id=event.step_id,
+            reason=event.reason,
+            command=approve_command(location, event.run_id, event.step_id),
+            journal=location,
+            seq=event.seq,
+        )
+    return Notification(
+        kind="stopped",
+        run_id=event.run_id,
+        step_id=event.step_id,
+        reason=event.reason,
+        command=reconcile_command(location, event.run_id, event.step_id),
+        journal=location,
+        seq=event.seq,
+    )

@@ -10,10 +10,11 @@ from typing import Any
 import msgspec
 
 from effectlog.cli.inspect_cmds import add_journal_args
-from effectlog.cli.notify_args import add_notify_args, marks, notify_new_waits
+from effectlog.cli.notify_args import add_notify_args
 from effectlog.cli.notify_args import hooks as notify_hooks
 from effectlog.cli.output import emit_json, table
 from effectlog.errors import BadInput
+from effectlog.notify import marks, notify_new_waits
 
 
 def _add_runtime_args(p: argparse.ArgumentParser) -> None:

@@ -9,12 +9,8 @@ started is not announced again.
 from __future__ import annotations
 
 import argparse
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
 
-from effectlog import events as ev
-from effectlog.notify import Notification, Notifier, cli_hooks, deliver
-from effectlog.stake import approve_command, reconcile_command
+from effectlog.notify import Notifier, cli_hooks
 
 
 def add_notify_args(p: argparse.ArgumentParser) -> None:
@@ -29,47 +25,3 @@ def add_notify_args(p: argparse.ArgumentParser) -> None:
 
 def hooks(args: argparse.Namespace) -> tuple[Notifier, ...]:
     return cli_hooks(getattr(args, "notify_command", None), getattr(args, "notify_url", None))
-
-
-def marks(journal: Any, run_ids: Iterable[str]) -> dict[str, int]:
-    """Each run's last sequence number now: what was written after it is this command's."""
-    return {run_id: journal.head(run_id)[0] for run_id in run_ids}
-
-
-def notify_new_waits(
-    notifiers: Sequence[Notifier], journal: Any, location: str, since: Mapping[str, int]
-) -> list[Notification]:
-    """One notification per ``run.suspended``/``run.stopped`` written after ``since[run_id]``."""
-    sent: list[Notification] = []
-    if not notifiers:
-        return sent
-    for run_id, seq in since.items():
-        for record in journal.read(run_id, seq):
-            event = ev.decode(record.body)
-            if isinstance(event, ev.RunSuspended | ev.RunStopped):
-                note = _notification(location, event)
-                deliver(notifiers, note)
-                sent.append(note)
-    return sent
-
-
-def _notification(location: str, event: ev.RunSuspended | ev.RunStopped) -> Notification:
-    if isinstance(event, ev.RunSuspended):
-        return Notification(
-            kind="suspended",
-            run_id=event.run_id,
-            step_id=event.step_id,
-            reason=event.reason,
-            command=approve_command(location, event.run_id, event.step_id),
-            journal=location,
-            seq=event.seq,
-        )
-    return Notification(
-        kind="stopped",
-        run_id=event.run_id,
-        step_id=event.step_id,
-        reason=event.reason,
-        command=reconcile_command(location, event.run_id, event.step_id),
-        journal=location,
-        seq=event.seq,
-    )

@@ -9,12 +9,13 @@ from typing import Any
 import msgspec
 
 from effectlog.cli.inspect_cmds import add_journal_args, add_json_arg, add_run_id_arg, add_step_arg, existing_journal
-from effectlog.cli.notify_args import add_notify_args, marks, notify_new_waits
+from effectlog.cli.notify_args import add_notify_args
 from effectlog.cli.notify_args import hooks as notify_hooks
 from effectlog.cli.output import emit_json, err, out, table, tools_write_to_stderr
 from effectlog.errors import BadInput, UnknownRun
 from effectlog.fold import RunState, replay_records
 from effectlog.journal import chain_from_env, load_run, load_sealed, open_journal
+from effectlog.notify import marks, notify_new_waits
 from effectlog.plan import MAX_ARGS_BYTES, MAX_PLAN_BYTES
 from effectlog.summary import RUN_STATES
 
