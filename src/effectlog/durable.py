@@ -37,6 +37,7 @@ import msgspec
 
 from effectlog.errors import AdapterNotFound, BadInput, NotApplied, NotInRun
 from effectlog.journal import Journal, open_journal
+from effectlog.notify import Notifier
 from effectlog.recorder import Clock
 from effectlog.session.durable import Session
 from effectlog.session.steps import Decision, Policy, Reconciled, ToolCall, allow_all
@@ -334,11 +335,13 @@ class Run:
         clock: Clock | None = None,
         deadline: float | None = None,
         sleeper: Sleeper | None = None,
+        notify: Notifier | Sequence[Notifier] | None = None,
     ) -> None:
         if not run_id:
             raise BadInput("a durable run needs a run id")
         self._deadline = deadline
         self._sleeper = sleeper
+        self._notify = notify
         self.run_id = run_id
         self._journal = journal
         self._policy: Policy = policy or allow_all
@@ -370,6 +373,7 @@ class Run:
                 replay_closed=True,
                 deadline=self._deadline,
                 sleeper=self._sleeper,
+                notify=self._notify,
             )
         except BaseException:
             self._close_store()
@@ -544,15 +548,20 @@ def run(
     clock: Clock | None = None,
     deadline: float | None = None,
     sleeper: Sleeper | None = None,
+    notify: Notifier | Sequence[Notifier] | None = None,
 ) -> Run:
     """Run or resume ``run_id`` in ``journal`` (a SQLite path, a ``postgresql://`` URL, a Journal or a Checkpointer).
 
     ``policy`` is asked before each new call (allow, deny or require_approval), before a
     tool's own ``approval``. ``deadline`` (a POSIX time, pinned in the journal by the first
     pass): a call not begun by then fails the run (``DeadlinePassed``). ``sleeper`` waits the
-    run's durable sleeps (default ``time.sleep``/``asyncio.sleep``; a test injects one).
+    run's durable sleeps (default ``time.sleep``/``asyncio.sleep``; a test injects one). ``notify``:
+    hook(s) called once when the run suspends for approval or stops on an uncertain call
+    (``effectlog.notify``).
     """
-    return Run(run_id, journal=journal, policy=policy, clock=clock, deadline=deadline, sleeper=sleeper)
+    return Run(
+        run_id, journal=journal, policy=policy, clock=clock, deadline=deadline, sleeper=sleeper, notify=notify
+    )
 
 
 def sleep(seconds: float) -> None:
