@@ -187,3 +187,33 @@ def test_a_store_password_never_enters_a_notification() -> None:
     expected = "postgresql://ops:***@db.example:5432/fleet"
     assert expected == shown_location("postgresql://ops:s3cret@db.example:5432/fleet")
     assert "/tmp/runs.db" == shown_location("/tmp/runs.db")
+
+
+def _explode(decl: object, context: object) -> object:
+    raise RuntimeError("factory bug")
+
+
+BROKEN = {"broken": _explode}
+
+
+def test_a_fleet_request_that_needs_an_operator_notifies_once(receiver: Receiver, tmp_path: Path) -> None:
+    """`effectlog runner --notify-url`: a request sent to needs_operator is announced once, with its request id,
+    run and the operator command."""
+    from effectlog.cli import main
+    from effectlog.fleet import open_store
+
+    store = str(tmp_path / "fleet.db")
+    plan = tmp_path / "broken.json"
+    plan.write_text(
+        json.dumps({"run_id": "b-1", "adapters": {"b": {"type": "broken"}}, "steps": [{"id": "s", "adapter": "b"}]})
+    )
+    assert 0 == main(["submit", str(plan), "--store", store, "--scope", "s", "--key", "k"])
+    argv = ["runner", "--store", store, "--adapters", "test_notify:BROKEN", "--exit-when-idle", "--poll-s", "0.01"]
+    assert 0 == main([*argv, "--notify-url", receiver.url])
+    with open_store(store) as s:
+        request = s.requests()[0]
+        assert "needs_operator" == request.state
+    assert [("operator_needed", "b-1", request.request_id)] == [
+        (n["kind"], n["run_id"], n["request_id"]) for n in receiver.received
+    ]
+    assert receiver.received[0]["command"].startswith(f"effectlog operator requeue|fail|cancel --store {store}")
