@@ -248,7 +248,7 @@ def test_hostile_run_and_step_ids_on_the_command_line_match_nothing_and_change_n
     assert {k: v for k, v in before.items() if not k.endswith(".lock")} == {
         k: after.get(k) for k in before if not k.endswith(".lock")
     }
-    assert (0, "ok: 1 run(s), 5 event(s) verified\n") == (verified.returncode, verified.stdout)
+    assert (0, "ok: 1 run(s), 5 event(s) verified\n", "") == (verified.returncode, verified.stdout, verified.stderr)
 
 
 def test_hostile_ids_through_the_api_read_nothing_and_leave_the_schema_intact(tmp_path: Path) -> None:

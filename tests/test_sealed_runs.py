@@ -185,3 +185,12 @@ def test_a_seal_round_trips_to_the_sealed_view_of_any_state(run_id: str, steps: 
     state = replay(history[: data.draw(st.integers(1, len(history)))])
     _, _, body = seal_row(state)
     assert sealed_view(state) == state_from_seal(body, state.head)
+
+
+def test_a_seal_keeps_every_run_level_field_of_the_fold() -> None:
+    """A field added to RunState must be sealed too, or verify finds every seal disagreeing with its replay."""
+    from effectlog.fold import RunState
+    from effectlog.seal import RunSeal
+
+    derived = {"plan", "plan_steps", "head", "steps"}  # the plan is not sealed; head is the chain's; steps apart
+    assert set() == set(RunState.__struct_fields__) - set(RunSeal.__struct_fields__) - derived

@@ -22,7 +22,7 @@ def load_step(
     journal: Journal, run_id: str, step_id: str, *, needs: Sequence[str], action: str
 ) -> tuple[RunState, StepState]:
     found = journal.owner(run_id)
-    if found.live:
+    if found.live and not found.waiting:
         # Said first, and plainly; the append itself is refused the same way if an owner comes in between.
         raise RunOwned(
             f"cannot {action}: the run is driven by {describe(found.owner)}; decide once it stops or waits",

@@ -55,6 +55,7 @@ class RunSeal(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     resumes: int = 0
     started_ts: int = 0
     updated_ts: int = 0
+    effect_store: ev.EffectStoreIdentity | None = None
     steps: list[SealedStep] = []
 
 
@@ -94,6 +95,7 @@ def seal_row(state: RunState) -> SealRow:
         resumes=state.resumes,
         started_ts=state.started_ts,
         updated_ts=state.updated_ts,
+        effect_store=state.effect_store,
         steps=[SealedStep(s.step_id, s.state, s.attempt) for s in state.ordered_steps()],
     )
     return state.run_id, state.seq, zlib.compress(_encoder.encode(seal), 6)
@@ -123,6 +125,7 @@ def state_from_seal(body: bytes, head: bytes) -> RunState:
         resumes=seal.resumes,
         started_ts=seal.started_ts,
         updated_ts=seal.updated_ts,
+        effect_store=seal.effect_store,
     )
 
 

@@ -63,16 +63,16 @@ def check_binding(
 
 def lease_holder(
     query: Query, *, requests: str, attempts: str, placeholder: str, run_id: str, now: float
-) -> Owner | None:
-    """The runner that holds a live lease on a fleet request's run (driving it or waiting for a person)."""
+) -> tuple[Owner, bool] | None:
+    """The runner holding a live lease on a fleet request's run, and whether it waits for a person."""
     p = placeholder
     live = sorted(_LIVE)
     states = ", ".join(p for _ in live)
     rows = query(
-        f"SELECT a.runner_id FROM {attempts} a JOIN {requests} r ON r.request_id = a.request_id"
+        f"SELECT a.runner_id, a.state FROM {attempts} a JOIN {requests} r ON r.request_id = a.request_id"
         f" WHERE r.run_id = {p} AND a.state IN ({states}) AND a.lease_expires_at > {p}",
         (run_id, *live, now),
     )
     if not rows:
         return None
-    return Owner(pid=0, host="", kind="runner", runner=str(rows[0][0]))
+    return Owner(pid=0, host="", kind="runner", runner=str(rows[0][0])), str(rows[0][1]) in _WAITING

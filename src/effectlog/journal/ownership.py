@@ -66,6 +66,7 @@ class OwnerStatus(msgspec.Struct, frozen=True, kw_only=True):
 
     owner: Owner | None
     live: bool
+    waiting: bool = False  # the live owner waits for a person's decision (a runner in waiting_decision)
 
 
 def this_host() -> str:

@@ -313,7 +313,7 @@ class PostgresJournal:
             with self._pool.connection() as conn:
                 runner = self._lease_holder(conn, run_id)
                 if runner is not None:
-                    return OwnerStatus(owner=runner, live=True)
+                    return OwnerStatus(owner=runner[0], live=True, waiting=runner[1])
                 row = conn.execute(OWNER_ROW, (run_id,)).fetchone() if self._has_owners(conn) else None
                 if run_id in self._claims:
                     live = True
@@ -346,7 +346,7 @@ class PostgresJournal:
         return conn
 
     @staticmethod
-    def _lease_holder(conn: psycopg.Connection[Any], run_id: str) -> Owner | None:
+    def _lease_holder(conn: psycopg.Connection[Any], run_id: str) -> tuple[Owner, bool] | None:
         fleet = conn.execute("SELECT to_regclass('effectlog_fleet.requests') IS NOT NULL").fetchone()
         if not (fleet and fleet[0]):
             return None

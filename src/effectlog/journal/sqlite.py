@@ -330,12 +330,12 @@ class SqliteJournal:
             raise translate(exc, self.location) from None
         runner = self._lease_holder(run_id)
         if runner is not None:
-            return OwnerStatus(owner=runner, live=True)
+            return OwnerStatus(owner=runner[0], live=True, waiting=runner[1])
         live = self._file.locked_anywhere(run_id)
         recorded = decode_owner(row[0]) if row else None
         return OwnerStatus(owner=plausible(recorded) if live else recorded, live=live)
 
-    def _lease_holder(self, run_id: str) -> Owner | None:
+    def _lease_holder(self, run_id: str) -> tuple[Owner, bool] | None:
         try:
             if not self._db.execute("SELECT 1 FROM sqlite_master WHERE name = 'fleet_requests'").fetchone():
                 return None

@@ -11,8 +11,9 @@ from typing import TYPE_CHECKING, Any
 
 from effectlog import events as ev
 from effectlog.adapters.protocol import idempotency_key
-from effectlog.errors import BadInput, NotApplied, UncertainEffect
+from effectlog.errors import BadInput, NotApplied, UncertainEffect, UnusableResult
 from effectlog.fold import StepState
+from effectlog.recordable import why_unrecordable
 from effectlog.recovery import Action, decide
 from effectlog.session import identity as ids
 from effectlog.session.steps import Reconciled, ToolCall, ToolStep
@@ -178,6 +179,10 @@ class ToolDriver:
         try:
             s.tool_calls += 1
             value = await s.gateway.call_tool(self.info.name, self.args, idempotency_key=step.idempotency_key)
+            problem = why_unrecordable(value, f"the result of tool {self.info.name!r}")
+            if problem is not None:
+                # The effect may have happened and its answer cannot be kept: an unknown outcome.
+                raise UnusableResult(f"the tool's result cannot be recorded: {problem}")
         except NotApplied as exc:
             reason = self._redact(exc.reason)
             s._record((ev.StepFailed, {"step_id": sid, "attempt": step.attempt, "reason": reason, "applied": False}))
@@ -185,7 +190,8 @@ class ToolDriver:
         except Exception as exc:
             if step.idempotent:
                 raise  # the intent stays: the next pass sends the same key again
-            self._doubt(step, self._redact(f"outcome unknown: {type(exc).__name__}: {exc}"))
+            said = exc.reason if isinstance(exc, UnusableResult) else f"{type(exc).__name__}: {exc}"
+            self._doubt(step, self._redact(f"outcome unknown: {said}"))
             raise self._uncertain() from exc
         s._crash_point("after_call", sid)
         value = ids.normalized(value, f"the result of tool {self.info.name!r}")
