@@ -217,3 +217,21 @@ def test_a_fleet_request_that_needs_an_operator_notifies_once(receiver: Receiver
         (n["kind"], n["run_id"], n["request_id"]) for n in receiver.received
     ]
     assert receiver.received[0]["command"].startswith(f"effectlog operator requeue|fail|cancel --store {store}")
+
+
+def test_recover_that_stops_a_killed_run_on_an_uncertain_step_notifies_once(receiver: Receiver, tmp_path: Path) -> None:
+    """A run killed (SIGKILL) inside a non-idempotent step: `recover --notify-url` stops it as uncertain and the
+    receiver is told once; a second `recover` skips the waiting run and tells nobody again."""
+    kill = {"argv": ["sh", "-c", "kill -9 $PPID; sleep 5"]}
+    plan = write_plan(
+        tmp_path,
+        "k1",
+        {"id": "charge", "adapter": "sh", "args": kill},
+        {"sh": {"type": "shell", "version": "1", "idempotent": False}},
+    )
+    journal = str(tmp_path / "j.db")
+    assert -9 == effectlog("run", str(plan), "--journal", journal).returncode
+    for _ in range(2):
+        done = effectlog("recover", "--journal", journal, "--notify-url", receiver.url)
+        assert "Traceback" not in done.stderr
+    assert [("stopped", "k1", "charge")] == [(n["kind"], n["run_id"], n["step_id"]) for n in receiver.received]
