@@ -28,6 +28,8 @@ class ProviderStandIn:
         self.requests = 0
         self.replayed = 0
         self.keys_seen: list[str | None] = []
+        # Answers given before any generation, one per request, in order: (status, headers); nothing billed.
+        self.faults: list[tuple[int, dict[str, str]]] = []
         self._lock = threading.Lock()
         self._generations: dict[str, tuple[str, dict[str, Any]]] = {}
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
@@ -106,6 +108,14 @@ class ProviderStandIn:
                     self._send(404, {"error": {"message": "not found"}})
                     return
                 raw = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+                with provider._lock:
+                    fault = provider.faults.pop(0) if provider.faults else None
+                    if fault is not None:
+                        provider.requests += 1
+                        provider.keys_seen.append(self.headers.get("Idempotency-Key"))
+                if fault is not None:
+                    self._send(fault[0], {"error": {"message": f"stand-in fault {fault[0]}"}}, fault[1])
+                    return
                 status, payload = provider.handle(self.headers.get("Idempotency-Key"), raw)
                 stall = provider.stall
                 if stall is not None and provider.billed == 1:
@@ -113,9 +123,11 @@ class ProviderStandIn:
                     stall.wait(60)
                 self._send(status, payload)
 
-            def _send(self, status: int, payload: dict[str, Any]) -> None:
+            def _send(self, status: int, payload: dict[str, Any], headers: dict[str, str] | None = None) -> None:
                 data = json.dumps(payload).encode()
                 self.send_response(status)
+                for name, value in (headers or {}).items():
+                    self.send_header(name, value)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()

@@ -153,6 +153,17 @@ EVENT_STRATEGIES: dict[type[ev.Event], st.SearchStrategy[Any]] = {
         args_digest=digests,
         receipt=json_values,
     ),
+    ev.StepSleeping: st.builds(ev.StepSleeping, **_step, wake_at=st.integers(0, 2**62), fingerprint=digests),
+    ev.StepWoke: st.builds(ev.StepWoke, **_step),
+    ev.StepExpired: st.builds(
+        ev.StepExpired,
+        **_step,
+        deadline=st.integers(0, 2**62),
+        scope=st.sampled_from(["step", "run"]),
+        adapter=names,
+        kind=st.sampled_from(["tool", "model", "sleep"]),
+        fingerprint=digests,
+    ),
 }
 
 any_event: st.SearchStrategy[ev.Event] = st.one_of(*EVENT_STRATEGIES.values())
@@ -312,6 +323,12 @@ def _step_fields(draw: Draw, step: StepModel, tag: str, value: str | None, ts: i
         return {"decision": value, "by": draw(st.sampled_from(["policy", "person"])), "reason": draw(reasons)}
     if tag == "step.carried":
         return {"from_run": "parent", "from_seq": draw(seqs), "from_state": value, "receipt": draw(json_values)}
+    if tag == "step.sleeping":
+        return {"wake_at": ts + draw(st.integers(0, 10**12))}
+    if tag == "step.woke":
+        return {}
+    if tag == "step.expired":
+        return {"deadline": ts, "scope": draw(st.sampled_from(["step", "run"]))}
     if tag == "step.approved":
         return {
             "by": draw(names),

@@ -34,6 +34,9 @@ EXPECTED_TAGS = {
     "step.approved": "StepApproved",
     "step.failed": "StepFailed",
     "step.carried": "StepCarried",
+    "step.sleeping": "StepSleeping",
+    "step.woke": "StepWoke",
+    "step.expired": "StepExpired",
 }
 
 by_type = pytest.mark.parametrize("cls", ev.EVENT_TYPES, ids=lambda cls: cls.__name__)

@@ -37,13 +37,26 @@ import msgspec
 
 from effectlog.errors import AdapterNotFound, BadInput, NotApplied, NotInRun
 from effectlog.journal import Journal, open_journal
+from effectlog.notify import Notifier
 from effectlog.recorder import Clock
 from effectlog.session.durable import Session
 from effectlog.session.steps import Decision, Policy, Reconciled, ToolCall, allow_all
 from effectlog.session.store import Checkpointer, JournalCheckpointer, SqliteCheckpointer
+from effectlog.session.timing import Sleeper
 from effectlog.session.tools import KEY_PARAMETER, ToolInfo
 
-__all__ = ["NotInRun", "Reconciled", "Run", "Tool", "current", "idempotency_key", "run", "tool"]
+__all__ = [
+    "NotInRun",
+    "Reconciled",
+    "Run",
+    "Tool",
+    "current",
+    "idempotency_key",
+    "run",
+    "sleep",
+    "sleep_until",
+    "tool",
+]
 
 F = TypeVar("F", bound=Callable[..., Any])
 T = TypeVar("T")
@@ -320,9 +333,15 @@ class Run:
         journal: JournalLike,
         policy: Policy | None = None,
         clock: Clock | None = None,
+        deadline: float | None = None,
+        sleeper: Sleeper | None = None,
+        notify: Notifier | Sequence[Notifier] | None = None,
     ) -> None:
         if not run_id:
             raise BadInput("a durable run needs a run id")
+        self._deadline = deadline
+        self._sleeper = sleeper
+        self._notify = notify
         self.run_id = run_id
         self._journal = journal
         self._policy: Policy = policy or allow_all
@@ -352,6 +371,9 @@ class Run:
                 policy=self._decide,
                 clock=self._clock,
                 replay_closed=True,
+                deadline=self._deadline,
+                sleeper=self._sleeper,
+                notify=self._notify,
             )
         except BaseException:
             self._close_store()
@@ -414,6 +436,36 @@ class Run:
     def fail(self, reason: str) -> None:
         """Close the run as failed: running the block again raises ``RunFailed``."""
         self.session.fail(reason)
+
+    # -- durable sleep -----------------------------------------------------------------------
+
+    def sleep(self, seconds: float) -> None:
+        """Sleep ``seconds`` as a journaled step: a resumed block waits only what is left of it."""
+        session = self.session
+        _drive_now(session.sleep(seconds, sleeper=self._sync_sleeper()))
+
+    def sleep_until(self, t: float) -> None:
+        """Sleep until the POSIX time ``t`` as a journaled step."""
+        session = self.session
+        _drive_now(session.sleep_until(t, sleeper=self._sync_sleeper()))
+
+    async def sleep_async(self, seconds: float) -> None:
+        """``sleep`` for an ``async with`` block: waits with ``asyncio.sleep`` (or the run's sleeper)."""
+        await self.session.sleep(seconds)
+
+    async def sleep_until_async(self, t: float) -> None:
+        await self.session.sleep_until(t)
+
+    def _sync_sleeper(self) -> Sleeper:
+        given = self._sleeper
+        if given is None:
+            return time.sleep
+
+        def wait(seconds: float) -> None:
+            if given(seconds) is not None:
+                raise BadInput("a sync durable sleep needs a sleeper that returns None (use sleep_async)")
+
+        return wait
 
     # -- one tool call -----------------------------------------------------------------------
 
@@ -494,10 +546,29 @@ def run(
     journal: JournalLike,
     policy: Policy | None = None,
     clock: Clock | None = None,
+    deadline: float | None = None,
+    sleeper: Sleeper | None = None,
+    notify: Notifier | Sequence[Notifier] | None = None,
 ) -> Run:
     """Run or resume ``run_id`` in ``journal`` (a SQLite path, a ``postgresql://`` URL, a Journal or a Checkpointer).
 
     ``policy`` is asked before each new call (allow, deny or require_approval), before a
-    tool's own ``approval``.
+    tool's own ``approval``. ``deadline`` (a POSIX time, pinned in the journal by the first
+    pass): a call not begun by then fails the run (``DeadlinePassed``). ``sleeper`` waits the
+    run's durable sleeps (default ``time.sleep``/``asyncio.sleep``; a test injects one). ``notify``:
+    hook(s) called once when the run suspends for approval or stops on an uncertain call
+    (``effectlog.notify``).
     """
-    return Run(run_id, journal=journal, policy=policy, clock=clock)
+    return Run(
+        run_id, journal=journal, policy=policy, clock=clock, deadline=deadline, sleeper=sleeper, notify=notify
+    )
+
+
+def sleep(seconds: float) -> None:
+    """Durable sleep in the enclosing ``durable.run`` block (``run.sleep``)."""
+    current().sleep(seconds)
+
+
+def sleep_until(t: float) -> None:
+    """Durable sleep until the POSIX time ``t`` in the enclosing ``durable.run`` block."""
+    current().sleep_until(t)

@@ -374,3 +374,32 @@ class RepinRefused(Conflict):
     """A repin while a step's outcome is open, or one that would change more than implementations (exit 5)."""
 
     code = "repin_refused"
+
+
+# -- branch lifecycle2 (issue 17 items 4-6) ----------------------------------------------
+
+
+class DeadlinePassed(RunFailed):
+    """A step or run deadline passed before the step began: the step failed by contract, nothing ran (exit 1)."""
+
+    code = "deadline_passed"
+
+
+class ModelUnavailable(EffectlogError):
+    """A model call kept failing (429, 5xx, no connection) past its retry limit.
+
+    The step's intent stays in the journal: the run is open, and a later pass sends the
+    same request again with the same idempotency key. Exit 130, as for an interrupted run.
+    """
+
+    code = "model_unavailable"
+    exit_status = ExitStatus.INTERRUPTED
+
+
+class ModelRefused(EffectlogError):
+    """The provider refused a model request for good (400, 401, 404...): another try would not help (exit 2).
+
+    The step's intent stays in the journal (the run is open): fix the cause, run it again.
+    """
+
+    code = "model_refused"

@@ -71,6 +71,7 @@ class RunStarted(Event, frozen=True, kw_only=True, tag="run.started"):
     from_step: str = ""
     by: str = ""
     reason: str = ""
+    deadline: int | None = None  # the run's deadline (ns since the epoch): a step not begun by then fails
 
 
 class RunResumed(Event, frozen=True, kw_only=True, tag="run.resumed"):
@@ -222,6 +223,27 @@ class StepFailed(StepEvent, frozen=True, kw_only=True, tag="step.failed"):
     applied: bool | None = None  # False: the tool said "not applied"; None: it ran and reported failure
 
 
+class StepSleeping(StepEvent, frozen=True, kw_only=True, tag="step.sleeping"):
+    """A durable sleep: the wake-up time, durable before the process waits (a resume waits the remainder)."""
+
+    wake_at: int = 0  # ns since the epoch
+    fingerprint: str = ""  # digest of the step's kind, as on step.requested, for divergence checks
+
+
+class StepWoke(StepEvent, frozen=True, kw_only=True, tag="step.woke"):
+    """The sleep's wake-up time passed; the step is done."""
+
+
+class StepExpired(StepEvent, frozen=True, kw_only=True, tag="step.expired"):
+    """A deadline passed before the step's intent was written: failed by contract, never applied."""
+
+    deadline: int = 0  # ns since the epoch
+    scope: Literal["step", "run"] = "step"
+    adapter: str = ""  # the tool or model the step would have called
+    kind: str = "tool"
+    fingerprint: str = ""
+
+
 AnyEvent = (
     RunStarted
     | RunResumed
@@ -241,6 +263,9 @@ AnyEvent = (
     | StepApproved
     | StepFailed
     | StepCarried
+    | StepSleeping
+    | StepWoke
+    | StepExpired
 )
 
 EVENT_TYPES: tuple[type[Event], ...] = AnyEvent.__args__

@@ -59,6 +59,8 @@ class StepState(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     reason: str = ""
     applied: bool | None = None  # a failed step: False when the tool said "not applied", None when unknown
     rebuilt: bool = False
+    wake_at: int | None = None  # a durable sleep's wake-up time (ns)
+    expired: bool = False  # failed because a deadline passed before it began
     requested_seq: int = 0
     last_seq: int = 0
 
@@ -84,6 +86,7 @@ class RunState(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     result: Any = None
     reason: str = ""
     blocked_step: str | None = None  # the step a suspended/stopped/failed run waits on
+    deadline: int | None = None  # pinned by run.started (ns): steps not begun by then fail
     resumes: int = 0
     started_ts: int = 0
     updated_ts: int = 0
@@ -153,6 +156,7 @@ def _apply_run(state: RunState, event: ev.Event, tag: str) -> RunState:
             effect_store=event.effect_store,
             plan_steps=frozenset(s["id"] for s in steps if isinstance(s, dict) and "id" in s),
             started_ts=event.ts,
+            deadline=event.deadline,
         )
     elif isinstance(event, ev.RunResumed):
         changes.update(resumes=state.resumes + 1, blocked_step=None, reason="")
@@ -240,6 +244,12 @@ def _apply_step(state: RunState, event: ev.StepEvent, tag: str) -> RunState:
             outcome="applied" if event.from_state == "reconciled" else None,
             rebuilt=True,
         )
+    elif isinstance(event, ev.StepSleeping):
+        changes.update(kind="sleep", adapter="sleep", wake_at=event.wake_at, fingerprint=event.fingerprint)
+    elif isinstance(event, ev.StepExpired):
+        changes.update(expired=True, applied=False, reason=f"{event.scope} deadline passed before the step began")
+        if event.adapter:
+            changes.update(adapter=event.adapter, kind=event.kind, fingerprint=event.fingerprint)
     elif isinstance(event, ev.StepReconciled):
         changes.update(
             outcome=event.outcome, evidence=event.evidence, operator=event.operator, automated=event.automated

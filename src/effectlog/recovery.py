@@ -19,6 +19,7 @@ class Action(Enum):
     STOP_UNCERTAIN = "stop_uncertain"  # requested, outcome unknown, not idempotent: stop, never guess
     WAIT_APPROVAL = "wait_approval"  # held for a person: a known outcome, not an uncertain one
     FAIL = "fail"  # denied or definitely failed
+    WAIT_UNTIL = "wait_until"  # a durable sleep: wait what is left until its recorded wake-up time
 
 
 def decide(step: StepState | None) -> Action:
@@ -38,6 +39,8 @@ def decide(step: StepState | None) -> Action:
         return Action.STOP_UNCERTAIN
     if state == "awaiting_approval":
         return Action.WAIT_APPROVAL
+    if state == "sleeping":
+        return Action.WAIT_UNTIL
     return Action.FAIL
 
 

@@ -56,6 +56,7 @@ class RunSeal(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     started_ts: int = 0
     updated_ts: int = 0
     effect_store: ev.EffectStoreIdentity | None = None
+    deadline: int | None = None  # the run's deadline (issue 17.4)
     steps: list[SealedStep] = []
 
 
@@ -96,6 +97,7 @@ def seal_row(state: RunState) -> SealRow:
         started_ts=state.started_ts,
         updated_ts=state.updated_ts,
         effect_store=state.effect_store,
+        deadline=state.deadline,
         steps=[SealedStep(s.step_id, s.state, s.attempt) for s in state.ordered_steps()],
     )
     return state.run_id, state.seq, zlib.compress(_encoder.encode(seal), 6)
@@ -126,6 +128,7 @@ def state_from_seal(body: bytes, head: bytes) -> RunState:
         started_ts=seal.started_ts,
         updated_ts=seal.updated_ts,
         effect_store=seal.effect_store,
+        deadline=seal.deadline,
     )
 
 

@@ -12,6 +12,7 @@ import sys
 import time
 from typing import Any
 
+from effectlog.cli.notify_args import add_notify_args
 from effectlog.cli.output import NdjsonLog, emit_json, out, table, tools_write_to_stderr
 from effectlog.errors import BadInput
 from effectlog.fleet import FleetStore, limits, open_store
@@ -71,6 +72,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--arm", metavar="POINT", help="test hook: stop once at POINT (needs --notify-fd)")
     p.add_argument("--notify-fd", type=int, metavar="FD", help="test hook: report the point reached on FD")
     p.add_argument("--resume-fd", type=int, metavar="FD", help="test hook: go on when a byte arrives on FD")
+    add_notify_args(p)
     p.set_defaults(handler=cmd_runner)
 
     p = sub.add_parser("operator", help="decide a request that needs an operator (audited)")
@@ -162,6 +164,8 @@ def cmd_runner(args: argparse.Namespace) -> int:
         arm=args.arm,
         notify_fd=args.notify_fd,
         resume_fd=args.resume_fd,
+        notify_command=args.notify_command,
+        notify_url=args.notify_url,
     )
     chain = chain_from_env(args.key_file)
     with tools_write_to_stderr() as stdout:  # tools' own stdout never mixes with the --json events

@@ -10,8 +10,11 @@ from typing import Any
 import msgspec
 
 from effectlog.cli.inspect_cmds import add_journal_args
+from effectlog.cli.notify_args import add_notify_args
+from effectlog.cli.notify_args import hooks as notify_hooks
 from effectlog.cli.output import emit_json, table
 from effectlog.errors import BadInput
+from effectlog.notify import marks, notify_new_waits
 
 
 def _add_runtime_args(p: argparse.ArgumentParser) -> None:
@@ -45,6 +48,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     _add_runtime_args(p)
     _add_secrets_arg(p)
     p.add_argument("--json", action="store_true", help="one JSON object per run, in a list")
+    add_notify_args(p)
     p.set_defaults(handler=cmd_recover)
 
     for name, helptext in (
@@ -121,8 +125,11 @@ def cmd_recover(args: argparse.Namespace) -> int:
 
     secrets = _secrets(args)
     runtime = _runtime(args)
+    notifiers = notify_hooks(args)
     with runtime, stop_on_signals(runtime):
+        since = marks(runtime.journal, runtime.journal.runs()) if notifiers else {}
         report = runtime.recover(secrets=secrets)
+        notify_new_waits(notifiers, runtime.journal, args.journal, since)
     if args.json:
         emit_json(report)
     elif report:

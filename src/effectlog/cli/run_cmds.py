@@ -9,10 +9,13 @@ from typing import Any
 import msgspec
 
 from effectlog.cli.inspect_cmds import add_journal_args, add_json_arg, add_run_id_arg, add_step_arg, existing_journal
+from effectlog.cli.notify_args import add_notify_args
+from effectlog.cli.notify_args import hooks as notify_hooks
 from effectlog.cli.output import emit_json, err, out, table, tools_write_to_stderr
 from effectlog.errors import BadInput, UnknownRun
 from effectlog.fold import RunState, replay_records
 from effectlog.journal import chain_from_env, load_run, load_sealed, open_journal
+from effectlog.notify import marks, notify_new_waits
 from effectlog.plan import MAX_ARGS_BYTES, MAX_PLAN_BYTES
 from effectlog.summary import RUN_STATES
 
@@ -45,6 +48,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help=f"largest plan file read (default {MAX_PLAN_BYTES}, 64 MiB)",
     )
     add_json_arg(p, "the run's outcome as one JSON object (tools' own stdout goes to stderr)")
+    add_notify_args(p)
     p.set_defaults(handler=cmd_run)
 
     p = sub.add_parser("status", help="the state of every run (newest first), or of one")
@@ -169,10 +173,14 @@ def cmd_run(args: argparse.Namespace) -> int:
         check_effect_store(args.effects)
     if args.trace is not None:
         check_trace(args.trace)
-    runtime = Runtime(_writer(args), adapters=registry, effects=args.effects, trace=args.trace)
+    notifiers = notify_hooks(args)
+    journal = _writer(args)
+    since = marks(journal, [plan.run_id]) if notifiers else {}
+    runtime = Runtime(journal, adapters=registry, effects=args.effects, trace=args.trace)
     # SIGINT/SIGTERM: stop after the current step's commit (130/143). Tools' stdout goes to stderr.
     with runtime, stop_on_signals(runtime), tools_write_to_stderr():
         outcome = runtime.run(plan)
+        notify_new_waits(notifiers, journal, args.journal, since)
     if args.json:
         emit_json(run_json(outcome, args.journal))
     else:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shlex
 import signal
 import socket
 import sys
@@ -37,10 +38,12 @@ from effectlog.fleet.recovery import recover_once
 from effectlog.fleet.scheduler import schedule, waiting
 from effectlog.fleet.secrets import Provider, redact_all, resolve
 from effectlog.journal import Journal, load_run
+from effectlog.notify import Kind, Notification, cli_hooks, deliver, shown_location
 from effectlog.plan import Plan, parse_plan
 from effectlog.recorder import record_now
 from effectlog.recovery import still_blocked
 from effectlog.runtime import Runtime
+from effectlog.stake import approve_command
 
 
 class RunnerConfig(msgspec.Struct, kw_only=True):
@@ -62,6 +65,9 @@ class RunnerConfig(msgspec.Struct, kw_only=True):
     arm: str | None = None
     notify_fd: int | None = None
     resume_fd: int | None = None
+    # Notifications (effectlog.notify): a shell command and/or a URL told when a request waits for a person.
+    notify_command: str | None = None
+    notify_url: str | None = None
 
 
 def checked(config: RunnerConfig) -> RunnerConfig:
@@ -135,6 +141,7 @@ class Runner:
         self._stopping = threading.Event()
         self._done = threading.Event()
         self._armed = config.arm
+        self.notifiers = cli_hooks(config.notify_command, config.notify_url)
 
     # -- the main loop ------------------------------------------------------------------
 
@@ -193,6 +200,8 @@ class Runner:
                 self.log(
                     f"recovery: request {done.request_id} attempt {done.attempt_no} -> {done.state}: {done.reason}"
                 )
+                if done.state == "needs_operator":
+                    self._notify("operator_needed", done.request_id, done.attempt_no, "", None, done.reason)
         except EffectlogError as exc:
             self.log(f"recovery pass failed: {exc.code}: {exc}")
 
@@ -305,6 +314,13 @@ class Runner:
             # A reason may quote a tool's error, which may quote its args: no secret value enters the store.
             return self.store.advance(lease, trigger, op_key=op_key, reason=redact_all(plan, reason), detail=detail)
 
+        def escalate(reason: str, step_id: str | None) -> str:
+            state = advance("escalate", op_key="final", reason=reason)
+            self._notify(
+                "operator_needed", lease.request_id, lease.attempt_no, plan.run_id, step_id, redact_all(plan, reason)
+            )
+            return state
+
         while True:
             try:
                 outcome = runtime.run(plan)
@@ -316,23 +332,49 @@ class Runner:
             except BadInput as exc:  # plan pinned differently, adapter missing: nothing was invoked
                 return advance("fail", op_key="final", reason=str(exc))
             except EffectlogError as exc:  # the record may be half-way: a person looks, nobody guesses
-                return advance("escalate", op_key="final", reason=f"{exc.code}: {exc}")
+                return escalate(f"{exc.code}: {exc}", None)
             except Exception as exc:  # an adapter's bug: re-queueing it on every runner would loop for ever
-                reason = f"unexpected error: {type(exc).__name__}: {exc}"
-                return advance("escalate", op_key="final", reason=reason)
+                return escalate(f"unexpected error: {type(exc).__name__}: {exc}", None)
             status = outcome.exit_status
             if status == ExitStatus.DONE:
                 return advance("succeed", op_key="final", detail={"events": outcome.events_written})
             if status == ExitStatus.STOPPED_UNCERTAIN:
-                return advance("escalate", op_key="final", reason=outcome.message)
+                return escalate(outcome.message, outcome.step_id)
             if status != ExitStatus.SUSPENDED:
                 return advance("fail", op_key="final", reason=outcome.message)
             waits += 1
             advance("await_decision", op_key=f"wait#{waits}", reason=outcome.message)
+            self._notify("suspended", lease.request_id, lease.attempt_no, plan.run_id, outcome.step_id, outcome.message)
             if not self._wait_for_decision(slot, journal, plan.run_id):
                 self._record_cancel(journal, lease)
                 return advance("cancel", op_key="final", reason="cancelled while waiting for a decision")
             advance("resume", op_key=f"resume#{waits}")
+
+    def _notify(  # noqa: PLR0917 - one call site per occasion, each with all of them
+        self, kind: Kind, request_id: int, attempt_no: int, run_id: str, step_id: str | None, reason: str
+    ) -> None:
+        """Tell a person a request waits for them (a failing hook is logged to stderr, the request goes on)."""
+        if not self.notifiers:
+            return
+        store = shown_location(self.config.store)
+        if kind == "suspended" and step_id is not None:
+            command = approve_command(store, run_id, step_id)
+        else:
+            command = (
+                f"effectlog operator requeue|fail|cancel --store {shlex.quote(store)} --request {request_id} "
+                "--by NAME --reason TEXT"
+            )
+        note = Notification(
+            kind=kind,
+            run_id=run_id,
+            step_id=step_id,
+            reason=reason,
+            command=command,
+            journal=store,
+            request_id=request_id,
+            seq=attempt_no,
+        )
+        deliver(self.notifiers, note)
 
     def _wait_for_decision(self, slot: Slot, journal: Journal, run_id: str) -> bool:
         """Hold the lease (heartbeats go on) until a person approves or denies; False if cancelled."""

@@ -74,6 +74,7 @@ from effectlog.integrations.framework_steps import (
     replayed_tool,
 )
 from effectlog.integrations.pydantic_ai_decisions import record_decisions
+from effectlog.integrations.pydantic_ai_retry import retried
 from effectlog.session import (
     ApprovalStep,
     Checkpointer,
@@ -261,7 +262,10 @@ class DurableModel(WrapperModel):
             settings: dict[str, Any] = dict(model_settings or {})
             headers: dict[str, str] = dict(settings.get("extra_headers") or {})
             settings["extra_headers"] = {**headers, IDEMPOTENCY_HEADER: key}
-            response = await self.wrapped.request(messages, cast(ModelSettings, settings), model_request_parameters)
+            response = await retried(
+                lambda: self.wrapped.request(messages, cast(ModelSettings, settings), model_request_parameters),
+                f"model request to {self.wrapped.model_name!r}",
+            )
             return {"response": _dump_response(response)}
 
         return await self._durable.model_step(

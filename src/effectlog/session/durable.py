@@ -16,6 +16,7 @@ raises ``ReplayDivergence`` and nothing runs.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -25,8 +26,11 @@ from effectlog import events as ev
 from effectlog.errors import (
     ApprovalRequired,
     BadInput,
+    DeadlinePassed,
     EventConflict,
     IdempotencyConflict,
+    ModelRefused,
+    ModelUnavailable,
     NotApplied,
     PlanMismatch,
     ReplayDivergence,
@@ -38,9 +42,11 @@ from effectlog.errors import (
 )
 from effectlog.fold import RunState, StepState
 from effectlog.journal.ownership import Claim
+from effectlog.notify import Kind, Notification, Notifier, deliver, hooks_of
 from effectlog.recorder import Clock, EventSpec, prepare
 from effectlog.recovery import Action, decide
 from effectlog.session import identity as ids
+from effectlog.session import timing
 from effectlog.session.gateway import Gateway
 from effectlog.session.steps import (
     ApprovalStep,
@@ -50,8 +56,9 @@ from effectlog.session.steps import (
     allow_all,
 )
 from effectlog.session.store import Checkpointer
+from effectlog.session.timing import Sleeper
 from effectlog.session.tool_driver import ToolDriver
-from effectlog.stake import approve_command
+from effectlog.stake import approve_command, reconcile_command
 
 CrashHook = Callable[[str, str], None]  # (point, step_id): a test seam, like the runtime's
 
@@ -69,6 +76,9 @@ class Session:
         clock: Clock | None = None,
         crash_hook: CrashHook | None = None,
         replay_closed: bool = False,
+        deadline: float | None = None,
+        sleeper: Sleeper | None = None,
+        notify: Notifier | Sequence[Notifier] | None = None,
     ) -> None:
         if not run_id:
             raise BadInput("a session needs a run id")
@@ -81,6 +91,11 @@ class Session:
         # A completed run answers the tool steps it recorded (no call, no write) instead of refusing them:
         # a plain-Python block that runs again after its run completed gets the same values back.
         self.replay_closed = replay_closed
+        # The run's deadline (a POSIX time): pinned by run.started when this pass starts the run; the
+        # earlier of it and the pinned one applies. ``sleeper`` waits durable sleeps (a test injects one).
+        self.deadline_ns = timing.to_ns(deadline)
+        self.sleeper: Sleeper = sleeper or asyncio.sleep
+        self.notify = hooks_of(notify)  # called once when this pass suspends or stops the run
         self._state: RunState = store.state(run_id)
         if self._state.seq and self._state.kind != "session":
             raise PlanMismatch(
@@ -119,7 +134,7 @@ class Session:
         batch = list(specs)
         if not self._opened:  # every pass that writes records itself: the timeline shows each resume
             if self._state.seq == 0:
-                batch.insert(0, (ev.RunStarted, {"kind": "session"}))
+                batch.insert(0, (ev.RunStarted, {"kind": "session", "deadline": self.deadline_ns}))
             else:
                 batch.insert(0, (ev.RunResumed, {"pid": os.getpid()}))
         events, new_state = prepare(self._state, batch, ts if ts is not None else self.clock())
@@ -133,6 +148,28 @@ class Session:
         self._opened = True
         if new_state.closed or new_state.state in ("suspended", "stopped"):
             self.release()  # waits for a person (or is done): the pass drives it no more
+        if self.notify:
+            for event in events:
+                if isinstance(event, ev.RunSuspended | ev.RunStopped):
+                    deliver(self.notify, self._notification(event))
+
+    def _notification(self, event: ev.RunSuspended | ev.RunStopped) -> Notification:
+        location, sid = self.store.location, event.step_id
+        if isinstance(event, ev.RunSuspended):
+            step = self._state.step(sid)
+            command = approve_command(location, self.run_id, sid, step.args_digest if step is not None else "")
+        else:
+            command = reconcile_command(location, self.run_id, sid)
+        kind: Kind = "suspended" if isinstance(event, ev.RunSuspended) else "stopped"
+        return Notification(
+            kind=kind,
+            run_id=self.run_id,
+            step_id=sid,
+            reason=event.reason,
+            command=command,
+            journal=location,
+            seq=event.seq,
+        )
 
     def _own(self) -> None:
         """Claim the run for this pass before its first write, and check nobody wrote it since it was read."""
@@ -169,7 +206,9 @@ class Session:
                 run_id=self.run_id,
             )
         if state.closed:
-            raise RunFailed(
+            blocked = state.step(state.blocked_step) if state.blocked_step else None
+            failure = DeadlinePassed if blocked is not None and blocked.expired else RunFailed
+            raise failure(
                 f"the run is {state.state}" + (f": {state.reason}" if state.reason else ""),
                 run_id=self.run_id,
                 step_id=state.blocked_step,
@@ -212,13 +251,28 @@ class Session:
     # -- model steps -----------------------------------------------------------------------
 
     async def model(
-        self, messages: Sequence[Mapping[str, Any]], *, model: str | None = None, key: str | None = None, **params: Any
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        model: str | None = None,
+        key: str | None = None,
+        deadline: float | None = None,
+        **params: Any,
     ) -> dict[str, Any]:
-        """One model call: the provider's answer (recorded, or fetched once with an idempotency key)."""
-        return (await self.model_step(messages, model=model, key=key, **params)).response
+        """One model call: the provider's answer (recorded, or fetched once with an idempotency key).
+
+        ``deadline`` (a POSIX time): a call not begun by then fails (``DeadlinePassed``).
+        """
+        return (await self.model_step(messages, model=model, key=key, deadline=deadline, **params)).response
 
     async def model_step(
-        self, messages: Sequence[Mapping[str, Any]], *, model: str | None = None, key: str | None = None, **params: Any
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        model: str | None = None,
+        key: str | None = None,
+        deadline: float | None = None,
+        **params: Any,
     ) -> ModelStep:
         self._check_open("a model call")
         name = model or self.gateway.model
@@ -231,6 +285,7 @@ class Session:
         step = self._state.step(sid)
         if step is not None:
             self._check_same(step, "model", name, fp)
+            timing.raise_if_expired(self, step)
             self._check_body(step, body_digest)
         while True:
             step = self._state.step(sid)
@@ -243,6 +298,7 @@ class Session:
                 self._record((ev.StepConfirmed, {"step_id": sid, "attempt": step.attempt, "rebuilt": True}))
                 continue
             if action is Action.EXECUTE:
+                timing.expire_if_late(self, sid, kind="model", name=name, fp=fp, deadline=timing.to_ns(deadline))
                 self._crash_point("before_intent", sid)
                 self._record(
                     (
@@ -267,7 +323,11 @@ class Session:
                 raise RunFailed(f"the model step is {step.state}", run_id=self.run_id, step_id=sid)
             break
         self.model_calls += 1
-        response = await self.gateway.complete(body, idempotency_key=pkey)
+        try:
+            response = await self.gateway.complete(body, idempotency_key=pkey)
+        except (ModelUnavailable, ModelRefused) as exc:  # the intent stays: the run is open, a new pass resends
+            exc.run_id, exc.step_id = exc.run_id or self.run_id, exc.step_id or sid
+            raise
         response = ids.normalized(response, f"the answer of model {name!r}")
         self._crash_point("after_call", sid)
         self._record(
@@ -329,14 +389,17 @@ class Session:
 
     # -- tool steps ------------------------------------------------------------------------
 
-    async def tool(self, name: str, args: Mapping[str, Any] | None = None, *, key: str | None = None) -> Any:
+    async def tool(
+        self, name: str, args: Mapping[str, Any] | None = None, *, key: str | None = None, deadline: float | None = None
+    ) -> Any:
         """One tool call: its result, recorded or produced now.
 
         Raises ``ToolDenied`` (a policy said no), ``ApprovalRequired`` (suspended until a
         person decides), ``NotApplied`` (the tool said it did nothing) and
-        ``UncertainEffect`` (a non-idempotent call whose outcome is unknown).
+        ``UncertainEffect`` (a non-idempotent call whose outcome is unknown) and
+        ``DeadlinePassed`` (``deadline``, a POSIX time, or the run's passed before it began).
         """
-        step = await self.tool_step(name, args, key=key)
+        step = await self.tool_step(name, args, key=key, deadline=deadline)
         if step.status in ("ok", "reconciled"):
             return step.result
         if step.status == "failed":
@@ -364,7 +427,9 @@ class Session:
             command=approve_command(self.store.location, self.run_id, step.step_id, step.tool_call_hash),
         )
 
-    async def tool_step(self, name: str, args: Mapping[str, Any] | None = None, *, key: str | None = None) -> ToolStep:
+    async def tool_step(
+        self, name: str, args: Mapping[str, Any] | None = None, *, key: str | None = None, deadline: float | None = None
+    ) -> ToolStep:
         """One tool call as a ``ToolStep`` (denied, held and failed calls are outcomes, not errors)."""
         replaying = self.replay_closed and self.completed
         if not replaying:
@@ -377,9 +442,22 @@ class Session:
         step = self._state.step(sid)
         if step is not None:
             self._check_same(step, "tool", name, fp)
+            timing.raise_if_expired(self, step)
         if replaying and decide(step) not in (Action.SKIP, Action.FAIL):
             self._check_open("a tool call")  # a step the completed run never finished: RunClosed
-        return await ToolDriver(self, info, sid, args=call_args, fp=fp, call_hash=call_hash).drive()
+        step_deadline = timing.to_ns(deadline)
+        driver = ToolDriver(self, info, sid, args=call_args, fp=fp, call_hash=call_hash, deadline=step_deadline)
+        return await driver.drive()
+
+    # -- durable sleep -----------------------------------------------------------------------
+
+    async def sleep(self, seconds: float, *, key: str | None = None, sleeper: Sleeper | None = None) -> None:
+        """Sleep ``seconds`` durably: the wake-up time is journaled; a resumed pass waits only the remainder."""
+        await timing.sleep_step(self, lambda: self.clock() + int(seconds * timing.NS), key, sleeper or self.sleeper)
+
+    async def sleep_until(self, t: float, *, key: str | None = None, sleeper: Sleeper | None = None) -> None:
+        """Sleep until the POSIX time ``t`` durably (a step, like ``sleep``)."""
+        await timing.sleep_step(self, lambda: int(t * timing.NS), key, sleeper or self.sleeper)
 
     # -- closing ---------------------------------------------------------------------------
 
@@ -406,7 +484,8 @@ class Session:
     @property
     def unsettled(self) -> list[str]:
         """Steps requested whose outcome the journal does not hold yet (sent again, or reconciled, on resume)."""
-        return [s.step_id for s in self._state.ordered_steps() if s.state in ("requested", "effected", "uncertain")]
+        unsettled = ("requested", "effected", "uncertain", "sleeping")
+        return [s.step_id for s in self._state.ordered_steps() if s.state in unsettled]
 
     def fail(self, reason: str) -> None:
         """Close the run as failed (for example: the agent gave up)."""

@@ -15,7 +15,7 @@ import msgspec
 from effectlog.canonical import canonical_json, digest_bytes
 from effectlog.errors import BadInput
 
-StepKind = Literal["tool", "model"]
+StepKind = Literal["tool", "model", "sleep"]
 
 _POSITIONAL = re.compile(r"step-\d+")
 

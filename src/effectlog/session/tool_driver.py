@@ -17,6 +17,7 @@ from effectlog.recordable import why_unrecordable
 from effectlog.recovery import Action, decide
 from effectlog.session import identity as ids
 from effectlog.session.steps import Reconciled, ToolCall, ToolStep
+from effectlog.session.timing import expire_if_late
 from effectlog.session.tools import ToolInfo
 from effectlog.stake import reconcile_command, redact_args, redact_text
 
@@ -28,7 +29,15 @@ class ToolDriver:
     """Drives one tool step from whatever the journal says about it to an outcome."""
 
     def __init__(
-        self, session: Session, info: ToolInfo, sid: str, *, args: dict[str, Any], fp: str, call_hash: str
+        self,
+        session: Session,
+        info: ToolInfo,
+        sid: str,
+        *,
+        args: dict[str, Any],
+        fp: str,
+        call_hash: str,
+        deadline: int | None = None,
     ) -> None:
         self.s = session
         self.info = info
@@ -36,6 +45,7 @@ class ToolDriver:
         self.args = args
         self.fp = fp
         self.call_hash = call_hash
+        self.deadline = deadline  # ns since the epoch: a step not begun by then fails
 
     def _step(self, status: Any, *, replayed: bool, **fields: Any) -> ToolStep:
         return ToolStep(
@@ -96,6 +106,7 @@ class ToolDriver:
 
     async def _execute(self, step: StepState | None) -> ToolStep:
         s, sid = self.s, self.sid
+        expire_if_late(s, sid, kind="tool", name=self.info.name, fp=self.fp, deadline=self.deadline)
         attempt = step.attempt if step is not None else 1
         now = s.clock()
         if step is not None and step.state == "approved":

@@ -1,0 +1,198 @@
+"""Notifications: tell a person that a run waits for them, with the command that resolves it.
+
+A hook is any callable taking a ``Notification``. It is called once when a run
+suspends for approval (``suspended``), stops on an uncertain step (``stopped``), or a
+fleet request needs an operator (``operator_needed``), after the event that says so
+is durable. A hook that fails never fails or changes the run: its error is written to
+stderr and the run goes on as it would have. Delivery is at most once per such event
+(no retry): the journal, not the hook, is the record; ``effectlog status --state
+suspended`` lists what waits.
+
+For the CLI: ``--notify-command CMD`` runs ``CMD`` through the shell with the
+notification as JSON on stdin (and ``EFFECTLOG_NOTIFY_*`` in its environment);
+``--notify-url URL`` POSTs the JSON to ``URL`` with an ``Idempotency-Key`` naming the event.
+Around a plan run in your own code: ``since = marks(journal, [run_id])`` before
+``Runtime.run``, ``notify_new_waits(hooks, journal, location, since)`` after.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, Literal
+
+import msgspec
+
+from effectlog import events as ev
+from effectlog.errors import BadInput
+from effectlog.stake import approve_command, reconcile_command
+
+Kind = Literal["suspended", "stopped", "operator_needed"]
+
+
+class Notification(msgspec.Struct, frozen=True, kw_only=True):
+    """What waits, where, and the command that resolves it."""
+
+    kind: Kind
+    run_id: str
+    step_id: str | None = None
+    reason: str = ""
+    command: str = ""  # the CLI line that resolves it (approve, reconcile, operator)
+    journal: str = ""  # the journal (or fleet store) it is in
+    request_id: int | None = None  # a fleet request
+    seq: int = 0  # the journal event (or the request's attempt) that made it wait: with kind, names it
+
+    @property
+    def key(self) -> str:
+        """One key per waiting event, for receivers that deduplicate (``Idempotency-Key``)."""
+        return f"{self.kind}/{self.run_id}/{self.step_id or ''}/{self.seq}"
+
+
+Notifier = Callable[[Notification], None]
+
+
+def encode(note: Notification) -> bytes:
+    return msgspec.json.encode(note)
+
+
+def deliver(hooks: Iterable[Notifier], note: Notification) -> None:
+    """Call each hook once; a hook's failure is written to stderr and goes no further."""
+    for hook in hooks:
+        try:
+            hook(note)
+        except Exception as exc:  # a hook must never fail or change the run
+            name = getattr(hook, "__name__", type(hook).__name__)
+            sys.stderr.write(
+                f"effectlog: notification {note.kind} for run {note.run_id!r} step {note.step_id!r} "
+                f"not delivered by {name}: {type(exc).__name__}: {exc}\n"
+            )
+
+
+def hooks_of(notify: Notifier | Sequence[Notifier] | None) -> tuple[Notifier, ...]:
+    if notify is None:
+        return ()
+    if callable(notify):
+        return (notify,)
+    return tuple(notify)
+
+
+class HookFailed(Exception):
+    """A command hook exited non-zero, or a webhook answered an error."""
+
+
+def command_hook(command: str, *, timeout_s: float = 30.0) -> Notifier:
+    """Run ``command`` in the shell, the notification as JSON on stdin and in ``EFFECTLOG_NOTIFY_*``."""
+
+    def notify_command(note: Notification) -> None:
+        env = {
+            **os.environ,
+            "EFFECTLOG_NOTIFY_KIND": note.kind,
+            "EFFECTLOG_NOTIFY_RUN_ID": note.run_id,
+            "EFFECTLOG_NOTIFY_STEP_ID": note.step_id or "",
+            "EFFECTLOG_NOTIFY_COMMAND": note.command,
+        }
+        done = subprocess.run(  # noqa: S602 - the user's own command line, run as their shell would
+            command,
+            shell=True,
+            input=encode(note),
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            timeout=timeout_s,
+            check=False,
+        )
+        if done.returncode != 0:
+            tail = done.stderr.decode(errors="replace").strip().splitlines()[-1:] or [""]
+            raise HookFailed(f"{command!r} exited {done.returncode} {tail[0]}".strip())
+
+    return notify_command
+
+
+def url_hook(url: str, *, timeout_s: float = 10.0) -> Notifier:
+    """POST the notification as JSON to ``url`` (any host the user names)."""
+    if not url.startswith(("http://", "https://")):
+        raise BadInput(f"--notify-url {url!r}: expected an http:// or https:// URL")
+
+    def notify_url(note: Notification) -> None:
+        request = urllib.request.Request(  # noqa: S310 - the scheme is checked above
+            url,
+            data=encode(note),
+            method="POST",
+            headers={"Content-Type": "application/json", "Idempotency-Key": note.key},
+        )
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:  # noqa: S310
+            if response.status >= 300:
+                raise HookFailed(f"{url} answered HTTP {response.status}")
+
+    return notify_url
+
+
+def cli_hooks(command: str | None, url: str | None) -> tuple[Notifier, ...]:
+    """The hooks ``--notify-command`` and ``--notify-url`` ask for."""
+    hooks: list[Notifier] = []
+    if command:
+        hooks.append(command_hook(command))
+    if url:
+        hooks.append(url_hook(url))
+    return tuple(hooks)
+
+
+def shown_location(location: str) -> str:
+    """A journal or store location fit to send: a URL's password is never part of a notification."""
+    parts = urllib.parse.urlsplit(location)
+    if parts.password is None:
+        return location
+    host = parts.hostname or ""
+    netloc = f"{parts.username}:***@{host}" + (f":{parts.port}" if parts.port else "")
+    return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
+
+
+# -- around a plan run (the CLI's --notify-*; a library user can do the same around Runtime.run) --
+
+
+def marks(journal: Any, run_ids: Iterable[str]) -> dict[str, int]:
+    """Each run's last sequence number now: what was written after it is this command's."""
+    return {run_id: journal.head(run_id)[0] for run_id in run_ids}
+
+
+def notify_new_waits(
+    notifiers: Sequence[Notifier], journal: Any, location: str, since: Mapping[str, int]
+) -> list[Notification]:
+    """One notification per ``run.suspended``/``run.stopped`` written after ``since[run_id]``."""
+    sent: list[Notification] = []
+    if not notifiers:
+        return sent
+    for run_id, seq in since.items():
+        for record in journal.read(run_id, seq):
+            event = ev.decode(record.body)
+            if isinstance(event, ev.RunSuspended | ev.RunStopped):
+                note = _notification(location, event)
+                deliver(notifiers, note)
+                sent.append(note)
+    return sent
+
+
+def _notification(location: str, event: ev.RunSuspended | ev.RunStopped) -> Notification:
+    if isinstance(event, ev.RunSuspended):
+        return Notification(
+            kind="suspended",
+            run_id=event.run_id,
+            step_id=event.step_id,
+            reason=event.reason,
+            command=approve_command(location, event.run_id, event.step_id),
+            journal=location,
+            seq=event.seq,
+        )
+    return Notification(
+        kind="stopped",
+        run_id=event.run_id,
+        step_id=event.step_id,
+        reason=event.reason,
+        command=reconcile_command(location, event.run_id, event.step_id),
+        journal=location,
+        seq=event.seq,
+    )
