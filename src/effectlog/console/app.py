@@ -1,0 +1,287 @@
+"""The console's web application: pages, login, and the decisions, under one authenticated name.
+
+Starlette with Jinja2 templates (autoescape on for every page), sessions in a signed
+cookie (Starlette's ``SessionMiddleware``, itsdangerous), a CSRF token per session
+checked on every POST, and no JavaScript. Each decision calls the very function the
+CLI calls (``approvals.approve``/``deny``, ``reconcile.reconcile``) with the logged-in
+user's name; the journal is opened for each request and closed after it, so the
+console never holds a run: a process that drives one is never blocked by it.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from jinja2 import Environment, PackageLoader, select_autoescape
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.middleware.sessions import SessionMiddleware
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse, RedirectResponse, Response
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+from starlette.templating import Jinja2Templates
+
+from effectlog.cli.run_views import when
+from effectlog.console import views
+from effectlog.console.users import User, check_password
+from effectlog.diagrams import render
+from effectlog.errors import BadInput, Conflict, EffectlogError
+from effectlog.fleet import open_store
+from effectlog.journal import Journal, chain_from_env, open_journal
+from effectlog.summary import RUN_STATES
+
+T = TypeVar("T")
+LOGIN_FAILURES = 5  # failed logins per user name (and per client address) within LOGIN_WINDOW_S
+LOGIN_WINDOW_S = 60.0
+
+
+@dataclass
+class Config:
+    journal: str
+    users: dict[str, User]
+    store: str | None = None
+    effects: str | None = None  # the effect store runs pinned: offers reconcile from it (as --from-ledger)
+    secret_key: str = field(default_factory=lambda: secrets.token_urlsafe(32))
+    https_only: bool = False  # the cookie's Secure flag, for a console behind TLS
+
+
+@dataclass
+class _Throttle:
+    """Failed logins per key, forgotten after the window: a brute force gets 429s."""
+
+    failures: dict[str, list[float]] = field(default_factory=dict)
+
+    def blocked(self, *keys: str) -> bool:
+        now = time.monotonic()
+        for key in keys:
+            recent = [t for t in self.failures.get(key, []) if now - t < LOGIN_WINDOW_S]
+            self.failures[key] = recent
+            if len(recent) >= LOGIN_FAILURES:
+                return True
+        return False
+
+    def failed(self, *keys: str) -> None:
+        for key in keys:
+            self.failures.setdefault(key, []).append(time.monotonic())
+
+
+def create_app(config: Config) -> Starlette:
+    env = Environment(
+        loader=PackageLoader("effectlog.console", "templates"), autoescape=select_autoescape(default=True)
+    )
+    env.globals["when"] = when
+    env.filters["pretty"] = lambda value: json.dumps(value, indent=2, ensure_ascii=False, sort_keys=True)
+    templates = Jinja2Templates(env=env)
+    throttle = _Throttle()
+    step_diagram = render("step", "mermaid")
+
+    def page(request: Request, name: str, status: int = 200, **context: Any) -> Response:
+        context.update(request=request, user=_user(request), csrf=_csrf(request), location=config.journal)
+        return templates.TemplateResponse(request, name, context, status_code=status)
+
+    def _user(request: Request) -> User | None:
+        name = request.session.get("user")
+        return config.users.get(name) if isinstance(name, str) else None
+
+    def reading(fn: Callable[[Journal], T]) -> Callable[[], T]:
+        def call() -> T:
+            journal = open_journal(config.journal, writer=False, chain=chain_from_env(None))
+            try:
+                return fn(journal)
+            finally:
+                journal.close()
+
+        return call
+
+    def need_user(request: Request) -> User:
+        user = _user(request)
+        if user is None:
+            raise HTTPException(401, "log in first")
+        return user
+
+    async def login_form(request: Request) -> Response:
+        return page(request, "login.html")
+
+    async def login(request: Request) -> Response:
+        form = await request.form()
+        _check_csrf(request, form.get("csrf"))
+        name, password = str(form.get("user", "")), str(form.get("password", ""))
+        client = f"client:{request.client.host if request.client else ''}"
+        if throttle.blocked(f"user:{name}", client):
+            return page(request, "login.html", 429, error="too many failed logins: wait a minute")
+        user = config.users.get(name)
+        ok = await run_in_threadpool(check_password, password, user.password_hash if user else _DUMMY_HASH)
+        if user is None or not ok:
+            throttle.failed(f"user:{name}", client)
+            return page(request, "login.html", 401, error="wrong user name or password")
+        request.session.clear()
+        request.session.update(user=user.name, csrf=secrets.token_urlsafe(32))
+        return RedirectResponse("/", status_code=303)
+
+    async def logout(request: Request) -> Response:
+        form = await request.form()
+        _check_csrf(request, form.get("csrf"))
+        request.session.clear()
+        return RedirectResponse("/login", status_code=303)
+
+    async def home(request: Request) -> Response:
+        if _user(request) is None:
+            return RedirectResponse("/login", status_code=303)
+
+        def read(journal: Journal) -> list[views.Attention]:
+            if config.store is None:
+                return views.attention(journal)
+            store = open_store(config.store, chain=chain_from_env(None))
+            try:
+                return views.attention(journal, store)
+            finally:
+                store.close()
+
+        items = await run_in_threadpool(reading(read))
+        return page(request, "attention.html", items=items, counts=views.counts(items))
+
+    async def runs(request: Request) -> Response:
+        if _user(request) is None:
+            return RedirectResponse("/login", status_code=303)
+        state = request.query_params.get("state", "")
+        try:
+            number = max(1, int(request.query_params.get("page", "1")))
+        except ValueError:
+            raise HTTPException(400, "page must be a number") from None
+        rows, more = await run_in_threadpool(reading(lambda j: views.runs(j, state=state, page=number)))
+        return page(request, "runs.html", rows=rows, more=more, page_no=number, state=state, states=RUN_STATES)
+
+    async def run(request: Request, error: str = "", status: int = 200) -> Response:
+        if _user(request) is None:
+            return RedirectResponse("/login", status_code=303)
+        run_id = request.path_params["run_id"]
+        data = await run_in_threadpool(reading(lambda j: views.run_page(j, run_id)))
+        return page(
+            request,
+            "run.html",
+            status,
+            run=data,
+            error=error,
+            step_states=views.STEP_STATES,
+            step_diagram=step_diagram,
+            effects=config.effects,
+        )
+
+    async def decide(request: Request) -> Response:
+        user = need_user(request)
+        form = await request.form()
+        _check_csrf(request, form.get("csrf"))
+        if not user.may_decide:
+            raise HTTPException(403, f"{user.name} is a viewer: only an operator decides")
+        run_id, step_id, action = (request.path_params[k] for k in ("run_id", "step_id", "action"))
+        fields = {k: str(v) for k, v in form.items() if k != "csrf"}
+        try:
+            await run_in_threadpool(lambda: _decide(config, action, run_id, step_id, by=user.name, form=fields))
+        except Conflict as exc:
+            return await run(request, error=str(exc), status=409)
+        except EffectlogError as exc:
+            return await run(request, error=str(exc), status=400)
+        return RedirectResponse(f"/runs/{run_id}?decided={action}", status_code=303)
+
+    async def http_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        if exc.status_code == 401 and request.method == "GET":
+            return RedirectResponse("/login", status_code=303)
+        return page(request, "error.html", exc.status_code, message=exc.detail)
+
+    async def effectlog_error(request: Request, exc: Exception) -> Response:
+        return page(request, "error.html", 404 if "no run" in str(exc) else 400, message=str(exc))
+
+    async def server_error(request: Request, exc: Exception) -> Response:
+        # No stack trace reaches the browser; the server's log has it.
+        return PlainTextResponse("internal error: see the console's log", status_code=500)
+
+    import effectlog.console as package
+
+    static_dir = f"{package.__path__[0]}/static"
+    return Starlette(
+        routes=[
+            Route("/", home),
+            Route("/login", login_form, methods=["GET"]),
+            Route("/login", login, methods=["POST"]),
+            Route("/logout", logout, methods=["POST"]),
+            Route("/runs", runs),
+            Route("/runs/{run_id}", run),
+            Route("/runs/{run_id}/steps/{step_id}/{action:str}", decide, methods=["POST"]),
+            Mount("/static", app=StaticFiles(directory=static_dir), name="static"),
+        ],
+        middleware=[
+            Middleware(
+                SessionMiddleware,
+                secret_key=config.secret_key,
+                session_cookie="effectlog_console",
+                same_site="strict",
+                https_only=config.https_only,
+                max_age=8 * 3600,
+            )
+        ],
+        exception_handlers={HTTPException: http_error, EffectlogError: effectlog_error, Exception: server_error},
+    )
+
+
+_DUMMY_HASH = "scrypt$16384$8$1$AAAAAAAAAAAAAAAAAAAAAA==$AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA="
+
+
+def _csrf(request: Request) -> str:
+    token = request.session.get("csrf")
+    if not isinstance(token, str):
+        token = secrets.token_urlsafe(32)
+        request.session["csrf"] = token
+    return token
+
+
+def _check_csrf(request: Request, given: Any) -> None:
+    expected = request.session.get("csrf")
+    if not isinstance(expected, str) or not isinstance(given, str) or not hmac.compare_digest(expected, given):
+        raise HTTPException(403, "missing or wrong CSRF token: reload the page and try again")
+
+
+def _decide(config: Config, action: str, run_id: str, step_id: str, *, by: str, form: dict[str, str]) -> None:
+    """One decision, by the CLI's own function, under the operator's name."""
+    from effectlog.approvals import approve, deny
+    from effectlog.reconcile import reconcile, reconcile_from_ledger
+
+    if action not in ("approve", "deny", "reconcile", "reconcile-from-ledger"):
+        raise BadInput(f"no decision {action!r}: approve, deny, reconcile or reconcile-from-ledger")
+    if action == "reconcile-from-ledger" and config.effects is None:
+        raise BadInput("reconcile-from-ledger: the console was started without --effects")
+    journal = open_journal(config.journal, writer=True, chain=chain_from_env(None))
+    try:
+        if action == "approve":
+            digest = form.get("digest", "").strip()
+            if not digest:
+                raise BadInput("approve: the form must carry the args digest of the call it shows")
+            approve(journal, run_id, step_id, by=by, reason=form.get("reason", ""), expect_digest=digest)
+        elif action == "deny":
+            if not form.get("reason", "").strip():
+                raise BadInput("deny: give a reason")
+            deny(journal, run_id, step_id, by=by, reason=form["reason"])
+        elif action == "reconcile-from-ledger":
+            assert config.effects is not None
+            reconcile_from_ledger(journal, run_id, step_id, config.effects)
+        else:
+            outcome = form.get("outcome", "").replace("-", "_")
+            reconcile(
+                journal,
+                run_id,
+                step_id,
+                outcome=outcome,  # type: ignore[arg-type]  # reconcile refuses anything else
+                evidence=form.get("evidence", ""),
+                operator=by,
+            )
+    finally:
+        journal.close()
