@@ -1,0 +1,250 @@
+"""The operator console over HTTP, against the real server process (issue 15).
+
+Each test starts ``effectlog console`` on 127.0.0.1 at a free port over a journal whose
+runs were made by real ``effectlog run`` processes, and talks to it with httpx as a
+browser would (cookies, forms, the CSRF token). What the console writes is read back
+with the CLI's ``timeline``: a decision is the CLI's own operation, under the name of
+the user who logged in, and a refused one writes nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from markupsafe import escape
+
+from console_kit import (
+    CARD,
+    NASTY,
+    PASSWORDS,
+    Setup,
+    console,
+    csrf_of,
+    digest_on_page,
+    effects_rows,
+    held_plan,
+    login,
+)
+from effectlog.console.users import check_password
+from hardening_kit import effectlog, one_line
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+
+
+@pytest.fixture
+def setup(tmp_path: Path) -> Setup:
+    """A journal with one run held for approval (refund-1) and one stopped as uncertain (charge-1)."""
+    s = Setup(tmp_path)
+    s.held("refund-1")
+    s.uncertain("charge-1")
+    return s
+
+
+def types(setup: Setup, run_id: str) -> list[object]:
+    return [e["type"] for e in setup.timeline(run_id)]
+
+
+def test_pages_and_decisions_need_a_login(setup: Setup) -> None:
+    """Without a session every page sends to /login and a decision is refused with 401, writing nothing."""
+    before = types(setup, "refund-1")
+    with console(setup) as base:
+        import httpx
+
+        with httpx.Client(base_url=base, follow_redirects=False) as anon:
+            pages = [anon.get(p) for p in ("/", "/runs", "/runs/refund-1")]
+            token = csrf_of(anon.get("/login").text)
+            post = anon.post("/runs/refund-1/steps/refund/approve", data={"csrf": token, "digest": "0" * 64})
+
+    assert [(303, "/login")] * 3 == [(r.status_code, r.headers.get("location")) for r in pages]
+    assert (401, before) == (post.status_code, types(setup, "refund-1"))
+
+
+def test_a_wrong_password_is_refused_and_repeated_failures_are_throttled(setup: Setup) -> None:
+    """A wrong password is 401 with no session; after five failures in a minute the sixth try is 429,
+    even with the right password."""
+    with console(setup) as base:
+        import httpx
+
+        with httpx.Client(base_url=base, follow_redirects=False) as c:
+            token = csrf_of(c.get("/login").text)
+            wrong = [
+                c.post("/login", data={"user": "olga", "password": "nope", "csrf": token}).status_code for _ in range(5)
+            ]
+            right = c.post("/login", data={"user": "olga", "password": PASSWORDS["olga"], "csrf": token})
+            home = c.get("/")
+
+    assert ([401] * 5, 429, 303) == (wrong, right.status_code, home.status_code)
+
+
+def test_a_post_without_the_sessions_csrf_token_is_refused_and_writes_nothing(setup: Setup) -> None:
+    """A logged-in operator's approve without the CSRF token, or with another one, is 403; the journal
+    is unchanged."""
+    before = types(setup, "refund-1")
+    with console(setup) as base:
+        client, _ = login(base, "olga")
+        digest = digest_on_page(client.get("/runs/refund-1").text)
+        missing = client.post("/runs/refund-1/steps/refund/approve", data={"digest": digest})
+        forged = client.post("/runs/refund-1/steps/refund/approve", data={"digest": digest, "csrf": "forged"})
+
+    assert (403, 403) == (missing.status_code, forged.status_code)
+    assert "CSRF" in forged.text
+    assert before == types(setup, "refund-1")
+
+
+def test_a_viewer_sees_the_run_but_cannot_decide(setup: Setup) -> None:
+    """A viewer's run page has no decision forms, and a POST of a decision (with a valid token) is 403,
+    writing nothing."""
+    before = types(setup, "refund-1")
+    with console(setup) as base:
+        client, token = login(base, "vik")
+        page = client.get("/runs/refund-1")
+        digest = page.text.split('class="digest">')[1][:64]
+        done = client.post("/runs/refund-1/steps/refund/approve", data={"csrf": token, "digest": digest})
+
+    assert (200, False) == (page.status_code, 'name="digest"' in page.text)
+    assert 403 == done.status_code
+    assert before == types(setup, "refund-1")
+
+
+def test_approve_with_a_digest_that_is_not_the_held_calls_is_refused(setup: Setup) -> None:
+    """The page submits the digest of the call it shows; a different one (the call changed since the
+    page was drawn) is refused with 409 and the reason, and nothing is written."""
+    before = types(setup, "refund-1")
+    with console(setup) as base:
+        client, token = login(base, "olga")
+        shown = digest_on_page(client.get("/runs/refund-1").text)
+        stale = "f" * 64
+        done = client.post("/runs/refund-1/steps/refund/approve", data={"csrf": token, "digest": stale})
+
+    assert stale != shown
+    assert 409 == done.status_code
+    assert f"the held call&#39;s args digest is {shown}, not the expected {stale}" in done.text
+    assert before == types(setup, "refund-1")
+
+
+def test_approve_is_journaled_under_the_logged_in_name_and_the_run_then_applies_once(setup: Setup) -> None:
+    """Approve from the page records step.approved by the logged-in operator (a ``by`` field in the
+    form is ignored: no free-text name), bound to the digest shown; resuming the run applies the
+    held step exactly once."""
+    with console(setup) as base:
+        client, token = login(base, "olga")
+        digest = digest_on_page(client.get("/runs/refund-1").text)
+        done = client.post(
+            "/runs/refund-1/steps/refund/approve", data={"csrf": token, "digest": digest, "by": "mallory"}
+        )
+        after = client.get(done.headers["location"])
+
+    approved = [e for e in setup.timeline("refund-1") if e["type"] == "step.approved"]
+    assert (303, "/runs/refund-1?decided=approve") == (done.status_code, done.headers["location"])
+    assert [("olga", digest)] == [(e["by"], e["args_digest"]) for e in approved]
+    assert "approve recorded in the journal under olga" in after.text
+    setup.run(held_plan("refund-1"), 0)
+    assert [("refund", 1)] == [(r["step_id"], r["attempt"]) for r in effects_rows(setup) if r["run_id"] == "refund-1"]
+
+
+def test_deny_is_journaled_with_its_reason_under_the_logged_in_name(setup: Setup) -> None:
+    """Deny needs a reason (400 without one, nothing written); with one, step.denied names the
+    logged-in operator and the run fails, as ``effectlog deny`` does."""
+    before = types(setup, "refund-1")
+    with console(setup) as base:
+        client, token = login(base, "olga")
+        empty = client.post("/runs/refund-1/steps/refund/deny", data={"csrf": token, "reason": " "})
+        unchanged = types(setup, "refund-1")
+        done = client.post("/runs/refund-1/steps/refund/deny", data={"csrf": token, "reason": "too large"})
+
+    assert (400, before) == (empty.status_code, unchanged)
+    denied = [e for e in setup.timeline("refund-1") if e["type"] == "step.denied" and e["decision"] == "deny"]
+    assert 303 == done.status_code
+    assert [("olga", "too large")] == [(e["by"], e["reason"]) for e in denied]
+    assert "run.failed" == types(setup, "refund-1")[-1]
+
+
+@pytest.mark.parametrize("outcome", ["applied", "not_applied"])
+def test_reconcile_is_journaled_with_evidence_under_the_logged_in_name(setup: Setup, outcome: str) -> None:
+    """Reconcile from the page records step.reconciled with the outcome and evidence, the logged-in
+    operator as its operator (an ``operator`` form field is ignored), not automated."""
+    with console(setup) as base:
+        client, token = login(base, "olga")
+        done = client.post(
+            "/runs/charge-1/steps/charge/reconcile",
+            data={"csrf": token, "outcome": outcome, "evidence": "PSP dashboard: ch_9", "operator": "mallory"},
+        )
+
+    reconciled = [e for e in setup.timeline("charge-1") if e["type"] == "step.reconciled"]
+    assert 303 == done.status_code
+    assert [(outcome, "PSP dashboard: ch_9", "olga", False)] == [
+        (e["outcome"], e["evidence"], e["operator"], e.get("automated", False)) for e in reconciled
+    ]
+
+
+def test_needs_attention_lists_what_waits_oldest_first_and_a_decided_run_moves_on(setup: Setup) -> None:
+    """Needs attention lists the held run then the uncertain one (oldest first) with their counts;
+    once the held step is approved, that run reads "ready to resume" instead."""
+    with console(setup) as base:
+        client, token = login(base, "olga")
+        first = client.get("/").text
+        digest = digest_on_page(client.get("/runs/refund-1").text)
+        client.post("/runs/refund-1/steps/refund/approve", data={"csrf": token, "digest": digest})
+        second = client.get("/").text
+
+    assert first.index("refund-1") < first.index("charge-1")
+    assert (True, True) == ("held for approval: 1" in first, "uncertain: 1" in first)
+    assert (False, True) == ("held for approval: 1" in second, "ready to resume: 1" in second)
+
+
+def test_every_page_escapes_recorded_text_and_no_secret_value_leaves_the_server(setup: Setup) -> None:
+    """A recorded argument holding ``<script>`` and quotes reaches the page escaped, never as markup;
+    the card number (a secret arg) appears in no page, only its digest."""
+    with console(setup) as base:
+        client, _ = login(base, "olga")
+        pages = [client.get(p).text for p in ("/", "/runs", "/runs/refund-1", "/runs/charge-1")]
+
+    run_page = pages[2]
+    assert "<script>" not in "".join(pages)
+    assert str(escape(json.dumps(NASTY))) in run_page  # the JSON string of the arg, escaped
+    assert [] == [p for p in pages if CARD in p]
+    assert "$secret_sha256" in run_page
+
+
+def test_the_runs_page_filters_by_state_and_pages(setup: Setup) -> None:
+    """/runs?state=stopped lists only the uncertain run; an unknown run is a 404 page, no traceback."""
+    with console(setup) as base:
+        client, _ = login(base, "vik")
+        stopped = client.get("/runs?state=stopped").text
+        missing = client.get("/runs/nope")
+
+    assert ("charge-1" in stopped, "refund-1" in stopped) == (True, False)
+    assert (404, False) == (missing.status_code, "Traceback" in missing.text)
+    assert "no run &#39;nope&#39;" in missing.text
+
+
+def test_the_console_refuses_to_bind_beyond_loopback_without_allow_remote(setup: Setup) -> None:
+    """--host 0.0.0.0 without --allow-remote exits 2 with one line naming the flag; a users file that
+    is not usable exits 2 with one line naming it."""
+    remote = effectlog(
+        "console", "--journal", setup.journal, "--users", setup.users, "--host", "0.0.0.0", cwd=setup.dir
+    )
+    Path(setup.users + ".bad").write_text('[users.x]\nrole = "root"\npassword = "x"\n')
+    bad = effectlog("console", "--journal", setup.journal, "--users", setup.users + ".bad", cwd=setup.dir)
+
+    assert 2 == remote.returncode
+    assert "--host 0.0.0.0 is not loopback; give --allow-remote" in one_line(remote.stderr)
+    assert 2 == bad.returncode
+    assert "users.x.role must be viewer or operator" in one_line(bad.stderr)
+
+
+def test_hash_password_prints_a_hash_the_console_accepts(tmp_path: Path) -> None:
+    """``effectlog console hash-password`` reads the password from stdin and prints one scrypt hash
+    that checks against it and not against another password."""
+    done = subprocess.run(
+        [sys.executable, "-m", "effectlog", "console", "hash-password"],
+        input="s3cret\n", capture_output=True, text=True, cwd=tmp_path, check=False,
+    )  # fmt: skip
+    stored = done.stdout.strip()
+
+    assert (0, "") == (done.returncode, done.stderr)
+    assert (True, False) == (check_password("s3cret", stored), check_password("s3cret!", stored))
