@@ -248,3 +248,33 @@ def test_hash_password_prints_a_hash_the_console_accepts(tmp_path: Path) -> None
 
     assert (0, "") == (done.returncode, done.stderr)
     assert (True, False) == (check_password("s3cret", stored), check_password("s3cret!", stored))
+
+
+def test_fleet_requests_are_listed_and_cancel_is_recorded_under_the_logged_in_name(setup: Setup) -> None:
+    """With --store, /requests lists a submitted request; a requeue of a queued request is refused by
+    the store (nothing recorded); cancel with a reason is recorded in its history under the
+    logged-in operator, exactly as ``effectlog operator cancel`` records it; a viewer is refused."""
+    store = str(setup.dir / "fleet.db")
+    (setup.dir / "fleet-plan.json").write_text(json.dumps(held_plan("fleet-run-1")))
+    submitted = effectlog(
+        "submit", "fleet-plan.json", "--store", store, "--scope", "s", "--key", "k1", cwd=setup.dir
+    )  # fmt: skip
+    assert 0 == submitted.returncode, submitted.stderr
+    with console(setup, "--store", store) as base:
+        viewer, vtoken = login(base, "vik")
+        refused = viewer.post("/requests/1/cancel", data={"csrf": vtoken, "reason": "no"})
+        client, token = login(base, "olga")
+        listed = client.get("/requests").text
+        requeue = client.post("/requests/1/requeue", data={"csrf": token, "reason": "try again"})
+        done = client.post("/requests/1/cancel", data={"csrf": token, "reason": "duplicate", "by": "mallory"})
+        page = client.get("/requests/1").text
+    shown = effectlog("requests", "--store", store, "--request", "1", "--json", cwd=setup.dir)
+    history = json.loads(shown.stdout)["history"]
+
+    assert (403, True) == (refused.status_code, "fleet-run-1" in listed)
+    assert requeue.status_code in (400, 409)
+    assert (303, "cancelled") == (done.status_code, json.loads(shown.stdout)["request"]["state"])
+    assert [("withdraw", "operator", "olga", "duplicate")] == [
+        (h["transition"], h["actor"], h["actor_name"], h["reason"]) for h in history
+    ]
+    assert "duplicate" in page

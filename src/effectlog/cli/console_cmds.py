@@ -29,6 +29,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="serve (default), or hash-password",
     )
     p.add_argument("--journal", help="the journal: a SQLite path or postgresql:// URL")
+    p.add_argument("--key-file", metavar="F", help="HMAC key for the chain (else EFFECTLOG_JOURNAL_KEY)")
     p.add_argument("--effects", help="the effect store runs pinned: offers 'reconcile from the effect store'")
     p.add_argument("--store", help="a fleet store: its needs_operator requests are shown as needing attention")
     p.add_argument("--users", help="the users file (TOML, see docs/console.md)")
@@ -76,7 +77,12 @@ def cmd_console(args: argparse.Namespace) -> int:
     except ModuleNotFoundError as exc:
         raise MissingDependency(f"console needs its extra: install effectlog[console] ({exc})") from None
     config = Config(
-        journal=args.journal, users=users, store=args.store, effects=args.effects, https_only=bool(args.tls_cert)
+        journal=args.journal,
+        users=users,
+        store=args.store,
+        effects=args.effects,
+        key_file=args.key_file,
+        https_only=bool(args.tls_cert),
     )
     scheme = "https" if args.tls_cert else "http"
     host = f"[{args.host}]" if ":" in args.host else args.host

@@ -36,8 +36,12 @@ from effectlog.console.users import User, check_password
 from effectlog.diagrams import render
 from effectlog.errors import BadInput, Conflict, EffectlogError
 from effectlog.fleet import open_store
+from effectlog.fleet.protocol import FleetStore
 from effectlog.journal import Journal, chain_from_env, open_journal
+from effectlog.spec import compiled
 from effectlog.summary import RUN_STATES
+
+ATTEMPT_STATES: tuple[str, ...] = compiled("attempt").spec.states
 
 T = TypeVar("T")
 LOGIN_FAILURES = 5  # failed logins per user name (and per client address) within LOGIN_WINDOW_S
@@ -50,6 +54,7 @@ class Config:
     users: dict[str, User]
     store: str | None = None
     effects: str | None = None  # the effect store runs pinned: offers reconcile from it (as --from-ledger)
+    key_file: str | None = None  # the chain's HMAC key (else EFFECTLOG_JOURNAL_KEY), as the CLI's --key-file
     secret_key: str = field(default_factory=lambda: secrets.token_urlsafe(32))
     https_only: bool = False  # the cookie's Secure flag, for a console behind TLS
 
@@ -85,7 +90,9 @@ def create_app(config: Config) -> Starlette:
     step_diagram = render("step", "mermaid")
 
     def page(request: Request, name: str, status: int = 200, **context: Any) -> Response:
-        context.update(request=request, user=_user(request), csrf=_csrf(request), location=config.journal)
+        context.update(
+            request=request, user=_user(request), csrf=_csrf(request), location=config.journal, store=config.store
+        )
         return templates.TemplateResponse(request, name, context, status_code=status)
 
     def _user(request: Request) -> User | None:
@@ -94,11 +101,23 @@ def create_app(config: Config) -> Starlette:
 
     def reading(fn: Callable[[Journal], T]) -> Callable[[], T]:
         def call() -> T:
-            journal = open_journal(config.journal, writer=False, chain=chain_from_env(None))
+            journal = open_journal(config.journal, writer=False, chain=chain_from_env(config.key_file))
             try:
                 return fn(journal)
             finally:
                 journal.close()
+
+        return call
+
+    def with_store(fn: Callable[[FleetStore], T]) -> Callable[[], T]:
+        def call() -> T:
+            if config.store is None:
+                raise HTTPException(404, "no fleet store: start the console with --store S")
+            store = open_store(config.store, chain=chain_from_env(config.key_file))
+            try:
+                return fn(store)
+            finally:
+                store.close()
 
         return call
 
@@ -140,7 +159,7 @@ def create_app(config: Config) -> Starlette:
         def read(journal: Journal) -> list[views.Attention]:
             if config.store is None:
                 return views.attention(journal)
-            store = open_store(config.store, chain=chain_from_env(None))
+            store = open_store(config.store, chain=chain_from_env(config.key_file))
             try:
                 return views.attention(journal, store)
             finally:
@@ -192,6 +211,42 @@ def create_app(config: Config) -> Starlette:
             return await run(request, error=str(exc), status=400)
         return RedirectResponse(f"/runs/{run_id}?decided={action}", status_code=303)
 
+    async def fleet_requests(request: Request) -> Response:
+        if _user(request) is None:
+            return RedirectResponse("/login", status_code=303)
+        state = request.query_params.get("state", "")
+        rows = await run_in_threadpool(with_store(lambda st: views.requests(st, state=state)))
+        return page(request, "requests.html", rows=rows, state=state, states=ATTEMPT_STATES)
+
+    async def fleet_request(request: Request, error: str = "", status: int = 200) -> Response:
+        if _user(request) is None:
+            return RedirectResponse("/login", status_code=303)
+        request_id: int = request.path_params["request_id"]
+        data = await run_in_threadpool(with_store(lambda st: views.request_page(st, request_id)))
+        return page(request, "request.html", status, req=data, error=error)
+
+    async def fleet_decide(request: Request) -> Response:
+        user = need_user(request)
+        form = await request.form()
+        _check_csrf(request, form.get("csrf"))
+        if not user.may_decide:
+            raise HTTPException(403, f"{user.name} is a viewer: only an operator decides")
+        request_id: int = request.path_params["request_id"]
+        action, reason = request.path_params["action"], str(form.get("reason", "")).strip()
+        try:
+            if action not in ("requeue", "fail", "cancel"):
+                raise BadInput(f"no fleet decision {action!r}: requeue, fail or cancel")
+            if not reason:
+                raise BadInput(f"{action}: give a reason")
+            await run_in_threadpool(
+                with_store(lambda st: _operate(st, request_id, action, by=user.name, reason=reason))
+            )
+        except Conflict as exc:
+            return await fleet_request(request, error=str(exc), status=409)
+        except EffectlogError as exc:
+            return await fleet_request(request, error=str(exc), status=400)
+        return RedirectResponse(f"/requests/{request_id}?decided={action}", status_code=303)
+
     async def http_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)
         if exc.status_code == 401 and request.method == "GET":
@@ -217,6 +272,9 @@ def create_app(config: Config) -> Starlette:
             Route("/runs", runs),
             Route("/runs/{run_id}", run),
             Route("/runs/{run_id}/steps/{step_id}/{action:str}", decide, methods=["POST"]),
+            Route("/requests", fleet_requests),
+            Route("/requests/{request_id:int}", fleet_request),
+            Route("/requests/{request_id:int}/{action:str}", fleet_decide, methods=["POST"]),
             Mount("/static", app=StaticFiles(directory=static_dir), name="static"),
         ],
         middleware=[
@@ -234,6 +292,16 @@ def create_app(config: Config) -> Starlette:
 
 
 _DUMMY_HASH = "scrypt$16384$8$1$AAAAAAAAAAAAAAAAAAAAAA==$AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA="
+
+
+def _operate(store: FleetStore, request_id: int, action: str, *, by: str, reason: str) -> None:
+    """A fleet decision, as ``effectlog operator requeue|fail|cancel`` makes it, under the operator's name."""
+    from effectlog.cli.fleet_cmds import OPERATOR_TRIGGERS
+
+    if action == "cancel":
+        store.cancel(request_id, by=by, reason=reason)
+    else:
+        store.operate(request_id, OPERATOR_TRIGGERS[action], by=by, reason=reason)
 
 
 def _csrf(request: Request) -> str:
@@ -259,7 +327,7 @@ def _decide(config: Config, action: str, run_id: str, step_id: str, *, by: str, 
         raise BadInput(f"no decision {action!r}: approve, deny, reconcile or reconcile-from-ledger")
     if action == "reconcile-from-ledger" and config.effects is None:
         raise BadInput("reconcile-from-ledger: the console was started without --effects")
-    journal = open_journal(config.journal, writer=True, chain=chain_from_env(None))
+    journal = open_journal(config.journal, writer=True, chain=chain_from_env(config.key_file))
     try:
         if action == "approve":
             digest = form.get("digest", "").strip()

@@ -17,6 +17,7 @@ import msgspec
 from effectlog import events as ev
 from effectlog.cli.run_views import HELD, condition, when
 from effectlog.errors import UnknownRun
+from effectlog.fleet.model import AttemptView, HistoryRow, RequestView
 from effectlog.fleet.protocol import FleetStore
 from effectlog.fold import RunState, replay_records
 from effectlog.journal import Journal, load_sealed
@@ -172,3 +173,20 @@ def _row(e: Any, blocking: set[str]) -> TimelineRow:
         detail=" ".join(f"{k}={v}" for k, v in detail.items()),
         blocking=step_id in blocking and isinstance(e, ev.StepUncertain | ev.StepDenied),
     )
+
+
+class RequestPage(msgspec.Struct, frozen=True, kw_only=True):
+    request: RequestView
+    attempts: list[AttemptView]
+    history: list[HistoryRow]
+
+
+def requests(store: FleetStore, *, state: str = "") -> list[RequestView]:
+    """The fleet store's requests, newest first, in ``state`` (all when empty)."""
+    found = store.requests([state] if state else None)
+    return sorted(found, key=lambda r: -r.request_id)
+
+
+def request_page(store: FleetStore, request_id: int) -> RequestPage:
+    view = store.request(request_id)  # an unknown id raises the store's own error
+    return RequestPage(request=view, attempts=store.attempts(request_id), history=store.history(request_id))
