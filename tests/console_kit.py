@@ -66,11 +66,11 @@ def uncertain_plan(run_id: str) -> dict[str, object]:
 
 
 class Setup:
-    """A directory with a journal, an effect store, a users file (olga: operator, vik: viewer)."""
+    """A directory with a journal (SQLite unless given), an effect store, a users file (olga: operator, vik: viewer)."""
 
-    def __init__(self, tmp_path: Path) -> None:
+    def __init__(self, tmp_path: Path, journal: str | None = None) -> None:
         self.dir = tmp_path
-        self.journal = str(tmp_path / "journal.db")
+        self.journal = journal or str(tmp_path / "journal.db")
         self.effects = str(tmp_path / "effects.db")
         self.users = str(tmp_path / "users.toml")
         (tmp_path / "lost_tools.py").write_text(LOST_REPLY)
