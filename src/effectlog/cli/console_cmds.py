@@ -73,7 +73,8 @@ def cmd_console(args: argparse.Namespace) -> int:
     try:
         import uvicorn
 
-        from effectlog.console.app import Config, create_app
+        from effectlog.console.app import create_app
+        from effectlog.console.decisions import Config
     except ModuleNotFoundError as exc:
         raise MissingDependency(f"console needs its extra: install effectlog[console] ({exc})") from None
     config = Config(

@@ -31,13 +31,14 @@ from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 
 from effectlog.cli.run_views import when
-from effectlog.console import views
+from effectlog.console import decisions, views
+from effectlog.console.decisions import Config
 from effectlog.console.users import User, check_password
 from effectlog.diagrams import render
-from effectlog.errors import BadInput, Conflict, EffectlogError
+from effectlog.errors import Conflict, EffectlogError
 from effectlog.fleet import open_store
 from effectlog.fleet.protocol import FleetStore
-from effectlog.journal import Journal, chain_from_env, open_journal
+from effectlog.journal import Journal, chain_from_env
 from effectlog.spec import compiled
 from effectlog.summary import RUN_STATES
 
@@ -46,17 +47,6 @@ ATTEMPT_STATES: tuple[str, ...] = compiled("attempt").spec.states
 T = TypeVar("T")
 LOGIN_FAILURES = 5  # failed logins per user name (and per client address) within LOGIN_WINDOW_S
 LOGIN_WINDOW_S = 60.0
-
-
-@dataclass
-class Config:
-    journal: str
-    users: dict[str, User]
-    store: str | None = None
-    effects: str | None = None  # the effect store runs pinned: offers reconcile from it (as --from-ledger)
-    key_file: str | None = None  # the chain's HMAC key (else EFFECTLOG_JOURNAL_KEY), as the CLI's --key-file
-    secret_key: str = field(default_factory=lambda: secrets.token_urlsafe(32))
-    https_only: bool = False  # the cookie's Secure flag, for a console behind TLS
 
 
 @dataclass
@@ -100,26 +90,12 @@ def create_app(config: Config) -> Starlette:
         return config.users.get(name) if isinstance(name, str) else None
 
     def reading(fn: Callable[[Journal], T]) -> Callable[[], T]:
-        def call() -> T:
-            journal = open_journal(config.journal, writer=False, chain=chain_from_env(config.key_file))
-            try:
-                return fn(journal)
-            finally:
-                journal.close()
-
-        return call
+        return lambda: decisions.reading(config, fn)
 
     def with_store(fn: Callable[[FleetStore], T]) -> Callable[[], T]:
-        def call() -> T:
-            if config.store is None:
-                raise HTTPException(404, "no fleet store: start the console with --store S")
-            store = open_store(config.store, chain=chain_from_env(config.key_file))
-            try:
-                return fn(store)
-            finally:
-                store.close()
-
-        return call
+        if config.store is None:
+            raise HTTPException(404, "no fleet store: start the console with --store S")
+        return lambda: decisions.with_store(config, fn)
 
     def need_user(request: Request) -> User:
         user = _user(request)
@@ -204,7 +180,9 @@ def create_app(config: Config) -> Starlette:
         run_id, step_id, action = (request.path_params[k] for k in ("run_id", "step_id", "action"))
         fields = {k: str(v) for k, v in form.items() if k != "csrf"}
         try:
-            await run_in_threadpool(lambda: _decide(config, action, run_id, step_id, by=user.name, form=fields))
+            await run_in_threadpool(
+                lambda: decisions.decide(config, action, run_id, step_id, by=user.name, form=fields)
+            )
         except Conflict as exc:
             return await run(request, error=str(exc), status=409)
         except EffectlogError as exc:
@@ -234,12 +212,8 @@ def create_app(config: Config) -> Starlette:
         request_id: int = request.path_params["request_id"]
         action, reason = request.path_params["action"], str(form.get("reason", "")).strip()
         try:
-            if action not in ("requeue", "fail", "cancel"):
-                raise BadInput(f"no fleet decision {action!r}: requeue, fail or cancel")
-            if not reason:
-                raise BadInput(f"{action}: give a reason")
             await run_in_threadpool(
-                with_store(lambda st: _operate(st, request_id, action, by=user.name, reason=reason))
+                with_store(lambda st: decisions.operate(st, request_id, action, by=user.name, reason=reason))
             )
         except Conflict as exc:
             return await fleet_request(request, error=str(exc), status=409)
@@ -294,16 +268,6 @@ def create_app(config: Config) -> Starlette:
 _DUMMY_HASH = "scrypt$16384$8$1$AAAAAAAAAAAAAAAAAAAAAA==$AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA="
 
 
-def _operate(store: FleetStore, request_id: int, action: str, *, by: str, reason: str) -> None:
-    """A fleet decision, as ``effectlog operator requeue|fail|cancel`` makes it, under the operator's name."""
-    from effectlog.cli.fleet_cmds import OPERATOR_TRIGGERS
-
-    if action == "cancel":
-        store.cancel(request_id, by=by, reason=reason)
-    else:
-        store.operate(request_id, OPERATOR_TRIGGERS[action], by=by, reason=reason)
-
-
 def _csrf(request: Request) -> str:
     token = request.session.get("csrf")
     if not isinstance(token, str):
@@ -316,40 +280,3 @@ def _check_csrf(request: Request, given: Any) -> None:
     expected = request.session.get("csrf")
     if not isinstance(expected, str) or not isinstance(given, str) or not hmac.compare_digest(expected, given):
         raise HTTPException(403, "missing or wrong CSRF token: reload the page and try again")
-
-
-def _decide(config: Config, action: str, run_id: str, step_id: str, *, by: str, form: dict[str, str]) -> None:
-    """One decision, by the CLI's own function, under the operator's name."""
-    from effectlog.approvals import approve, deny
-    from effectlog.reconcile import reconcile, reconcile_from_ledger
-
-    if action not in ("approve", "deny", "reconcile", "reconcile-from-ledger"):
-        raise BadInput(f"no decision {action!r}: approve, deny, reconcile or reconcile-from-ledger")
-    if action == "reconcile-from-ledger" and config.effects is None:
-        raise BadInput("reconcile-from-ledger: the console was started without --effects")
-    journal = open_journal(config.journal, writer=True, chain=chain_from_env(config.key_file))
-    try:
-        if action == "approve":
-            digest = form.get("digest", "").strip()
-            if not digest:
-                raise BadInput("approve: the form must carry the args digest of the call it shows")
-            approve(journal, run_id, step_id, by=by, reason=form.get("reason", ""), expect_digest=digest)
-        elif action == "deny":
-            if not form.get("reason", "").strip():
-                raise BadInput("deny: give a reason")
-            deny(journal, run_id, step_id, by=by, reason=form["reason"])
-        elif action == "reconcile-from-ledger":
-            assert config.effects is not None
-            reconcile_from_ledger(journal, run_id, step_id, config.effects)
-        else:
-            outcome = form.get("outcome", "").replace("-", "_")
-            reconcile(
-                journal,
-                run_id,
-                step_id,
-                outcome=outcome,  # type: ignore[arg-type]  # reconcile refuses anything else
-                evidence=form.get("evidence", ""),
-                operator=by,
-            )
-    finally:
-        journal.close()
