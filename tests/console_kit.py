@@ -20,12 +20,13 @@ from pathlib import Path
 
 import httpx
 
-from effectlog.console.users import hash_password
+from effectlog.console.users import hash_password, token_digest
 from hardening_kit import effectlog
 
 CARD = "4242424242424242"
 NASTY = "<script>alert('x')</script>\"quoted\""  # must reach the page escaped, never as markup
 PASSWORDS = {"olga": "olga-pw-1", "vik": "vik-pw-2"}
+TOKENS = {"olga": "olga-token-" + "a" * 32, "vik": "vik-token-" + "b" * 32}
 
 LOST_REPLY = """
 class LostReply:
@@ -75,8 +76,11 @@ class Setup:
         self.users = str(tmp_path / "users.toml")
         (tmp_path / "lost_tools.py").write_text(LOST_REPLY)
         Path(self.users).write_text(
-            f'[users.olga]\nrole = "operator"\npassword = "{hash_password(PASSWORDS["olga"])}"\n\n'
-            f'[users.vik]\nrole = "viewer"\npassword = "{hash_password(PASSWORDS["vik"])}"\n'
+            "".join(
+                f'[users.{name}]\nrole = "{role}"\npassword = "{hash_password(PASSWORDS[name])}"\n'
+                f'token_sha256 = "{token_digest(TOKENS[name])}"\n\n'
+                for name, role in (("olga", "operator"), ("vik", "viewer"))
+            )
         )
 
     def run(self, plan: dict[str, object], expected_status: int) -> None:

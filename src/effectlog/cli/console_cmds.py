@@ -24,9 +24,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument(
         "action",
         nargs="?",
-        choices=("serve", "hash-password"),
+        choices=("serve", "hash-password", "new-token"),
         default="serve",
-        help="serve (default), or hash-password",
+        help="serve (default); hash-password: hash one for the users file; new-token: a bearer token for the API",
     )
     p.add_argument("--journal", help="the journal: a SQLite path or postgresql:// URL")
     p.add_argument("--key-file", metavar="F", help="HMAC key for the chain (else EFFECTLOG_JOURNAL_KEY)")
@@ -53,6 +53,12 @@ def is_loopback(host: str) -> bool:
 def cmd_console(args: argparse.Namespace) -> int:
     if args.action == "hash-password":
         return _hash_password()
+    if args.action == "new-token":
+        from effectlog.console.users import new_token, token_digest
+
+        token = new_token()
+        out(f"token: {token}\ntoken_sha256 = \"{token_digest(token)}\"\n")
+        return 0
     if not args.journal:
         raise BadInput("console: give --journal (a SQLite path or postgresql:// URL)")
     if not args.users:

@@ -31,7 +31,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 
 from effectlog.cli.run_views import when
-from effectlog.console import decisions, views
+from effectlog.console import api, decisions, views
 from effectlog.console.decisions import Config
 from effectlog.console.users import User, check_password
 from effectlog.diagrams import render
@@ -239,6 +239,7 @@ def create_app(config: Config) -> Starlette:
     static_dir = f"{package.__path__[0]}/static"
     return Starlette(
         routes=[
+            *api.routes(config),
             Route("/", home),
             Route("/login", login_form, methods=["GET"]),
             Route("/login", login, methods=["POST"]),

@@ -5,10 +5,13 @@ The file (``--users FILE``)::
     [users.alice]
     role = "operator"          # or "viewer"
     password = "scrypt$16384$8$1$<salt b64>$<hash b64>"
+    token_sha256 = "<64 hex>"  # optional: the JSON API's bearer token, by its SHA-256
 
 A password hash comes from ``effectlog console hash-password`` (the stdlib's
-``hashlib.scrypt``: no new dependency). ``viewer`` may read every page; ``operator``
-may also decide (approve, deny, reconcile). The file is read once, at start-up.
+``hashlib.scrypt``: no new dependency); a token and its line from ``effectlog console
+new-token`` (a random 256-bit token: a plain SHA-256 is enough to keep it unguessable).
+``viewer`` may read every page; ``operator`` may also decide (approve, deny, reconcile).
+The file is read once, at start-up.
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ import base64
 import hashlib
 import hmac
 import os
+import re
+import secrets
 import tomllib
 from typing import Literal
 
@@ -28,12 +33,14 @@ Role = Literal["viewer", "operator"]
 ROLES: tuple[Role, ...] = ("viewer", "operator")
 _N, _R, _P = 2**14, 8, 1  # scrypt cost: ~16 MiB and tens of ms per check, as OWASP suggests for scrypt
 _SCHEME = "scrypt"
+_HEX64 = re.compile(r"[0-9a-fA-F]{64}")
 
 
 class User(msgspec.Struct, frozen=True, kw_only=True):
     name: str
     role: Role
     password_hash: str
+    token_sha256: str = ""
 
     @property
     def may_decide(self) -> bool:
@@ -71,6 +78,24 @@ def check_password(password: str, stored: str) -> bool:
     return hmac.compare_digest(got, expected)
 
 
+def new_token() -> str:
+    return secrets.token_urlsafe(32)
+
+
+def token_digest(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def by_token(users: dict[str, User], token: str) -> User | None:
+    """The user whose ``token_sha256`` is the token's (every user compared, in constant time each)."""
+    wanted = token_digest(token)
+    found = None
+    for user in users.values():
+        if user.token_sha256 and hmac.compare_digest(user.token_sha256, wanted):
+            found = user
+    return found
+
+
 def load_users(path: str) -> dict[str, User]:
     """The users of ``path``; a file that cannot be used is ``BadInput`` naming what and where."""
     try:
@@ -94,5 +119,8 @@ def load_users(path: str) -> dict[str, User]:
             raise BadInput(
                 f"--users {path}: users.{name}.password must be a hash from 'effectlog console hash-password'"
             )
-        users[name] = User(name=name, role=role, password_hash=password)
+        token = entry.get("token_sha256", "")
+        if not isinstance(token, str) or (token and not _HEX64.fullmatch(token)):
+            raise BadInput(f"--users {path}: users.{name}.token_sha256 must be 64 hex digits ('console new-token')")
+        users[name] = User(name=name, role=role, password_hash=password, token_sha256=token.lower())
     return users
