@@ -10,8 +10,11 @@ the user who logged in, and a refused one writes nothing.
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -278,3 +281,47 @@ def test_fleet_requests_are_listed_and_cancel_is_recorded_under_the_logged_in_na
         (h["transition"], h["actor"], h["actor_name"], h["reason"]) for h in history
     ]
     assert "duplicate" in page
+
+
+def test_a_run_with_a_live_owner_is_not_listed_approving_another_does_not_disturb_it_and_killed_it_is(
+    setup: Setup,
+) -> None:
+    """While a real ``effectlog run`` process drives run slow-1 (a shell step sleeping), Needs attention
+    does not list slow-1, and approving refund-1 in the same journal succeeds without disturbing it;
+    once that process is SIGKILLed, slow-1 is listed as interrupted (the journal's owner check, not a
+    guess from time)."""
+    (setup.dir / "slow.json").write_text(
+        json.dumps(
+            {
+                "run_id": "slow-1",
+                "adapters": {"sh": {"type": "shell", "version": "1", "idempotent": True}},
+                "steps": [{"id": "wait", "adapter": "sh", "args": {"argv": ["sh", "-c", "touch started; sleep 60"]}}],
+            }
+        )
+    )
+    slow = subprocess.Popen(
+        [sys.executable, "-m", "effectlog", "run", "slow.json", "--journal", setup.journal],
+        cwd=setup.dir, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 30
+        while not (setup.dir / "started").exists():
+            assert time.monotonic() < deadline, "the slow run did not start"
+            time.sleep(0.1)
+        with console(setup) as base:
+            client, token = login(base, "olga")
+            while_driven = client.get("/").text
+            digest = digest_on_page(client.get("/runs/refund-1").text)
+            approved = client.post("/runs/refund-1/steps/refund/approve", data={"csrf": token, "digest": digest})
+            still_running = slow.poll()
+            os.killpg(slow.pid, signal.SIGKILL)  # the run's process and its sleeping shell step
+            slow.wait()
+            after_kill = client.get("/").text
+    finally:
+        if slow.poll() is None:
+            os.killpg(slow.pid, signal.SIGKILL)
+            slow.wait()
+
+    assert ("slow-1" in while_driven, approved.status_code, still_running) == (False, 303, None)
+    assert "slow-1" in after_kill
+    assert "interrupted: 1" in after_kill
