@@ -9,6 +9,7 @@ the user who logged in, and a refused one writes nothing.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -295,7 +296,9 @@ def test_a_run_with_a_live_owner_is_not_listed_approving_another_does_not_distur
             {
                 "run_id": "slow-1",
                 "adapters": {"sh": {"type": "shell", "version": "1", "idempotent": True}},
-                "steps": [{"id": "wait", "adapter": "sh", "args": {"argv": ["sh", "-c", "touch started; sleep 60"]}}],
+                "steps": [
+                    {"id": "wait", "adapter": "sh", "args": {"argv": ["sh", "-c", "echo $$ > started; exec sleep 60"]}}
+                ],
             }
         )
     )
@@ -305,7 +308,7 @@ def test_a_run_with_a_live_owner_is_not_listed_approving_another_does_not_distur
     )  # fmt: skip
     try:
         deadline = time.monotonic() + 30
-        while not (setup.dir / "started").exists():
+        while not (setup.dir / "started").exists() or not (setup.dir / "started").read_text().strip():
             assert time.monotonic() < deadline, "the slow run did not start"
             time.sleep(0.1)
         with console(setup) as base:
@@ -321,6 +324,10 @@ def test_a_run_with_a_live_owner_is_not_listed_approving_another_does_not_distur
         if slow.poll() is None:
             os.killpg(slow.pid, signal.SIGKILL)
             slow.wait()
+        step_pid = (setup.dir / "started").read_text().strip() if (setup.dir / "started").exists() else ""
+        if step_pid:  # the shell step runs in its own session: end it too
+            with contextlib.suppress(ProcessLookupError, ValueError):
+                os.kill(int(step_pid), signal.SIGKILL)
 
     assert ("slow-1" in while_driven, approved.status_code, still_running) == (False, 303, None)
     assert "slow-1" in after_kill
