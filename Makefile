@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: test lint typecheck unit diagrams crash-matrix bench clean venv
+.PHONY: test lint typecheck unit diagrams crash-matrix bench clean venv console-screenshots
 
 venv: $(STAMP)
 
@@ -37,6 +37,11 @@ crash-matrix: $(STAMP)
 	$(BIN)/effectlog crash-matrix run --backend sqlite --backend postgres --output work/crash-matrix.json
 	$(BIN)/effectlog crash-matrix verify work/crash-matrix.json > /dev/null
 	@echo "verified: work/crash-matrix.json"
+
+# Screenshots of every console page (docs/img/console-*.png) in headless Chromium; commit and look at them.
+console-screenshots: $(STAMP)
+	@bash .ci/ensure-chromium
+	$(BIN)/python experiments/console_screenshots.py
 
 diagrams: $(STAMP)
 	$(BIN)/effectlog diagram step --format mermaid > docs/diagrams/step.mmd
