@@ -170,19 +170,22 @@ def test_deny_is_journaled_with_its_reason_under_the_logged_in_name(setup: Setup
 @pytest.mark.parametrize("outcome", ["applied", "not_applied"])
 def test_reconcile_is_journaled_with_evidence_under_the_logged_in_name(setup: Setup, outcome: str) -> None:
     """Reconcile from the page records step.reconciled with the outcome and evidence, the logged-in
-    operator as its operator (an ``operator`` form field is ignored), not automated."""
+    operator as its operator (an ``operator`` form field is ignored), not automated; the run page
+    then shows who decided it and on what evidence."""
     with console(setup) as base:
         client, token = login(base, "olga")
         done = client.post(
             "/runs/charge-1/steps/charge/reconcile",
             data={"csrf": token, "outcome": outcome, "evidence": "PSP dashboard: ch_9", "operator": "mallory"},
         )
+        page = client.get("/runs/charge-1").text
 
     reconciled = [e for e in setup.timeline("charge-1") if e["type"] == "step.reconciled"]
     assert 303 == done.status_code
     assert [(outcome, "PSP dashboard: ch_9", "olga", False)] == [
         (e["outcome"], e["evidence"], e["operator"], e.get("automated", False)) for e in reconciled
     ]
+    assert f"reconciled {outcome} by olga (a person): PSP dashboard: ch_9" in page
 
 
 def test_needs_attention_lists_what_waits_oldest_first_and_a_decided_run_moves_on(setup: Setup) -> None:

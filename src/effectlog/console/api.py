@@ -80,7 +80,7 @@ def routes(config: Config) -> list[Route]:
         return {
             **_run_row(data.state, data.condition),
             "reason": data.state.reason,
-            "steps": [{"id": sid, "state": state, "attempt": attempt} for sid, state, attempt in data.steps],
+            "steps": msgspec.to_builtins(data.steps),
             "at_stake": msgspec.to_builtins(data.stakes),
             "timeline": msgspec.to_builtins(data.timeline),
         }
@@ -90,7 +90,7 @@ def routes(config: Config) -> list[Route]:
         body = await _body(request)
         await run_in_threadpool(lambda: decisions.decide(config, action, run_id, step_id, by=user.name, form=body))
         data = await run_in_threadpool(lambda: decisions.reading(config, lambda j: views.run_page(j, run_id)))
-        step = next(({"id": s, "state": st, "attempt": a} for s, st, a in data.steps if s == step_id), None)
+        step = next((msgspec.to_builtins(s) for s in data.steps if s.id == step_id), None)
         return {"run_id": run_id, "run_state": data.state.state, "step": step, "by": user.name, "decision": action}
 
     async def fleet_requests(request: Request, user: User) -> Any:

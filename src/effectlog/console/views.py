@@ -19,7 +19,7 @@ from effectlog.cli.run_views import HELD, condition, when
 from effectlog.errors import UnknownRun
 from effectlog.fleet.model import AttemptView, HistoryRow, RequestView
 from effectlog.fleet.protocol import FleetStore
-from effectlog.fold import RunState, replay_records
+from effectlog.fold import RunState, StepState, replay_records
 from effectlog.journal import Journal, load_sealed
 from effectlog.recovery import Action, still_blocked
 from effectlog.spec import compiled
@@ -54,12 +54,19 @@ class TimelineRow(msgspec.Struct, frozen=True, kw_only=True):
     blocking: bool
 
 
+class StepRow(msgspec.Struct, frozen=True, kw_only=True):
+    id: str
+    state: str
+    attempt: int
+    decided: str  # who decided it and on what evidence, so far ("" when nobody has)
+
+
 class RunPage(msgspec.Struct, frozen=True, kw_only=True):
     state: RunState
     condition: str
     timeline: list[TimelineRow]
     stakes: list[AtStake]
-    steps: list[tuple[str, str, int]]  # (step id, state, attempt) in step order
+    steps: list[StepRow]  # in step order
 
 
 def attention(journal: Journal, store: FleetStore | None = None) -> list[Attention]:
@@ -144,7 +151,9 @@ def run_page(journal: Journal, run_id: str) -> RunPage:
     stakes = at_stake(state, journal.location)
     blocking = {a.step_id for a in stakes}
     timeline = [_row(e, blocking) for e in events]
-    steps = [(s.step_id, s.state, s.attempt) for s in state.ordered_steps()]
+    steps = [
+        StepRow(id=s.step_id, state=s.state, attempt=s.attempt, decided=_decided(s)) for s in state.ordered_steps()
+    ]
     return RunPage(
         state=state,
         condition=condition(state, journal.owner(run_id)),
@@ -152,6 +161,16 @@ def run_page(journal: Journal, run_id: str) -> RunPage:
         stakes=stakes,
         steps=steps,
     )
+
+
+def _decided(step: StepState) -> str:
+    parts = []
+    if step.approved_by:
+        parts.append(f"approved by {step.approved_by}")
+    if step.outcome and step.operator:
+        how = "automated inspection" if step.automated else "a person"
+        parts.append(f"reconciled {step.outcome} by {step.operator} ({how}): {step.evidence or ''}")
+    return "; ".join(parts)
 
 
 _DETAIL_FIELDS = ("decision", "outcome", "operator", "evidence", "reason", "resend", "by", "pid")
