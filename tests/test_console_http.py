@@ -229,19 +229,30 @@ def test_the_runs_page_filters_by_state_and_pages(setup: Setup) -> None:
     assert "no run &#39;nope&#39;" in missing.text
 
 
-def test_the_console_refuses_to_bind_beyond_loopback_without_allow_remote(setup: Setup) -> None:
-    """--host 0.0.0.0 without --allow-remote exits 2 with one line naming the flag; a users file that
-    is not usable exits 2 with one line naming it."""
-    remote = effectlog(
-        "console", "--journal", setup.journal, "--users", setup.users, "--host", "0.0.0.0", cwd=setup.dir
-    )
-    Path(setup.users + ".bad").write_text('[users.x]\nrole = "root"\npassword = "x"\n')
-    bad = effectlog("console", "--journal", setup.journal, "--users", setup.users + ".bad", cwd=setup.dir)
+BAD_STARTS = {
+    "remote-host": (
+        ["--host", "0.0.0.0"],
+        "console: --host 0.0.0.0 is not loopback; give --allow-remote to bind it anyway",
+    ),
+    "no-users": (["--users", ""], "console: give --users FILE"),
+    "cert-without-key": (["--tls-cert", "c.pem"], "console: give --tls-cert and --tls-key together"),
+    "bad-users-file": (["--users", "bad-users.toml"], "users.x.role must be viewer or operator, not 'root'"),
+    "no-journal": (["--journal", "nope.db"], "--journal nope.db: no journal file there"),
+}
 
-    assert 2 == remote.returncode
-    assert "--host 0.0.0.0 is not loopback; give --allow-remote" in one_line(remote.stderr)
-    assert 2 == bad.returncode
-    assert "users.x.role must be viewer or operator" in one_line(bad.stderr)
+
+@pytest.mark.parametrize(("extra", "message"), BAD_STARTS.values(), ids=BAD_STARTS.keys())
+def test_a_console_that_cannot_start_safely_exits_2_with_one_line(setup: Setup, extra: list[str], message: str) -> None:
+    """A non-loopback --host without --allow-remote, a missing or unusable users file, half a TLS pair,
+    or a journal that is not there: exit 2, one line on stderr naming what is wrong, nothing served."""
+    (setup.dir / "bad-users.toml").write_text('[users.x]\nrole = "root"\npassword = "x"\n')
+    argv = {"--journal": setup.journal, "--users": setup.users}
+    for flag, value in zip(extra[::2], extra[1::2], strict=True):
+        argv[flag] = value
+    done = effectlog("console", *[x for kv in argv.items() for x in kv if kv[1]], *extra[len(extra) :], cwd=setup.dir)
+
+    assert 2 == done.returncode
+    assert message in one_line(done.stderr)
 
 
 def test_hash_password_prints_a_hash_the_console_accepts(tmp_path: Path) -> None:

@@ -25,7 +25,7 @@ from effectlog.cli.run_views import when
 from effectlog.console import decisions, views
 from effectlog.console.decisions import Config
 from effectlog.console.users import User, by_token
-from effectlog.errors import Conflict, EffectlogError, UnknownRun
+from effectlog.errors import Conflict, EffectlogError, JournalLocked, UnknownRun
 from effectlog.fold import RunState
 
 Endpoint = Callable[[Request, User], Awaitable[Any]]
@@ -49,7 +49,9 @@ def routes(config: Config) -> list[Route]:
                 headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
                 return JSONResponse({"error": str(exc), "code": exc.code}, exc.status, headers=headers)
             except EffectlogError as exc:
-                status = 404 if isinstance(exc, UnknownRun) else 409 if isinstance(exc, Conflict) else 400
+                status = (
+                    404 if isinstance(exc, UnknownRun) else 409 if isinstance(exc, Conflict | JournalLocked) else 400
+                )
                 return JSONResponse({"error": str(exc), "code": exc.code}, status)
 
         return endpoint

@@ -35,7 +35,7 @@ from effectlog.console import api, decisions, views
 from effectlog.console.decisions import Config
 from effectlog.console.users import User, check_password
 from effectlog.diagrams import render
-from effectlog.errors import Conflict, EffectlogError
+from effectlog.errors import Conflict, EffectlogError, JournalLocked
 from effectlog.fleet import open_store
 from effectlog.fleet.protocol import FleetStore
 from effectlog.journal import Journal, chain_from_env
@@ -183,7 +183,7 @@ def create_app(config: Config) -> Starlette:
             await run_in_threadpool(
                 lambda: decisions.decide(config, action, run_id, step_id, by=user.name, form=fields)
             )
-        except Conflict as exc:
+        except (Conflict, JournalLocked) as exc:
             return await run(request, error=str(exc), status=409)
         except EffectlogError as exc:
             return await run(request, error=str(exc), status=400)
@@ -215,7 +215,7 @@ def create_app(config: Config) -> Starlette:
             await run_in_threadpool(
                 with_store(lambda st: decisions.operate(st, request_id, action, by=user.name, reason=reason))
             )
-        except Conflict as exc:
+        except (Conflict, JournalLocked) as exc:
             return await fleet_request(request, error=str(exc), status=409)
         except EffectlogError as exc:
             return await fleet_request(request, error=str(exc), status=400)
