@@ -249,7 +249,7 @@ def test_a_console_that_cannot_start_safely_exits_2_with_one_line(setup: Setup, 
     argv = {"--journal": setup.journal, "--users": setup.users}
     for flag, value in zip(extra[::2], extra[1::2], strict=True):
         argv[flag] = value
-    done = effectlog("console", *[x for kv in argv.items() for x in kv if kv[1]], *extra[len(extra) :], cwd=setup.dir)
+    done = effectlog("console", *[x for kv in argv.items() for x in kv if kv[1]], cwd=setup.dir)
 
     assert 2 == done.returncode
     assert message in one_line(done.stderr)
