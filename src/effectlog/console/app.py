@@ -36,9 +36,8 @@ from effectlog.console.decisions import Config
 from effectlog.console.users import User, check_password
 from effectlog.diagrams import render
 from effectlog.errors import Conflict, EffectlogError, JournalLocked
-from effectlog.fleet import open_store
 from effectlog.fleet.protocol import FleetStore
-from effectlog.journal import Journal, chain_from_env
+from effectlog.journal import Journal
 from effectlog.spec import compiled
 from effectlog.summary import RUN_STATES
 
@@ -65,8 +64,11 @@ class _Throttle:
         return False
 
     def failed(self, *keys: str) -> None:
+        now = time.monotonic()
+        if len(self.failures) > 10_000:  # many made-up user names: forget those outside the window
+            self.failures = {k: v for k, v in self.failures.items() if v and now - v[-1] < LOGIN_WINDOW_S}
         for key in keys:
-            self.failures.setdefault(key, []).append(time.monotonic())
+            self.failures.setdefault(key, []).append(now)
 
 
 def create_app(config: Config) -> Starlette:
@@ -135,11 +137,7 @@ def create_app(config: Config) -> Starlette:
         def read(journal: Journal) -> list[views.Attention]:
             if config.store is None:
                 return views.attention(journal)
-            store = open_store(config.store, chain=chain_from_env(config.key_file))
-            try:
-                return views.attention(journal, store)
-            finally:
-                store.close()
+            return decisions.with_store(config, lambda store: views.attention(journal, store))
 
         items = await run_in_threadpool(reading(read))
         return page(request, "attention.html", items=items, counts=views.counts(items))
