@@ -346,3 +346,15 @@ def test_a_run_with_a_live_owner_is_not_listed_approving_another_does_not_distur
     assert ("slow-1" in while_driven, approved.status_code, still_running) == (False, 303, None)
     assert "slow-1" in after_kill
     assert "interrupted: 1" in after_kill
+
+
+def test_a_journal_that_breaks_under_the_console_gives_an_error_page_never_a_stack_trace(setup: Setup) -> None:
+    """The journal file is overwritten with garbage while the console serves it: the pages answer with
+    an error status and a short message, and no traceback or source path reaches the browser."""
+    with console(setup) as base:
+        client, _ = login(base, "vik")
+        Path(setup.journal).write_bytes(b"this is not a database " * 200)
+        pages = [client.get(p) for p in ("/", "/runs", "/runs/refund-1")]
+
+    assert [True, True, True] == [r.status_code >= 400 for r in pages]
+    assert [] == [r.url for r in pages if "Traceback" in r.text or 'File "' in r.text]
