@@ -14,6 +14,8 @@ import httpx
 import pytest
 
 from console_kit import CARD, TOKENS, Setup, console, login
+from effectlog.console.users import token_digest
+from hardening_kit import effectlog
 
 
 @pytest.fixture
@@ -107,3 +109,14 @@ def test_api_decisions_are_journaled_under_the_tokens_user(setup: Setup) -> None
     assert [("olga", "ledger row 7")] == [
         (e["operator"], e["evidence"]) for e in setup.timeline("charge-1") if e["type"] == "step.reconciled"
     ]
+
+
+def test_new_token_prints_a_token_and_the_users_file_line_that_matches_it(tmp_path: Path) -> None:
+    """``effectlog console new-token`` prints a fresh token and the ``token_sha256`` line for it."""
+    done = effectlog("console", "new-token", cwd=tmp_path)
+    token_line, file_line = done.stdout.splitlines()
+    token = token_line.removeprefix("token: ")
+
+    assert (0, "") == (done.returncode, done.stderr)
+    assert f'token_sha256 = "{token_digest(token)}"' == file_line
+    assert len(token) >= 40

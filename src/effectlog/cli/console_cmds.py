@@ -57,7 +57,7 @@ def cmd_console(args: argparse.Namespace) -> int:
         from effectlog.console.users import new_token, token_digest
 
         token = new_token()
-        out(f"token: {token}\ntoken_sha256 = \"{token_digest(token)}\"\n")
+        out(f'token: {token}\ntoken_sha256 = "{token_digest(token)}"\n')
         return 0
     if not args.journal:
         raise BadInput("console: give --journal (a SQLite path or postgresql:// URL)")
