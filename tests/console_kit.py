@@ -38,7 +38,15 @@ class LostReply:
         raise ConnectionError("connection reset after the effect")
 
 
-ADAPTERS = {"test.lost-reply": lambda decl, ctx: LostReply(ctx.effect_store())}
+class LostReplyWithLookup(LostReply):
+    def lookup(self, request):
+        return self.store.lookup(request)
+
+
+ADAPTERS = {
+    "test.lost-reply": lambda decl, ctx: LostReply(ctx.effect_store()),
+    "test.lost-reply-lookup": lambda decl, ctx: LostReplyWithLookup(ctx.effect_store()),
+}
 """
 
 
@@ -58,10 +66,10 @@ def held_plan(run_id: str) -> dict[str, object]:
     }
 
 
-def uncertain_plan(run_id: str) -> dict[str, object]:
+def uncertain_plan(run_id: str, adapter_type: str = "test.lost-reply") -> dict[str, object]:
     return {
         "run_id": run_id,
-        "adapters": {"psp": {"type": "test.lost-reply", "version": "1", "idempotent": False}},
+        "adapters": {"psp": {"type": adapter_type, "version": "1", "idempotent": False}},
         "steps": [{"id": "charge", "adapter": "psp", "args": {"amount_cents": 1299, "card": CARD}, "secret": ["card"]}],
     }
 

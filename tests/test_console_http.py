@@ -32,8 +32,10 @@ from console_kit import (
     effects_rows,
     held_plan,
     login,
+    uncertain_plan,
 )
 from effectlog.console.users import check_password
+from effectlog.reconcile import LOOKUP_OPERATOR
 from hardening_kit import effectlog, one_line
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
@@ -358,3 +360,21 @@ def test_a_journal_that_breaks_under_the_console_gives_an_error_page_never_a_sta
 
     assert [True, True, True] == [r.status_code >= 400 for r in pages]
     assert [] == [r.url for r in pages if "Traceback" in r.text or 'File "' in r.text]
+
+
+def test_reconcile_by_the_steps_own_lookup_records_what_the_adapter_found(setup: Setup) -> None:
+    """With --adapters and --effects, "Ask the step's own adapter" is ``reconcile --lookup``: the
+    adapter's lookup finds the effect it applied before the reply was lost, and the journal records
+    it as applied by the automated lookup of adapter psp (the CLI's operator name for it)."""
+    setup.run(uncertain_plan("charge-2", "test.lost-reply-lookup"), 3)
+    extra = ("--adapters", "lost_tools:ADAPTERS", "--effects", setup.effects)
+    with console(setup, *extra) as base:
+        client, token = login(base, "olga")
+        page = client.get("/runs/charge-2").text
+        done = client.post("/runs/charge-2/steps/charge/reconcile-by-lookup", data={"csrf": token})
+
+    reconciled = [e for e in setup.timeline("charge-2") if e["type"] == "step.reconciled"]
+    assert ('id="lookup-charge"' in page, done.status_code) == (True, 303)
+    assert [("applied", f"{LOOKUP_OPERATOR}:psp", True)] == [
+        (e["outcome"], e["operator"], e.get("automated", False)) for e in reconciled
+    ]

@@ -31,6 +31,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--journal", help="the journal: a SQLite path or postgresql:// URL")
     p.add_argument("--key-file", metavar="F", help="HMAC key for the chain (else EFFECTLOG_JOURNAL_KEY)")
     p.add_argument("--effects", help="the effect store runs pinned: offers 'reconcile from the effect store'")
+    p.add_argument(
+        "--adapters",
+        metavar="MODULE:ATTR",
+        action="append",
+        default=[],
+        help="adapter factories: offers reconcile by the step's own lookup (as reconcile --lookup)",
+    )
     p.add_argument("--store", help="a fleet store: its needs_operator requests are shown as needing attention")
     p.add_argument("--users", help="the users file (TOML, see docs/console.md)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
@@ -76,6 +83,10 @@ def cmd_console(args: argparse.Namespace) -> int:
     from effectlog.console.users import load_users
 
     users = load_users(args.users)
+    if args.adapters:
+        from effectlog.console.decisions import adapter_registry
+
+        adapter_registry(tuple(args.adapters))  # a module that does not load is refused now, not at the first click
     try:
         import uvicorn
 
@@ -89,6 +100,7 @@ def cmd_console(args: argparse.Namespace) -> int:
         store=args.store,
         effects=args.effects,
         key_file=args.key_file,
+        adapters=tuple(args.adapters),
         https_only=bool(args.tls_cert),
     )
     scheme = "https" if args.tls_cert else "http"

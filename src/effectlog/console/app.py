@@ -167,6 +167,7 @@ def create_app(config: Config) -> Starlette:
             step_states=views.STEP_STATES,
             step_diagram=step_diagram,
             effects=config.effects,
+            lookup=bool(config.adapters),
         )
 
     async def decide(request: Request) -> Response:

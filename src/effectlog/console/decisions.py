@@ -12,7 +12,7 @@ from __future__ import annotations
 import secrets
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from effectlog.console.users import User
 from effectlog.errors import BadInput
@@ -20,8 +20,11 @@ from effectlog.fleet import open_store
 from effectlog.fleet.protocol import FleetStore
 from effectlog.journal import Journal, chain_from_env, open_journal
 
+if TYPE_CHECKING:
+    from effectlog.adapters.registry import Registry
+
 T = TypeVar("T")
-DECISIONS = ("approve", "deny", "reconcile", "reconcile-from-ledger")
+DECISIONS = ("approve", "deny", "reconcile", "reconcile-from-ledger", "reconcile-by-lookup")
 FLEET_DECISIONS = ("requeue", "fail", "cancel")
 
 
@@ -31,6 +34,7 @@ class Config:
     users: dict[str, User]
     store: str | None = None
     effects: str | None = None  # the effect store runs pinned: offers reconcile from it (as --from-ledger)
+    adapters: tuple[str, ...] = ()  # MODULE:ATTR adapter factories: offers reconcile by the step's own lookup
     key_file: str | None = None  # the chain's HMAC key (else EFFECTLOG_JOURNAL_KEY), as the CLI's --key-file
     secret_key: str = field(default_factory=lambda: secrets.token_urlsafe(32))
     https_only: bool = False  # the cookie's Secure flag, for a console behind TLS
@@ -71,12 +75,14 @@ def operate(store: FleetStore, request_id: int, action: str, *, by: str, reason:
 def decide(config: Config, action: str, run_id: str, step_id: str, *, by: str, form: Mapping[str, str]) -> None:
     """One decision, by the CLI's own function, under the operator's name."""
     from effectlog.approvals import approve, deny
-    from effectlog.reconcile import reconcile, reconcile_from_ledger
+    from effectlog.reconcile import reconcile, reconcile_by_lookup, reconcile_from_ledger
 
     if action not in DECISIONS:
         raise BadInput(f"no decision {action!r}: approve, deny, reconcile or reconcile-from-ledger")
     if action == "reconcile-from-ledger" and config.effects is None:
         raise BadInput("reconcile-from-ledger: the console was started without --effects")
+    if action == "reconcile-by-lookup" and not config.adapters:
+        raise BadInput("reconcile-by-lookup: the console was started without --adapters")
     journal = open_journal(config.journal, writer=True, chain=chain_from_env(config.key_file))
     try:
         if action == "approve":
@@ -88,6 +94,8 @@ def decide(config: Config, action: str, run_id: str, step_id: str, *, by: str, f
             if not form.get("reason", "").strip():
                 raise BadInput("deny: give a reason")
             deny(journal, run_id, step_id, by=by, reason=form["reason"])
+        elif action == "reconcile-by-lookup":
+            reconcile_by_lookup(journal, run_id, step_id, adapter_registry(config.adapters), effects=config.effects)
         elif action == "reconcile-from-ledger":
             assert config.effects is not None
             reconcile_from_ledger(journal, run_id, step_id, config.effects)
@@ -103,3 +111,13 @@ def decide(config: Config, action: str, run_id: str, step_id: str, *, by: str, f
             )
     finally:
         journal.close()
+
+
+def adapter_registry(specs: tuple[str, ...]) -> Registry:
+    """The adapters as ``reconcile --lookup --adapters`` builds them: built-ins plus each MODULE:ATTR."""
+    from effectlog.adapters.registry import Registry
+
+    registry = Registry()
+    for spec in specs:
+        registry.add_module(spec)
+    return registry
