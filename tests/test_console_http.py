@@ -240,6 +240,7 @@ BAD_STARTS = {
     "cert-without-key": (["--tls-cert", "c.pem"], "console: give --tls-cert and --tls-key together"),
     "bad-users-file": (["--users", "bad-users.toml"], "users.x.role must be viewer or operator, not 'root'"),
     "no-journal": (["--journal", "nope.db"], "--journal nope.db: no journal file there"),
+    "adapters-not-loading": (["--adapters", "nope_mod:X"], "nope_mod:X: cannot import 'nope_mod'"),
 }
 
 
