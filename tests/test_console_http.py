@@ -379,3 +379,41 @@ def test_reconcile_by_the_steps_own_lookup_records_what_the_adapter_found(setup:
     assert [("applied", f"{LOOKUP_OPERATOR}:psp", True)] == [
         (e["outcome"], e["operator"], e.get("automated", False)) for e in reconciled
     ]
+
+
+def test_a_fleet_request_in_needs_operator_needs_attention_and_requeue_records_the_operator(setup: Setup) -> None:
+    """A request whose only attempt was lost (``--max-requeues 0``: a lease ran out, recovery ran)
+    waits in needs_operator: Needs attention lists it with its count; requeue from its page queues
+    a new attempt and the history names the logged-in operator and the reason."""
+    from effectlog.fleet import open_store
+    from effectlog.fleet.recovery import recover_once
+
+    store_path = str(setup.dir / "fleet.db")
+    (setup.dir / "fleet-plan.json").write_text(json.dumps(held_plan("fleet-run-2")))
+    submitted = effectlog(
+        "submit", "fleet-plan.json", "--store", store_path, "--scope", "s", "--key", "k2", "--max-requeues", "0",
+        cwd=setup.dir,
+    )  # fmt: skip
+    assert 0 == submitted.returncode, submitted.stderr
+    with open_store(store_path) as store:
+        lease = store.claim(1, "runner-a", 0.05)
+        assert lease is not None
+        time.sleep(0.2)
+        recover_once(store)
+        assert "needs_operator" == store.request(1).state
+    with console(setup, "--store", store_path) as base:
+        client, token = login(base, "olga")
+        attention = client.get("/").text
+        done = client.post("/requests/1/requeue", data={"csrf": token, "reason": "the adapter is fixed"})
+    with open_store(store_path) as store:
+        state, last = store.request(1).state, store.history(1)[-1]
+
+    assert "needs_operator: 1" in attention
+    assert 'href="/requests/1"' in attention
+    assert (303, "queued") == (done.status_code, state)
+    assert ("requeue", "operator", "olga", "the adapter is fixed") == (
+        last.transition,
+        last.actor,
+        last.actor_name,
+        last.reason,
+    )
