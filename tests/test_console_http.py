@@ -417,3 +417,25 @@ def test_a_fleet_request_in_needs_operator_needs_attention_and_requeue_records_t
         last.actor_name,
         last.reason,
     )
+
+
+def test_a_run_whose_history_does_not_replay_is_listed_as_unreadable_and_hides_no_other(setup: Setup) -> None:
+    """One run's second event is deleted (a gap): Needs attention still lists the held run, and lists
+    the broken one as unreadable with the journal's own one-line reason."""
+    import sqlite3
+
+    db = sqlite3.connect(setup.journal, isolation_level=None)
+    try:  # as an attacker (or a broken disk) would: around the append-only trigger
+        db.execute("DROP TRIGGER events_append_only_delete")
+        db.execute("DELETE FROM events WHERE run_id = ? AND seq = 2", ("charge-1",))
+    finally:
+        db.close()
+    with console(setup) as base:
+        client, _ = login(base, "vik")
+        attention = client.get("/")
+
+    assert 200 == attention.status_code
+    assert ("held for approval: 1", "unreadable: 1") == tuple(
+        t for t in ("held for approval: 1", "unreadable: 1") if t in attention.text
+    )
+    assert "charge-1" in attention.text

@@ -16,7 +16,7 @@ import msgspec
 
 from effectlog import events as ev
 from effectlog.cli.run_views import HELD, condition, when
-from effectlog.errors import UnknownRun
+from effectlog.errors import EffectlogError, UnknownRun
 from effectlog.fleet.model import AttemptView, HistoryRow, RequestView
 from effectlog.fleet.protocol import FleetStore
 from effectlog.fold import RunState, StepState, replay_records
@@ -24,10 +24,10 @@ from effectlog.journal import Journal, load_sealed
 from effectlog.recovery import Action, still_blocked
 from effectlog.spec import compiled
 from effectlog.stake import AtStake, at_stake
-from effectlog.summary import RUN_STATES, summaries
+from effectlog.summary import RUN_STATES, summaries, summary
 
 PAGE_SIZE = 50
-Why = Literal["held for approval", "uncertain", "interrupted", "ready to resume", "needs_operator"]
+Why = Literal["held for approval", "uncertain", "interrupted", "ready to resume", "needs_operator", "unreadable"]
 STEP_STATES: tuple[str, ...] = compiled("step").spec.states
 
 
@@ -72,7 +72,12 @@ class RunPage(msgspec.Struct, frozen=True, kw_only=True):
 def attention(journal: Journal, store: FleetStore | None = None) -> list[Attention]:
     """Everything that waits for a person, oldest first."""
     found: list[Attention] = []
-    for state in summaries(journal, journal.runs()):
+    for run_id in journal.runs():
+        try:
+            state = summary(journal, run_id)
+        except EffectlogError as exc:  # one run that does not replay must not hide the others
+            found.append(Attention(why="unreadable", run_id=run_id, since="", since_ts=0.0, detail=str(exc)))
+            continue
         if state.closed or state.seq == 0:
             continue
         item = _waits(journal, state)
