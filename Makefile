@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: test lint typecheck unit diagrams crash-matrix bench clean venv
+.PHONY: test lint typecheck unit diagrams crash-matrix bench clean venv console-screenshots
 
 venv: $(STAMP)
 
@@ -22,10 +22,11 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy --strict src
 
-# Every test, the crash matrix and the soak included; PostgreSQL is installed if missing
-# and started by the tests themselves on 127.0.0.1.
+# Every test, the crash matrix and the soak included; PostgreSQL and Chromium are installed
+# if missing and started by the tests themselves on 127.0.0.1.
 test: lint typecheck
 	@bash .ci/ensure-postgres
+	@bash .ci/ensure-chromium
 	$(BIN)/python -m pytest
 
 # The main job: kill real workers at every boundary, on every journal backend, count
@@ -36,6 +37,11 @@ crash-matrix: $(STAMP)
 	$(BIN)/effectlog crash-matrix run --backend sqlite --backend postgres --output work/crash-matrix.json
 	$(BIN)/effectlog crash-matrix verify work/crash-matrix.json > /dev/null
 	@echo "verified: work/crash-matrix.json"
+
+# Screenshots of every console page (docs/img/console-*.png) in headless Chromium; commit and look at them.
+console-screenshots: $(STAMP)
+	@bash .ci/ensure-chromium
+	$(BIN)/python experiments/console_screenshots.py
 
 diagrams: $(STAMP)
 	$(BIN)/effectlog diagram step --format mermaid > docs/diagrams/step.mmd

@@ -21,6 +21,7 @@ def test_wheel_ships_the_specs_and_loads_them_without_the_source_tree(tmp_path: 
     wheel = next(tmp_path.glob("effectlog-*.whl"))
     names = set(zipfile.ZipFile(wheel).namelist())
     assert {"effectlog/specs/step.toml", "effectlog/specs/run.toml", "effectlog/py.typed"} <= names
+    assert {"effectlog/console/templates/run.html", "effectlog/console/static/console.css"} <= names  # issue 15
     assert any(n.endswith("entry_points.txt") for n in names)
     unpacked = tmp_path / "site"
     zipfile.ZipFile(wheel).extractall(unpacked)

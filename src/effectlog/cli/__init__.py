@@ -46,7 +46,7 @@ def _register_optional(sub: Any) -> None:
     """Areas that land in their own modules register here when present."""
     import importlib
 
-    for name in ("crashmatrix_cmds", "fleet_cmds", "lifecycle_cmds"):
+    for name in ("crashmatrix_cmds", "fleet_cmds", "lifecycle_cmds", "console_cmds"):
         try:
             module = importlib.import_module(f"effectlog.cli.{name}")
         except ModuleNotFoundError as exc:

@@ -1,0 +1,282 @@
+"""The console's web application: pages, login, and the decisions, under one authenticated name.
+
+Starlette with Jinja2 templates (autoescape on for every page), sessions in a signed
+cookie (Starlette's ``SessionMiddleware``, itsdangerous), a CSRF token per session
+checked on every POST, and no JavaScript. Each decision calls the very function the
+CLI calls (``approvals.approve``/``deny``, ``reconcile.reconcile``) with the logged-in
+user's name; the journal is opened for each request and closed after it, so the
+console never holds a run: a process that drives one is never blocked by it.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from jinja2 import Environment, PackageLoader, select_autoescape
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.middleware.sessions import SessionMiddleware
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse, RedirectResponse, Response
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+from starlette.templating import Jinja2Templates
+
+from effectlog.cli.run_views import when
+from effectlog.console import api, decisions, views
+from effectlog.console.decisions import Config
+from effectlog.console.users import User, check_password
+from effectlog.diagrams import render
+from effectlog.errors import Conflict, EffectlogError, JournalLocked
+from effectlog.fleet.protocol import FleetStore
+from effectlog.journal import Journal
+from effectlog.spec import compiled
+from effectlog.summary import RUN_STATES
+
+ATTEMPT_STATES: tuple[str, ...] = compiled("attempt").spec.states
+
+T = TypeVar("T")
+LOGIN_FAILURES = 5  # failed logins per user name (and per client address) within LOGIN_WINDOW_S
+LOGIN_WINDOW_S = 60.0
+
+
+@dataclass
+class _Throttle:
+    """Failed logins per key, forgotten after the window: a brute force gets 429s."""
+
+    failures: dict[str, list[float]] = field(default_factory=dict)
+
+    def blocked(self, *keys: str) -> bool:
+        now = time.monotonic()
+        for key in keys:
+            recent = [t for t in self.failures.get(key, []) if now - t < LOGIN_WINDOW_S]
+            self.failures[key] = recent
+            if len(recent) >= LOGIN_FAILURES:
+                return True
+        return False
+
+    def failed(self, *keys: str) -> None:
+        now = time.monotonic()
+        if len(self.failures) > 10_000:  # many made-up user names: forget those outside the window
+            self.failures = {k: v for k, v in self.failures.items() if v and now - v[-1] < LOGIN_WINDOW_S}
+        for key in keys:
+            self.failures.setdefault(key, []).append(now)
+
+
+def create_app(config: Config) -> Starlette:
+    env = Environment(
+        loader=PackageLoader("effectlog.console", "templates"), autoescape=select_autoescape(default=True)
+    )
+    env.globals["when"] = when
+    env.filters["pretty"] = lambda value: json.dumps(value, indent=2, ensure_ascii=False, sort_keys=True)
+    templates = Jinja2Templates(env=env)
+    throttle = _Throttle()
+    step_diagram = render("step", "mermaid")
+
+    def page(request: Request, name: str, status: int = 200, **context: Any) -> Response:
+        context.update(
+            request=request, user=_user(request), csrf=_csrf(request), location=config.journal, store=config.store
+        )
+        return templates.TemplateResponse(request, name, context, status_code=status)
+
+    def _user(request: Request) -> User | None:
+        name = request.session.get("user")
+        return config.users.get(name) if isinstance(name, str) else None
+
+    def reading(fn: Callable[[Journal], T]) -> Callable[[], T]:
+        return lambda: decisions.reading(config, fn)
+
+    def with_store(fn: Callable[[FleetStore], T]) -> Callable[[], T]:
+        if config.store is None:
+            raise HTTPException(404, "no fleet store: start the console with --store S")
+        return lambda: decisions.with_store(config, fn)
+
+    def need_user(request: Request) -> User:
+        user = _user(request)
+        if user is None:
+            raise HTTPException(401, "log in first")
+        return user
+
+    async def login_form(request: Request) -> Response:
+        return page(request, "login.html")
+
+    async def login(request: Request) -> Response:
+        form = await request.form()
+        _check_csrf(request, form.get("csrf"))
+        name, password = str(form.get("user", "")), str(form.get("password", ""))
+        client = f"client:{request.client.host if request.client else ''}"
+        if throttle.blocked(f"user:{name}", client):
+            return page(request, "login.html", 429, error="too many failed logins: wait a minute")
+        user = config.users.get(name)
+        ok = await run_in_threadpool(check_password, password, user.password_hash if user else _DUMMY_HASH)
+        if user is None or not ok:
+            throttle.failed(f"user:{name}", client)
+            return page(request, "login.html", 401, error="wrong user name or password")
+        request.session.clear()
+        request.session.update(user=user.name, csrf=secrets.token_urlsafe(32))
+        return RedirectResponse("/", status_code=303)
+
+    async def logout(request: Request) -> Response:
+        form = await request.form()
+        _check_csrf(request, form.get("csrf"))
+        request.session.clear()
+        return RedirectResponse("/login", status_code=303)
+
+    async def home(request: Request) -> Response:
+        if _user(request) is None:
+            return RedirectResponse("/login", status_code=303)
+
+        def read(journal: Journal) -> list[views.Attention]:
+            if config.store is None:
+                return views.attention(journal)
+            return decisions.with_store(config, lambda store: views.attention(journal, store))
+
+        items = await run_in_threadpool(reading(read))
+        return page(request, "attention.html", items=items, counts=views.counts(items))
+
+    async def runs(request: Request) -> Response:
+        if _user(request) is None:
+            return RedirectResponse("/login", status_code=303)
+        state = request.query_params.get("state", "")
+        try:
+            number = max(1, int(request.query_params.get("page", "1")))
+        except ValueError:
+            raise HTTPException(400, "page must be a number") from None
+        rows, more = await run_in_threadpool(reading(lambda j: views.runs(j, state=state, page=number)))
+        return page(request, "runs.html", rows=rows, more=more, page_no=number, state=state, states=RUN_STATES)
+
+    async def run(request: Request, error: str = "", status: int = 200) -> Response:
+        if _user(request) is None:
+            return RedirectResponse("/login", status_code=303)
+        run_id = request.path_params["run_id"]
+        data = await run_in_threadpool(reading(lambda j: views.run_page(j, run_id)))
+        return page(
+            request,
+            "run.html",
+            status,
+            run=data,
+            error=error,
+            step_states=views.STEP_STATES,
+            step_diagram=step_diagram,
+            effects=config.effects,
+            lookup=bool(config.adapters),
+        )
+
+    async def decide(request: Request) -> Response:
+        user = need_user(request)
+        form = await request.form()
+        _check_csrf(request, form.get("csrf"))
+        if not user.may_decide:
+            raise HTTPException(403, f"{user.name} is a viewer: only an operator decides")
+        run_id, step_id, action = (request.path_params[k] for k in ("run_id", "step_id", "action"))
+        fields = {k: str(v) for k, v in form.items() if k != "csrf"}
+        try:
+            await run_in_threadpool(
+                lambda: decisions.decide(config, action, run_id, step_id, by=user.name, form=fields)
+            )
+        except (Conflict, JournalLocked) as exc:
+            return await run(request, error=str(exc), status=409)
+        except EffectlogError as exc:
+            return await run(request, error=str(exc), status=400)
+        return RedirectResponse(f"/runs/{run_id}?decided={action}", status_code=303)
+
+    async def fleet_requests(request: Request) -> Response:
+        if _user(request) is None:
+            return RedirectResponse("/login", status_code=303)
+        state = request.query_params.get("state", "")
+        rows = await run_in_threadpool(with_store(lambda st: views.requests(st, state=state)))
+        return page(request, "requests.html", rows=rows, state=state, states=ATTEMPT_STATES)
+
+    async def fleet_request(request: Request, error: str = "", status: int = 200) -> Response:
+        if _user(request) is None:
+            return RedirectResponse("/login", status_code=303)
+        request_id: int = request.path_params["request_id"]
+        data = await run_in_threadpool(with_store(lambda st: views.request_page(st, request_id)))
+        return page(request, "request.html", status, req=data, error=error)
+
+    async def fleet_decide(request: Request) -> Response:
+        user = need_user(request)
+        form = await request.form()
+        _check_csrf(request, form.get("csrf"))
+        if not user.may_decide:
+            raise HTTPException(403, f"{user.name} is a viewer: only an operator decides")
+        request_id: int = request.path_params["request_id"]
+        action, reason = request.path_params["action"], str(form.get("reason", "")).strip()
+        try:
+            await run_in_threadpool(
+                with_store(lambda st: decisions.operate(st, request_id, action, by=user.name, reason=reason))
+            )
+        except (Conflict, JournalLocked) as exc:
+            return await fleet_request(request, error=str(exc), status=409)
+        except EffectlogError as exc:
+            return await fleet_request(request, error=str(exc), status=400)
+        return RedirectResponse(f"/requests/{request_id}?decided={action}", status_code=303)
+
+    async def http_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        if exc.status_code == 401 and request.method == "GET":
+            return RedirectResponse("/login", status_code=303)
+        return page(request, "error.html", exc.status_code, message=exc.detail)
+
+    async def effectlog_error(request: Request, exc: Exception) -> Response:
+        return page(request, "error.html", 404 if "no run" in str(exc) else 400, message=str(exc))
+
+    async def server_error(request: Request, exc: Exception) -> Response:
+        # No stack trace reaches the browser; the server's log has it.
+        return PlainTextResponse("internal error: see the console's log", status_code=500)
+
+    import effectlog.console as package
+
+    static_dir = f"{package.__path__[0]}/static"
+    return Starlette(
+        routes=[
+            *api.routes(config),
+            Route("/", home),
+            Route("/login", login_form, methods=["GET"]),
+            Route("/login", login, methods=["POST"]),
+            Route("/logout", logout, methods=["POST"]),
+            Route("/runs", runs),
+            Route("/runs/{run_id}", run),
+            Route("/runs/{run_id}/steps/{step_id}/{action:str}", decide, methods=["POST"]),
+            Route("/requests", fleet_requests),
+            Route("/requests/{request_id:int}", fleet_request),
+            Route("/requests/{request_id:int}/{action:str}", fleet_decide, methods=["POST"]),
+            Mount("/static", app=StaticFiles(directory=static_dir), name="static"),
+        ],
+        middleware=[
+            Middleware(
+                SessionMiddleware,
+                secret_key=config.secret_key,
+                session_cookie="effectlog_console",
+                same_site="strict",
+                https_only=config.https_only,
+                max_age=8 * 3600,
+            )
+        ],
+        exception_handlers={HTTPException: http_error, EffectlogError: effectlog_error, Exception: server_error},
+    )
+
+
+_DUMMY_HASH = "scrypt$16384$8$1$AAAAAAAAAAAAAAAAAAAAAA==$AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA="
+
+
+def _csrf(request: Request) -> str:
+    token = request.session.get("csrf")
+    if not isinstance(token, str):
+        token = secrets.token_urlsafe(32)
+        request.session["csrf"] = token
+    return token
+
+
+def _check_csrf(request: Request, given: Any) -> None:
+    expected = request.session.get("csrf")
+    if not isinstance(expected, str) or not isinstance(given, str) or not hmac.compare_digest(expected, given):
+        raise HTTPException(403, "missing or wrong CSRF token: reload the page and try again")
