@@ -233,3 +233,32 @@ def test_off_without_an_sdk_and_without_opentelemetry(tmp_path: Path) -> None:
     )
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     assert (0, "completed") == (run.returncode, json.loads(run.stdout)["state"]), run.stderr
+
+
+def test_session_model_calls_follow_the_genai_conventions(tmp_path: Path, spans: InMemorySpanExporter) -> None:
+    """A session's model call is a `chat {model}` span with the GenAI attributes; its tool call an effectlog.tool."""
+    import asyncio
+
+    from effectlog.session import SqliteCheckpointer
+    from session_kit import drive, scripted
+
+    with SqliteCheckpointer(tmp_path / "s.db") as store:
+        from effectlog.session import Session
+
+        asyncio.run(drive(Session("sess", scripted(tmp_path / "calls.txt"), store)))
+    chats = [s for s in spans.get_finished_spans() if s.name == "chat scripted"]
+    expected = {
+        "gen_ai.operation.name": "chat",
+        "gen_ai.provider.name": "_OTHER",
+        "gen_ai.request.model": "scripted",
+        "gen_ai.response.model": "scripted",
+        "gen_ai.response.id": "scripted-0",
+        "effectlog.run.id": "sess",
+    }
+    assert 2 == len(chats)
+    assert expected == {k: dict(chats[0].attributes or {})[k] for k in expected}
+    (tool,) = by_name(spans, "effectlog.tool")
+    assert ("execute_tool", "transfer") == (
+        tool.attributes["gen_ai.operation.name"],  # type: ignore[index]
+        tool.attributes["gen_ai.tool.name"],  # type: ignore[index]
+    )

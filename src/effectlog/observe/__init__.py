@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, ParamSpec, TypeVar
 if TYPE_CHECKING:
     from effectlog.observe._telemetry import RunObserver, Telemetry
 
-__all__ = ["decision", "run_observer", "telemetry"]
+__all__ = ["decision", "provider_of", "run_observer", "telemetry"]
 
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
@@ -91,3 +91,11 @@ def decision(kind: str) -> Callable[[Callable[_P, _R]], Callable[_P, _R]]:
         return observed
 
     return wrap
+
+
+def provider_of(gateway: object) -> str:
+    """``gen_ai.provider.name`` for a session gateway: its ``gen_ai_provider`` attribute if it has one."""
+    given = getattr(gateway, "gen_ai_provider", None)
+    if isinstance(given, str) and given:
+        return given
+    return "openai" if type(gateway).__name__ == "OpenAIGateway" else "_OTHER"

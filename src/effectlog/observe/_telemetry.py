@@ -112,14 +112,14 @@ class Telemetry:
 
     async def model_call(
         self,
-        call: Awaitable[Mapping[str, Any]],
+        call: Awaitable[_T],
         *,
         run_id: str,
         step_id: str,
         model: str,
         idempotency_key: str,
         provider: str,
-    ) -> Mapping[str, Any]:
+    ) -> _T:
         """A ``chat {model}`` span with the GenAI attributes, token usage from an OpenAI-shaped answer."""
         base = {"gen_ai.operation.name": "chat", "gen_ai.provider.name": provider, "gen_ai.request.model": model}
         attrs = {**base, "gen_ai.system": provider, NS + "run.id": run_id, NS + "step.id": step_id}

@@ -38,6 +38,7 @@ from effectlog.errors import (
 )
 from effectlog.fold import RunState, StepState
 from effectlog.journal.ownership import Claim
+from effectlog.observe import provider_of, telemetry
 from effectlog.recorder import Clock, EventSpec, prepare
 from effectlog.recovery import Action, decide
 from effectlog.session import identity as ids
@@ -267,7 +268,18 @@ class Session:
                 raise RunFailed(f"the model step is {step.state}", run_id=self.run_id, step_id=sid)
             break
         self.model_calls += 1
-        response = await self.gateway.complete(body, idempotency_key=pkey)
+        call = self.gateway.complete(body, idempotency_key=pkey)
+        found = telemetry()  # a `chat {model}` span with the GenAI attributes when OpenTelemetry is configured
+        if found is not None:
+            call = found.model_call(
+                call,
+                run_id=self.run_id,
+                step_id=sid,
+                model=name,
+                idempotency_key=pkey,
+                provider=provider_of(self.gateway),
+            )
+        response = await call
         response = ids.normalized(response, f"the answer of model {name!r}")
         self._crash_point("after_call", sid)
         self._record(
