@@ -1,0 +1,95 @@
+"""The CLI's own OpenTelemetry set-up, in real processes: ``OTEL_TRACES_EXPORTER=console`` prints
+spans on stderr (stdout stays the --json answer), and a run SIGKILLed then resumed gives a second
+trace whose run span links to the first (issue 16)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("opentelemetry.sdk")
+
+
+def effectlog(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "effectlog", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def spans_in(stderr: str) -> list[dict[str, Any]]:
+    """The console exporter's spans: one JSON object per line, beside other stderr lines."""
+    found = [json.loads(line) for line in stderr.splitlines() if line.startswith('{"name"')]
+    return [s for s in found if "context" in s]
+
+
+def write_plan(path: Path, steps: list[dict[str, Any]], adapter: dict[str, Any]) -> Path:
+    path.write_text(json.dumps({"run_id": "r", "adapters": {"t": adapter}, "steps": steps}))
+    return path
+
+
+NOOP = {"type": "noop", "version": "1", "idempotent": True}
+
+
+def test_console_exporter_prints_spans_on_stderr_and_stdout_stays_json(tmp_path: Path) -> None:
+    """OTEL_TRACES_EXPORTER=console: run, step and tool spans on stderr; --json on stdout parses alone."""
+    plan = write_plan(tmp_path / "plan.json", [{"id": "a", "adapter": "t"}, {"id": "b", "adapter": "t"}], NOOP)
+    done = effectlog(
+        "run", str(plan), "--journal", str(tmp_path / "j.db"), "--json", env={"OTEL_TRACES_EXPORTER": "console"}
+    )
+    assert (0, "completed") == (done.returncode, json.loads(done.stdout)["state"]), done.stderr
+    names = sorted(s["name"] for s in spans_in(done.stderr))
+    assert ["effectlog.run", "effectlog.step", "effectlog.step", "effectlog.tool", "effectlog.tool"] == names
+
+
+def test_console_metrics_are_exported_at_exit(tmp_path: Path) -> None:
+    """OTEL_METRICS_EXPORTER=console: the counters are written when the command ends (steps by outcome)."""
+    plan = write_plan(tmp_path / "plan.json", [{"id": "a", "adapter": "t"}], NOOP)
+    done = effectlog("run", str(plan), "--journal", str(tmp_path / "j.db"), env={"OTEL_METRICS_EXPORTER": "console"})
+    assert 0 == done.returncode, done.stderr
+    exports = [json.loads(line) for line in done.stderr.splitlines() if line.startswith('{"resource_metrics"')]
+    names = {
+        m["name"] for e in exports for rm in e["resource_metrics"] for sm in rm["scope_metrics"] for m in sm["metrics"]
+    }
+    assert {"effectlog.steps", "effectlog.step.duration", "effectlog.journal.commit.duration"} <= names
+
+
+@pytest.mark.crash
+def test_a_run_killed_and_resumed_gives_a_second_trace_linked_to_the_first(tmp_path: Path) -> None:
+    """Step b SIGKILLs the effectlog process the first time; the resume's run span links to the first
+    process's run span (recorded in run.started), whose trace the first process's ended spans carry."""
+    marker = tmp_path / "killed-once"
+    kill_once = f"test -f {marker} || {{ touch {marker}; kill -9 $PPID; sleep 5; }}"
+    plan = write_plan(
+        tmp_path / "plan.json",
+        [
+            {"id": "a", "adapter": "t", "args": {"argv": ["true"]}},
+            {"id": "b", "adapter": "t", "args": {"argv": ["sh", "-c", kill_once]}},
+        ],
+        {"type": "shell", "version": "1", "idempotent": True},
+    )
+    args = ("run", str(plan), "--journal", str(tmp_path / "j.db"), "--json")
+    env = {"OTEL_TRACES_EXPORTER": "console"}
+    first = effectlog(*args, env=env)
+    assert -signal.SIGKILL == first.returncode, first.stderr
+    second = effectlog(*args, env=env)
+    assert (0, "completed") == (second.returncode, json.loads(second.stdout)["state"]), second.stderr
+    before = spans_in(first.stderr)
+    (run,) = [s for s in spans_in(second.stderr) if s["name"] == "effectlog.run"]
+    first_trace = {s["context"]["trace_id"] for s in before}
+    (link,) = run["links"]
+    assert ({link["context"]["trace_id"]}, True) == (first_trace, run["context"]["trace_id"] not in first_trace)
+    # The first process's step a ended (and was exported) before the kill: its parent is the linked span.
+    (step_a,) = [s for s in before if s["name"] == "effectlog.step"]
+    assert step_a["parent_id"] == link["context"]["span_id"]
