@@ -28,7 +28,6 @@ from opentelemetry.trace import StatusCode
 from effectlog import events as ev
 from effectlog.adapters import Receipt, Request
 from effectlog.journal import open_journal
-from effectlog.observe import telemetry
 from effectlog.plan import Plan, parse_plan
 from effectlog.runtime import Runtime, SimulatedCrash
 

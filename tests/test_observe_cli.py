@@ -93,3 +93,60 @@ def test_a_run_killed_and_resumed_gives_a_second_trace_linked_to_the_first(tmp_p
     # The first process's step a ended (and was exported) before the kill: its parent is the linked span.
     (step_a,) = [s for s in before if s["name"] == "effectlog.step"]
     assert step_a["parent_id"] == link["context"]["span_id"]
+
+
+def test_progress_lines_per_step_on_stderr_and_quiet_silences_them(tmp_path: Path) -> None:
+    """`effectlog run` writes a line per step on stderr; --quiet writes none; stdout is unchanged."""
+    plan = write_plan(tmp_path / "plan.json", [{"id": "a", "adapter": "t"}, {"id": "b", "adapter": "t"}], NOOP)
+    loud = effectlog("run", str(plan), "--journal", str(tmp_path / "loud.db"))
+    quiet = effectlog("run", str(plan), "--journal", str(tmp_path / "quiet.db"), "--quiet")
+    assert (0, 0) == (loud.returncode, quiet.returncode), loud.stderr + quiet.stderr
+    lines = [line.split(" (")[0] for line in loud.stderr.splitlines()]
+    expected = [
+        "effectlog: run r started",
+        "effectlog: run r step a confirmed",
+        "effectlog: run r step b confirmed",
+        "effectlog: run r completed",
+    ]
+    assert (expected, "", loud.stdout) == (lines, quiet.stderr, quiet.stdout)
+
+
+def test_log_format_json_lines_each_parse(tmp_path: Path) -> None:
+    """--log-format json: every stderr line is one JSON object with the structured fields."""
+    steps = [
+        {"id": "a", "adapter": "t", "args": {"argv": ["true"]}},
+        {"id": "b", "adapter": "t", "args": {"argv": ["false"]}},
+    ]
+    plan = write_plan(tmp_path / "plan.json", steps, {"type": "shell", "version": "1", "idempotent": False})
+    done = effectlog("run", str(plan), "--journal", str(tmp_path / "j.db"), "--log-format", "json", "--json")
+    assert 1 == done.returncode, done.stderr
+    records = [json.loads(line) for line in done.stderr.splitlines()]
+    assert [
+        ("run.started", None, "info"),
+        ("step.confirmed", "a", "info"),
+        ("step.failed", "b", "warning"),
+        ("run.ended", None, "warning"),
+    ] == [(r["effectlog_event"], r.get("step_id"), r["level"]) for r in records]
+    assert {"run_id": "r", "attempt": 1, "outcome": "failed", "logger": "effectlog.run"} == {
+        k: records[2][k] for k in ("run_id", "attempt", "outcome", "logger")
+    }
+
+
+def test_an_applications_logging_handlers_see_effectlog_records(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """In a library process: with the `effectlog` logger at INFO, each step is a stdlib log record with extras."""
+    import logging
+
+    from effectlog.plan import load_plan
+    from effectlog.runtime import Runtime
+
+    plan = write_plan(tmp_path / "plan.json", [{"id": "a", "adapter": "t"}], NOOP)
+    caplog.set_level(logging.INFO, logger="effectlog")
+    with Runtime(tmp_path / "j.db") as rt:
+        rt.run(load_plan(plan))
+    steps = [r for r in caplog.records if getattr(r, "effectlog_event", "") == "step.confirmed"]
+    assert [("effectlog.run", "r", "a", "confirmed")] == [
+        (r.name, r.run_id, r.step_id, r.outcome)
+        for r in steps  # type: ignore[attr-defined]
+    ]

@@ -10,6 +10,7 @@ import msgspec
 
 from effectlog.cli.inspect_cmds import add_journal_args, add_json_arg, add_run_id_arg, add_step_arg, existing_journal
 from effectlog.cli.output import emit_json, err, out, table, tools_write_to_stderr
+from effectlog.cli.progress import add_progress_args, apply_progress_args
 from effectlog.errors import BadInput, UnknownRun
 from effectlog.fold import RunState, replay_records
 from effectlog.journal import chain_from_env, load_run, load_sealed, open_journal
@@ -45,6 +46,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help=f"largest plan file read (default {MAX_PLAN_BYTES}, 64 MiB)",
     )
     add_json_arg(p, "the run's outcome as one JSON object (tools' own stdout goes to stderr)")
+    add_progress_args(p)
     p.set_defaults(handler=cmd_run)
 
     p = sub.add_parser("status", help="the state of every run (newest first), or of one")
@@ -169,6 +171,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         check_effect_store(args.effects)
     if args.trace is not None:
         check_trace(args.trace)
+    apply_progress_args(args)  # a line per step on stderr unless --quiet (docs/observability.md)
     runtime = Runtime(_writer(args), adapters=registry, effects=args.effects, trace=args.trace)
     # SIGINT/SIGTERM: stop after the current step's commit (130/143). Tools' stdout goes to stderr.
     with runtime, stop_on_signals(runtime), tools_write_to_stderr():

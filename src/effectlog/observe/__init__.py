@@ -17,7 +17,8 @@ from functools import wraps
 from typing import TYPE_CHECKING, ParamSpec, TypeVar
 
 if TYPE_CHECKING:
-    from effectlog.observe._telemetry import RunObserver, Telemetry
+    from effectlog.observe._telemetry import Telemetry
+    from effectlog.observe.hooks import RunHooks
 
 __all__ = ["decision", "provider_of", "run_observer", "telemetry"]
 
@@ -57,14 +58,19 @@ def telemetry() -> Telemetry | None:
     return made
 
 
-def run_observer(run_id: str) -> RunObserver | None:
-    """The spans and metrics of one run drive, or ``None`` when telemetry is off."""
+def run_observer(run_id: str) -> RunHooks | None:
+    """The spans and metrics of one run drive, and its log records when the ``effectlog.run``
+    logger is enabled for INFO; ``None`` when neither is on (checked once per drive)."""
+    from effectlog.observe import progress
+
     found = telemetry()
+    log = progress.StepLog(run_id) if progress.enabled() else None
     if found is None:
-        return None
+        return log
     from effectlog.observe._telemetry import RunObserver
 
-    return RunObserver(found, run_id)
+    spans = RunObserver(found, run_id)
+    return spans if log is None else progress.Both(spans, log)
 
 
 def decision(kind: str) -> Callable[[Callable[_P, _R]], Callable[_P, _R]]:
