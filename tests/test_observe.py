@@ -261,3 +261,27 @@ def test_session_model_calls_follow_the_genai_conventions(tmp_path: Path, spans:
         tool.attributes["gen_ai.operation.name"],  # type: ignore[index]
         tool.attributes["gen_ai.tool.name"],  # type: ignore[index]
     )
+
+
+def test_fleet_claim_and_attempt_spans_and_counts(tmp_path: Path, spans: InMemorySpanExporter) -> None:
+    """A runner's claim is an effectlog.fleet.claim span and a count; its attempt a span holding the run's span."""
+    from fleet_kit import write_plan
+
+    from effectlog.cli import main
+
+    store = str(tmp_path / "fleet.db")
+    plan = write_plan(tmp_path / "plan.json", "run-1", [("a", "idem")])
+    claims_before = sum(counter("effectlog.fleet.claims").values())
+    assert 0 == main(["submit", str(plan), "--store", store, "--scope", "s", "--key", "k"])
+    argv = ["runner", "--store", store, "--effects", str(tmp_path / "e.db"), "--exit-when-idle", "--poll-s", "0.01"]
+    assert 0 == main(argv)
+    (claim,) = by_name(spans, "effectlog.fleet.claim")
+    (attempt,) = by_name(spans, "effectlog.fleet.attempt")
+    (run,) = by_name(spans, "effectlog.run")
+    assert ("run-1", 1, "succeeded") == (
+        claim.attributes["effectlog.run.id"],  # type: ignore[index]
+        attempt.attributes["effectlog.attempt"],  # type: ignore[index]
+        attempt.attributes["effectlog.outcome"],  # type: ignore[index]
+    )
+    assert attempt.context.span_id == run.parent.span_id  # type: ignore[union-attr]
+    assert 1 == sum(counter("effectlog.fleet.claims").values()) - claims_before

@@ -172,7 +172,7 @@ class Telemetry:
         with self.tracer.start_as_current_span(NS + "fleet.attempt", attributes=attrs) as span:
             outcome = call()
             span.set_attribute(NS + "outcome", outcome)
-            if outcome != "completed":
+            if outcome in ("failed", "needs_operator", "lost"):
                 span.set_status(Status(StatusCode.ERROR, outcome))
             return outcome
 
