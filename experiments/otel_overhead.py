@@ -86,9 +86,12 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--json", type=Path, default=ROOT / "experiments" / "results" / "otel_overhead.json")
     args = parser.parse_args()
-    before = args.before or subprocess.run(
-        ["git", "-C", str(ROOT), "merge-base", "HEAD", "main"], check=True, capture_output=True, text=True
-    ).stdout.strip()
+    before = (
+        args.before
+        or subprocess.run(
+            ["git", "-C", str(ROOT), "merge-base", "HEAD", "main"], check=True, capture_output=True, text=True
+        ).stdout.strip()
+    )
     with tempfile.TemporaryDirectory() as tmp:
         before_tree = Path(tmp) / "before"
         subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(before_tree), before],

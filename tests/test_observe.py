@@ -265,9 +265,8 @@ def test_session_model_calls_follow_the_genai_conventions(tmp_path: Path, spans:
 
 def test_fleet_claim_and_attempt_spans_and_counts(tmp_path: Path, spans: InMemorySpanExporter) -> None:
     """A runner's claim is an effectlog.fleet.claim span and a count; its attempt a span holding the run's span."""
-    from fleet_kit import write_plan
-
     from effectlog.cli import main
+    from fleet_kit import write_plan
 
     store = str(tmp_path / "fleet.db")
     plan = write_plan(tmp_path / "plan.json", "run-1", [("a", "idem")])
