@@ -53,7 +53,8 @@ class RunActor:
         self.state = load_resumable(runtime.journal, plan.run_id)  # a sealed run is not replayed
         self.events_written = 0
         self.adapter_calls = 0
-        # Spans and metrics (docs/observability.md): None unless an OpenTelemetry SDK is configured.
+        # Spans, metrics, log records (docs/observability.md): None unless an OpenTelemetry SDK is
+        # configured or the effectlog.run logger is enabled for INFO; decided once per drive.
         self.obs = run_observer(plan.run_id)
 
     # -- recording --------------------------------------------------------------------
