@@ -9,7 +9,9 @@ with main), ``off`` (this tree, OpenTelemetry not imported), ``api`` (this tree,
 imported but no SDK configured: what an application with the ``[otel]`` extra and no set-up
 gets) and ``on`` (the SDK configured, every span and metric recorded, spans handed to an
 exporter that drops them). Reported: median wall and CPU time per step for one run of 1,000
-no-op steps, and the ratio to ``before``. Results go to ``experiments/results/otel_overhead.json``.
+no-op steps, and the ratio to ``before``. ``--dir /dev/shm`` puts the journals in memory, so
+the comparison is not drowned by a shared disk's fsync times. Results go to
+``experiments/results/otel_overhead.json``.
 """
 
 from __future__ import annotations
@@ -84,6 +86,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--before", help="git revision without the instrumentation (default: merge base with main)")
     parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--dir", type=Path, help="where the journals go (e.g. /dev/shm: no disk noise, CPU only)")
     parser.add_argument("--json", type=Path, default=ROOT / "experiments" / "results" / "otel_overhead.json")
     args = parser.parse_args()
     before = (
@@ -101,10 +104,11 @@ def main() -> None:
             for n in range(args.reps):
                 for mode in VARIANTS:
                     src = before_tree / "src" if mode == "before" else ROOT / "src"
-                    samples[mode].append(measure(src, mode, Path(tmp) / f"{mode}-{n}.db"))
+                    where = args.dir if args.dir is not None else Path(tmp)
+                    samples[mode].append(measure(src, mode, where / f"otel-overhead-{os.getpid()}-{mode}-{n}.db"))
         finally:
             subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(before_tree)], check=False)
-    report: dict[str, Any] = {"before": before, "reps": args.reps, "steps": 1000}
+    report: dict[str, Any] = {"before": before, "reps": args.reps, "steps": 1000, "dir": str(args.dir or "tmp")}
     base = statistics.median(s["us_per_step"] for s in samples["before"])
     for mode in VARIANTS:
         wall = statistics.median(s["us_per_step"] for s in samples[mode])
