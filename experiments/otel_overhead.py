@@ -108,7 +108,7 @@ def main() -> None:
                     samples[mode].append(measure(src, mode, where / f"otel-overhead-{os.getpid()}-{mode}-{n}.db"))
         finally:
             subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(before_tree)], check=False)
-    report: dict[str, Any] = {"before": before, "reps": args.reps, "steps": 1000, "dir": str(args.dir or "tmp")}
+    report: dict[str, Any] = {"revision": before, "reps": args.reps, "steps": 1000, "dir": str(args.dir or "tmp")}
     base = statistics.median(s["us_per_step"] for s in samples["before"])
     for mode in VARIANTS:
         wall = statistics.median(s["us_per_step"] for s in samples[mode])
