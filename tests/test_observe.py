@@ -27,6 +27,7 @@ from opentelemetry.trace import StatusCode
 
 from effectlog import events as ev
 from effectlog.adapters import Receipt, Request
+from effectlog.adapters.protocol import Evidence
 from effectlog.journal import open_journal
 from effectlog.plan import Plan, parse_plan
 from effectlog.runtime import Runtime, SimulatedCrash
@@ -65,6 +66,13 @@ class Tool:
         if request.args.get("boom"):
             raise ConnectionError("connection reset")
         return Receipt(data={"n": request.args.get("n")}, ok=not request.args.get("fail"))
+
+
+class Looks(Tool):
+    """A tool that can say whether a send took effect (for reconcile --lookup)."""
+
+    def lookup(self, request: Request) -> Evidence:
+        return Evidence(applied=True, detail=f"found {request.idempotency_key}")
 
 
 def runtime(path: Path, **kw: Any) -> Runtime:
@@ -284,3 +292,21 @@ def test_fleet_claim_and_attempt_spans_and_counts(tmp_path: Path, spans: InMemor
     )
     assert attempt.context.span_id == run.parent.span_id  # type: ignore[union-attr]
     assert 1 == sum(counter("effectlog.fleet.claims").values()) - claims_before
+
+
+def test_a_lookup_reconciliation_is_one_span_and_one_count_of_its_kind(
+    tmp_path: Path, spans: InMemorySpanExporter
+) -> None:
+    """reconcile --lookup ends in the operator reconcile: still one effectlog.reconcile span, counted as lookup."""
+    before = counter("effectlog.reconciliations")
+    with Runtime(tmp_path / "j.db", adapters={"custom": lambda decl, ctx: Looks()}) as rt:
+        rt.run(make_plan("lk", [{"id": "a", "adapter": "tool", "args": {"boom": 1}}]))
+        rt.reconcile_by_lookup("lk", "a")
+    after = counter("effectlog.reconciliations")
+    delta = {k: v - before.get(k, 0) for k, v in after.items() if v != before.get(k, 0)}
+    assert {(("effectlog.reconcile.kind", "lookup"),): 1} == delta
+    (rec,) = by_name(spans, "effectlog.reconcile")
+    assert ("lookup", "applied") == (
+        rec.attributes["effectlog.reconcile.kind"],  # type: ignore[index]
+        rec.attributes["effectlog.reconcile.outcome"],  # type: ignore[index]
+    )
