@@ -96,11 +96,14 @@ def test_a_run_killed_and_resumed_gives_a_second_trace_linked_to_the_first(tmp_p
 
 
 def test_progress_lines_per_step_on_stderr_and_quiet_silences_them(tmp_path: Path) -> None:
-    """`effectlog run` writes a line per step on stderr; --quiet writes none; stdout is unchanged."""
+    """`effectlog run --progress` writes a line per step on stderr (a pipe here; on a terminal it is the
+    default); with --quiet, or without --progress on a pipe, it writes none; stdout is the same."""
     plan = write_plan(tmp_path / "plan.json", [{"id": "a", "adapter": "t"}, {"id": "b", "adapter": "t"}], NOOP)
-    loud = effectlog("run", str(plan), "--journal", str(tmp_path / "loud.db"))
-    quiet = effectlog("run", str(plan), "--journal", str(tmp_path / "quiet.db"), "--quiet")
-    assert (0, 0) == (loud.returncode, quiet.returncode), loud.stderr + quiet.stderr
+    loud = effectlog("run", str(plan), "--journal", str(tmp_path / "loud.db"), "--progress")
+    quiet = effectlog("run", str(plan), "--journal", str(tmp_path / "quiet.db"), "--progress", "--quiet")
+    piped = effectlog("run", str(plan), "--journal", str(tmp_path / "piped.db"))
+    assert (0, 0, 0) == (loud.returncode, quiet.returncode, piped.returncode), loud.stderr + quiet.stderr
+    assert ("", loud.stdout) == (piped.stderr, piped.stdout)
     lines = [line.split(" (")[0] for line in loud.stderr.splitlines()]
     expected = [
         "effectlog: run r started",
@@ -150,3 +153,33 @@ def test_an_applications_logging_handlers_see_effectlog_records(
         (r.name, r.run_id, r.step_id, r.outcome)
         for r in steps  # type: ignore[attr-defined]
     ]
+
+
+def test_progress_is_on_by_default_when_stderr_is_a_terminal(tmp_path: Path) -> None:
+    """With stderr on a pseudo-terminal and no flag, `effectlog run` writes its progress lines there."""
+    import pty
+
+    plan = write_plan(tmp_path / "plan.json", [{"id": "a", "adapter": "t"}], NOOP)
+    master, slave = pty.openpty()
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "effectlog", "run", str(plan), "--journal", str(tmp_path / "j.db")],
+            stdout=subprocess.PIPE,
+            stderr=slave,
+            timeout=120,
+            check=False,
+        )
+        os.close(slave)
+        seen = b""
+        while True:
+            try:
+                chunk = os.read(master, 4096)
+            except OSError:  # EIO: the terminal's other end is closed and everything was read
+                break
+            if not chunk:
+                break
+            seen += chunk
+    finally:
+        os.close(master)
+    assert 0 == done.returncode
+    assert "effectlog: run r step a confirmed" in seen.decode()

@@ -1,21 +1,33 @@
-"""``--quiet`` and ``--log-format``: progress lines on stderr for commands that drive runs."""
+"""``--progress``, ``--quiet`` and ``--log-format``: progress lines on stderr for commands that drive runs.
+
+Progress is on by default when stderr is a terminal. When it is not (a pipe, a file, a test
+harness), it is on only when asked for with ``--progress`` or ``--log-format``: scripts that
+read stderr for the one-line error contract (README, exit statuses) see exactly what they
+saw before.
+"""
 
 from __future__ import annotations
 
 import argparse
+import sys
 
 
 def add_progress_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--progress",
+        action="store_true",
+        help="a line per step on stderr even when stderr is not a terminal (default: only on a terminal)",
+    )
     p.add_argument("--quiet", "-q", action="store_true", help="no progress lines on stderr (errors still print)")
     p.add_argument(
         "--log-format",
         choices=("text", "json"),
-        default="text",
-        help="progress and log records on stderr as text lines (default) or one JSON object per line",
+        help="progress and log records on stderr as text lines or one JSON object per line (implies --progress)",
     )
 
 
 def apply_progress_args(args: argparse.Namespace) -> None:
     from effectlog.observe.progress import cli_logging
 
-    cli_logging(quiet=args.quiet, log_format=args.log_format)
+    wanted = args.progress or args.log_format is not None or sys.stderr.isatty()
+    cli_logging(quiet=args.quiet or not wanted, log_format=args.log_format or "text")
