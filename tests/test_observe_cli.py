@@ -183,3 +183,16 @@ def test_progress_is_on_by_default_when_stderr_is_a_terminal(tmp_path: Path) -> 
         os.close(master)
     assert 0 == done.returncode
     assert "effectlog: run r step a confirmed" in seen.decode()
+
+
+@pytest.mark.crash
+def test_crash_matrix_soak_progress_as_json_lines_and_quiet(tmp_path: Path) -> None:
+    """`crash-matrix soak --log-format json`: each progress line on stderr is one JSON object; --quiet: none."""
+    argv = ("crash-matrix", "soak", "--kills", "10", "--steps", "3", "--seed", "3")
+    loud = effectlog(*argv, "--workdir", str(tmp_path / "a"), "--log-format", "json")
+    quiet = effectlog(*argv, "--workdir", str(tmp_path / "b"), "--quiet")
+    assert (0, 0, "") == (loud.returncode, quiet.returncode, quiet.stderr), loud.stderr
+    records = [json.loads(line) for line in loud.stderr.splitlines()]
+    assert [("soak: 10/10 kills", "effectlog.crashmatrix")] == [
+        (r["event"].split(",")[0], r["logger"]) for r in records
+    ]

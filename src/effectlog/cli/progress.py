@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 
 
 def add_progress_args(p: argparse.ArgumentParser) -> None:
@@ -31,3 +32,37 @@ def apply_progress_args(args: argparse.Namespace) -> None:
 
     wanted = args.progress or args.log_format is not None or sys.stderr.isatty()
     cli_logging(quiet=args.quiet or not wanted, log_format=args.log_format or "text")
+
+
+def add_line_args(p: argparse.ArgumentParser) -> None:
+    """For commands whose progress lines were always on (crash-matrix run and soak): silence or JSON."""
+    p.add_argument("--quiet", "-q", action="store_true", help="no progress lines on stderr (errors still print)")
+    p.add_argument(
+        "--log-format",
+        choices=("text", "json"),
+        default="text",
+        help="progress lines on stderr as text (default) or one JSON object per line",
+    )
+
+
+def line_sink(args: argparse.Namespace, logger: str) -> Callable[[str], None]:
+    """Where a command's progress lines go: stderr as text, one JSON object per line, or nowhere."""
+    if args.quiet:
+        return lambda line: None
+    if args.log_format == "json":
+        import datetime
+        import json
+
+        def emit(line: str) -> None:
+            now = datetime.datetime.now(datetime.UTC).isoformat().replace("+00:00", "Z")
+            record = {"event": line, "level": "info", "logger": logger, "timestamp": now}
+            sys.stderr.write(json.dumps(record, sort_keys=True) + "\n")
+            sys.stderr.flush()
+
+        return emit
+
+    def text(line: str) -> None:
+        sys.stderr.write(line + "\n")
+        sys.stderr.flush()
+
+    return text
