@@ -47,6 +47,8 @@ def add_line_args(p: argparse.ArgumentParser) -> None:
 
 def line_sink(args: argparse.Namespace, logger: str) -> Callable[[str], None]:
     """Where a command's progress lines go: stderr as text, one JSON object per line, or nowhere."""
+    from effectlog.cli.output import err  # a closed stderr never costs the exit status
+
     if args.quiet:
         return lambda line: None
     if args.log_format == "json":
@@ -56,13 +58,11 @@ def line_sink(args: argparse.Namespace, logger: str) -> Callable[[str], None]:
         def emit(line: str) -> None:
             now = datetime.datetime.now(datetime.UTC).isoformat().replace("+00:00", "Z")
             record = {"event": line, "level": "info", "logger": logger, "timestamp": now}
-            sys.stderr.write(json.dumps(record, sort_keys=True) + "\n")
-            sys.stderr.flush()
+            err(json.dumps(record, sort_keys=True) + "\n")
 
         return emit
 
     def text(line: str) -> None:
-        sys.stderr.write(line + "\n")
-        sys.stderr.flush()
+        err(line + "\n")
 
     return text
