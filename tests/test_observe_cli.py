@@ -51,6 +51,9 @@ def test_console_exporter_prints_spans_on_stderr_and_stdout_stays_json(tmp_path:
     assert (0, "completed") == (done.returncode, json.loads(done.stdout)["state"]), done.stderr
     names = sorted(s["name"] for s in spans_in(done.stderr))
     assert ["effectlog.run", "effectlog.step", "effectlog.step", "effectlog.tool", "effectlog.tool"] == names
+    # The run recorded its traceparent and was sealed when it closed: the seal still verifies.
+    verified = effectlog("verify", "--journal", str(tmp_path / "j.db"))
+    assert (0, "") == (verified.returncode, verified.stderr)
 
 
 def test_console_metrics_are_exported_at_exit(tmp_path: Path) -> None:
