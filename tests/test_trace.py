@@ -133,3 +133,26 @@ def test_args_plan_receipt_and_evidence_never_appear(tmp_path: Path) -> None:
     assert [] == [(r["seq"], k) for r in records for k in NEVER_TRACED if k in r]
     assert ["a"] * len(events) == [r["adapter"] for r in records]  # other extras are kept
     assert (len(events), None, "") == verify_trace(path)
+
+
+def test_step_records_carry_outcome_error_and_duration_and_still_verify(tmp_path: Path) -> None:
+    """Outcome events gain outcome, error (for failures) and duration_ms from step.requested's ts (issue 16)."""
+    path = tmp_path / "trace.jsonl"
+    req = {"adapter": "t", "idempotency_key": "k", "args_digest": "d"}
+    history = [
+        ev.StepRequested(run_id="r", seq=2, ts=1_000_000, step_id="a", **req),
+        ev.StepConfirmed(run_id="r", seq=3, ts=3_500_000, step_id="a"),
+        ev.StepRequested(run_id="r", seq=4, ts=4_000_000, step_id="b", **req),
+        ev.StepFailed(run_id="r", seq=5, ts=9_000_000, step_id="b", reason="the tool reported failure"),
+        ev.StepDenied(run_id="r", seq=6, ts=9_500_000, step_id="c", decision="require_approval", reason="hold"),
+    ]
+    write_trace(path, history)
+    records = [json.loads(line) for line in lines_of(path)]
+    assert [
+        {},
+        {"outcome": "confirmed", "duration_ms": 2.5},
+        {},
+        {"outcome": "failed", "error": "the tool reported failure", "duration_ms": 5.0},
+        {"outcome": "held", "error": "hold"},
+    ] == [{k: r[k] for k in ("outcome", "error", "duration_ms") if k in r} for r in records]
+    assert (5, None, "") == verify_trace(path)

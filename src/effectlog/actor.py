@@ -14,6 +14,7 @@ import contextlib
 import os
 import signal
 import threading
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -23,6 +24,7 @@ from effectlog import events as ev
 from effectlog.adapters.protocol import Receipt, Request, idempotency_key
 from effectlog.errors import IdempotencyConflict, LedgerMismatch, NotApplied, PlanMismatch, ToolAborted, UnusableResult
 from effectlog.journal import load_resumable
+from effectlog.observe import run_observer
 from effectlog.outcome import (
     Decision,
     PolicyRequest,
@@ -51,6 +53,9 @@ class RunActor:
         self.state = load_resumable(runtime.journal, plan.run_id)  # a sealed run is not replayed
         self.events_written = 0
         self.adapter_calls = 0
+        # Spans, metrics, log records (docs/observability.md): None unless an OpenTelemetry SDK is
+        # configured or the effectlog.run logger is enabled for INFO; decided once per drive.
+        self.obs = run_observer(plan.run_id)
 
     # -- recording --------------------------------------------------------------------
 
@@ -58,9 +63,12 @@ class RunActor:
         events, new_state = prepare(self.state, specs, self.rt.clock())
         # The batch that closes a run carries its seal, in the same transaction.
         seal = seal_row(new_state) if new_state.closed and self.rt.writer.sealing else None
+        began = time.perf_counter() if self.obs is not None else 0.0
         await self.rt.writer.append(events, seal)
         self.state = new_state
         self.events_written += len(events)
+        if self.obs is not None:
+            self.obs.recorded(events, began)
         if self.rt.trace is not None:
             for event in events:
                 self.rt.trace.record(event)
@@ -76,6 +84,14 @@ class RunActor:
     # -- the run ----------------------------------------------------------------------
 
     async def drive(self) -> RunOutcome:
+        if self.obs is None:
+            return await self._drive()
+        outcome: RunOutcome = await self.obs.drive(
+            self._drive, recorded_seq=self.state.seq, resumed_from=self.state.traceparent
+        )
+        return outcome
+
+    async def _drive(self) -> RunOutcome:
         plan = self.plan
         if self.state.seq == 0:
             await self._record(
@@ -86,6 +102,7 @@ class RunActor:
                         "plan_digest": plan.digest,
                         "adapters": self.identities,
                         "effect_store": self.rt.context.pinned_store(),
+                        **(self.obs.fields() if self.obs is not None else {}),
                     },
                 )
             )
@@ -96,7 +113,7 @@ class RunActor:
             blocked = still_blocked(self.state)
             if blocked is not None:
                 return self._blocked_outcome(blocked, self.state.blocked_step or "")
-            await self._record((ev.RunResumed, {"pid": os.getpid()}))
+            await self._record((ev.RunResumed, {"pid": os.getpid(), **(self.obs.fields() if self.obs else {})}))
         for decl in plan.steps:
             if self.rt.stop_signal is not None:
                 return self._interrupted(self.rt.stop_signal)
@@ -356,7 +373,14 @@ class RunActor:
                 timeout_s=decl.timeout_s,
             )
             try:
-                receipt = await self._call(adapter, request, decl.timeout_s)
+                sent = self._call(adapter, request, decl.timeout_s)
+                receipt = await (
+                    sent
+                    if self.obs is None
+                    else self.obs.tool(
+                        sent, step_id=sid, attempt=step.attempt, adapter=decl.adapter, key=step.idempotency_key
+                    )
+                )
             except IdempotencyConflict as exc:
                 # The tool holds this key for another body: not applied, and no re-send can change that.
                 reason = redact(decl, f"idempotency conflict: {exc.message}")

@@ -13,11 +13,13 @@ from effectlog import events as ev
 from effectlog.errors import DigestMismatch
 from effectlog.fold import RunState
 from effectlog.journal import Journal
+from effectlog.observe import decision
 from effectlog.operator import append, load_step
 from effectlog.recorder import Clock
 from effectlog.trace import Trace
 
 
+@decision("approve")
 def approve(
     journal: Journal,
     run_id: str,
@@ -66,6 +68,7 @@ def approve(
     )
 
 
+@decision("deny")
 def deny(
     journal: Journal,
     run_id: str,

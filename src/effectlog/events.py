@@ -72,10 +72,14 @@ class RunStarted(Event, frozen=True, kw_only=True, tag="run.started"):
     by: str = ""
     reason: str = ""
     deadline: int | None = None  # the run's deadline (ns since the epoch): a step not begun by then fails
+    # The W3C traceparent of the process's `effectlog.run` span when tracing was on (issue 16),
+    # so that a later process driving the run links its span to this one.
+    traceparent: str = ""
 
 
 class RunResumed(Event, frozen=True, kw_only=True, tag="run.resumed"):
     pid: int = 0
+    traceparent: str = ""  # as on run.started
     repeatable: ClassVar[bool] = True
 
 

@@ -88,6 +88,7 @@ class RunState(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     blocked_step: str | None = None  # the step a suspended/stopped/failed run waits on
     deadline: int | None = None  # pinned by run.started (ns): steps not begun by then fail
     resumes: int = 0
+    traceparent: str = ""  # the span of the last process that started or resumed the run (issue 16)
     started_ts: int = 0
     updated_ts: int = 0
 
@@ -157,9 +158,10 @@ def _apply_run(state: RunState, event: ev.Event, tag: str) -> RunState:
             plan_steps=frozenset(s["id"] for s in steps if isinstance(s, dict) and "id" in s),
             started_ts=event.ts,
             deadline=event.deadline,
+            traceparent=event.traceparent,
         )
     elif isinstance(event, ev.RunResumed):
-        changes.update(resumes=state.resumes + 1, blocked_step=None, reason="")
+        changes.update(resumes=state.resumes + 1, blocked_step=None, reason="", traceparent=event.traceparent)
     elif isinstance(event, ev.RunSuspended | ev.RunStopped | ev.RunFailed):
         changes.update(blocked_step=event.step_id, reason=event.reason)
     elif isinstance(event, ev.RunCancelled):

@@ -30,6 +30,7 @@ from effectlog.adapters.registry import AdapterContext, Registry
 from effectlog.errors import BadInput, LedgerMismatch, LookupUndecided, PlanMismatch
 from effectlog.fold import RunState, StepState
 from effectlog.journal import Journal
+from effectlog.observe import decision
 from effectlog.operator import append, load_step
 from effectlog.outcome import reconcile_hint
 from effectlog.plan import Plan, StepDecl, redact
@@ -41,6 +42,7 @@ LEDGER_OPERATOR = "effectlog:ledger-inspection"
 LOOKUP_OPERATOR = "effectlog:adapter-lookup"
 
 
+@decision("reconcile:operator")
 def reconcile(
     journal: Journal,
     run_id: str,
@@ -110,6 +112,7 @@ def recorded_request(state: RunState, step: StepState, plan: Plan | None = None)
 # -- through the step's own adapter ---------------------------------------------------------
 
 
+@decision("reconcile:lookup")
 def reconcile_by_lookup(
     journal: Journal,
     run_id: str,
@@ -229,6 +232,7 @@ def _check_store(state: RunState, given: ev.EffectStoreIdentity | None, where: s
     )
 
 
+@decision("reconcile:ledger")
 def reconcile_from_ledger(
     journal: Journal,
     run_id: str,

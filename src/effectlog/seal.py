@@ -133,14 +133,16 @@ def state_from_seal(body: bytes, head: bytes) -> RunState:
 
 
 def sealed_view(state: RunState) -> RunState:
-    """What a seal keeps of ``state``: everything but the plan, and per step its id, index, state, attempt."""
+    """What a seal keeps of ``state``: everything but the plan and the traceparent, and per step its id,
+    index, state, attempt."""
     steps = immutables.Map(
         {
             s.step_id: StepState(step_id=s.step_id, index=s.index, state=s.state, attempt=s.attempt)
             for s in state.steps.values()
         }
     )
-    return msgspec.structs.replace(state, plan=None, plan_steps=frozenset(), steps=steps)
+    # The traceparent only links a later drive's span (issue 16); a closed run is never driven again.
+    return msgspec.structs.replace(state, plan=None, plan_steps=frozenset(), steps=steps, traceparent="")
 
 
 def check_bound(stored: StoredSeal, head: tuple[int, bytes], chain: Chain) -> None:

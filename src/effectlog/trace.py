@@ -19,10 +19,27 @@ import structlog
 
 from effectlog.canonical import canonical_json
 from effectlog.errors import BadInput
-from effectlog.events import Event, StepEvent, tag_of
+from effectlog.events import (
+    Event,
+    StepConfirmed,
+    StepDenied,
+    StepEvent,
+    StepFailed,
+    StepRequested,
+    StepResent,
+    StepUncertain,
+    tag_of,
+)
 
 _GENESIS_HEX = "0" * 64
 _FIELDS_NEVER_TRACED = frozenset({"args", "plan", "receipt", "evidence"})
+_OUTCOMES: dict[type, str] = {
+    StepConfirmed: "confirmed",
+    StepFailed: "failed",
+    StepUncertain: "uncertain",
+    StepDenied: "denied",
+    StepResent: "resent",
+}
 
 
 class HashChain:
@@ -61,6 +78,7 @@ class Trace:
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
+        self._requested: dict[tuple[str, str, int], int] = {}  # step.requested ts, for durations
         try:
             prev = last_hash(self.path)
             self._fh: TextIO = self.path.open("a", encoding="utf-8")
@@ -74,8 +92,33 @@ class Trace:
     def record(self, event: Event, **extra: Any) -> None:
         fields: dict[str, Any] = {"run_id": event.run_id, "seq": event.seq, "ts": event.ts, **extra}
         if isinstance(event, StepEvent):
-            fields.update(step_id=event.step_id, attempt=event.attempt)
+            fields.update(step_id=event.step_id, attempt=event.attempt, **self._outcome(event))
         self._log.info(tag_of(event), **fields)
+
+    def _outcome(self, event: StepEvent) -> dict[str, Any]:
+        """A step's outcome, its error and its duration (issue 16), from the events alone.
+
+        The duration is ``ts`` of the outcome minus ``ts`` of the ``step.requested`` this trace
+        recorded for the same attempt (the runtime's clock, as the journal has it); absent when
+        the request was recorded elsewhere (another process, before a crash).
+        """
+        key = (event.run_id, event.step_id, event.attempt)
+        if isinstance(event, StepRequested):
+            self._requested[key] = event.ts
+            return {}
+        outcome = _OUTCOMES.get(type(event))
+        if outcome is None:
+            return {}
+        if isinstance(event, StepDenied) and event.decision == "require_approval":
+            outcome = "held"
+        found: dict[str, Any] = {"outcome": outcome}
+        reason = getattr(event, "reason", "")
+        if reason and outcome in ("failed", "uncertain", "denied", "held"):
+            found["error"] = reason
+        began = self._requested.get(key) if outcome == "resent" else self._requested.pop(key, None)
+        if began is not None:
+            found["duration_ms"] = round((event.ts - began) / 1e6, 3)
+        return found
 
     def flush(self) -> None:
         self._fh.flush()

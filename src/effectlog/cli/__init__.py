@@ -68,6 +68,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if (getattr(args, "adapters", None) or getattr(args, "secrets", None)) and os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())  # `--adapters my_tools:X` finds ./my_tools.py, as `python -m effectlog` does
     handler: Handler = args.handler
+    shutdown = _telemetry()
     try:
         status = handler(args)
     except EffectlogError as exc:
@@ -86,8 +87,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         # lost with it: say so with 1 rather than pretend the command succeeded.
         drop_stdout()
         status = int(ExitStatus.RUN_FAILED)
+    if shutdown is not None:
+        shutdown()  # export what the SDK still holds (the last spans, the metrics) before exiting
     out("")  # flush what is buffered; a closed pipe is dropped, not an error
     return status
+
+
+def _telemetry() -> Callable[[], None] | None:
+    """OpenTelemetry exporters from the OTEL_* variables (docs/observability.md); nothing is imported otherwise."""
+    from effectlog.observe import sdk
+
+    return sdk.configure() if sdk.wanted() else None
 
 
 def _fail(exc: EffectlogError) -> int:

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from effectlog.cli.output import err, out
+from effectlog.cli.progress import add_line_args, line_sink
 from effectlog.errors import BadInput, ExitStatus
 
 
@@ -45,6 +46,7 @@ def register(sub: Any) -> None:
         help="with --adapter: your adapter is not idempotent; crashes are reconciled through its lookup",
     )
     p.add_argument("--workdir", metavar="DIR", help="where case files go (default: a temporary directory)")
+    add_line_args(p)
     p.set_defaults(handler=cmd_run)
 
     p = cms.add_parser("verify", help="recompute every expectation of a report from its evidence")
@@ -57,6 +59,7 @@ def register(sub: Any) -> None:
     p.add_argument("--steps", metavar="K", type=int, default=12, help="steps per run")
     p.add_argument("--output", metavar="F", help="soak report JSON")
     p.add_argument("--workdir", metavar="DIR", help="where run files go (default: a temporary directory)")
+    add_line_args(p)
     p.set_defaults(handler=cmd_soak)
 
     # Internal: the process the matrix starts and kills. Not listed (no help= on the parser).
@@ -70,10 +73,6 @@ def register(sub: Any) -> None:
     p.add_argument("--user-adapter", help="MODULE:FACTORY of the adapter under test")
     p.add_argument("--adapters", action="append", default=[], help="MODULE:ATTR of more adapters (repeatable)")
     p.set_defaults(handler=cmd_worker)
-
-
-def _progress(line: str) -> None:
-    err(line + "\n")
 
 
 def _workdir(arg: str | None) -> Path:
@@ -99,8 +98,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     report_path = Path(args.output)
     report_path.parent.mkdir(parents=True, exist_ok=True)
 
-    def progress(line: str) -> None:
-        err(line + "\n")
+    progress = line_sink(args, "effectlog.crashmatrix")  # --quiet, --log-format json
 
     with contextlib.ExitStack() as stack:
         url = args.postgres_url
@@ -177,7 +175,7 @@ def cmd_soak(args: argparse.Namespace) -> int:
         kills=args.kills,
         seed=args.seed,
         steps=args.steps,
-        progress=_progress,
+        progress=line_sink(args, "effectlog.crashmatrix"),
     )
     if args.output:
         save_soak(result, args.output)

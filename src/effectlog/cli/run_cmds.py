@@ -12,6 +12,7 @@ from effectlog.cli.inspect_cmds import add_journal_args, add_json_arg, add_run_i
 from effectlog.cli.notify_args import add_notify_args
 from effectlog.cli.notify_args import hooks as notify_hooks
 from effectlog.cli.output import emit_json, err, out, table, tools_write_to_stderr
+from effectlog.cli.progress import add_progress_args, apply_progress_args
 from effectlog.errors import BadInput, UnknownRun
 from effectlog.fold import RunState, replay_records
 from effectlog.journal import chain_from_env, load_run, load_sealed, open_journal
@@ -49,6 +50,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     add_json_arg(p, "the run's outcome as one JSON object (tools' own stdout goes to stderr)")
     add_notify_args(p)
+    add_progress_args(p)
     p.set_defaults(handler=cmd_run)
 
     p = sub.add_parser("status", help="the state of every run (newest first), or of one")
@@ -173,6 +175,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         check_effect_store(args.effects)
     if args.trace is not None:
         check_trace(args.trace)
+    apply_progress_args(args)  # a line per step on stderr unless --quiet (docs/observability.md)
     notifiers = notify_hooks(args)
     journal = _writer(args)
     since = marks(journal, [plan.run_id]) if notifiers else {}

@@ -39,6 +39,7 @@ from effectlog.fleet.scheduler import schedule, waiting
 from effectlog.fleet.secrets import Provider, redact_all, resolve
 from effectlog.journal import Journal, load_run
 from effectlog.notify import Kind, Notification, cli_hooks, deliver, shown_location
+from effectlog.observe import telemetry
 from effectlog.plan import Plan, parse_plan
 from effectlog.recorder import record_now
 from effectlog.recovery import still_blocked
@@ -229,6 +230,9 @@ class Runner:
                 self.log(f"claim of request {request_id} failed: {exc.code}: {exc}")
                 continue
             if lease is not None:
+                found = telemetry()  # an effectlog.fleet.claim span and count when OpenTelemetry is configured
+                if found is not None:
+                    found.claimed(lease.request_id, self.runner_id, lease.run_id, lease.attempt_no)
                 self._start(lease)
                 claimed += 1
         return claimed, fitting
@@ -258,6 +262,9 @@ class Runner:
                 except EffectlogError as exc:  # the store is unreachable: keep trying until the lease runs out
                     self.log(f"heartbeat failed: {exc.code}: {exc}")
                     continue
+                found = telemetry()
+                if found is not None:
+                    found.renewals.add(1, {"effectlog.fleet.runner_id": self.runner_id})
                 if beat.cancel_requested and not slot.cancel.is_set():
                     self.log(f"request {slot.lease.request_id}: cancellation observed at a heartbeat")
                     slot.cancel.set()
@@ -266,8 +273,14 @@ class Runner:
 
     def _work(self, slot: Slot) -> None:
         lease = slot.lease
+        found = telemetry()
         try:
-            slot.outcome = self._attempt(slot)
+            if found is None:
+                slot.outcome = self._attempt(slot)
+            else:  # an effectlog.fleet.attempt span, the run's spans inside it
+                slot.outcome = found.attempt(
+                    lease.request_id, self.runner_id, lease.run_id, lease.attempt_no, lambda: self._attempt(slot)
+                )
         except StaleLease as exc:
             slot.outcome = "fenced"
             self.log(
@@ -280,6 +293,8 @@ class Runner:
             slot.outcome = "error"
             self.log(f"request {lease.request_id} attempt {lease.attempt_no}: {type(exc).__name__}: {exc}")
         finally:
+            if found is not None and slot.outcome in ("fenced", "lease lost"):
+                found.leases_lost.add(1, {"effectlog.fleet.runner_id": self.runner_id})
             with self._mutex:
                 self.slots.pop(lease.attempt_id, None)
                 self.ended += 1

@@ -43,6 +43,7 @@ from effectlog.errors import (
 from effectlog.fold import RunState, StepState
 from effectlog.journal.ownership import Claim
 from effectlog.notify import Kind, Notification, Notifier, deliver, hooks_of
+from effectlog.observe import provider_of, telemetry
 from effectlog.recorder import Clock, EventSpec, prepare
 from effectlog.recovery import Action, decide
 from effectlog.session import identity as ids
@@ -323,8 +324,19 @@ class Session:
                 raise RunFailed(f"the model step is {step.state}", run_id=self.run_id, step_id=sid)
             break
         self.model_calls += 1
+        call = self.gateway.complete(body, idempotency_key=pkey)
+        found = telemetry()  # a `chat {model}` span with the GenAI attributes when OpenTelemetry is configured
+        if found is not None:
+            call = found.model_call(
+                call,
+                run_id=self.run_id,
+                step_id=sid,
+                model=name,
+                idempotency_key=pkey,
+                provider=provider_of(self.gateway),
+            )
         try:
-            response = await self.gateway.complete(body, idempotency_key=pkey)
+            response = await call
         except (ModelUnavailable, ModelRefused) as exc:  # the intent stays: the run is open, a new pass resends
             exc.run_id, exc.step_id = exc.run_id or self.run_id, exc.step_id or sid
             raise

@@ -1,0 +1,201 @@
+"""The CLI's own OpenTelemetry set-up, in real processes: ``OTEL_TRACES_EXPORTER=console`` prints
+spans on stderr (stdout stays the --json answer), and a run SIGKILLed then resumed gives a second
+trace whose run span links to the first (issue 16)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("opentelemetry.sdk")
+
+
+def effectlog(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "effectlog", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def spans_in(stderr: str) -> list[dict[str, Any]]:
+    """The console exporter's spans: one JSON object per line, beside other stderr lines."""
+    found = [json.loads(line) for line in stderr.splitlines() if line.startswith('{"name"')]
+    return [s for s in found if "context" in s]
+
+
+def write_plan(path: Path, steps: list[dict[str, Any]], adapter: dict[str, Any]) -> Path:
+    path.write_text(json.dumps({"run_id": "r", "adapters": {"t": adapter}, "steps": steps}))
+    return path
+
+
+NOOP = {"type": "noop", "version": "1", "idempotent": True}
+
+
+def test_console_exporter_prints_spans_on_stderr_and_stdout_stays_json(tmp_path: Path) -> None:
+    """OTEL_TRACES_EXPORTER=console: run, step and tool spans on stderr; --json on stdout parses alone."""
+    plan = write_plan(tmp_path / "plan.json", [{"id": "a", "adapter": "t"}, {"id": "b", "adapter": "t"}], NOOP)
+    done = effectlog(
+        "run", str(plan), "--journal", str(tmp_path / "j.db"), "--json", env={"OTEL_TRACES_EXPORTER": "console"}
+    )
+    assert (0, "completed") == (done.returncode, json.loads(done.stdout)["state"]), done.stderr
+    names = sorted(s["name"] for s in spans_in(done.stderr))
+    assert ["effectlog.run", "effectlog.step", "effectlog.step", "effectlog.tool", "effectlog.tool"] == names
+    # The run recorded its traceparent and was sealed when it closed: the seal still verifies.
+    verified = effectlog("verify", "--journal", str(tmp_path / "j.db"))
+    assert (0, "") == (verified.returncode, verified.stderr)
+
+
+def test_console_metrics_are_exported_at_exit(tmp_path: Path) -> None:
+    """OTEL_METRICS_EXPORTER=console: the counters are written when the command ends (steps by outcome)."""
+    plan = write_plan(tmp_path / "plan.json", [{"id": "a", "adapter": "t"}], NOOP)
+    done = effectlog("run", str(plan), "--journal", str(tmp_path / "j.db"), env={"OTEL_METRICS_EXPORTER": "console"})
+    assert 0 == done.returncode, done.stderr
+    exports = [json.loads(line) for line in done.stderr.splitlines() if line.startswith('{"resource_metrics"')]
+    names = {
+        m["name"] for e in exports for rm in e["resource_metrics"] for sm in rm["scope_metrics"] for m in sm["metrics"]
+    }
+    assert {"effectlog.steps", "effectlog.step.duration", "effectlog.journal.commit.duration"} <= names
+
+
+@pytest.mark.crash
+def test_a_run_killed_and_resumed_gives_a_second_trace_linked_to_the_first(tmp_path: Path) -> None:
+    """Step b SIGKILLs the effectlog process the first time; the resume's run span links to the first
+    process's run span (recorded in run.started), whose trace the first process's ended spans carry."""
+    marker = tmp_path / "killed-once"
+    kill_once = f"test -f {marker} || {{ touch {marker}; kill -9 $PPID; sleep 5; }}"
+    plan = write_plan(
+        tmp_path / "plan.json",
+        [
+            {"id": "a", "adapter": "t", "args": {"argv": ["true"]}},
+            {"id": "b", "adapter": "t", "args": {"argv": ["sh", "-c", kill_once]}},
+        ],
+        {"type": "shell", "version": "1", "idempotent": True},
+    )
+    args = ("run", str(plan), "--journal", str(tmp_path / "j.db"), "--json")
+    env = {"OTEL_TRACES_EXPORTER": "console"}
+    first = effectlog(*args, env=env)
+    assert -signal.SIGKILL == first.returncode, first.stderr
+    second = effectlog(*args, env=env)
+    assert (0, "completed") == (second.returncode, json.loads(second.stdout)["state"]), second.stderr
+    before = spans_in(first.stderr)
+    (run,) = [s for s in spans_in(second.stderr) if s["name"] == "effectlog.run"]
+    first_trace = {s["context"]["trace_id"] for s in before}
+    (link,) = run["links"]
+    assert ({link["context"]["trace_id"]}, True) == (first_trace, run["context"]["trace_id"] not in first_trace)
+    # The first process's step a ended (and was exported) before the kill: its parent is the linked span.
+    (step_a,) = [s for s in before if s["name"] == "effectlog.step"]
+    assert step_a["parent_id"] == link["context"]["span_id"]
+
+
+def test_progress_lines_per_step_on_stderr_and_quiet_silences_them(tmp_path: Path) -> None:
+    """`effectlog run --progress` writes a line per step on stderr (a pipe here; on a terminal it is the
+    default); with --quiet, or without --progress on a pipe, it writes none; stdout is the same."""
+    plan = write_plan(tmp_path / "plan.json", [{"id": "a", "adapter": "t"}, {"id": "b", "adapter": "t"}], NOOP)
+    loud = effectlog("run", str(plan), "--journal", str(tmp_path / "loud.db"), "--progress")
+    quiet = effectlog("run", str(plan), "--journal", str(tmp_path / "quiet.db"), "--progress", "--quiet")
+    piped = effectlog("run", str(plan), "--journal", str(tmp_path / "piped.db"))
+    assert (0, 0, 0) == (loud.returncode, quiet.returncode, piped.returncode), loud.stderr + quiet.stderr
+    assert ("", loud.stdout) == (piped.stderr, piped.stdout)
+    lines = [line.split(" (")[0] for line in loud.stderr.splitlines()]
+    expected = [
+        "effectlog: run r started",
+        "effectlog: run r step a confirmed",
+        "effectlog: run r step b confirmed",
+        "effectlog: run r completed",
+    ]
+    assert (expected, "", loud.stdout) == (lines, quiet.stderr, quiet.stdout)
+
+
+def test_log_format_json_lines_each_parse(tmp_path: Path) -> None:
+    """--log-format json: every stderr line is one JSON object with the structured fields."""
+    steps = [
+        {"id": "a", "adapter": "t", "args": {"argv": ["true"]}},
+        {"id": "b", "adapter": "t", "args": {"argv": ["false"]}},
+    ]
+    plan = write_plan(tmp_path / "plan.json", steps, {"type": "shell", "version": "1", "idempotent": False})
+    done = effectlog("run", str(plan), "--journal", str(tmp_path / "j.db"), "--log-format", "json", "--json")
+    assert 1 == done.returncode, done.stderr
+    records = [json.loads(line) for line in done.stderr.splitlines()]
+    assert [
+        ("run.started", None, "info"),
+        ("step.confirmed", "a", "info"),
+        ("step.failed", "b", "warning"),
+        ("run.ended", None, "warning"),
+    ] == [(r["effectlog_event"], r.get("step_id"), r["level"]) for r in records]
+    assert {"run_id": "r", "attempt": 1, "outcome": "failed", "logger": "effectlog.run"} == {
+        k: records[2][k] for k in ("run_id", "attempt", "outcome", "logger")
+    }
+
+
+def test_an_applications_logging_handlers_see_effectlog_records(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """In a library process: with the `effectlog` logger at INFO, each step is a stdlib log record with extras."""
+    import logging
+
+    from effectlog.plan import load_plan
+    from effectlog.runtime import Runtime
+
+    plan = write_plan(tmp_path / "plan.json", [{"id": "a", "adapter": "t"}], NOOP)
+    caplog.set_level(logging.INFO, logger="effectlog")
+    with Runtime(tmp_path / "j.db") as rt:
+        rt.run(load_plan(plan))
+    steps = [r for r in caplog.records if getattr(r, "effectlog_event", "") == "step.confirmed"]
+    assert [("effectlog.run", "r", "a", "confirmed")] == [
+        (r.name, r.run_id, r.step_id, r.outcome)
+        for r in steps  # type: ignore[attr-defined]
+    ]
+
+
+def test_progress_is_on_by_default_when_stderr_is_a_terminal(tmp_path: Path) -> None:
+    """With stderr on a pseudo-terminal and no flag, `effectlog run` writes its progress lines there."""
+    import pty
+
+    plan = write_plan(tmp_path / "plan.json", [{"id": "a", "adapter": "t"}], NOOP)
+    master, slave = pty.openpty()
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "effectlog", "run", str(plan), "--journal", str(tmp_path / "j.db")],
+            stdout=subprocess.PIPE,
+            stderr=slave,
+            timeout=120,
+            check=False,
+        )
+        os.close(slave)
+        seen = b""
+        while True:
+            try:
+                chunk = os.read(master, 4096)
+            except OSError:  # EIO: the terminal's other end is closed and everything was read
+                break
+            if not chunk:
+                break
+            seen += chunk
+    finally:
+        os.close(master)
+    assert 0 == done.returncode
+    assert "effectlog: run r step a confirmed" in seen.decode()
+
+
+@pytest.mark.crash
+def test_crash_matrix_soak_progress_as_json_lines_and_quiet(tmp_path: Path) -> None:
+    """`crash-matrix soak --log-format json`: each progress line on stderr is one JSON object; --quiet: none."""
+    argv = ("crash-matrix", "soak", "--kills", "10", "--steps", "3", "--seed", "3")
+    loud = effectlog(*argv, "--workdir", str(tmp_path / "a"), "--log-format", "json")
+    quiet = effectlog(*argv, "--workdir", str(tmp_path / "b"), "--quiet")
+    assert (0, 0, "") == (loud.returncode, quiet.returncode, quiet.stderr), loud.stderr
+    records = [json.loads(line) for line in loud.stderr.splitlines()]
+    assert [("soak: 10/10 kills", "effectlog.crashmatrix")] == [
+        (r["event"].split(",")[0], r["logger"]) for r in records
+    ]
