@@ -403,9 +403,9 @@ def test_a_denied_call_fails_the_run(tmp_path: Path) -> None:
     assert [] == made
 
 
-def test_a_result_that_is_not_json_leaves_the_step_as_a_crash_would(tmp_path: Path) -> None:
-    """The effect happened but its result cannot be recorded: BadInput, and the step stays requested, so a
-    non-idempotent call is uncertain on the next run instead of repeated."""
+def test_a_result_that_is_not_json_leaves_the_step_uncertain(tmp_path: Path) -> None:
+    """The effect happened but its result cannot be recorded: an unknown outcome at once (UncertainEffect,
+    the step recorded uncertain), and the next run stops on it again instead of repeating the call."""
     made: list[str] = []
 
     @durable.tool(idempotent=False)
@@ -413,7 +413,7 @@ def test_a_result_that_is_not_json_leaves_the_step_as_a_crash_would(tmp_path: Pa
         made.append("odd")
         return object()
 
-    with pytest.raises(BadInput, match="not JSON-encodable"):
+    with pytest.raises(UncertainEffect, match="outcome is unknown"):
         block(tmp_path / "runs.db", odd)
     with pytest.raises(UncertainEffect):
         block(tmp_path / "runs.db", odd)
