@@ -49,6 +49,9 @@ def browser() -> Iterator[Any]:
     except Exception as exc:  # selenium's WebDriverException and OSError alike: the browser did not start
         unavailable(f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
     driver.set_page_load_timeout(60)
+    # A click that submits a form returns before the next page has loaded: find elements by waiting
+    # for them (up to 10 s), never by the machine's speed.
+    driver.implicitly_wait(10)
     try:
         yield driver
     finally:
