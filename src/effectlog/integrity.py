@@ -17,10 +17,13 @@ from effectlog.seal import SealingJournal, check_seal
 
 def verify_run(journal: Journal, run_id: str) -> RunState:
     """Replay and check one run and its seal; raises an ``IntegrityError`` naming run, seq and column."""
+    # The seal first, then the events: a seal is written in the transaction of its run's closing
+    # event, so events read after it reach that event. Read the other way round, a run closed by a
+    # writer between the two reads would look cut (verify runs beside writers: G6).
+    seals = journal.stored_seals(run_id) if isinstance(journal, SealingJournal) else []
     state = load_run(journal, run_id)
-    if isinstance(journal, SealingJournal):
-        for stored in journal.stored_seals(run_id):
-            check_seal(stored, state, journal.chain)
+    for stored in seals:
+        check_seal(stored, state, journal.chain)
     return state
 
 
@@ -28,8 +31,11 @@ def check_orphan_seals(journal: Journal, run_ids: list[str], only: str | None = 
     """A seal whose run has no event left (of all runs, or of ``only``): the whole run was cut."""
     if not isinstance(journal, SealingJournal):
         return
-    known = set(run_ids)
-    for run_id, seq, _, _ in journal.stored_seals(only):
+    seals = journal.stored_seals(only)
+    # Runs listed after the seals were read (see verify_run): a run started and sealed by a writer
+    # after ``run_ids`` was listed is no orphan.
+    known = set(run_ids) | (set(journal.runs()) if seals else set())
+    for run_id, seq, _, _ in seals:
         if run_id not in known:
             raise Truncated(
                 f"the run is sealed at seq {seq} but the journal holds none of its events", run_id=run_id, seq=0
