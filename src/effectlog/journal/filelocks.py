@@ -159,9 +159,6 @@ class SharedFile:
             return  # another run of this process shares the byte: keep it locked
         _ofd(self.fd, fcntl.F_OFD_SETLK, fcntl.F_UNLCK, byte)
 
-    def holds(self, run_id: str, holder: int) -> bool:
-        return self.held.get(run_id) == holder
-
     def other_name(self, path: str) -> str | None:
         """Another name this file is open by, here or in another process (``None`` if only ``path``).
 

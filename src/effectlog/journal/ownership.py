@@ -36,6 +36,9 @@ from effectlog.events import Event
 
 OwnerKind = Literal["run", "session", "operator", "runner"]
 
+# How long a claim waits for one-shot writers (operators) inside a transaction on the run.
+PASSING_WAIT_S = 5.0
+
 
 class Owner(msgspec.Struct, frozen=True, kw_only=True):
     """The process that drives (or last drove) a run."""

@@ -55,6 +55,7 @@ from effectlog.events import Event, encode
 from effectlog.fold import Record
 from effectlog.journal.bindings import check_binding, lease_holder
 from effectlog.journal.ownership import (
+    PASSING_WAIT_S,
     Claim,
     Fence,
     Owner,
@@ -81,9 +82,6 @@ from effectlog.journal.postgres_schema import (
     translate,
 )
 from effectlog.journal.protocol import SCHEMA_VERSION
-
-# How long a claim waits for one-shot writers (operators) inside a transaction on the run.
-PASSING_WAIT_S = 5.0
 
 
 class PostgresJournal:

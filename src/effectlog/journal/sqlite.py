@@ -41,6 +41,7 @@ from effectlog.fold import Record
 from effectlog.journal import filelocks
 from effectlog.journal.bindings import check_binding, lease_holder
 from effectlog.journal.ownership import (
+    PASSING_WAIT_S,
     Claim,
     Fence,
     Owner,
@@ -68,9 +69,6 @@ from effectlog.journal.sqlite_schema import (
     translate,
 )
 
-# How long a claim waits for one-shot writers (operators) inside a transaction on the run.
-PASSING_WAIT_S = 5.0
-
 
 class SqliteJournal:
     """A journal in one SQLite file. ``writer=False`` opens it read-only (it must exist)."""
@@ -92,6 +90,7 @@ class SqliteJournal:
         self.writer = writer
         self._heads: dict[str, tuple[int, bytes]] = {}  # only for runs this object holds a claim on
         self._claims: dict[str, Claim] = {}
+        self._unnamed: set[str] = set()  # claimed runs whose owner row is not written yet (first append does)
         # Test hook: called inside the transaction, after the rows are written, before COMMIT.
         self.before_commit: Callable[[Sequence[Event]], None] | None = None
         self._file: filelocks.SharedFile | None = None
@@ -305,6 +304,7 @@ class SqliteJournal:
             self._unlock_run(run_id, claim)
             raise
         self._claims[run_id] = claim
+        self._unnamed.add(run_id)
         self._heads.pop(run_id, None)  # written by others until now
         return claim
 
@@ -314,6 +314,7 @@ class SqliteJournal:
             return
         claim.released = True
         del self._claims[claim.run_id]
+        self._unnamed.discard(claim.run_id)
         self._heads.pop(claim.run_id, None)
         self._unlock_run(claim.run_id, claim)
 
@@ -464,7 +465,7 @@ class SqliteJournal:
                         out = [self._existing(e.run_id, e.seq, b) for e, b in zip(events, encoded, strict=True)]
                         db.execute("COMMIT")
                         return out
-                    named = self._write_owner_rows(events)
+                    named = self._write_owner_rows(events) if self._unnamed else []
                     link, insert = self.chain.link, self._cursor.execute  # bound once: this loop is the hot path
                     for event, body in zip(events, encoded, strict=True):
                         run_id, seq = event.run_id, event.seq
@@ -495,6 +496,7 @@ class SqliteJournal:
                         db.execute("ROLLBACK")
                     for claim in named:
                         claim.token = 0  # the owner row was rolled back with the batch: write it next time
+                        self._unnamed.add(claim.run_id)
                     raise
         except sqlite3.Error as exc:
             raise translate(exc, self.location) from None
@@ -512,6 +514,7 @@ class SqliteJournal:
                 row = self._cursor.execute(UPSERT_OWNER, (event.run_id, encode_owner(claim.owner))).fetchone()
                 claim.token = int(row[0])
                 named.append(claim)
+                self._unnamed.discard(claim.run_id)
         return named
 
     def _insert_seal(self, run_id: str, seq: int, seal: bytes, head: tuple[int, bytes]) -> None:
