@@ -310,3 +310,91 @@ def test_a_lookup_reconciliation_is_one_span_and_one_count_of_its_kind(
         rec.attributes["effectlog.reconcile.kind"],  # type: ignore[index]
         rec.attributes["effectlog.reconcile.outcome"],  # type: ignore[index]
     )
+
+
+def _needing_operator(store: Any, key: str) -> int:
+    """A request whose attempt was lost with no automatic requeue left: it waits for an operator."""
+    from effectlog.fleet.contract import SHORT, noop_plan, wait_past
+    from effectlog.fleet.recovery import decide_expired
+
+    request_id = int(store.submit("s", key, noop_plan(f"run-{key}"), max_requeues=0).request.request_id)
+    lease = store.claim(request_id, "r1", SHORT)
+    assert lease is not None
+    wait_past(store, lease.expires_at)
+    assert store.recover(lease.attempt_id, lease.token, decide_expired) is not None
+    return request_id
+
+
+def test_fleet_operator_decisions_are_spans_from_the_cli_and_the_console(
+    tmp_path: Path, spans: InMemorySpanExporter
+) -> None:
+    """requeue (CLI), fail (console) and cancel (CLI) each give an effectlog.fleet.<action> span naming the
+    request, the run, the attempt, who decided and the state after; a refused decision is an error span."""
+    from effectlog.cli import main
+    from effectlog.console.decisions import operate
+    from effectlog.fleet import open_store
+    from effectlog.fleet.contract import noop_plan
+
+    location = str(tmp_path / "fleet.db")
+    before = counter("effectlog.fleet.decisions")
+    store = open_store(location)
+    try:
+        requeued, failed = _needing_operator(store, "a"), _needing_operator(store, "b")
+        queued = int(store.submit("s", "c", noop_plan("run-c")).request.request_id)
+        common = ["--store", location, "--by", "ops", "--reason", "checked the ledger"]
+        assert 0 == main(["operator", "requeue", "--request", str(requeued), *common])
+        operate(store, failed, "fail", by="alice", reason="charged upstream")
+        assert 0 == main(["operator", "cancel", "--request", str(queued), *common])
+        assert 2 == main(["operator", "fail", "--request", str(queued), *common])  # ended: refused, exit 2
+    finally:
+        store.close()
+    got = [
+        tuple(
+            s.attributes.get(k)  # type: ignore[union-attr]
+            for k in (
+                "effectlog.fleet.request_id",
+                "effectlog.run.id",
+                "effectlog.attempt",
+                "effectlog.decided_by",
+                "effectlog.fleet.state",
+            )
+        )
+        + (s.name, s.status.status_code)
+        for s in spans.get_finished_spans()
+        if s.name.startswith("effectlog.fleet.")
+    ]
+    assert [
+        (requeued, "run-a", 2, "ops", "queued", "effectlog.fleet.requeue", StatusCode.UNSET),
+        (failed, "run-b", 1, "alice", "failed", "effectlog.fleet.fail", StatusCode.UNSET),
+        (queued, "run-c", 1, "ops", "cancelled", "effectlog.fleet.cancel", StatusCode.UNSET),
+        (queued, None, None, "ops", None, "effectlog.fleet.fail", StatusCode.ERROR),
+    ] == got
+    refused = by_name(spans, "effectlog.fleet.fail")[-1]
+    assert ["exception"] == [e.name for e in refused.events]
+    after = counter("effectlog.fleet.decisions")
+    delta = {k: v - before.get(k, 0) for k, v in after.items() if v != before.get(k, 0)}
+    decided = {(("effectlog.fleet.decision", a),): 1 for a in ("requeue", "fail", "cancel")}
+    assert decided == delta  # the refused one is not counted as a decision
+
+
+def test_fleet_requests_by_state_is_read_from_the_store(tmp_path: Path, spans: InMemorySpanExporter) -> None:
+    """effectlog.fleet.requests reports the store's count per state at each collection while a store is
+    watched (a state that emptied reports 0), and nothing once the store is no longer watched."""
+    from effectlog.fleet import open_store
+    from effectlog.fleet.contract import noop_plan
+    from effectlog.observe import requests_gauge
+
+    store = open_store(str(tmp_path / "fleet.db"))
+    try:
+        with requests_gauge(store):
+            first = int(store.submit("s", "1", noop_plan("run-1")).request.request_id)
+            store.submit("s", "2", noop_plan("run-2"))
+            assert {(("effectlog.fleet.state", "queued"),): 2} == counter("effectlog.fleet.requests")
+            store.cancel(first, by="ops", reason="not needed")
+            assert {
+                (("effectlog.fleet.state", "cancelled"),): 1,
+                (("effectlog.fleet.state", "queued"),): 1,
+            } == counter("effectlog.fleet.requests")
+        assert {} == counter("effectlog.fleet.requests")
+    finally:
+        store.close()

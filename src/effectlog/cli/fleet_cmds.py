@@ -16,11 +16,10 @@ from effectlog.cli.notify_args import add_notify_args
 from effectlog.cli.output import NdjsonLog, emit_json, out, table, tools_write_to_stderr
 from effectlog.errors import BadInput
 from effectlog.fleet import FleetStore, limits, open_store
+from effectlog.fleet.decisions import operate
 from effectlog.fleet.model import RequestView
 from effectlog.journal import chain_from_env
-
-# CLI verbs for operator decisions -> the attempt spec's operator triggers.
-OPERATOR_TRIGGERS = {"requeue": "requeue", "fail": "give_up"}
+from effectlog.observe import requests_gauge
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -179,10 +178,7 @@ def cmd_runner(args: argparse.Namespace) -> int:
 def cmd_operator(args: argparse.Namespace) -> int:
     store = _open(args)
     try:
-        if args.action == "cancel":
-            view = store.cancel(args.request, by=args.by, reason=args.reason)
-        else:
-            view = store.operate(args.request, OPERATOR_TRIGGERS[args.action], by=args.by, reason=args.reason)
+        view = operate(store, args.request, args.action, by=args.by, reason=args.reason)
     finally:
         store.close()
     if args.json:
@@ -198,13 +194,14 @@ def cmd_recovery(args: argparse.Namespace) -> int:
     limits.seconds("--interval", args.interval, high=limits.MAX_POLL_S)
     store = _open(args)
     try:
-        while True:
-            for done in recover_once(store):
-                out(f"request {done.request_id} attempt {done.attempt_no}: {done.state}: {done.reason}\n")
-                sys.stdout.flush()
-            if args.once:
-                return 0
-            time.sleep(args.interval)
+        with requests_gauge(store):  # the recovery service reports requests by state too (docs/observability.md)
+            while True:
+                for done in recover_once(store):
+                    out(f"request {done.request_id} attempt {done.attempt_no}: {done.state}: {done.reason}\n")
+                    sys.stdout.flush()
+                if args.once:
+                    return 0
+                time.sleep(args.interval)
     finally:
         store.close()
 

@@ -11,7 +11,8 @@ What is emitted, and under which names, is described in docs/observability.md.
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from contextvars import ContextVar
 from functools import wraps
 from typing import TYPE_CHECKING, ParamSpec, TypeVar
@@ -20,7 +21,7 @@ if TYPE_CHECKING:
     from effectlog.observe._telemetry import Telemetry
     from effectlog.observe.hooks import RunHooks
 
-__all__ = ["decision", "provider_of", "run_observer", "telemetry"]
+__all__ = ["decision", "provider_of", "requests_gauge", "run_observer", "telemetry"]
 
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
@@ -97,6 +98,21 @@ def decision(kind: str) -> Callable[[Callable[_P, _R]], Callable[_P, _R]]:
         return observed
 
     return wrap
+
+
+@contextmanager
+def requests_gauge(store: object) -> Iterator[None]:
+    """While inside: ``effectlog.fleet.requests`` (requests by state) is read from ``store`` at each
+    metric collection. Leaving waits for a collection in progress, so the store can then be closed."""
+    found = telemetry()
+    if found is None:
+        yield
+        return
+    found.watch_requests(store)
+    try:
+        yield
+    finally:
+        found.unwatch_requests(store)
 
 
 def provider_of(gateway: object) -> str:

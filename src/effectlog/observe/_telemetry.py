@@ -8,12 +8,14 @@ listed in docs/observability.md; model calls follow the OpenTelemetry GenAI conv
 
 from __future__ import annotations
 
+import threading
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections import Counter
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from opentelemetry import trace
-from opentelemetry.metrics import MeterProvider
+from opentelemetry.metrics import CallbackOptions, MeterProvider, Observation
 from opentelemetry.trace import Link, Span, SpanContext, Status, StatusCode, TraceFlags, TracerProvider
 
 from effectlog import events as ev
@@ -81,6 +83,20 @@ class Telemetry:
         self.leases_lost = meter.create_counter(
             "effectlog.fleet.leases_lost", unit="{lease}", description="Attempts stopped because their lease was lost"
         )
+        self.fleet_decisions = meter.create_counter(
+            "effectlog.fleet.decisions", unit="{request}", description="Operator decisions on fleet requests, by action"
+        )
+        # Read from the store at each collection, not counted at transitions: the store is the one
+        # place that knows every request's state across submitters, runners, recovery and operators.
+        self._stores: list[Any] = []
+        self._stores_lock = threading.Lock()
+        self._states_seen: set[str] = set()
+        meter.create_observable_gauge(
+            "effectlog.fleet.requests",
+            callbacks=[self._requests_by_state],
+            unit="{request}",
+            description="Requests by the state of their current attempt, read from the fleet store",
+        )
         self.model_duration = meter.create_histogram(
             "gen_ai.client.operation.duration", unit="s", description="GenAI operation duration"
         )
@@ -107,6 +123,44 @@ class Telemetry:
                 self.reconciliations.add(1, {NS + "reconcile.kind": how or "operator"})
                 self.uncertain_open.add(-1)
             return state
+
+    def fleet_decision(self, action: str, request_id: int, by: str, call: Callable[[], _T]) -> _T:
+        """``effectlog.fleet.<action>`` (requeue, fail, cancel) around an operator's decision on a request."""
+        attrs: dict[str, Any] = {
+            NS + "fleet.request_id": request_id,
+            NS + "fleet.decision": action,
+            NS + "decided_by": by,
+        }
+        with self.tracer.start_as_current_span(NS + "fleet." + action, attributes=attrs) as span:
+            view = call()
+            span.set_attribute(NS + "run.id", str(getattr(view, "run_id", "")))
+            span.set_attribute(NS + "attempt", int(getattr(view, "attempt_no", 0)))
+            span.set_attribute(NS + "fleet.state", str(getattr(view, "state", "")))
+            self.fleet_decisions.add(1, {NS + "fleet.decision": action})
+            return view
+
+    def watch_requests(self, store: Any) -> None:
+        """Report ``effectlog.fleet.requests`` from ``store`` (its ``requests()``) until ``unwatch_requests``."""
+        with self._stores_lock:
+            self._stores.append(store)
+
+    def unwatch_requests(self, store: Any) -> None:
+        with self._stores_lock:
+            if store in self._stores:
+                self._stores.remove(store)
+
+    def _requests_by_state(self, options: CallbackOptions) -> Iterable[Observation]:
+        with self._stores_lock:
+            store = self._stores[0] if self._stores else None
+            if store is None:
+                return []
+            try:
+                counts = Counter(view.state for view in store.requests())
+            except Exception:  # a store that cannot answer now reports nothing, it never stops the export
+                return []
+            self._states_seen.update(counts)
+            # A state seen before and now empty reports 0, so a dashboard does not keep its last count.
+            return [Observation(counts.get(s, 0), {NS + "fleet.state": s}) for s in sorted(self._states_seen)]
 
     # -- model and tool calls outside a plan run (sessions, integrations) ------------------
 
