@@ -348,18 +348,15 @@ def test_fleet_operator_decisions_are_spans_from_the_cli_and_the_console(
         assert 2 == main(["operator", "fail", "--request", str(queued), *common])  # ended: refused, exit 2
     finally:
         store.close()
+    keys = (
+        "effectlog.fleet.request_id",
+        "effectlog.run.id",
+        "effectlog.attempt",
+        "effectlog.decided_by",
+        "effectlog.fleet.state",
+    )
     got = [
-        tuple(
-            s.attributes.get(k)  # type: ignore[union-attr]
-            for k in (
-                "effectlog.fleet.request_id",
-                "effectlog.run.id",
-                "effectlog.attempt",
-                "effectlog.decided_by",
-                "effectlog.fleet.state",
-            )
-        )
-        + (s.name, s.status.status_code)
+        (*(s.attributes.get(k) for k in keys), s.name, s.status.status_code)  # type: ignore[union-attr]
         for s in spans.get_finished_spans()
         if s.name.startswith("effectlog.fleet.")
     ]
@@ -398,3 +395,62 @@ def test_fleet_requests_by_state_is_read_from_the_store(tmp_path: Path, spans: I
         assert {} == counter("effectlog.fleet.requests")
     finally:
         store.close()
+
+
+def test_session_runs_have_run_and_step_spans_with_calls_under_their_steps(
+    tmp_path: Path, spans: InMemorySpanExporter
+) -> None:
+    """A session pass is an effectlog.run span; each model or tool step an effectlog.step child with the
+    Runtime's attribute names; each `chat` and `effectlog.tool` span sits under its own step's span. A pass
+    that stopped early (an exception, then release) ends its run span; the next pass's run span links to it."""
+    import asyncio
+
+    from effectlog.session import Session, SqliteCheckpointer
+    from session_kit import drive, scripted
+
+    seen: list[str] = []
+
+    def crash_at_the_second_model_call(point: str, step_id: str) -> None:
+        seen.append(point)
+        if point == "after_intent" and seen.count("after_intent") == 3:
+            raise SimulatedCrash(point)
+
+    calls = tmp_path / "calls.txt"
+    with SqliteCheckpointer(tmp_path / "s.db") as store:
+        first = Session("sess", scripted(calls), store, crash_hook=crash_at_the_second_model_call)
+        with pytest.raises(SimulatedCrash):
+            asyncio.run(drive(first))
+        first.release()  # as the integrations do when a pass stops early
+        asyncio.run(drive(Session("sess", scripted(calls), store)))
+    done = spans.get_finished_spans()
+    by_id = {s.context.span_id: s for s in done}
+    runs = by_name(spans, "effectlog.run")
+    assert [("running", False), ("completed", True)] == [
+        (r.attributes["effectlog.run.state"], r.attributes["effectlog.resumed"])  # type: ignore[index]
+        for r in runs
+    ]
+    assert [runs[0].context.span_id] == [link.context.span_id for link in runs[1].links]
+    steps = by_name(spans, "effectlog.step")
+    summary = [
+        (
+            s.attributes["effectlog.step.kind"],  # type: ignore[index]
+            s.attributes["effectlog.outcome"],  # type: ignore[index]
+            runs.index(by_id[s.parent.span_id]),  # type: ignore[union-attr]
+        )
+        for s in steps
+    ]
+    expected = [("model", "confirmed", 0), ("tool", "confirmed", 0), ("model", "interrupted", 0)]
+    assert [*expected, ("model", "confirmed", 1)] == summary
+    assert {"effectlog.run.id", "effectlog.step.id", "effectlog.attempt", "effectlog.adapter"} <= set(
+        steps[1].attributes or {}
+    )
+    calls_under = [
+        (c.name, by_id[c.parent.span_id].attributes["effectlog.step.kind"])  # type: ignore[union-attr, index]
+        for c in done
+        if c.name in ("chat scripted", "effectlog.tool")
+    ]
+    assert [("chat scripted", "model"), ("effectlog.tool", "tool"), ("chat scripted", "model")] == calls_under
+    for c in done:
+        if c.name in ("chat scripted", "effectlog.tool"):
+            step = by_id[c.parent.span_id]  # type: ignore[union-attr]
+            assert step.attributes["effectlog.step.id"] == c.attributes["effectlog.step.id"]  # type: ignore[index]

@@ -18,10 +18,10 @@ from functools import wraps
 from typing import TYPE_CHECKING, ParamSpec, TypeVar
 
 if TYPE_CHECKING:
-    from effectlog.observe._telemetry import Telemetry
+    from effectlog.observe._telemetry import RunObserver, Telemetry
     from effectlog.observe.hooks import RunHooks
 
-__all__ = ["decision", "provider_of", "requests_gauge", "run_observer", "telemetry"]
+__all__ = ["decision", "provider_of", "requests_gauge", "run_observer", "session_spans", "telemetry"]
 
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
@@ -59,7 +59,7 @@ def telemetry() -> Telemetry | None:
     return made
 
 
-def run_observer(run_id: str) -> RunHooks | None:
+def run_observer(run_id: str, step_of: Callable[[str], object] | None = None) -> RunHooks | None:
     """The spans and metrics of one run drive, and its log records when the ``effectlog.run``
     logger is enabled for INFO; ``None`` when neither is on (checked once per drive)."""
     from effectlog.observe import progress
@@ -70,8 +70,23 @@ def run_observer(run_id: str) -> RunHooks | None:
         return log
     from effectlog.observe._telemetry import RunObserver
 
-    spans = RunObserver(found, run_id)
+    spans = RunObserver(found, run_id, step_of)
     return spans if log is None else progress.Both(spans, log)
+
+
+def session_spans(
+    run_id: str, *, recorded_seq: int, resumed_from: str, step_of: Callable[[str], object] | None = None
+) -> RunObserver | None:
+    """A session pass's ``effectlog.run`` span, begun (linked to ``resumed_from``), with its
+    ``effectlog.step`` spans to come from what the pass records; ``None`` when telemetry is off."""
+    found = telemetry()
+    if found is None:
+        return None
+    from effectlog.observe._telemetry import RunObserver
+
+    spans = RunObserver(found, run_id, step_of)
+    spans.begin(recorded_seq=recorded_seq, resumed_from=resumed_from)
+    return spans
 
 
 def decision(kind: str) -> Callable[[Callable[_P, _R]], Callable[_P, _R]]:
