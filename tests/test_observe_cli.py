@@ -98,15 +98,14 @@ def test_a_run_killed_and_resumed_gives_a_second_trace_linked_to_the_first(tmp_p
     assert step_a["parent_id"] == link["context"]["span_id"]
 
 
-def test_progress_lines_per_step_on_stderr_and_quiet_silences_them(tmp_path: Path) -> None:
-    """`effectlog run --progress` writes a line per step on stderr (a pipe here; on a terminal it is the
-    default); with --quiet, or without --progress on a pipe, it writes none; stdout is the same."""
+def test_progress_lines_per_step_on_stderr_by_default_and_quiet_silences_them(tmp_path: Path) -> None:
+    """`effectlog run` writes a line per step on stderr by default, on a pipe too (--progress, kept for
+    scripts, changes nothing); with --quiet it writes none; stdout is the same either way."""
     plan = write_plan(tmp_path / "plan.json", [{"id": "a", "adapter": "t"}, {"id": "b", "adapter": "t"}], NOOP)
-    loud = effectlog("run", str(plan), "--journal", str(tmp_path / "loud.db"), "--progress")
-    quiet = effectlog("run", str(plan), "--journal", str(tmp_path / "quiet.db"), "--progress", "--quiet")
-    piped = effectlog("run", str(plan), "--journal", str(tmp_path / "piped.db"))
-    assert (0, 0, 0) == (loud.returncode, quiet.returncode, piped.returncode), loud.stderr + quiet.stderr
-    assert ("", loud.stdout) == (piped.stderr, piped.stdout)
+    loud = effectlog("run", str(plan), "--journal", str(tmp_path / "loud.db"))
+    flagged = effectlog("run", str(plan), "--journal", str(tmp_path / "flagged.db"), "--progress")
+    quiet = effectlog("run", str(plan), "--journal", str(tmp_path / "quiet.db"), "--quiet")
+    assert (0, 0, 0) == (loud.returncode, flagged.returncode, quiet.returncode), loud.stderr + quiet.stderr
     lines = [line.split(" (")[0] for line in loud.stderr.splitlines()]
     expected = [
         "effectlog: run r started",
@@ -114,7 +113,71 @@ def test_progress_lines_per_step_on_stderr_and_quiet_silences_them(tmp_path: Pat
         "effectlog: run r step b confirmed",
         "effectlog: run r completed",
     ]
-    assert (expected, "", loud.stdout) == (lines, quiet.stderr, quiet.stdout)
+    assert (expected, "", loud.stdout, loud.stdout) == (lines, quiet.stderr, quiet.stdout, flagged.stdout)
+    assert expected == [line.split(" (")[0] for line in flagged.stderr.splitlines()]
+
+
+def test_bad_input_prints_one_line_and_no_progress(tmp_path: Path) -> None:
+    """Input refused before any step runs (a plan naming an unknown adapter type) gives exactly one stderr
+    line, the error, with progress on by default."""
+    plan = write_plan(tmp_path / "plan.json", [{"id": "a", "adapter": "t"}], {"type": "nosuch", "version": "1"})
+    done = effectlog("run", str(plan), "--journal", str(tmp_path / "j.db"))
+    assert 2 == done.returncode  # BAD_INPUT
+    assert [f"effectlog: adapter_not_found: {plan}: adapters.t: no adapter of type 'nosuch' is registered"] == (
+        done.stderr.splitlines()
+    )
+
+
+def test_a_run_that_fails_ends_stderr_with_its_one_line_error(tmp_path: Path) -> None:
+    """A step fails while the run runs: progress lines come first, the last stderr line is the run's error."""
+    steps = [
+        {"id": "a", "adapter": "t", "args": {"argv": ["true"]}},
+        {"id": "b", "adapter": "t", "args": {"argv": ["false"]}},
+    ]
+    plan = write_plan(tmp_path / "plan.json", steps, {"type": "shell", "version": "1", "idempotent": False})
+    done = effectlog("run", str(plan), "--journal", str(tmp_path / "j.db"))
+    quiet = effectlog("run", str(plan), "--journal", str(tmp_path / "q.db"), "--quiet")
+    assert (1, 1) == (done.returncode, quiet.returncode)
+    *progress, last = done.stderr.splitlines()
+    assert quiet.stderr.splitlines() == [last]
+    assert "run r failed at step 'b': the tool reported failure" == last
+    assert ["effectlog: run r started", "effectlog: run r step a confirmed", "effectlog: run r step b failed"] == [
+        line.split(" (")[0] for line in progress[:3]
+    ]
+
+
+def test_runner_writes_a_line_per_claim_and_outcome_quiet_silences_them_json_parses(tmp_path: Path) -> None:
+    """`effectlog runner` on stderr: ready, each claim and each attempt's outcome, exiting; --quiet: none of
+    them (nothing went wrong); --log-format json: the same lines, each one JSON object."""
+    from fleet_kit import write_plan as fleet_plan
+
+    def runner(store: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+        for n in (1, 2):
+            plan = fleet_plan(tmp_path / f"plan{n}.json", f"run-{n}", [("a", "idem")])
+            submitted = effectlog("submit", str(plan), "--store", str(store), "--scope", "s", "--key", str(n))
+            assert 0 == submitted.returncode, submitted.stderr
+        argv = ("--store", str(store), "--effects", str(tmp_path / "e.db"), "--runner-id", "r1")
+        return effectlog("runner", *argv, "--exit-when-idle", "--poll-s", "0.01", *extra)
+
+    text = runner(tmp_path / "text.db")
+    quiet = runner(tmp_path / "quiet.db", "--quiet")
+    as_json = runner(tmp_path / "json.db", "--log-format", "json")
+    assert (0, 0, 0) == (text.returncode, quiet.returncode, as_json.returncode), text.stderr + as_json.stderr
+    expected = [
+        "ready: capabilities [], capacity 1",
+        "request 1 attempt 1: leased with token 1",
+        "request 1 attempt 1: succeeded",
+        "request 2 attempt 1: leased with token 1",
+        "request 2 attempt 1: succeeded",
+        "exiting: 2 attempt(s) ended",
+    ]
+    assert [f"effectlog runner r1: {line}" for line in expected] == text.stderr.splitlines()
+    assert "" == quiet.stderr
+    records = [json.loads(line) for line in as_json.stderr.splitlines()]
+    assert [line.split(": ", 1)[1] if line.startswith("request") else line for line in expected] == [
+        r["message"] for r in records
+    ]
+    assert [(None, None), (1, 1), (1, 1)] == [(r["request_id"], r["attempt_no"]) for r in records[:3]]
 
 
 def test_log_format_json_lines_each_parse(tmp_path: Path) -> None:

@@ -13,7 +13,8 @@ import time
 from typing import Any
 
 from effectlog.cli.notify_args import add_notify_args
-from effectlog.cli.output import NdjsonLog, emit_json, out, table, tools_write_to_stderr
+from effectlog.cli.output import emit_json, out, table, tools_write_to_stderr
+from effectlog.cli.progress import add_runner_args, runner_log
 from effectlog.errors import BadInput
 from effectlog.fleet import FleetStore, limits, open_store
 from effectlog.fleet.decisions import operate
@@ -72,6 +73,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--notify-fd", type=int, metavar="FD", help="test hook: report the point reached on FD")
     p.add_argument("--resume-fd", type=int, metavar="FD", help="test hook: go on when a byte arrives on FD")
     add_notify_args(p)
+    add_runner_args(p)
     p.set_defaults(handler=cmd_runner)
 
     p = sub.add_parser("operator", help="decide a request that needs an operator (audited)")
@@ -171,7 +173,7 @@ def cmd_runner(args: argparse.Namespace) -> int:
         return run_runner(
             config,
             lambda location: open_store(location, chain=chain, pool_size=args.capacity + 2),
-            log=NdjsonLog(stdout) if args.json else None,
+            log=runner_log(args, stdout),  # --json, --quiet, --log-format json
         )
 
 

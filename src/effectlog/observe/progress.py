@@ -127,10 +127,13 @@ class Both:
 def cli_logging(*, quiet: bool, log_format: str) -> None:
     """The CLI's handler: ``effectlog`` records on stderr, as text lines or one JSON object per line."""
     logger = logging.getLogger("effectlog")
+    for old in [h for h in logger.handlers if getattr(h, "effectlog_cli", False)]:
+        logger.removeHandler(old)  # main() called again in one process: one handler, the last one asked for
     if quiet:
         logger.setLevel(logging.ERROR)  # an application's own handlers (none in the CLI) would see errors only
         return
     handler = logging.StreamHandler(sys.stderr)
+    handler.effectlog_cli = True  # type: ignore[attr-defined]
     if log_format == "json":
         import structlog
 
