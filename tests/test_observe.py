@@ -454,3 +454,31 @@ def test_session_runs_have_run_and_step_spans_with_calls_under_their_steps(
         if c.name in ("chat scripted", "effectlog.tool"):
             step = by_id[c.parent.span_id]  # type: ignore[union-attr]
             assert step.attributes["effectlog.step.id"] == c.attributes["effectlog.step.id"]  # type: ignore[index]
+
+
+def test_repin_and_deny_are_decision_spans_naming_who_decided(tmp_path: Path, spans: InMemorySpanExporter) -> None:
+    """repin (an audited decision on a whole run) is an effectlog.repin span with the adapters it accepted;
+    a refused repin is an error span; deny names who decided, as every decision does."""
+    from effectlog.errors import RepinRefused
+
+    plan = make_plan("rp", [{"id": "a", "adapter": "tool", "approval": "required"}])
+    with runtime(tmp_path) as rt:
+        assert "suspended" == rt.run(plan).state
+        rt.repin("rp", by="ops", reason="v2 deployed")
+        rt.deny("rp", "a", by="alice", reason="no")
+        with pytest.raises(RepinRefused):
+            rt.repin("rp", by="ops", reason="too late")
+    accepted, refused = by_name(spans, "effectlog.repin")
+    (deny,) = by_name(spans, "effectlog.deny")
+    assert ("rp", "ops", (), StatusCode.UNSET) == (
+        accepted.attributes["effectlog.run.id"],  # type: ignore[index]
+        accepted.attributes["effectlog.decided_by"],  # type: ignore[index]
+        accepted.attributes["effectlog.repin.adapters"],  # type: ignore[index]
+        accepted.status.status_code,
+    )
+    assert (StatusCode.ERROR, "effectlog.errors.RepinRefused") == (
+        refused.status.status_code,
+        refused.events[0].attributes["exception.type"],  # type: ignore[index]
+    )
+    assert "effectlog.step.id" not in (accepted.attributes or {})
+    assert ("alice", "a") == (deny.attributes["effectlog.decided_by"], deny.attributes["effectlog.step.id"])  # type: ignore[index]

@@ -89,11 +89,12 @@ def session_spans(
     return spans
 
 
-def decision(kind: str) -> Callable[[Callable[_P, _R]], Callable[_P, _R]]:
+def decision(kind: str, *, on_step: bool = True) -> Callable[[Callable[_P, _R]], Callable[_P, _R]]:
     """A span (``effectlog.<kind>``) and metrics around an operator decision.
 
-    The decorated function takes ``(journal, run_id, step_id, ...)`` and returns the run's
-    state after the decision; when telemetry is off the wrapper only calls it.
+    The decorated function takes ``(journal, run_id, step_id, ...)`` (``(journal, run_id, ...)``
+    when not ``on_step``) and returns the run's state after the decision (or what it made);
+    who decided is its ``by`` or ``operator`` keyword. When telemetry is off the wrapper only calls it.
     """
 
     def wrap(fn: Callable[_P, _R]) -> Callable[_P, _R]:
@@ -103,10 +104,15 @@ def decision(kind: str) -> Callable[[Callable[_P, _R]], Callable[_P, _R]]:
             if found is None or _deciding.get():
                 return fn(*args, **kwargs)
             run_id = str(args[1]) if len(args) > 1 else str(kwargs.get("run_id", ""))
-            step_id = str(args[2]) if len(args) > 2 else str(kwargs.get("step_id", ""))
+            step_id = ""
+            if on_step:
+                step_id = str(args[2]) if len(args) > 2 else str(kwargs.get("step_id", ""))
+            by = kwargs.get("by", kwargs.get("operator", ""))
             token = _deciding.set(True)
             try:
-                return found.decision(kind, run_id, step_id, lambda: fn(*args, **kwargs))
+                return found.decision(
+                    kind, run_id, step_id, lambda: fn(*args, **kwargs), by=by if isinstance(by, str) else ""
+                )
             finally:
                 _deciding.reset(token)
 

@@ -106,14 +106,21 @@ class Telemetry:
 
     # -- operator decisions ------------------------------------------------------------------
 
-    def decision(self, kind: str, run_id: str, step_id: str, call: Callable[[], _T]) -> _T:
+    def decision(self, kind: str, run_id: str, step_id: str, call: Callable[[], _T], *, by: str = "") -> _T:
         name, _, how = kind.partition(":")
-        attrs: dict[str, Any] = {NS + "run.id": run_id, NS + "step.id": step_id}
+        attrs: dict[str, Any] = {NS + "run.id": run_id}
+        if step_id:
+            attrs[NS + "step.id"] = step_id
+        if by:
+            attrs[NS + "decided_by"] = by
         if how:
             attrs[NS + "reconcile.kind"] = how
         with self.tracer.start_as_current_span(NS + name, attributes=attrs) as span:
             state = call()
-            step = state.step(step_id) if hasattr(state, "step") else None
+            changed = getattr(state, "changed", None)  # repin: the adapters whose implementation it accepted
+            if isinstance(changed, Mapping):
+                span.set_attribute(NS + "repin.adapters", sorted(str(k) for k in changed))
+            step = state.step(step_id) if step_id and hasattr(state, "step") else None
             if step is not None:
                 span.set_attribute(NS + "step.state", step.state)
                 span.set_attribute(NS + "attempt", step.attempt)
