@@ -201,6 +201,30 @@ def test_log_format_json_lines_each_parse(tmp_path: Path) -> None:
     }
 
 
+def test_log_format_json_makes_the_error_line_json_too(tmp_path: Path) -> None:
+    """--log-format json: a run that fails ends stderr with its error as one JSON object (level error, the
+    same text as the text line); bad input is exactly one line, one JSON object naming its code."""
+    steps = [{"id": "b", "adapter": "t", "args": {"argv": ["false"]}}]
+    plan = write_plan(tmp_path / "plan.json", steps, {"type": "shell", "version": "1", "idempotent": False})
+    failed = effectlog("run", str(plan), "--journal", str(tmp_path / "j.db"), "--log-format", "json")
+    text = effectlog("run", str(plan), "--journal", str(tmp_path / "t.db"))
+    assert (1, 1) == (failed.returncode, text.returncode), failed.stderr
+    records = [json.loads(line) for line in failed.stderr.splitlines()]
+    assert [("run.started", "info"), ("step.failed", "warning"), ("run.ended", "warning")] == [
+        (r["effectlog_event"], r["level"]) for r in records[:-1]
+    ]
+    assert ("error", 1, text.stderr.splitlines()[-1]) == (
+        records[-1]["level"],
+        records[-1]["exit_status"],
+        records[-1]["event"],
+    )
+    bad = effectlog("run", str(tmp_path / "missing.json"), "--journal", str(tmp_path / "b.db"), "--log-format", "json")
+    (line,) = bad.stderr.splitlines()
+    record = json.loads(line)
+    assert (2, "bad_plan", 2, "error") == (bad.returncode, record["code"], record["exit_status"], record["level"])
+    assert record["event"].startswith("effectlog: bad_plan: ")
+
+
 def test_an_applications_logging_handlers_see_effectlog_records(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -16,6 +16,27 @@ import sys
 from collections.abc import Callable
 from typing import TextIO
 
+# Set by main() from --log-format json: then the error lines are JSON objects too, so every
+# stderr line of the command parses (tools that write to stderr themselves excepted).
+_JSON_ERRORS = [False]
+
+
+def json_errors(args: argparse.Namespace) -> None:
+    _JSON_ERRORS[0] = getattr(args, "log_format", None) == "json"
+
+
+def error_line(text: str, *, logger: str = "effectlog", **fields: object) -> str:
+    """An error line for stderr: ``text`` itself, or with ``--log-format json`` one JSON object whose
+    ``event`` is that same text (``level`` error, ``logger``, ``timestamp``, and ``fields``)."""
+    if not _JSON_ERRORS[0]:
+        return text + "\n"
+    import datetime
+    import json
+
+    now = datetime.datetime.now(datetime.UTC).isoformat().replace("+00:00", "Z")
+    record = {**fields, "event": text, "level": "error", "logger": logger, "timestamp": now}
+    return json.dumps(record, sort_keys=True) + "\n"
+
 
 def add_progress_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
