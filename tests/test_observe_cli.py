@@ -68,6 +68,31 @@ def test_console_metrics_are_exported_at_exit(tmp_path: Path) -> None:
     assert {"effectlog.steps", "effectlog.step.duration", "effectlog.journal.commit.duration"} <= names
 
 
+def test_a_runner_exports_requests_by_state_read_from_its_store_before_it_exits(tmp_path: Path) -> None:
+    """OTEL_METRICS_EXPORTER=console on a runner that exits when idle: its last export (made while the store
+    is still open) has effectlog.fleet.requests with the store's count per state, and its claims."""
+    from fleet_kit import write_plan as fleet_plan
+
+    store = str(tmp_path / "fleet.db")
+    for n in (1, 2):
+        plan = fleet_plan(tmp_path / f"plan{n}.json", f"run-{n}", [("a", "idem")])
+        assert 0 == effectlog("submit", str(plan), "--store", store, "--scope", "s", "--key", str(n)).returncode
+    argv = ("runner", "--store", store, "--effects", str(tmp_path / "e.db"), "--exit-when-idle", "--quiet")
+    done = effectlog(*argv, "--poll-s", "0.01", env={"OTEL_METRICS_EXPORTER": "console"})
+    assert 0 == done.returncode, done.stderr
+    exports = [json.loads(line) for line in done.stderr.splitlines() if line.startswith('{"resource_metrics"')]
+    metrics = {
+        m["name"]: m["data"]["data_points"]
+        for e in exports
+        for rm in e["resource_metrics"]
+        for sm in rm["scope_metrics"]
+        for m in sm["metrics"]
+    }
+    by_state = {p["attributes"]["effectlog.fleet.state"]: p["value"] for p in metrics["effectlog.fleet.requests"]}
+    assert {"succeeded": 2} == by_state
+    assert 2 == sum(p["value"] for p in metrics["effectlog.fleet.claims"])
+
+
 @pytest.mark.crash
 def test_a_run_killed_and_resumed_gives_a_second_trace_linked_to_the_first(tmp_path: Path) -> None:
     """Step b SIGKILLs the effectlog process the first time; the resume's run span links to the first

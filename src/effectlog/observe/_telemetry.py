@@ -8,6 +8,7 @@ listed in docs/observability.md; model calls follow the OpenTelemetry GenAI conv
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections import Counter
@@ -54,6 +55,7 @@ class Telemetry:
         from effectlog import __version__
 
         self.tracer = tp.get_tracer("effectlog", __version__)
+        self.meter_provider = mp
         meter = mp.get_meter("effectlog", __version__)
         self.steps = meter.create_counter("effectlog.steps", unit="{step}", description="Step attempts by outcome")
         self.uncertain_open = meter.create_up_down_counter(
@@ -152,6 +154,11 @@ class Telemetry:
             self._stores.append(store)
 
     def unwatch_requests(self, store: Any) -> None:
+        """Export the store's last counts (a collection now, while it is open), then stop reading it."""
+        flush = getattr(self.meter_provider, "force_flush", None)
+        if flush is not None:
+            with contextlib.suppress(Exception):  # telemetry never fails a command: the counts just go unexported
+                flush(timeout_millis=5_000)
         with self._stores_lock:
             if store in self._stores:
                 self._stores.remove(store)
