@@ -152,6 +152,8 @@ class Telemetry:
         """Report ``effectlog.fleet.requests`` from ``store`` (its ``requests()``) until ``unwatch_requests``."""
         with self._stores_lock:
             self._stores.append(store)
+            if len(self._stores) == 1:
+                self._states_seen = set()  # the zeros are for states this store had, not another's
 
     def unwatch_requests(self, store: Any) -> None:
         """Export the store's last counts (a collection now, while it is open), then stop reading it."""
