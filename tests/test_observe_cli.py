@@ -311,3 +311,29 @@ def test_crash_matrix_soak_progress_as_json_lines_and_quiet(tmp_path: Path) -> N
     assert [("soak: 10/10 kills", "effectlog.crashmatrix")] == [
         (r["event"].split(",")[0], r["logger"]) for r in records
     ]
+
+
+@pytest.mark.crash
+def test_crash_matrix_run_progress_and_problems_as_json_lines_and_quiet(tmp_path: Path) -> None:
+    """`crash-matrix run --log-format json` against an adapter that duplicates an effect: a JSON line per
+    case (info), then each problem as a JSON line (error), every line parses; --quiet: only the problems."""
+    tests = str(Path(__file__).resolve().parent)
+    path = tests + os.pathsep + os.environ.get("PYTHONPATH", "")
+    env = {"EFFECTLOG_TEST_LEDGER": str(tmp_path / "ledger.db"), "PYTHONPATH": path}
+    adapter = ("--adapter", "crash_adapters:declares_but_duplicates", "--ledger", "crash_adapters:count")
+
+    def matrix(name: str, *extra: str) -> subprocess.CompletedProcess[str]:
+        where = ("--output", str(tmp_path / f"{name}.json"), "--workdir", str(tmp_path / name))
+        return effectlog("crash-matrix", "run", *adapter, *where, *extra, env=env)
+
+    loud = matrix("a", "--log-format", "json")
+    quiet = matrix("b", "--quiet")
+    assert (1, 1) == (loud.returncode, quiet.returncode), loud.stderr
+    records = [json.loads(line) for line in loud.stderr.splitlines()]
+    levels = [r["level"] for r in records]
+    cases = levels.count("info")
+    assert (6, ["info"] * cases) == (cases, levels[:cases])
+    problems = records[cases:]
+    assert {"error"} == {r["level"] for r in problems}
+    assert 1 <= sum("user-after-effect" in r["event"] for r in problems)  # the duplicated effect is named
+    assert [r["event"] for r in problems] == quiet.stderr.splitlines()
