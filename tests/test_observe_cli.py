@@ -40,6 +40,7 @@ def write_plan(path: Path, steps: list[dict[str, Any]], adapter: dict[str, Any])
 
 
 NOOP = {"type": "noop", "version": "1", "idempotent": True}
+SHELL = {"type": "shell", "version": "1", "idempotent": False}
 
 
 def test_console_exporter_prints_spans_on_stderr_and_stdout_stays_json(tmp_path: Path) -> None:
@@ -173,7 +174,8 @@ def test_a_run_that_fails_ends_stderr_with_its_one_line_error(tmp_path: Path) ->
 
 def test_runner_writes_a_line_per_claim_and_outcome_quiet_silences_them_json_parses(tmp_path: Path) -> None:
     """`effectlog runner` on stderr: ready, each claim and each attempt's outcome, exiting; --quiet: none of
-    them (nothing went wrong); --log-format json: the same lines, each one JSON object."""
+    them (nothing went wrong), only an attempt that did not succeed; --log-format json: the same lines,
+    each one JSON object."""
     from fleet_kit import write_plan as fleet_plan
 
     def runner(store: Path, *extra: str) -> subprocess.CompletedProcess[str]:
@@ -188,6 +190,12 @@ def test_runner_writes_a_line_per_claim_and_outcome_quiet_silences_them_json_par
     quiet = runner(tmp_path / "quiet.db", "--quiet")
     as_json = runner(tmp_path / "json.db", "--log-format", "json")
     assert (0, 0, 0) == (text.returncode, quiet.returncode, as_json.returncode), text.stderr + as_json.stderr
+    # A request whose step fails: under --quiet its outcome still prints (it did not succeed).
+    failing = write_plan(tmp_path / "f.json", [{"id": "a", "adapter": "t", "args": {"argv": ["false"]}}], SHELL)
+    store = ("--store", str(tmp_path / "quiet.db"))
+    assert 0 == effectlog("submit", str(failing), *store, "--scope", "s", "--key", "f").returncode
+    told = effectlog("runner", *store, "--runner-id", "r1", "--exit-when-idle", "--poll-s", "0.01", "--quiet")
+    assert (0, ["effectlog runner r1: request 3 attempt 1: failed"]) == (told.returncode, told.stderr.splitlines())
     expected = [
         "ready: capabilities [], capacity 1",
         "request 1 attempt 1: leased with token 1",

@@ -98,7 +98,8 @@ def add_runner_args(p: argparse.ArgumentParser) -> None:
         "--quiet",
         "-q",
         action="store_true",
-        help="no progress lines on stderr (ready, each claim and attempt outcome, exiting); problems still print",
+        help="no progress lines on stderr (ready, each claim, each attempt that succeeded, exiting); "
+        "problems and attempts that did not succeed still print",
     )
     p.add_argument(
         "--log-format",
@@ -122,13 +123,14 @@ def runner_log(args: argparse.Namespace, stdout: TextIO) -> TextIO | None:
 
 
 class ProblemsOnly(io.StringIO):
-    """A runner's log under ``--quiet``: its progress lines are dropped, anything else (a refused
+    """A runner's log under ``--quiet``: its progress lines (ready, a claim, an attempt that succeeded,
+    exiting) are dropped; anything else (an attempt that failed or needs an operator, a refused
     heartbeat, a lost lease, a failed claim, recovery's decisions, a signal) is written as is."""
 
     _PROGRESS = re.compile(
         r"effectlog runner .*?: (?:ready: .*|exiting: .*"
         r"|request \d+ attempt \d+: leased with token \d+"
-        r"|request \d+ attempt \d+: [a-z_]+)"  # an attempt's outcome word; a problem has said more before it
+        r"|request \d+ attempt \d+: succeeded)"  # other outcomes (failed, needs_operator, ...) still print
     )
 
     def __init__(self, stream: TextIO) -> None:
