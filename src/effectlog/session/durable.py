@@ -108,6 +108,7 @@ class Session:
         self._opened = False  # has this pass recorded run.started / run.resumed yet
         self._claim: Claim | None = None  # held from this pass's first write until the run waits or ends
         self._spans: RunObserver | None = None  # this pass's effectlog.run span when OpenTelemetry is configured
+        self._spans_asked = False  # is telemetry on? asked once per pass (again after the run span ended)
         self._position = 0
         self._visited: set[str] = set()
         self.model_calls = 0  # calls made in this pass, not replayed ones
@@ -137,7 +138,8 @@ class Session:
     def _record(self, *specs: EventSpec, ts: int | None = None) -> None:
         """Prepare (legality first, nothing written on error), then append one durable batch."""
         batch = list(specs)
-        if self._spans is None:  # its traceparent goes in run.started/resumed: the next pass links to it
+        if not self._spans_asked:  # its traceparent goes in run.started/resumed: the next pass links to it
+            self._spans_asked = True
             self._spans = session_spans(
                 self.run_id,
                 recorded_seq=self._state.seq,
@@ -158,7 +160,7 @@ class Session:
         except BaseException as exc:
             if self._spans is not None:
                 self._spans.failed(exc)
-                self._spans = None
+                self._spans, self._spans_asked = None, False
             self.release()
             raise
         self._state = new_state
@@ -212,7 +214,7 @@ class Session:
             self._claim = None
         if self._spans is not None:  # the pass drives the run no more: its run span ends
             self._spans.ended(self._state.state, message=self._state.reason, step_id=self._state.blocked_step)
-            self._spans = None
+            self._spans, self._spans_asked = None, False
 
     def _crash_point(self, point: str, step_id: str) -> None:
         if self.crash_hook is not None:
