@@ -278,6 +278,33 @@ def test_an_applications_logging_handlers_see_effectlog_records(
     ]
 
 
+def test_main_inside_a_program_leaves_its_logging_as_it_found_it(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`main(["run", ...])` called by another program writes its progress lines while it runs, then puts the
+    `effectlog` logger back (level, propagation, handlers): the program's own handlers see later records."""
+    import logging
+
+    from effectlog.cli import main
+    from effectlog.plan import load_plan
+    from effectlog.runtime import Runtime
+
+    plan = write_plan(tmp_path / "plan.json", [{"id": "a", "adapter": "t"}], NOOP)
+    logger = logging.getLogger("effectlog")
+    before = (logger.level, logger.propagate, list(logger.handlers))
+    assert 0 == main(["run", str(plan), "--journal", str(tmp_path / "cli.db")])
+    assert "effectlog: run r step a confirmed" in capsys.readouterr().err
+    assert before == (logger.level, logger.propagate, list(logger.handlers))
+    caplog.set_level(logging.INFO, logger="effectlog")
+    with Runtime(tmp_path / "lib.db") as rt:
+        rt.run(load_plan(plan))
+    assert ["step.confirmed"] == [
+        r.effectlog_event  # type: ignore[attr-defined]
+        for r in caplog.records
+        if getattr(r, "effectlog_event", "").startswith("step.")
+    ]
+
+
 def test_progress_is_on_by_default_when_stderr_is_a_terminal(tmp_path: Path) -> None:
     """With stderr on a pseudo-terminal and no flag, `effectlog run` writes its progress lines there."""
     import pty

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
 from effectlog.cli.output import drop_stdout, err, out
-from effectlog.cli.progress import error_line, json_errors
+from effectlog.cli.progress import end_logging, error_line, json_errors
 from effectlog.errors import EffectlogError, ExitStatus, MissingDependency
 
 Handler = Callable[[argparse.Namespace], int]
@@ -91,6 +91,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         status = int(ExitStatus.RUN_FAILED)
     if shutdown is not None:
         shutdown()  # export what the SDK still holds (the last spans, the metrics) before exiting
+    end_logging()  # main() inside another program (or a test) leaves its logging as it found it
     out("")  # flush what is buffered; a closed pipe is dropped, not an error
     return status
 

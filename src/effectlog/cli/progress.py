@@ -38,6 +38,13 @@ def error_line(text: str, *, logger: str = "effectlog", **fields: object) -> str
     return json.dumps(record, sort_keys=True) + "\n"
 
 
+def end_logging() -> None:
+    """At the end of ``main()``: the ``effectlog`` logger as it was before the command set it up."""
+    progress = sys.modules.get("effectlog.observe.progress")  # not imported: nothing was set up
+    if progress is not None:
+        progress.restore_logging()
+
+
 def add_progress_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--progress",
