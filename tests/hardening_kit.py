@@ -8,6 +8,7 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import re
 import shutil
 import sqlite3
 import subprocess
@@ -56,6 +57,23 @@ def effectlog(
         check=False,
         preexec_fn=preexec,
     )
+
+
+# A progress line of `effectlog run` (on by default, docs/observability.md): the run's start or resume,
+# a step's outcome, the run's end.
+PROGRESS = re.compile(
+    r"effectlog: run \S+ (?:started|resumed|step \S+ (?:confirmed|failed|uncertain|resent|denied|held) \(.*"
+    r"|\S+ \(exit \d+\))"
+)
+
+
+def last_line(stderr: str) -> str:
+    """The error contract for a failure while a run runs: no traceback; every line before the last
+    is a progress line; returns the last line, the one error line."""
+    assert "Traceback" not in stderr, stderr
+    *progress, last = stderr.splitlines() or [""]
+    assert [] == [line for line in progress if not PROGRESS.fullmatch(line)], stderr
+    return last
 
 
 def one_line(stderr: str) -> str:

@@ -33,6 +33,7 @@ from hardening_kit import (
     build_journal,
     cli_env,
     effectlog,
+    last_line,
     make_read_only,
     make_writable,
     one_line,
@@ -169,8 +170,8 @@ def test_a_signal_stops_the_run_after_the_current_steps_commit_with_its_exit_sta
     tmp_path: Path, signum: signal.Signals
 ) -> None:
     """The signal arrives while step b's tool is running. The tool finishes, b's result is
-    committed, and the run stops before c: exit 130 (SIGINT) or 143 (SIGTERM), one line on
-    stderr saying so. a and b are confirmed with one effect each, c was never requested. The
+    committed, and the run stops before c: exit 130 (SIGINT) or 143 (SIGTERM), the last line on
+    stderr (after the progress lines) saying so. a and b are confirmed with one effect each, c was never requested. The
     same command then resumes and completes: c applied once, a and b not again."""
     work = Workdir(tmp_path, THREE_GATED_STEPS, GATED)
     work.open_gate("a")
@@ -182,7 +183,7 @@ def test_a_signal_stops_the_run_after_the_current_steps_commit_with_its_exit_sta
     work.open_gate("c")  # were the run to go on regardless, c would now apply its effect
     _, err = proc.communicate(timeout=SAFETY_TIMEOUT_S)
 
-    stopped = (proc.returncode, one_line(err))
+    stopped = (proc.returncode, last_line(err))
     after_stop = (work.steps(), work.effects(), work.verify()[0])
     resumed = work.run()
 
@@ -279,16 +280,17 @@ def _file_size_limit(limit: int) -> Callable[[], None]:
 @pytest.mark.parametrize("limit_kib", [64, 200, 480, 900])
 def test_a_full_disk_is_one_line_no_partial_state_and_the_next_run_resumes(tmp_path: Path, limit_kib: int) -> None:
     """The writer runs with RLIMIT_FSIZE (no file may grow past the limit: a disk that fills up
-    at a different point for each limit). It exits 2 with one line naming the journal and the
-    failed write. The journal verifies and holds a prefix of the run: steps confirmed in plan
-    order and at most one in flight. Without the limit the same command resumes and completes,
-    every step confirmed exactly once and at most the one in-flight step sent again."""
+    at a different point for each limit). It exits 2 with one error line, the last on stderr
+    after the progress lines, naming the journal and the failed write. The journal verifies and
+    holds a prefix of the run: steps confirmed in plan order and at most one in flight. Without the
+    limit the same command resumes and completes, every step confirmed exactly once and at most
+    the one in-flight step sent again."""
     steps = [{"id": f"s{i:02d}", "adapter": "n", "args": {"i": i, "pad": "p" * 900}} for i in range(60)]
     work = Workdir(tmp_path, steps, {"n": {"type": "noop", "idempotent": True}})
     proc = work.start(preexec=_file_size_limit(limit_kib * 1024))
     _, err = proc.communicate(timeout=SAFETY_TIMEOUT_S)
 
-    failed = (proc.returncode, one_line(err))
+    failed = (proc.returncode, last_line(err))
     prefix = work.steps() if (tmp_path / "journal.db").exists() and _seq(work) else []
     prefix_ok = work.verify()[0] if prefix else 0
     done = work.run()

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from hardening_kit import SAFETY_TIMEOUT_S, cli_env, one_line
+from hardening_kit import SAFETY_TIMEOUT_S, cli_env, last_line
 
 TOOLS = '''
 import os
@@ -88,7 +88,7 @@ class Misbehaving:
 ADAPTERS = {"misbehaving": lambda decl, ctx: Misbehaving(decl.options)}
 '''
 
-# What the one line on stderr must say about each misbehaviour.
+# What the error line (the last on stderr, after the progress lines) must say about each misbehaviour.
 SAID = {
     "sys.exit": "the tool called sys.exit(0)",
     "base-exception": "the tool raised BaseException: odd",
@@ -171,13 +171,13 @@ def test_a_tool_that_exits_raises_base_exception_or_returns_the_unencodable_leav
     tools: Tools, mode: str, blocking: bool
 ) -> None:
     """Not idempotent: the effect happened once and its outcome is unknown to effectlog, so the
-    step is uncertain, the run stopped (exit 3), stderr is one line naming the step and what
+    step is uncertain, the run stopped (exit 3), stderr ends with one error line naming the step and what
     went wrong (the type that could not be encoded), later steps never run; running the plan
     again stops again without a second send."""
     tools.plan(mode, blocking=blocking)
 
     first = tools.run()
-    line = one_line(first.stderr)
+    line = last_line(first.stderr)
     again = tools.run()
 
     assert (3, True, True) == (first.returncode, "step 'pay'" in line, SAID[mode] in line), line
@@ -189,11 +189,11 @@ def test_a_tool_that_exits_raises_base_exception_or_returns_the_unencodable_leav
 @pytest.mark.parametrize("mode", ["sys.exit", "object", "self-referencing"])
 def test_an_idempotent_tool_that_misbehaves_is_re_sent_with_the_same_key_then_fails(tools: Tools, mode: str) -> None:
     """Idempotent with three sends: each send is recorded, re-sent with the same key, and when
-    the sends run out the step fails (exit 1) with one line naming the step and the cause."""
+    the sends run out the step fails (exit 1), stderr ending with one line naming the step and the cause."""
     tools.plan(mode, idempotent=True, sends=3)
 
     done = tools.run()
-    line = one_line(done.stderr)
+    line = last_line(done.stderr)
 
     assert (1, True, True) == (done.returncode, "step 'pay'" in line, SAID[mode] in line), line
     assert ("failed", [("pay", "failed")]) == (tools.status()["state"], _steps(tools.status()))
@@ -211,7 +211,7 @@ def test_a_keyboard_interrupt_inside_a_tool_that_is_not_idempotent_is_an_uncerta
     tools.plan("keyboard", blocking=blocking)
 
     done = tools.run()
-    line = one_line(done.stderr)
+    line = last_line(done.stderr)
 
     assert (3, True) == (done.returncode, "KeyboardInterrupt" in line), line
     assert ("stopped", [("pay", "uncertain")]) == (tools.status()["state"], _steps(tools.status()))
@@ -226,7 +226,7 @@ def test_a_keyboard_interrupt_inside_an_idempotent_tool_stops_without_re_sending
     tools.plan("keyboard", idempotent=True, sends=3)
 
     first = tools.run()
-    line = one_line(first.stderr)
+    line = last_line(first.stderr)
     sent_once = len(tools.ledger())
     state = tools.status()
     tools.run()
@@ -248,7 +248,7 @@ def test_os_exit_inside_a_tool_kills_the_process_and_the_next_run_finds_the_step
     killed = tools.run()
     left = tools.status()
     resumed = tools.run()
-    line = one_line(resumed.stderr)
+    line = last_line(resumed.stderr)
 
     assert [("pay", "requested")] == _steps(left)
     assert (3, True) == (resumed.returncode, "step 'pay'" in line), (killed.stderr, line)

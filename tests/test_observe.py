@@ -310,3 +310,175 @@ def test_a_lookup_reconciliation_is_one_span_and_one_count_of_its_kind(
         rec.attributes["effectlog.reconcile.kind"],  # type: ignore[index]
         rec.attributes["effectlog.reconcile.outcome"],  # type: ignore[index]
     )
+
+
+def _needing_operator(store: Any, key: str) -> int:
+    """A request whose attempt was lost with no automatic requeue left: it waits for an operator."""
+    from effectlog.fleet.contract import SHORT, noop_plan, wait_past
+    from effectlog.fleet.recovery import decide_expired
+
+    request_id = int(store.submit("s", key, noop_plan(f"run-{key}"), max_requeues=0).request.request_id)
+    lease = store.claim(request_id, "r1", SHORT)
+    assert lease is not None
+    wait_past(store, lease.expires_at)
+    assert store.recover(lease.attempt_id, lease.token, decide_expired) is not None
+    return request_id
+
+
+def test_fleet_operator_decisions_are_spans_from_the_cli_and_the_console(
+    tmp_path: Path, spans: InMemorySpanExporter
+) -> None:
+    """requeue (CLI), fail (console) and cancel (CLI) each give an effectlog.fleet.<action> span naming the
+    request, the run, the attempt, who decided and the state after; a refused decision is an error span."""
+    from effectlog.cli import main
+    from effectlog.console.decisions import operate
+    from effectlog.fleet import open_store
+    from effectlog.fleet.contract import noop_plan
+
+    location = str(tmp_path / "fleet.db")
+    before = counter("effectlog.fleet.decisions")
+    store = open_store(location)
+    try:
+        requeued, failed = _needing_operator(store, "a"), _needing_operator(store, "b")
+        queued = int(store.submit("s", "c", noop_plan("run-c")).request.request_id)
+        common = ["--store", location, "--by", "ops", "--reason", "checked the ledger"]
+        assert 0 == main(["operator", "requeue", "--request", str(requeued), *common])
+        operate(store, failed, "fail", by="alice", reason="charged upstream")
+        assert 0 == main(["operator", "cancel", "--request", str(queued), *common])
+        assert 2 == main(["operator", "fail", "--request", str(queued), *common])  # ended: refused, exit 2
+    finally:
+        store.close()
+    keys = (
+        "effectlog.fleet.request_id",
+        "effectlog.run.id",
+        "effectlog.attempt",
+        "effectlog.decided_by",
+        "effectlog.fleet.state",
+    )
+    got = [
+        (*(s.attributes.get(k) for k in keys), s.name, s.status.status_code)  # type: ignore[union-attr]
+        for s in spans.get_finished_spans()
+        if s.name.startswith("effectlog.fleet.")
+    ]
+    assert [
+        (requeued, "run-a", 2, "ops", "queued", "effectlog.fleet.requeue", StatusCode.UNSET),
+        (failed, "run-b", 1, "alice", "failed", "effectlog.fleet.fail", StatusCode.UNSET),
+        (queued, "run-c", 1, "ops", "cancelled", "effectlog.fleet.cancel", StatusCode.UNSET),
+        (queued, None, None, "ops", None, "effectlog.fleet.fail", StatusCode.ERROR),
+    ] == got
+    refused = by_name(spans, "effectlog.fleet.fail")[-1]
+    assert ["exception"] == [e.name for e in refused.events]
+    after = counter("effectlog.fleet.decisions")
+    delta = {k: v - before.get(k, 0) for k, v in after.items() if v != before.get(k, 0)}
+    decided = {(("effectlog.fleet.decision", a),): 1 for a in ("requeue", "fail", "cancel")}
+    assert decided == delta  # the refused one is not counted as a decision
+
+
+def test_fleet_requests_by_state_is_read_from_the_store(tmp_path: Path, spans: InMemorySpanExporter) -> None:
+    """effectlog.fleet.requests reports the store's count per state at each collection while a store is
+    watched (a state that emptied reports 0), and nothing once the store is no longer watched (the last
+    export a short runner makes on its way out: test_observe_cli)."""
+    from effectlog.fleet import open_store
+    from effectlog.fleet.contract import noop_plan
+    from effectlog.observe import requests_gauge
+
+    store = open_store(str(tmp_path / "fleet.db"))
+    try:
+        with requests_gauge(store):
+            first = int(store.submit("s", "1", noop_plan("run-1")).request.request_id)
+            store.submit("s", "2", noop_plan("run-2"))
+            assert {(("effectlog.fleet.state", "queued"),): 2} == counter("effectlog.fleet.requests")
+            store.cancel(first, by="ops", reason="not needed")
+            both = {(("effectlog.fleet.state", "cancelled"),): 1, (("effectlog.fleet.state", "queued"),): 1}
+            assert both == counter("effectlog.fleet.requests")
+        counter("effectlog.fleet.requests")  # the in-memory reader may still hold what the exit's flush collected
+        assert {} == counter("effectlog.fleet.requests")
+    finally:
+        store.close()
+
+
+def test_session_runs_have_run_and_step_spans_with_calls_under_their_steps(
+    tmp_path: Path, spans: InMemorySpanExporter
+) -> None:
+    """A session pass is an effectlog.run span; each model or tool step an effectlog.step child with the
+    Runtime's attribute names; each `chat` and `effectlog.tool` span sits under its own step's span. A pass
+    that stopped early (an exception, then release) ends its run span; the next pass's run span links to it."""
+    import asyncio
+
+    from effectlog.session import Session, SqliteCheckpointer
+    from session_kit import drive, scripted
+
+    seen: list[str] = []
+
+    def crash_at_the_second_model_call(point: str, step_id: str) -> None:
+        seen.append(point)
+        if point == "after_intent" and seen.count("after_intent") == 3:
+            raise SimulatedCrash(point)
+
+    calls = tmp_path / "calls.txt"
+    with SqliteCheckpointer(tmp_path / "s.db") as store:
+        first = Session("sess", scripted(calls), store, crash_hook=crash_at_the_second_model_call)
+        with pytest.raises(SimulatedCrash):
+            asyncio.run(drive(first))
+        first.release()  # as the integrations do when a pass stops early
+        asyncio.run(drive(Session("sess", scripted(calls), store)))
+    done = spans.get_finished_spans()
+    by_id = {s.context.span_id: s for s in done}
+    runs = by_name(spans, "effectlog.run")
+    assert [("running", False), ("completed", True)] == [
+        (r.attributes["effectlog.run.state"], r.attributes["effectlog.resumed"])  # type: ignore[index]
+        for r in runs
+    ]
+    assert [runs[0].context.span_id] == [link.context.span_id for link in runs[1].links]
+    steps = by_name(spans, "effectlog.step")
+    summary = [
+        (
+            s.attributes["effectlog.step.kind"],  # type: ignore[index]
+            s.attributes["effectlog.outcome"],  # type: ignore[index]
+            runs.index(by_id[s.parent.span_id]),  # type: ignore[union-attr]
+        )
+        for s in steps
+    ]
+    expected = [("model", "confirmed", 0), ("tool", "confirmed", 0), ("model", "interrupted", 0)]
+    assert [*expected, ("model", "confirmed", 1)] == summary
+    assert {"effectlog.run.id", "effectlog.step.id", "effectlog.attempt", "effectlog.adapter"} <= set(
+        steps[1].attributes or {}
+    )
+    calls_under = [
+        (c.name, by_id[c.parent.span_id].attributes["effectlog.step.kind"])  # type: ignore[union-attr, index]
+        for c in done
+        if c.name in ("chat scripted", "effectlog.tool")
+    ]
+    assert [("chat scripted", "model"), ("effectlog.tool", "tool"), ("chat scripted", "model")] == calls_under
+    for c in done:
+        if c.name in ("chat scripted", "effectlog.tool"):
+            step = by_id[c.parent.span_id]  # type: ignore[union-attr]
+            assert step.attributes["effectlog.step.id"] == c.attributes["effectlog.step.id"]  # type: ignore[index]
+
+
+def test_repin_and_deny_are_decision_spans_naming_who_decided(tmp_path: Path, spans: InMemorySpanExporter) -> None:
+    """repin (an audited decision on a whole run) is an effectlog.repin span with the adapters it accepted;
+    a refused repin is an error span; deny names who decided, as every decision does."""
+    from effectlog.errors import RepinRefused
+
+    plan = make_plan("rp", [{"id": "a", "adapter": "tool", "approval": "required"}])
+    with runtime(tmp_path) as rt:
+        assert "suspended" == rt.run(plan).state
+        rt.repin("rp", by="ops", reason="v2 deployed")
+        rt.deny("rp", "a", by="alice", reason="no")
+        with pytest.raises(RepinRefused):
+            rt.repin("rp", by="ops", reason="too late")
+    accepted, refused = by_name(spans, "effectlog.repin")
+    (deny,) = by_name(spans, "effectlog.deny")
+    assert ("rp", "ops", (), StatusCode.UNSET) == (
+        accepted.attributes["effectlog.run.id"],  # type: ignore[index]
+        accepted.attributes["effectlog.decided_by"],  # type: ignore[index]
+        accepted.attributes["effectlog.repin.adapters"],  # type: ignore[index]
+        accepted.status.status_code,
+    )
+    assert (StatusCode.ERROR, "effectlog.errors.RepinRefused") == (
+        refused.status.status_code,
+        refused.events[0].attributes["exception.type"],  # type: ignore[index]
+    )
+    assert "effectlog.step.id" not in (accepted.attributes or {})
+    assert ("alice", "a") == (deny.attributes["effectlog.decided_by"], deny.attributes["effectlog.step.id"])  # type: ignore[index]

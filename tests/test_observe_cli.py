@@ -40,6 +40,7 @@ def write_plan(path: Path, steps: list[dict[str, Any]], adapter: dict[str, Any])
 
 
 NOOP = {"type": "noop", "version": "1", "idempotent": True}
+SHELL = {"type": "shell", "version": "1", "idempotent": False}
 
 
 def test_console_exporter_prints_spans_on_stderr_and_stdout_stays_json(tmp_path: Path) -> None:
@@ -66,6 +67,31 @@ def test_console_metrics_are_exported_at_exit(tmp_path: Path) -> None:
         m["name"] for e in exports for rm in e["resource_metrics"] for sm in rm["scope_metrics"] for m in sm["metrics"]
     }
     assert {"effectlog.steps", "effectlog.step.duration", "effectlog.journal.commit.duration"} <= names
+
+
+def test_a_runner_exports_requests_by_state_read_from_its_store_before_it_exits(tmp_path: Path) -> None:
+    """OTEL_METRICS_EXPORTER=console on a runner that exits when idle: its last export (made while the store
+    is still open) has effectlog.fleet.requests with the store's count per state, and its claims."""
+    from fleet_kit import write_plan as fleet_plan
+
+    store = str(tmp_path / "fleet.db")
+    for n in (1, 2):
+        plan = fleet_plan(tmp_path / f"plan{n}.json", f"run-{n}", [("a", "idem")])
+        assert 0 == effectlog("submit", str(plan), "--store", store, "--scope", "s", "--key", str(n)).returncode
+    argv = ("runner", "--store", store, "--effects", str(tmp_path / "e.db"), "--exit-when-idle", "--quiet")
+    done = effectlog(*argv, "--poll-s", "0.01", env={"OTEL_METRICS_EXPORTER": "console"})
+    assert 0 == done.returncode, done.stderr
+    exports = [json.loads(line) for line in done.stderr.splitlines() if line.startswith('{"resource_metrics"')]
+    metrics = {
+        m["name"]: m["data"]["data_points"]
+        for e in exports
+        for rm in e["resource_metrics"]
+        for sm in rm["scope_metrics"]
+        for m in sm["metrics"]
+    }
+    by_state = {p["attributes"]["effectlog.fleet.state"]: p["value"] for p in metrics["effectlog.fleet.requests"]}
+    assert {"succeeded": 2} == by_state
+    assert 2 == sum(p["value"] for p in metrics["effectlog.fleet.claims"])
 
 
 @pytest.mark.crash
@@ -98,15 +124,14 @@ def test_a_run_killed_and_resumed_gives_a_second_trace_linked_to_the_first(tmp_p
     assert step_a["parent_id"] == link["context"]["span_id"]
 
 
-def test_progress_lines_per_step_on_stderr_and_quiet_silences_them(tmp_path: Path) -> None:
-    """`effectlog run --progress` writes a line per step on stderr (a pipe here; on a terminal it is the
-    default); with --quiet, or without --progress on a pipe, it writes none; stdout is the same."""
+def test_progress_lines_per_step_on_stderr_by_default_and_quiet_silences_them(tmp_path: Path) -> None:
+    """`effectlog run` writes a line per step on stderr by default, on a pipe too (--progress, kept for
+    scripts, changes nothing); with --quiet it writes none; stdout is the same either way."""
     plan = write_plan(tmp_path / "plan.json", [{"id": "a", "adapter": "t"}, {"id": "b", "adapter": "t"}], NOOP)
-    loud = effectlog("run", str(plan), "--journal", str(tmp_path / "loud.db"), "--progress")
-    quiet = effectlog("run", str(plan), "--journal", str(tmp_path / "quiet.db"), "--progress", "--quiet")
-    piped = effectlog("run", str(plan), "--journal", str(tmp_path / "piped.db"))
-    assert (0, 0, 0) == (loud.returncode, quiet.returncode, piped.returncode), loud.stderr + quiet.stderr
-    assert ("", loud.stdout) == (piped.stderr, piped.stdout)
+    loud = effectlog("run", str(plan), "--journal", str(tmp_path / "loud.db"))
+    flagged = effectlog("run", str(plan), "--journal", str(tmp_path / "flagged.db"), "--progress")
+    quiet = effectlog("run", str(plan), "--journal", str(tmp_path / "quiet.db"), "--quiet")
+    assert (0, 0, 0) == (loud.returncode, flagged.returncode, quiet.returncode), loud.stderr + quiet.stderr
     lines = [line.split(" (")[0] for line in loud.stderr.splitlines()]
     expected = [
         "effectlog: run r started",
@@ -114,7 +139,78 @@ def test_progress_lines_per_step_on_stderr_and_quiet_silences_them(tmp_path: Pat
         "effectlog: run r step b confirmed",
         "effectlog: run r completed",
     ]
-    assert (expected, "", loud.stdout) == (lines, quiet.stderr, quiet.stdout)
+    assert (expected, "", loud.stdout, loud.stdout) == (lines, quiet.stderr, quiet.stdout, flagged.stdout)
+    assert expected == [line.split(" (")[0] for line in flagged.stderr.splitlines()]
+
+
+def test_bad_input_prints_one_line_and_no_progress(tmp_path: Path) -> None:
+    """Input refused before any step runs (a plan naming an unknown adapter type) gives exactly one stderr
+    line, the error, with progress on by default."""
+    plan = write_plan(tmp_path / "plan.json", [{"id": "a", "adapter": "t"}], {"type": "nosuch", "version": "1"})
+    done = effectlog("run", str(plan), "--journal", str(tmp_path / "j.db"))
+    assert 2 == done.returncode  # BAD_INPUT
+    assert [f"effectlog: adapter_not_found: {plan}: adapters.t: no adapter of type 'nosuch' is registered"] == (
+        done.stderr.splitlines()
+    )
+
+
+def test_a_run_that_fails_ends_stderr_with_its_one_line_error(tmp_path: Path) -> None:
+    """A step fails while the run runs: progress lines come first, the last stderr line is the run's error."""
+    steps = [
+        {"id": "a", "adapter": "t", "args": {"argv": ["true"]}},
+        {"id": "b", "adapter": "t", "args": {"argv": ["false"]}},
+    ]
+    plan = write_plan(tmp_path / "plan.json", steps, {"type": "shell", "version": "1", "idempotent": False})
+    done = effectlog("run", str(plan), "--journal", str(tmp_path / "j.db"))
+    quiet = effectlog("run", str(plan), "--journal", str(tmp_path / "q.db"), "--quiet")
+    assert (1, 1) == (done.returncode, quiet.returncode)
+    *progress, last = done.stderr.splitlines()
+    assert quiet.stderr.splitlines() == [last]
+    assert "run r failed at step 'b': the tool reported failure" == last
+    assert ["effectlog: run r started", "effectlog: run r step a confirmed", "effectlog: run r step b failed"] == [
+        line.split(" (")[0] for line in progress[:3]
+    ]
+
+
+def test_runner_writes_a_line_per_claim_and_outcome_quiet_silences_them_json_parses(tmp_path: Path) -> None:
+    """`effectlog runner` on stderr: ready, each claim and each attempt's outcome, exiting; --quiet: none of
+    them (nothing went wrong), only an attempt that did not succeed; --log-format json: the same lines,
+    each one JSON object."""
+    from fleet_kit import write_plan as fleet_plan
+
+    def runner(store: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+        for n in (1, 2):
+            plan = fleet_plan(tmp_path / f"plan{n}.json", f"run-{n}", [("a", "idem")])
+            submitted = effectlog("submit", str(plan), "--store", str(store), "--scope", "s", "--key", str(n))
+            assert 0 == submitted.returncode, submitted.stderr
+        argv = ("--store", str(store), "--effects", str(tmp_path / "e.db"), "--runner-id", "r1")
+        return effectlog("runner", *argv, "--exit-when-idle", "--poll-s", "0.01", *extra)
+
+    text = runner(tmp_path / "text.db")
+    quiet = runner(tmp_path / "quiet.db", "--quiet")
+    as_json = runner(tmp_path / "json.db", "--log-format", "json")
+    assert (0, 0, 0) == (text.returncode, quiet.returncode, as_json.returncode), text.stderr + as_json.stderr
+    # A request whose step fails: under --quiet its outcome still prints (it did not succeed).
+    failing = write_plan(tmp_path / "f.json", [{"id": "a", "adapter": "t", "args": {"argv": ["false"]}}], SHELL)
+    store = ("--store", str(tmp_path / "quiet.db"))
+    assert 0 == effectlog("submit", str(failing), *store, "--scope", "s", "--key", "f").returncode
+    told = effectlog("runner", *store, "--runner-id", "r1", "--exit-when-idle", "--poll-s", "0.01", "--quiet")
+    assert (0, ["effectlog runner r1: request 3 attempt 1: failed"]) == (told.returncode, told.stderr.splitlines())
+    expected = [
+        "ready: capabilities [], capacity 1",
+        "request 1 attempt 1: leased with token 1",
+        "request 1 attempt 1: succeeded",
+        "request 2 attempt 1: leased with token 1",
+        "request 2 attempt 1: succeeded",
+        "exiting: 2 attempt(s) ended",
+    ]
+    assert [f"effectlog runner r1: {line}" for line in expected] == text.stderr.splitlines()
+    assert "" == quiet.stderr
+    records = [json.loads(line) for line in as_json.stderr.splitlines()]
+    assert [line.split(": ", 1)[1] if line.startswith("request") else line for line in expected] == [
+        r["message"] for r in records
+    ]
+    assert [(None, None), (1, 1), (1, 1)] == [(r["request_id"], r["attempt_no"]) for r in records[:3]]
 
 
 def test_log_format_json_lines_each_parse(tmp_path: Path) -> None:
@@ -138,6 +234,30 @@ def test_log_format_json_lines_each_parse(tmp_path: Path) -> None:
     }
 
 
+def test_log_format_json_makes_the_error_line_json_too(tmp_path: Path) -> None:
+    """--log-format json: a run that fails ends stderr with its error as one JSON object (level error, the
+    same text as the text line); bad input is exactly one line, one JSON object naming its code."""
+    steps = [{"id": "b", "adapter": "t", "args": {"argv": ["false"]}}]
+    plan = write_plan(tmp_path / "plan.json", steps, {"type": "shell", "version": "1", "idempotent": False})
+    failed = effectlog("run", str(plan), "--journal", str(tmp_path / "j.db"), "--log-format", "json")
+    text = effectlog("run", str(plan), "--journal", str(tmp_path / "t.db"))
+    assert (1, 1) == (failed.returncode, text.returncode), failed.stderr
+    records = [json.loads(line) for line in failed.stderr.splitlines()]
+    assert [("run.started", "info"), ("step.failed", "warning"), ("run.ended", "warning")] == [
+        (r["effectlog_event"], r["level"]) for r in records[:-1]
+    ]
+    assert ("error", 1, text.stderr.splitlines()[-1]) == (
+        records[-1]["level"],
+        records[-1]["exit_status"],
+        records[-1]["event"],
+    )
+    bad = effectlog("run", str(tmp_path / "missing.json"), "--journal", str(tmp_path / "b.db"), "--log-format", "json")
+    (line,) = bad.stderr.splitlines()
+    record = json.loads(line)
+    assert (2, "bad_plan", 2, "error") == (bad.returncode, record["code"], record["exit_status"], record["level"])
+    assert record["event"].startswith("effectlog: bad_plan: ")
+
+
 def test_an_applications_logging_handlers_see_effectlog_records(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -155,6 +275,33 @@ def test_an_applications_logging_handlers_see_effectlog_records(
     assert [("effectlog.run", "r", "a", "confirmed")] == [
         (r.name, r.run_id, r.step_id, r.outcome)
         for r in steps  # type: ignore[attr-defined]
+    ]
+
+
+def test_main_inside_a_program_leaves_its_logging_as_it_found_it(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`main(["run", ...])` called by another program writes its progress lines while it runs, then puts the
+    `effectlog` logger back (level, propagation, handlers): the program's own handlers see later records."""
+    import logging
+
+    from effectlog.cli import main
+    from effectlog.plan import load_plan
+    from effectlog.runtime import Runtime
+
+    plan = write_plan(tmp_path / "plan.json", [{"id": "a", "adapter": "t"}], NOOP)
+    logger = logging.getLogger("effectlog")
+    before = (logger.level, logger.propagate, list(logger.handlers))
+    assert 0 == main(["run", str(plan), "--journal", str(tmp_path / "cli.db")])
+    assert "effectlog: run r step a confirmed" in capsys.readouterr().err
+    assert before == (logger.level, logger.propagate, list(logger.handlers))
+    caplog.set_level(logging.INFO, logger="effectlog")
+    with Runtime(tmp_path / "lib.db") as rt:
+        rt.run(load_plan(plan))
+    assert ["step.confirmed"] == [
+        r.effectlog_event  # type: ignore[attr-defined]
+        for r in caplog.records
+        if getattr(r, "effectlog_event", "").startswith("step.")
     ]
 
 
@@ -199,3 +346,29 @@ def test_crash_matrix_soak_progress_as_json_lines_and_quiet(tmp_path: Path) -> N
     assert [("soak: 10/10 kills", "effectlog.crashmatrix")] == [
         (r["event"].split(",")[0], r["logger"]) for r in records
     ]
+
+
+@pytest.mark.crash
+def test_crash_matrix_run_progress_and_problems_as_json_lines_and_quiet(tmp_path: Path) -> None:
+    """`crash-matrix run --log-format json` against an adapter that duplicates an effect: a JSON line per
+    case (info), then each problem as a JSON line (error), every line parses; --quiet: only the problems."""
+    tests = str(Path(__file__).resolve().parent)
+    path = tests + os.pathsep + os.environ.get("PYTHONPATH", "")
+    env = {"EFFECTLOG_TEST_LEDGER": str(tmp_path / "ledger.db"), "PYTHONPATH": path}
+    adapter = ("--adapter", "crash_adapters:declares_but_duplicates", "--ledger", "crash_adapters:count")
+
+    def matrix(name: str, *extra: str) -> subprocess.CompletedProcess[str]:
+        where = ("--output", str(tmp_path / f"{name}.json"), "--workdir", str(tmp_path / name))
+        return effectlog("crash-matrix", "run", *adapter, *where, *extra, env=env)
+
+    loud = matrix("a", "--log-format", "json")
+    quiet = matrix("b", "--quiet")
+    assert (1, 1) == (loud.returncode, quiet.returncode), loud.stderr
+    records = [json.loads(line) for line in loud.stderr.splitlines()]
+    levels = [r["level"] for r in records]
+    cases = levels.count("info")
+    assert (6, ["info"] * cases) == (cases, levels[:cases])
+    problems = records[cases:]
+    assert {"error"} == {r["level"] for r in problems}
+    assert 1 <= sum("user-after-effect" in r["event"] for r in problems)  # the duplicated effect is named
+    assert [r["event"] for r in problems] == quiet.stderr.splitlines()

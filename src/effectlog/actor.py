@@ -55,7 +55,8 @@ class RunActor:
         self.adapter_calls = 0
         # Spans, metrics, log records (docs/observability.md): None unless an OpenTelemetry SDK is
         # configured or the effectlog.run logger is enabled for INFO; decided once per drive.
-        self.obs = run_observer(plan.run_id)
+        # step_of reads self.state when called: the state is replaced at every batch.
+        self.obs = run_observer(plan.run_id, step_of=lambda sid: self.state.step(sid))  # noqa: PLW0108
 
     # -- recording --------------------------------------------------------------------
 

@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
 from effectlog.cli.output import drop_stdout, err, out
+from effectlog.cli.progress import end_logging, error_line, json_errors
 from effectlog.errors import EffectlogError, ExitStatus, MissingDependency
 
 Handler = Callable[[argparse.Namespace], int]
@@ -68,6 +69,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if (getattr(args, "adapters", None) or getattr(args, "secrets", None)) and os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())  # `--adapters my_tools:X` finds ./my_tools.py, as `python -m effectlog` does
     handler: Handler = args.handler
+    json_errors(args)  # --log-format json: the error line is one JSON object too
     shutdown = _telemetry()
     try:
         status = handler(args)
@@ -80,7 +82,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             MissingDependency(f"a postgresql:// location needs psycopg: install effectlog[postgres] ({exc})")
         )
     except KeyboardInterrupt:
-        err("effectlog: interrupted\n")
+        err(error_line("effectlog: interrupted", exit_status=int(ExitStatus.INTERRUPTED)))
         status = int(ExitStatus.INTERRUPTED)
     except BrokenPipeError:
         # Only a write that bypassed ``output.out`` gets here, and the command's own status is
@@ -89,6 +91,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         status = int(ExitStatus.RUN_FAILED)
     if shutdown is not None:
         shutdown()  # export what the SDK still holds (the last spans, the metrics) before exiting
+    end_logging()  # main() inside another program (or a test) leaves its logging as it found it
     out("")  # flush what is buffered; a closed pipe is dropped, not an error
     return status
 
@@ -101,5 +104,5 @@ def _telemetry() -> Callable[[], None] | None:
 
 
 def _fail(exc: EffectlogError) -> int:
-    err(f"effectlog: {exc.code}: {exc}\n")
+    err(error_line(f"effectlog: {exc.code}: {exc}", code=exc.code, exit_status=int(exc.exit_status)))
     return int(exc.exit_status)

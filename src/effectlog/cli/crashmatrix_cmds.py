@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from effectlog.cli.output import err, out
-from effectlog.cli.progress import add_line_args, line_sink
+from effectlog.cli.progress import add_line_args, error_line, line_sink
 from effectlog.errors import BadInput, ExitStatus
 
 
@@ -129,7 +129,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     out(render_table(report))
     if problems:
         for p in problems:
-            err(f"effectlog: crash-matrix: {p}\n")
+            err(error_line(f"effectlog: crash-matrix: {p}", logger="effectlog.crashmatrix"))
         return int(ExitStatus.RUN_FAILED)
     out(f"\nreport written to {report_path}; every case verified from its evidence\n")
     return 0

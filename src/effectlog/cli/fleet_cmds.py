@@ -13,14 +13,14 @@ import time
 from typing import Any
 
 from effectlog.cli.notify_args import add_notify_args
-from effectlog.cli.output import NdjsonLog, emit_json, out, table, tools_write_to_stderr
+from effectlog.cli.output import emit_json, out, table, tools_write_to_stderr
+from effectlog.cli.progress import add_runner_args, runner_log
 from effectlog.errors import BadInput
 from effectlog.fleet import FleetStore, limits, open_store
+from effectlog.fleet.decisions import operate
 from effectlog.fleet.model import RequestView
 from effectlog.journal import chain_from_env
-
-# CLI verbs for operator decisions -> the attempt spec's operator triggers.
-OPERATOR_TRIGGERS = {"requeue": "requeue", "fail": "give_up"}
+from effectlog.observe import requests_gauge
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -73,6 +73,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--notify-fd", type=int, metavar="FD", help="test hook: report the point reached on FD")
     p.add_argument("--resume-fd", type=int, metavar="FD", help="test hook: go on when a byte arrives on FD")
     add_notify_args(p)
+    add_runner_args(p)
     p.set_defaults(handler=cmd_runner)
 
     p = sub.add_parser("operator", help="decide a request that needs an operator (audited)")
@@ -172,17 +173,14 @@ def cmd_runner(args: argparse.Namespace) -> int:
         return run_runner(
             config,
             lambda location: open_store(location, chain=chain, pool_size=args.capacity + 2),
-            log=NdjsonLog(stdout) if args.json else None,
+            log=runner_log(args, stdout),  # --json, --quiet, --log-format json
         )
 
 
 def cmd_operator(args: argparse.Namespace) -> int:
     store = _open(args)
     try:
-        if args.action == "cancel":
-            view = store.cancel(args.request, by=args.by, reason=args.reason)
-        else:
-            view = store.operate(args.request, OPERATOR_TRIGGERS[args.action], by=args.by, reason=args.reason)
+        view = operate(store, args.request, args.action, by=args.by, reason=args.reason)
     finally:
         store.close()
     if args.json:
@@ -198,13 +196,14 @@ def cmd_recovery(args: argparse.Namespace) -> int:
     limits.seconds("--interval", args.interval, high=limits.MAX_POLL_S)
     store = _open(args)
     try:
-        while True:
-            for done in recover_once(store):
-                out(f"request {done.request_id} attempt {done.attempt_no}: {done.state}: {done.reason}\n")
-                sys.stdout.flush()
-            if args.once:
-                return 0
-            time.sleep(args.interval)
+        with requests_gauge(store):  # the recovery service reports requests by state too (docs/observability.md)
+            while True:
+                for done in recover_once(store):
+                    out(f"request {done.request_id} attempt {done.attempt_no}: {done.state}: {done.reason}\n")
+                    sys.stdout.flush()
+                if args.once:
+                    return 0
+                time.sleep(args.interval)
     finally:
         store.close()
 

@@ -12,7 +12,7 @@ from effectlog.cli.inspect_cmds import add_journal_args, add_json_arg, add_run_i
 from effectlog.cli.notify_args import add_notify_args
 from effectlog.cli.notify_args import hooks as notify_hooks
 from effectlog.cli.output import emit_json, err, out, table, tools_write_to_stderr
-from effectlog.cli.progress import add_progress_args, apply_progress_args
+from effectlog.cli.progress import add_progress_args, apply_progress_args, error_line
 from effectlog.errors import BadInput, UnknownRun
 from effectlog.fold import RunState, replay_records
 from effectlog.journal import chain_from_env, load_run, load_sealed, open_journal
@@ -192,7 +192,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         if outcome.exit_status == 0:
             out(f"{outcome.message}\n")
         else:
-            err(f"{outcome.message}\n")
+            err(error_line(outcome.message, logger="effectlog.run", exit_status=outcome.exit_status))
     return outcome.exit_status
 
 

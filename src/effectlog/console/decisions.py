@@ -1,8 +1,8 @@
 """The console's reads and decisions: each one opens the journal (or store), does the CLI's own operation, closes it.
 
 A decision is the function the CLI calls (``approvals.approve`` with ``expect_digest``,
-``approvals.deny``, ``reconcile.reconcile``, ``reconcile.reconcile_from_ledger``, the fleet
-store's ``operate``/``cancel``) with the authenticated user's name: the pages and the JSON
+``approvals.deny``, ``reconcile.reconcile``, ``reconcile.reconcile_from_ledger``, the fleet's
+``fleet.decisions.operate``) with the authenticated user's name: the pages and the JSON
 API both call these, so there is one code path. Nothing is held open between requests,
 so the console never holds a run that another process drives.
 """
@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, TypeVar
 from effectlog.console.users import User
 from effectlog.errors import BadInput
 from effectlog.fleet import open_store
+from effectlog.fleet.decisions import FLEET_DECISIONS
 from effectlog.fleet.protocol import FleetStore
 from effectlog.journal import Journal, chain_from_env, open_journal
 
@@ -25,7 +26,6 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 DECISIONS = ("approve", "deny", "reconcile", "reconcile-from-ledger", "reconcile-by-lookup")
-FLEET_DECISIONS = ("requeue", "fail", "cancel")
 
 
 @dataclass
@@ -60,16 +60,13 @@ def with_store(config: Config, fn: Callable[[FleetStore], T]) -> T:
 
 def operate(store: FleetStore, request_id: int, action: str, *, by: str, reason: str) -> None:
     """A fleet decision, as ``effectlog operator requeue|fail|cancel`` makes it, under the operator's name."""
-    from effectlog.cli.fleet_cmds import OPERATOR_TRIGGERS
+    from effectlog.fleet.decisions import operate as decide
 
     if action not in FLEET_DECISIONS:
         raise BadInput(f"no fleet decision {action!r}: requeue, fail or cancel")
     if not reason.strip():
         raise BadInput(f"{action}: give a reason")
-    if action == "cancel":
-        store.cancel(request_id, by=by, reason=reason)
-    else:
-        store.operate(request_id, OPERATOR_TRIGGERS[action], by=by, reason=reason)
+    decide(store, request_id, action, by=by, reason=reason)
 
 
 def decide(config: Config, action: str, run_id: str, step_id: str, *, by: str, form: Mapping[str, str]) -> None:

@@ -39,7 +39,7 @@ from effectlog.fleet.scheduler import schedule, waiting
 from effectlog.fleet.secrets import Provider, redact_all, resolve
 from effectlog.journal import Journal, load_run
 from effectlog.notify import Kind, Notification, cli_hooks, deliver, shown_location
-from effectlog.observe import telemetry
+from effectlog.observe import requests_gauge, telemetry
 from effectlog.plan import Plan, parse_plan
 from effectlog.recorder import record_now
 from effectlog.recovery import still_blocked
@@ -451,6 +451,7 @@ def run_runner(config: RunnerConfig, open_store: Callable[[str], FleetStore], lo
     secrets_provider(config)
     store = open_store(config.store)
     try:
-        return Runner(config, store, log=log).serve()
+        with requests_gauge(store):  # effectlog.fleet.requests, when OpenTelemetry is configured
+            return Runner(config, store, log=log).serve()
     finally:
         store.close()

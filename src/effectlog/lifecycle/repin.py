@@ -22,6 +22,7 @@ from effectlog.errors import BadInput, RepinRefused, RunOwned, UnknownRun
 from effectlog.fold import RunState
 from effectlog.journal import Journal, load_run
 from effectlog.journal.ownership import describe
+from effectlog.observe import decision
 from effectlog.plan import Plan
 from effectlog.recorder import Clock, record_now
 from effectlog.trace import Trace
@@ -36,6 +37,7 @@ class Repinned(msgspec.Struct, frozen=True, kw_only=True):
     version: str
 
 
+@decision("repin", on_step=False)  # an effectlog.repin span when OpenTelemetry is configured
 def repin(
     journal: Journal,
     run_id: str,

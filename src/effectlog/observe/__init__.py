@@ -11,16 +11,17 @@ What is emitted, and under which names, is described in docs/observability.md.
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from contextvars import ContextVar
 from functools import wraps
 from typing import TYPE_CHECKING, ParamSpec, TypeVar
 
 if TYPE_CHECKING:
-    from effectlog.observe._telemetry import Telemetry
+    from effectlog.observe._telemetry import RunObserver, Telemetry
     from effectlog.observe.hooks import RunHooks
 
-__all__ = ["decision", "provider_of", "run_observer", "telemetry"]
+__all__ = ["decision", "provider_of", "requests_gauge", "run_observer", "session_spans", "telemetry"]
 
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
@@ -58,7 +59,7 @@ def telemetry() -> Telemetry | None:
     return made
 
 
-def run_observer(run_id: str) -> RunHooks | None:
+def run_observer(run_id: str, step_of: Callable[[str], object] | None = None) -> RunHooks | None:
     """The spans and metrics of one run drive, and its log records when the ``effectlog.run``
     logger is enabled for INFO; ``None`` when neither is on (checked once per drive)."""
     from effectlog.observe import progress
@@ -69,15 +70,31 @@ def run_observer(run_id: str) -> RunHooks | None:
         return log
     from effectlog.observe._telemetry import RunObserver
 
-    spans = RunObserver(found, run_id)
+    spans = RunObserver(found, run_id, step_of)
     return spans if log is None else progress.Both(spans, log)
 
 
-def decision(kind: str) -> Callable[[Callable[_P, _R]], Callable[_P, _R]]:
+def session_spans(
+    run_id: str, *, recorded_seq: int, resumed_from: str, step_of: Callable[[str], object] | None = None
+) -> RunObserver | None:
+    """A session pass's ``effectlog.run`` span, begun (linked to ``resumed_from``), with its
+    ``effectlog.step`` spans to come from what the pass records; ``None`` when telemetry is off."""
+    found = telemetry()
+    if found is None:
+        return None
+    from effectlog.observe._telemetry import RunObserver
+
+    spans = RunObserver(found, run_id, step_of)
+    spans.begin(recorded_seq=recorded_seq, resumed_from=resumed_from)
+    return spans
+
+
+def decision(kind: str, *, on_step: bool = True) -> Callable[[Callable[_P, _R]], Callable[_P, _R]]:
     """A span (``effectlog.<kind>``) and metrics around an operator decision.
 
-    The decorated function takes ``(journal, run_id, step_id, ...)`` and returns the run's
-    state after the decision; when telemetry is off the wrapper only calls it.
+    The decorated function takes ``(journal, run_id, step_id, ...)`` (``(journal, run_id, ...)``
+    when not ``on_step``) and returns the run's state after the decision (or what it made);
+    who decided is its ``by`` or ``operator`` keyword. When telemetry is off the wrapper only calls it.
     """
 
     def wrap(fn: Callable[_P, _R]) -> Callable[_P, _R]:
@@ -87,16 +104,36 @@ def decision(kind: str) -> Callable[[Callable[_P, _R]], Callable[_P, _R]]:
             if found is None or _deciding.get():
                 return fn(*args, **kwargs)
             run_id = str(args[1]) if len(args) > 1 else str(kwargs.get("run_id", ""))
-            step_id = str(args[2]) if len(args) > 2 else str(kwargs.get("step_id", ""))
+            step_id = ""
+            if on_step:
+                step_id = str(args[2]) if len(args) > 2 else str(kwargs.get("step_id", ""))
+            by = kwargs.get("by", kwargs.get("operator", ""))
             token = _deciding.set(True)
             try:
-                return found.decision(kind, run_id, step_id, lambda: fn(*args, **kwargs))
+                return found.decision(
+                    kind, run_id, step_id, lambda: fn(*args, **kwargs), by=by if isinstance(by, str) else ""
+                )
             finally:
                 _deciding.reset(token)
 
         return observed
 
     return wrap
+
+
+@contextmanager
+def requests_gauge(store: object) -> Iterator[None]:
+    """While inside: ``effectlog.fleet.requests`` (requests by state) is read from ``store`` at each
+    metric collection. Leaving waits for a collection in progress, so the store can then be closed."""
+    found = telemetry()
+    if found is None:
+        yield
+        return
+    found.watch_requests(store)
+    try:
+        yield
+    finally:
+        found.unwatch_requests(store)
 
 
 def provider_of(gateway: object) -> str:

@@ -8,12 +8,15 @@ listed in docs/observability.md; model calls follow the OpenTelemetry GenAI conv
 
 from __future__ import annotations
 
+import contextlib
+import threading
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections import Counter
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from opentelemetry import trace
-from opentelemetry.metrics import MeterProvider
+from opentelemetry.metrics import CallbackOptions, MeterProvider, Observation
 from opentelemetry.trace import Link, Span, SpanContext, Status, StatusCode, TraceFlags, TracerProvider
 
 from effectlog import events as ev
@@ -52,6 +55,7 @@ class Telemetry:
         from effectlog import __version__
 
         self.tracer = tp.get_tracer("effectlog", __version__)
+        self.meter_provider = mp
         meter = mp.get_meter("effectlog", __version__)
         self.steps = meter.create_counter("effectlog.steps", unit="{step}", description="Step attempts by outcome")
         self.uncertain_open = meter.create_up_down_counter(
@@ -81,6 +85,20 @@ class Telemetry:
         self.leases_lost = meter.create_counter(
             "effectlog.fleet.leases_lost", unit="{lease}", description="Attempts stopped because their lease was lost"
         )
+        self.fleet_decisions = meter.create_counter(
+            "effectlog.fleet.decisions", unit="{request}", description="Operator decisions on fleet requests, by action"
+        )
+        # Read from the store at each collection, not counted at transitions: the store is the one
+        # place that knows every request's state across submitters, runners, recovery and operators.
+        self._stores: list[Any] = []
+        self._stores_lock = threading.Lock()
+        self._states_seen: set[str] = set()
+        meter.create_observable_gauge(
+            "effectlog.fleet.requests",
+            callbacks=[self._requests_by_state],
+            unit="{request}",
+            description="Requests by the state of their current attempt, read from the fleet store",
+        )
         self.model_duration = meter.create_histogram(
             "gen_ai.client.operation.duration", unit="s", description="GenAI operation duration"
         )
@@ -90,14 +108,21 @@ class Telemetry:
 
     # -- operator decisions ------------------------------------------------------------------
 
-    def decision(self, kind: str, run_id: str, step_id: str, call: Callable[[], _T]) -> _T:
+    def decision(self, kind: str, run_id: str, step_id: str, call: Callable[[], _T], *, by: str = "") -> _T:
         name, _, how = kind.partition(":")
-        attrs: dict[str, Any] = {NS + "run.id": run_id, NS + "step.id": step_id}
+        attrs: dict[str, Any] = {NS + "run.id": run_id}
+        if step_id:
+            attrs[NS + "step.id"] = step_id
+        if by:
+            attrs[NS + "decided_by"] = by
         if how:
             attrs[NS + "reconcile.kind"] = how
         with self.tracer.start_as_current_span(NS + name, attributes=attrs) as span:
             state = call()
-            step = state.step(step_id) if hasattr(state, "step") else None
+            changed = getattr(state, "changed", None)  # repin: the adapters whose implementation it accepted
+            if isinstance(changed, Mapping):
+                span.set_attribute(NS + "repin.adapters", sorted(str(k) for k in changed))
+            step = state.step(step_id) if step_id and hasattr(state, "step") else None
             if step is not None:
                 span.set_attribute(NS + "step.state", step.state)
                 span.set_attribute(NS + "attempt", step.attempt)
@@ -108,7 +133,52 @@ class Telemetry:
                 self.uncertain_open.add(-1)
             return state
 
-    # -- model and tool calls outside a plan run (sessions, integrations) ------------------
+    def fleet_decision(self, action: str, request_id: int, by: str, call: Callable[[], _T]) -> _T:
+        """``effectlog.fleet.<action>`` (requeue, fail, cancel) around an operator's decision on a request."""
+        attrs: dict[str, Any] = {
+            NS + "fleet.request_id": request_id,
+            NS + "fleet.decision": action,
+            NS + "decided_by": by,
+        }
+        with self.tracer.start_as_current_span(NS + "fleet." + action, attributes=attrs) as span:
+            view = call()
+            span.set_attribute(NS + "run.id", str(getattr(view, "run_id", "")))
+            span.set_attribute(NS + "attempt", int(getattr(view, "attempt_no", 0)))
+            span.set_attribute(NS + "fleet.state", str(getattr(view, "state", "")))
+            self.fleet_decisions.add(1, {NS + "fleet.decision": action})
+            return view
+
+    def watch_requests(self, store: Any) -> None:
+        """Report ``effectlog.fleet.requests`` from ``store`` (its ``requests()``) until ``unwatch_requests``."""
+        with self._stores_lock:
+            self._stores.append(store)
+            if len(self._stores) == 1:
+                self._states_seen = set()  # the zeros are for states this store had, not another's
+
+    def unwatch_requests(self, store: Any) -> None:
+        """Export the store's last counts (a collection now, while it is open), then stop reading it."""
+        flush = getattr(self.meter_provider, "force_flush", None)
+        if flush is not None:
+            with contextlib.suppress(Exception):  # telemetry never fails a command: the counts just go unexported
+                flush(timeout_millis=5_000)
+        with self._stores_lock:
+            if store in self._stores:
+                self._stores.remove(store)
+
+    def _requests_by_state(self, options: CallbackOptions) -> Iterable[Observation]:
+        with self._stores_lock:
+            store = self._stores[0] if self._stores else None
+            if store is None:
+                return []
+            try:
+                counts = Counter(view.state for view in store.requests())
+            except Exception:  # a store that cannot answer now reports nothing, it never stops the export
+                return []
+            self._states_seen.update(counts)
+            # A state seen before and now empty reports 0, so a dashboard does not keep its last count.
+            return [Observation(counts.get(s, 0), {NS + "fleet.state": s}) for s in sorted(self._states_seen)]
+
+    # -- model calls (sessions) ------------------------------------------------------------
 
     async def model_call(
         self,
@@ -119,13 +189,19 @@ class Telemetry:
         model: str,
         idempotency_key: str,
         provider: str,
+        parent: Span | None = None,
     ) -> _T:
-        """A ``chat {model}`` span with the GenAI attributes, token usage from an OpenAI-shaped answer."""
+        """A ``chat {model}`` span with the GenAI attributes, token usage from an OpenAI-shaped answer.
+
+        Its parent is ``parent`` when given (a session's step span), else the current span."""
         base = {"gen_ai.operation.name": "chat", "gen_ai.provider.name": provider, "gen_ai.request.model": model}
         attrs = {**base, "gen_ai.system": provider, NS + "run.id": run_id, NS + "step.id": step_id}
         attrs[NS + "idempotency_key"] = idempotency_key
         began = time.perf_counter()
-        with self.tracer.start_as_current_span(f"chat {model}", kind=trace.SpanKind.CLIENT, attributes=attrs) as span:
+        ctx = trace.set_span_in_context(parent) if parent is not None else None
+        with self.tracer.start_as_current_span(
+            f"chat {model}", context=ctx, kind=trace.SpanKind.CLIENT, attributes=attrs
+        ) as span:
             try:
                 response = await call
             except BaseException as exc:
@@ -135,21 +211,6 @@ class Telemetry:
             if isinstance(response, Mapping):
                 _gen_ai_response(span, response, self, base)
             return response
-
-    async def tool_call(self, call: Awaitable[_T], *, run_id: str, step_id: str, tool: str, key: str) -> _T:
-        attrs = {
-            "gen_ai.operation.name": "execute_tool",
-            "gen_ai.tool.name": tool,
-            NS + "run.id": run_id,
-            NS + "step.id": step_id,
-            NS + "idempotency_key": key,
-        }
-        began = time.perf_counter()
-        with self.tracer.start_as_current_span(NS + "tool", attributes=attrs):
-            try:
-                return await call
-            finally:
-                self.tool_duration.record(time.perf_counter() - began, {NS + "adapter": tool})
 
     # -- the fleet ------------------------------------------------------------------------------
 
@@ -199,6 +260,16 @@ def _gen_ai_response(span: Span, response: Mapping[str, Any], t: Telemetry, base
             t.token_usage.record(value, {**base, "gen_ai.token.type": kind})
 
 
+def _described(step: Any) -> dict[str, Any]:
+    """The step's attributes from its ``step.requested`` (or its recorded state, which holds the same)."""
+    return {
+        NS + "adapter": step.adapter,
+        NS + "idempotent": step.idempotent,
+        NS + "idempotency_key": step.idempotency_key,
+        NS + "step.kind": step.kind,
+    }
+
+
 class _OpenStep:
     __slots__ = ("began", "resends", "span")
 
@@ -211,9 +282,11 @@ class _OpenStep:
 class RunObserver:
     """The spans of one run drive: ``effectlog.run``, its ``effectlog.step`` children, their tool calls."""
 
-    def __init__(self, telemetry: Telemetry, run_id: str) -> None:
+    def __init__(self, telemetry: Telemetry, run_id: str, step_of: Callable[[str], Any] | None = None) -> None:
         self.t = telemetry
         self.run_id = run_id
+        # The recorded step (adapter, kind, key) for a span a resume opens at step.resent.
+        self.step_of = step_of
         self.span: Span = trace.INVALID_SPAN
         self.open: dict[str, _OpenStep] = {}
         self.first_seq = 0
@@ -224,28 +297,40 @@ class RunObserver:
         found = traceparent(self.span)
         return {"traceparent": found} if found else {}
 
-    async def drive(self, fn: Callable[[], Awaitable[Any]], *, recorded_seq: int, resumed_from: str) -> Any:
+    def begin(self, *, recorded_seq: int, resumed_from: str) -> None:
+        """Start the ``effectlog.run`` span, linked to the span of the process it resumes."""
         previous = parse_traceparent(resumed_from) if resumed_from else None
         links = [Link(previous, {NS + "link": "resumes"})] if previous is not None else []
         attrs: dict[str, Any] = {NS + "run.id": self.run_id, NS + "resumed": recorded_seq > 0}
         self.span = self.t.tracer.start_span(NS + "run", attributes=attrs, links=links)
+
+    def failed(self, exc: BaseException) -> None:
+        """End the run span (and any step still open) on an exception that left the drive."""
+        self.span.record_exception(exc)
+        self.span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
+        self._end_open("interrupted", StatusCode.ERROR)
+        self._end_run()
+
+    def ended(self, state: str, *, message: str = "", step_id: str | None = None) -> None:
+        """End the run span with the run's state (a step still open ends ``interrupted``)."""
+        self.span.set_attribute(NS + "run.state", state)
+        if step_id is not None:
+            self.span.set_attribute(NS + "step.id", step_id)
+        if state in ("failed", "stopped"):
+            self.span.set_status(Status(StatusCode.ERROR, message or state))
+        self._end_open("interrupted", StatusCode.UNSET)
+        self._end_run()
+
+    async def drive(self, fn: Callable[[], Awaitable[Any]], *, recorded_seq: int, resumed_from: str) -> Any:
+        self.begin(recorded_seq=recorded_seq, resumed_from=resumed_from)
         try:
             with trace.use_span(self.span, end_on_exit=False, record_exception=False, set_status_on_exception=False):
                 outcome = await fn()
         except BaseException as exc:
-            self.span.record_exception(exc)
-            self.span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
-            self._end_open("interrupted", StatusCode.ERROR)
-            self._end_run()
+            self.failed(exc)
             raise
-        self.span.set_attribute(NS + "run.state", outcome.state)
         self.span.set_attribute(NS + "exit_status", outcome.exit_status)
-        if outcome.step_id is not None:
-            self.span.set_attribute(NS + "step.id", outcome.step_id)
-        if outcome.state in ("failed", "stopped"):
-            self.span.set_status(Status(StatusCode.ERROR, outcome.message))
-        self._end_open("interrupted", StatusCode.UNSET)
-        self._end_run()
+        self.ended(outcome.state, message=outcome.message, step_id=outcome.step_id)
         return outcome
 
     def _end_run(self) -> None:
@@ -306,18 +391,11 @@ class RunObserver:
         span.end()
 
     def _requested(self, event: Any, now: float) -> None:
-        self._step_span(
-            event,
-            now,
-            **{
-                NS + "adapter": event.adapter,
-                NS + "idempotent": event.idempotent,
-                NS + "idempotency_key": event.idempotency_key,
-            },
-        )
+        self._step_span(event, now, **_described(event))
 
     def _resent(self, event: Any, now: float) -> None:
-        found = self._step_span(event, now)
+        step = self.step_of(event.step_id) if self.step_of is not None and event.step_id not in self.open else None
+        found = self._step_span(event, now, **(_described(step) if step is not None else {}))
         found.resends += 1
         found.span.add_event(NS + "resent", {NS + "resend": event.resend, NS + "reason": event.reason})
         self.t.steps.add(1, {NS + "outcome": "resent"})
@@ -346,6 +424,21 @@ class RunObserver:
             self._close(event.step_id, "held", StatusCode.UNSET, event.reason, now)
         else:
             self._close(event.step_id, "denied", StatusCode.ERROR, event.reason, now)
+
+    # -- one call to a model (sessions) -----------------------------------------------------------
+
+    async def model(self, call: Awaitable[_T], *, step_id: str, model: str, key: str, provider: str) -> _T:
+        """A ``chat {model}`` span under the step's span (the run's when the step has none open)."""
+        found = self.open.get(step_id)
+        return await self.t.model_call(
+            call,
+            run_id=self.run_id,
+            step_id=step_id,
+            model=model,
+            idempotency_key=key,
+            provider=provider,
+            parent=found.span if found is not None else self.span,
+        )
 
     # -- one send to the tool ----------------------------------------------------------------------
 

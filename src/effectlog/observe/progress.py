@@ -124,13 +124,21 @@ class Both:
         return await self.spans.tool(call, step_id=step_id, attempt=attempt, adapter=adapter, key=key)
 
 
+# The ``effectlog`` logger's level and propagation before the CLI set them: ``main()`` may run inside
+# another program (or a test), which gets its logging back as it was when the command ends.
+_before: list[tuple[int, bool]] = []
+
+
 def cli_logging(*, quiet: bool, log_format: str) -> None:
     """The CLI's handler: ``effectlog`` records on stderr, as text lines or one JSON object per line."""
     logger = logging.getLogger("effectlog")
+    restore_logging()  # main() called again in one process: one handler, the last one asked for
+    _before.append((logger.level, logger.propagate))
     if quiet:
         logger.setLevel(logging.ERROR)  # an application's own handlers (none in the CLI) would see errors only
         return
     handler = logging.StreamHandler(sys.stderr)
+    handler.effectlog_cli = True  # type: ignore[attr-defined]
     if log_format == "json":
         import structlog
 
@@ -153,3 +161,14 @@ def cli_logging(*, quiet: bool, log_format: str) -> None:
     logger.addHandler(handler)
     logger.setLevel(logging.INFO)
     logger.propagate = False  # the CLI owns the process: no second copy through the root logger
+
+
+def restore_logging() -> None:
+    """Undo ``cli_logging``: its handler removed, the ``effectlog`` logger's level and propagation as before."""
+    logger = logging.getLogger("effectlog")
+    for handler in [h for h in logger.handlers if getattr(h, "effectlog_cli", False)]:
+        logger.removeHandler(handler)
+    if _before:
+        level, propagate = _before.pop()
+        logger.setLevel(level)
+        logger.propagate = propagate

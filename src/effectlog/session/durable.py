@@ -20,7 +20,7 @@ import asyncio
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from effectlog import events as ev
 from effectlog.errors import (
@@ -43,7 +43,7 @@ from effectlog.errors import (
 from effectlog.fold import RunState, StepState
 from effectlog.journal.ownership import Claim
 from effectlog.notify import Kind, Notification, Notifier, deliver, hooks_of
-from effectlog.observe import provider_of, telemetry
+from effectlog.observe import provider_of, session_spans
 from effectlog.recorder import Clock, EventSpec, prepare
 from effectlog.recovery import Action, decide
 from effectlog.session import identity as ids
@@ -60,6 +60,9 @@ from effectlog.session.store import Checkpointer
 from effectlog.session.timing import Sleeper
 from effectlog.session.tool_driver import ToolDriver
 from effectlog.stake import approve_command, reconcile_command
+
+if TYPE_CHECKING:
+    from effectlog.observe._telemetry import RunObserver
 
 CrashHook = Callable[[str, str], None]  # (point, step_id): a test seam, like the runtime's
 
@@ -104,6 +107,8 @@ class Session:
             )
         self._opened = False  # has this pass recorded run.started / run.resumed yet
         self._claim: Claim | None = None  # held from this pass's first write until the run waits or ends
+        self._spans: RunObserver | None = None  # this pass's effectlog.run span when OpenTelemetry is configured
+        self._spans_asked = False  # is telemetry on? asked once per pass (again after the run span ended)
         self._position = 0
         self._visited: set[str] = set()
         self.model_calls = 0  # calls made in this pass, not replayed ones
@@ -133,20 +138,35 @@ class Session:
     def _record(self, *specs: EventSpec, ts: int | None = None) -> None:
         """Prepare (legality first, nothing written on error), then append one durable batch."""
         batch = list(specs)
+        if not self._spans_asked:  # its traceparent goes in run.started/resumed: the next pass links to it
+            self._spans_asked = True
+            self._spans = session_spans(
+                self.run_id,
+                recorded_seq=self._state.seq,
+                resumed_from=self._state.traceparent,
+                step_of=lambda sid: self._state.step(sid),  # noqa: PLW0108 - read when called: _state is replaced
+            )
         if not self._opened:  # every pass that writes records itself: the timeline shows each resume
+            traced = self._spans.fields() if self._spans is not None else {}
             if self._state.seq == 0:
-                batch.insert(0, (ev.RunStarted, {"kind": "session", "deadline": self.deadline_ns}))
+                batch.insert(0, (ev.RunStarted, {"kind": "session", "deadline": self.deadline_ns, **traced}))
             else:
-                batch.insert(0, (ev.RunResumed, {"pid": os.getpid()}))
+                batch.insert(0, (ev.RunResumed, {"pid": os.getpid(), **traced}))
         events, new_state = prepare(self._state, batch, ts if ts is not None else self.clock())
         self._own()
+        began = time.perf_counter()
         try:
             self.store.append(events)
-        except BaseException:
+        except BaseException as exc:
+            if self._spans is not None:
+                self._spans.failed(exc)
+                self._spans, self._spans_asked = None, False
             self.release()
             raise
         self._state = new_state
         self._opened = True
+        if self._spans is not None:
+            self._spans.recorded(events, began)  # step spans open and close from what is now durable
         if new_state.closed or new_state.state in ("suspended", "stopped"):
             self.release()  # waits for a person (or is done): the pass drives it no more
         if self.notify:
@@ -192,6 +212,9 @@ class Session:
         if self._claim is not None:
             self.store.release(self._claim)
             self._claim = None
+        if self._spans is not None:  # the pass drives the run no more: its run span ends
+            self._spans.ended(self._state.state, message=self._state.reason, step_id=self._state.blocked_step)
+            self._spans, self._spans_asked = None, False
 
     def _crash_point(self, point: str, step_id: str) -> None:
         if self.crash_hook is not None:
@@ -325,16 +348,8 @@ class Session:
             break
         self.model_calls += 1
         call = self.gateway.complete(body, idempotency_key=pkey)
-        found = telemetry()  # a `chat {model}` span with the GenAI attributes when OpenTelemetry is configured
-        if found is not None:
-            call = found.model_call(
-                call,
-                run_id=self.run_id,
-                step_id=sid,
-                model=name,
-                idempotency_key=pkey,
-                provider=provider_of(self.gateway),
-            )
+        if self._spans is not None:  # a `chat {model}` span under the step's span, with the GenAI attributes
+            call = self._spans.model(call, step_id=sid, model=name, key=pkey, provider=provider_of(self.gateway))
         try:
             response = await call
         except (ModelUnavailable, ModelRefused) as exc:  # the intent stays: the run is open, a new pass resends

@@ -13,7 +13,6 @@ from effectlog import events as ev
 from effectlog.adapters.protocol import idempotency_key
 from effectlog.errors import BadInput, NotApplied, UncertainEffect, UnusableResult
 from effectlog.fold import StepState
-from effectlog.observe import telemetry
 from effectlog.recordable import why_unrecordable
 from effectlog.recovery import Action, decide
 from effectlog.session import identity as ids
@@ -180,10 +179,9 @@ class ToolDriver:
         try:
             s.tool_calls += 1
             call = s.gateway.call_tool(self.info.name, self.args, idempotency_key=step.idempotency_key)
-            found = telemetry()  # an `effectlog.tool` span when OpenTelemetry is configured
-            if found is not None:
-                call = found.tool_call(
-                    call, run_id=s.run_id, step_id=sid, tool=self.info.name, key=step.idempotency_key
+            if s._spans is not None:  # an `effectlog.tool` span under the step's span (OpenTelemetry configured)
+                call = s._spans.tool(
+                    call, step_id=sid, attempt=step.attempt, adapter=self.info.name, key=step.idempotency_key
                 )
             value = await call
             problem = why_unrecordable(value, f"the result of tool {self.info.name!r}")
