@@ -1,0 +1,118 @@
+"""The console's change feed: a cheap version of the journal (and fleet store) that moves on every write.
+
+The journal is append-only, so the number of its events, seals and owner claims only
+grows: their counts (one read-only query, no replay) change exactly when something was
+written. The fleet store's version is the number of its history rows and its requests'
+states. ``/events`` (server-sent events, for the pages, under the session's login) and
+``/api/changes?since=V`` (a long poll, for scripts, under a bearer token) both say when
+the version moved; the pages' ``static/live.js`` then fetches the page again and swaps
+in its live parts, without a reload. A run whose owner dies changes no row, so the feed
+also says "changed" every ``REFRESH_S`` seconds whatever happened.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import sqlite3
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+
+from starlette.concurrency import run_in_threadpool
+
+from effectlog.console import decisions
+from effectlog.console.decisions import Config
+from effectlog.errors import JournalUnreadable, StorageError
+
+POLL_S = 0.5  # how often a waiting feed reads the version
+REFRESH_S = 30.0  # a change is announced at least this often: an owner's death writes nothing
+STREAM_S = 300.0  # an event stream ends after this; the browser's EventSource reconnects by itself
+_COUNTS = ("events", "seals", "owners")
+
+
+def version(config: Config) -> str:
+    """The journal's (and fleet store's) version: equal versions mean nothing was written in between."""
+    parts = [_journal_counts(config.journal)]
+    if config.store is not None:
+        parts.append(decisions.with_store(config, _store_version))
+    return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
+
+
+def _journal_counts(location: str) -> str:
+    if location.startswith(("postgresql://", "postgres://")):
+        return _postgres_counts(location)
+    try:
+        db = sqlite3.connect(Path(location).absolute().as_uri() + "?mode=ro", uri=True, isolation_level=None)
+    except sqlite3.Error as exc:
+        raise JournalUnreadable(f"{location}: cannot read the journal ({exc})") from None
+    try:
+        db.execute("PRAGMA busy_timeout = 5000")
+        return ",".join(_count(db, table) for table in _COUNTS)
+    finally:
+        db.close()
+
+
+def _count(db: sqlite3.Connection, table: str) -> str:
+    what = "coalesce(sum(token), 0)" if table == "owners" else "count(*)"
+    try:
+        return str(db.execute(f"SELECT {what} FROM {table}").fetchone()[0])  # fixed table names
+    except sqlite3.Error as exc:
+        if "no such table" in str(exc):  # a journal no writer has opened since the table exists
+            return "-"
+        raise StorageError(f"cannot read the journal's version ({exc})") from None
+
+
+def _postgres_counts(url: str) -> str:
+    import psycopg
+
+    from effectlog.journal.postgres_schema import SCHEMA
+
+    try:
+        with psycopg.connect(url, connect_timeout=10) as conn:
+            row = conn.execute(
+                f"SELECT (SELECT count(*) FROM {SCHEMA}.events),"  # fixed table names
+                f" (SELECT coalesce(sum(token), 0) FROM {SCHEMA}.owners)"
+            ).fetchone()
+    except psycopg.Error as exc:
+        raise StorageError(f"cannot read the journal's version ({str(exc).splitlines()[0]})") from None
+    return ",".join(str(v) for v in row or ())
+
+
+def _store_version(store: object) -> str:
+    from effectlog.fleet.protocol import FleetStore
+
+    assert isinstance(store, FleetStore)
+    states = ";".join(f"{r.request_id}:{r.state}:{r.attempt_no}:{r.cancel_requested}" for r in store.requests())
+    return f"{len(store.history())}/{states}"
+
+
+async def wait_for_change(config: Config, since: str, timeout_s: float) -> str:
+    """The version once it differs from ``since``, or the current one after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        now = await run_in_threadpool(version, config)
+        if now != since or time.monotonic() >= deadline:
+            return now
+        await asyncio.sleep(POLL_S)
+
+
+async def stream(config: Config, since: str, is_gone: Callable[[], Awaitable[bool]]) -> AsyncIterator[str]:
+    """Server-sent events: ``event: changed`` with the new version each time it moves (or ``REFRESH_S`` passes)."""
+    yield "retry: 2000\n\n"
+    ends = time.monotonic() + STREAM_S
+    current = since or await run_in_threadpool(version, config)
+    yield f"event: version\ndata: {current}\n\n"
+    while time.monotonic() < ends:
+        refresh = time.monotonic() + REFRESH_S
+        while time.monotonic() < min(refresh, ends):
+            if await is_gone():
+                return
+            now = await run_in_threadpool(version, config)
+            if now != current:
+                break
+            await asyncio.sleep(POLL_S)
+        else:
+            now = current
+        current = now
+        yield f"event: changed\ndata: {current}\n\n"
