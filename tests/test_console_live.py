@@ -91,3 +91,27 @@ def test_the_event_stream_tells_a_logged_in_page_that_another_process_appended(s
     assert f"data: {first}" in seen
     assert f"data: {latest}" == changed_to
     assert first != latest
+
+
+def test_a_runs_own_feed_moves_with_that_run_only(setup: Setup) -> None:
+    """/api/changes?run=refund-1 (what refund-1's page follows) does not move when a real process
+    starts another run in the journal, and moves once ``effectlog deny`` (another process) decides
+    refund-1; the journal-wide version moved both times."""
+    from hardening_kit import effectlog
+
+    with console(setup) as base, bearer(base, "vik") as c:
+        run_first = c.get("/api/changes", params={"run": "refund-1"}).json()["version"]
+        all_first = c.get("/api/changes").json()["version"]
+        setup.held("refund-2")
+        other = c.get("/api/changes", params={"since": run_first, "run": "refund-1", "wait": "2"}).json()
+        all_second = c.get("/api/changes", params={"since": all_first, "wait": "2"}).json()
+        denied = effectlog(
+            "deny", "--journal", setup.journal, "--run-id", "refund-1", "--step", "refund", "--by", "vik",
+            "--reason", "not today", cwd=setup.dir,
+        )  # fmt: skip
+        own = c.get("/api/changes", params={"since": run_first, "run": "refund-1", "wait": "30"}).json()
+
+    assert 0 == denied.returncode, denied.stderr
+    assert {"version": run_first, "changed": False} == other
+    assert True is all_second["changed"]
+    assert (True, False) == (own["changed"], own["version"] == run_first)

@@ -126,7 +126,8 @@ def routes(config: Config) -> list[Route]:
             wait = min(max(float(request.query_params.get("wait", "25")), 0.0), MAX_WAIT_S)
         except ValueError:
             raise _Refused(400, "bad_input", "wait must be a number of seconds") from None
-        now = await changes.wait_for_change(config, since, wait if since else 0.0)
+        run_id = request.query_params.get("run")  # only this run's writes count
+        now = await changes.wait_for_change(config, since, wait if since else 0.0, run_id)
         return {"version": now, "changed": bool(since) and now != since}
 
     return [

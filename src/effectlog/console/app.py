@@ -101,9 +101,9 @@ def create_app(config: Config) -> Starlette:
             raise HTTPException(404, "no fleet store: start the console with --store S")
         return lambda: decisions.with_store(config, fn)
 
-    async def live_version() -> str:
+    async def live_version(run_id: str | None = None) -> str:
         # Read before the page's data: a write in between makes the feed announce a change at once.
-        return await run_in_threadpool(changes.version, config)
+        return await run_in_threadpool(changes.version, config, run_id)
 
     def need_user(request: Request) -> User:
         user = _user(request)
@@ -167,7 +167,7 @@ def create_app(config: Config) -> Starlette:
         if _user(request) is None:
             return RedirectResponse("/login", status_code=303)
         run_id = request.path_params["run_id"]
-        ver = await live_version()
+        ver = await live_version(run_id)
         data = await run_in_threadpool(reading(lambda j: views.run_page(j, run_id)))
         return page(
             request,
@@ -176,6 +176,7 @@ def create_app(config: Config) -> Starlette:
             run=data,
             steps_by_id={s.id: s for s in data.steps},
             version=ver,
+            live_run=run_id,
             error=error,
             effects=config.effects,
             lookup=bool(config.adapters),
@@ -236,9 +237,9 @@ def create_app(config: Config) -> Starlette:
     async def events(request: Request) -> Response:
         if _user(request) is None:
             raise HTTPException(401, "log in first")
-        since = request.query_params.get("since", "")
+        since, run_id = request.query_params.get("since", ""), request.query_params.get("run")
         return StreamingResponse(
-            changes.stream(config, since, request.is_disconnected),
+            changes.stream(config, since, request.is_disconnected, run_id),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
         )

@@ -31,48 +31,54 @@ STREAM_S = 300.0  # an event stream ends after this; the browser's EventSource r
 _COUNTS = ("events", "seals", "owners")
 
 
-def version(config: Config) -> str:
-    """The journal's (and fleet store's) version: equal versions mean nothing was written in between."""
-    parts = [_journal_counts(config.journal)]
-    if config.store is not None:
+def version(config: Config, run_id: str | None = None) -> str:
+    """The journal's (and fleet store's) version: equal versions mean nothing was written in between.
+
+    With ``run_id``, only that run's: a run's page then moves only when its run does.
+    """
+    parts = [_journal_counts(config.journal, run_id)]
+    if config.store is not None and run_id is None:
         parts.append(decisions.with_store(config, _store_version))
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
 
 
-def _journal_counts(location: str) -> str:
+def _journal_counts(location: str, run_id: str | None) -> str:
     if location.startswith(("postgresql://", "postgres://")):
-        return _postgres_counts(location)
+        return _postgres_counts(location, run_id)
     try:
         db = sqlite3.connect(Path(location).absolute().as_uri() + "?mode=ro", uri=True, isolation_level=None)
     except sqlite3.Error as exc:
         raise JournalUnreadable(f"{location}: cannot read the journal ({exc})") from None
     try:
         db.execute("PRAGMA busy_timeout = 5000")
-        return ",".join(_count(db, table) for table in _COUNTS)
+        return ",".join(_count(db, table, run_id) for table in _COUNTS)
     finally:
         db.close()
 
 
-def _count(db: sqlite3.Connection, table: str) -> str:
+def _count(db: sqlite3.Connection, table: str, run_id: str | None) -> str:
     what = "coalesce(sum(token), 0)" if table == "owners" else "count(*)"
+    where, params = ("WHERE run_id = ?", (run_id,)) if run_id is not None else ("", ())
     try:
-        return str(db.execute(f"SELECT {what} FROM {table}").fetchone()[0])  # fixed table names
+        return str(db.execute(f"SELECT {what} FROM {table} {where}", params).fetchone()[0])  # fixed table names
     except sqlite3.Error as exc:
         if "no such table" in str(exc):  # a journal no writer has opened since the table exists
             return "-"
         raise StorageError(f"cannot read the journal's version ({exc})") from None
 
 
-def _postgres_counts(url: str) -> str:
+def _postgres_counts(url: str, run_id: str | None) -> str:
     import psycopg
 
     from effectlog.journal.postgres_schema import SCHEMA
 
+    where, params = ("WHERE run_id = %(run)s", {"run": run_id}) if run_id is not None else ("", {})
     try:
         with psycopg.connect(url, connect_timeout=10) as conn:
             row = conn.execute(
-                f"SELECT (SELECT count(*) FROM {SCHEMA}.events),"  # fixed table names
-                f" (SELECT coalesce(sum(token), 0) FROM {SCHEMA}.owners)"
+                f"SELECT (SELECT count(*) FROM {SCHEMA}.events {where}),"  # fixed table names
+                f" (SELECT coalesce(sum(token), 0) FROM {SCHEMA}.owners {where})",
+                params,
             ).fetchone()
     except psycopg.Error as exc:
         raise StorageError(f"cannot read the journal's version ({str(exc).splitlines()[0]})") from None
@@ -87,28 +93,30 @@ def _store_version(store: object) -> str:
     return f"{len(store.history())}/{states}"
 
 
-async def wait_for_change(config: Config, since: str, timeout_s: float) -> str:
+async def wait_for_change(config: Config, since: str, timeout_s: float, run_id: str | None = None) -> str:
     """The version once it differs from ``since``, or the current one after ``timeout_s``."""
     deadline = time.monotonic() + timeout_s
     while True:
-        now = await run_in_threadpool(version, config)
+        now = await run_in_threadpool(version, config, run_id)
         if now != since or time.monotonic() >= deadline:
             return now
         await asyncio.sleep(POLL_S)
 
 
-async def stream(config: Config, since: str, is_gone: Callable[[], Awaitable[bool]]) -> AsyncIterator[str]:
+async def stream(
+    config: Config, since: str, is_gone: Callable[[], Awaitable[bool]], run_id: str | None = None
+) -> AsyncIterator[str]:
     """Server-sent events: ``event: changed`` with the new version each time it moves (or ``REFRESH_S`` passes)."""
     yield "retry: 2000\n\n"
     ends = time.monotonic() + STREAM_S
-    current = since or await run_in_threadpool(version, config)
+    current = since or await run_in_threadpool(version, config, run_id)
     yield f"event: version\ndata: {current}\n\n"
     while time.monotonic() < ends:
         refresh = time.monotonic() + REFRESH_S
         while time.monotonic() < min(refresh, ends):
             if await is_gone():
                 return
-            now = await run_in_threadpool(version, config)
+            now = await run_in_threadpool(version, config, run_id)
             if now != current:
                 break
             await asyncio.sleep(POLL_S)

@@ -42,7 +42,9 @@
       .then(function () { busy = false; if (again) { again = false; refresh(); } });
   }
 
-  var feed = new EventSource("/events?since=" + encodeURIComponent(version));
+  var run = document.body.getAttribute("data-run");  // a run's page follows that run only
+  var feed = new EventSource("/events?since=" + encodeURIComponent(version) +
+    (run ? "&run=" + encodeURIComponent(run) : ""));
   feed.addEventListener("changed", function (e) { version = e.data; refresh(); });
   feed.addEventListener("open", function () { say("live"); });
   feed.addEventListener("error", function () { say("reconnecting…"); });
