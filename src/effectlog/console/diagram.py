@@ -85,7 +85,7 @@ def svg(name: str, current: str | None = None, *, title: str = "", ident: str = 
     marker = "arrow-" + hashlib.sha256(f"{name}/{ident}".encode()).hexdigest()[:12]
     cols = 1 + max(c for c, _ in place.values())
     rows = 1 + max(r for _, r in place.values())
-    width, height = MARGIN * 2 + (cols - 1) * COL_W + BOX_W, MARGIN * 2 + ARC_ROOM + rows * ROW_H + 50
+    width, height = MARGIN * 2 + (cols - 1) * COL_W + BOX_W, MARGIN * 2 + ARC_ROOM + rows * ROW_H + 20
 
     def centre(state: str) -> tuple[float, float]:
         col, row = place[state]
