@@ -270,3 +270,45 @@ def test_a_held_step_is_approved_while_the_application_drives_other_runs_and_the
     rows = effects_rows(setup)
     assert [("refund", 1)] == [(r["step_id"], r["attempt"]) for r in rows if r["run_id"] == "refund-1"]
     assert runs_driven() == len({r["run_id"] for r in rows if str(r["run_id"]).startswith("bg-")})
+
+
+def test_a_live_refresh_keeps_what_the_operator_has_typed_and_a_decision_made_meanwhile_wins(
+    tmp_path: Path, browser: Any
+) -> None:
+    """olga has started typing evidence into charge-1's reconcile form when another operator
+    reconciles charge-1 from the CLI (a real ``effectlog reconcile`` process): the open page
+    refreshes its live parts (the new event shows) but leaves olga's form as it is, her text in it,
+    marked as changed underneath. Submitting it then is refused with the reason on the page, and
+    the journal holds only the other operator's decision."""
+    from selenium.webdriver.common.by import By
+
+    from hardening_kit import effectlog
+
+    setup = Setup(tmp_path)
+    setup.uncertain("charge-1")
+    with console(setup) as base:
+        log_in(browser, base, "olga")
+        click(browser, '#attention a[href="/runs/charge-1"]', "the uncertain run's link")
+        live(browser)
+        events_before = text_of(browser, "#run-events", "the run's event count")
+        form = until(browser, css("#reconcile-charge"), "the reconcile form")
+        form.find_element(By.NAME, "evidence").send_keys("PSP says: ch_5 ")
+
+        other = effectlog(
+            "reconcile", "--journal", setup.journal, "--run-id", "charge-1", "--step", "charge",
+            "--outcome", "not-applied", "--evidence", "refund desk: no charge", "--operator", "vik", cwd=setup.dir,
+        )  # fmt: skip
+
+        until(browser, lambda d: css("#run-events")(d).text != events_before, "the page to show the new event")
+        stale = until(browser, css("[data-live=stakes]"), "the stakes part").get_attribute("data-stale")
+        kept = browser.find_element(By.CSS_SELECTOR, "#reconcile-charge input[name=evidence]")
+        typed = kept.get_attribute("value")
+        browser.find_element(By.CSS_SELECTOR, "#reconcile-charge input[value=applied]").click()
+        click(browser, "#reconcile-charge button[name=reconcile]", "the reconcile button")
+        refused = text_of(browser, "#error", "the refusal")
+
+    reconciled = [(e["outcome"], e["operator"]) for e in setup.timeline("charge-1") if e["type"] == "step.reconciled"]
+    assert 0 == other.returncode, other.stderr
+    assert ("true", "PSP says: ch_5 ") == (stale, typed)
+    assert "charge" in refused
+    assert [("not_applied", "vik")] == reconciled
