@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import sqlite3
+import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -29,13 +30,32 @@ POLL_S = 0.5  # how often a waiting feed reads the version
 REFRESH_S = 30.0  # a change is announced at least this often: an owner's death writes nothing
 STREAM_S = 300.0  # an event stream ends after this; the browser's EventSource reconnects by itself
 _COUNTS = ("events", "seals", "owners")
+_LOCK = threading.Lock()
+_CACHE: dict[tuple[str, str | None, str | None], tuple[float, str]] = {}
 
 
 def version(config: Config, run_id: str | None = None) -> str:
     """The journal's (and fleet store's) version: equal versions mean nothing was written in between.
 
-    With ``run_id``, only that run's: a run's page then moves only when its run does.
+    With ``run_id``, only that run's: a run's page then moves only when its run does. Open
+    pages share one read per ``POLL_S`` (a version a moment old only costs a page one
+    extra refresh), so ten open tabs do not read the journal ten times as often.
     """
+    key = (config.journal, config.store, run_id)
+    now = time.monotonic()
+    with _LOCK:
+        cached = _CACHE.get(key)
+    if cached is not None and now - cached[0] < POLL_S * 0.8:
+        return cached[1]
+    found = _read_version(config, run_id)
+    with _LOCK:
+        if len(_CACHE) > 1000:  # many run pages were opened once: forget them all
+            _CACHE.clear()
+        _CACHE[key] = (now, found)
+    return found
+
+
+def _read_version(config: Config, run_id: str | None) -> str:
     parts = [_journal_counts(config.journal, run_id)]
     if config.store is not None and run_id is None:
         parts.append(decisions.with_store(config, _store_version))
