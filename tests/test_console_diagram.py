@@ -66,3 +66,20 @@ def test_names_in_the_svg_are_escaped_and_arrowheads_of_two_diagrams_do_not_shar
 
     assert "<script>" not in one
     assert marker not in two
+
+
+@pytest.mark.parametrize("current", STEP.states)
+def test_the_arrows_leaving_the_current_state_are_marked_as_what_can_happen_next(current: str) -> None:
+    """The arrows with class ``next`` are exactly the spec's transitions out of the current state
+    (to another state): for an uncertain step, reconcile to reconciled or back to pending."""
+    root = parsed(current)
+    marked = {
+        (g.get("data-from"), g.get("data-to"))
+        for g in root.findall("svg:g[@data-from]", NS)
+        if "next" in (g.get("class") or "").split()
+    }
+    expected = {(s, d) for s, d, _ in _edges(STEP) if s == current and d != current}
+
+    assert expected == marked
+    if current == "uncertain":
+        assert {("uncertain", "reconciled"), ("uncertain", "pending")} == marked

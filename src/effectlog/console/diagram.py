@@ -77,7 +77,8 @@ def _layout(name: str) -> tuple[MachineSpec, dict[str, tuple[int, int]], frozens
 
 
 def svg(name: str, current: str | None = None, *, title: str = "", ident: str = "") -> Markup:
-    """The machine ``name`` as an SVG element, ``current`` (if given) marked ``class="state current"``.
+    """The machine ``name`` as an SVG element, ``current`` (if given) marked ``class="state current"``
+    and the arrows leaving it ``class="arrow next"`` (what can happen to the step next).
 
     ``ident`` tells apart several diagrams on one page (their arrowheads' ids).
     """
@@ -98,10 +99,16 @@ def svg(name: str, current: str | None = None, *, title: str = "", ident: str = 
         f'<defs><marker id="{marker}" viewBox="0 0 10 10" refX="10" refY="5" markerWidth="7" markerHeight="7"'
         ' orient="auto-start-reverse"><path d="M0,0 L10,5 L0,10 z" fill="#667"/></marker></defs>',
     ]
+    nexts: list[str] = []
     for (source, dest), labels in _edges(spec).items():
         drawn = _arrow(source, dest, ", ".join(labels), centre, back=(source, dest) in back, height=height)
         ends = f'data-from="{escape(source)}" data-to="{escape(dest)}"'
-        parts.append(drawn.replace("url(#arrow)", f"url(#{marker})").replace("<g ", f"<g {ends} ", 1))
+        drawn = drawn.replace("url(#arrow)", f"url(#{marker})").replace("<g ", f"<g {ends} ", 1)
+        if source == current and dest != current:  # what can happen next: drawn last, on top, in colour
+            nexts.append(drawn.replace('class="arrow', 'class="arrow next', 1))
+        else:
+            parts.append(drawn)
+    parts.extend(nexts)
     for state in spec.states:
         x, y = centre(state)
         classes = ["state"]
