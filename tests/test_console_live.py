@@ -115,3 +115,21 @@ def test_a_runs_own_feed_moves_with_that_run_only(setup: Setup) -> None:
     assert {"version": run_first, "changed": False} == other
     assert True is all_second["changed"]
     assert (True, False) == (own["changed"], own["version"] == run_first)
+
+
+def test_the_event_stream_ends_with_one_line_when_the_journal_can_no_longer_be_read(setup: Setup) -> None:
+    """The journal file is overwritten with garbage while a page's event stream is open: the stream
+    ends with ``event: broken`` and a one-line reason naming the journal, never a traceback."""
+    with console(setup) as base:
+        client, _ = login(base, "vik")
+        with client.stream("GET", "/events", timeout=60) as stream:
+            lines = stream.iter_lines()
+            seen = [next(lines)]
+            while not seen[-1].startswith("event: version"):
+                seen.append(next(lines))
+            Path(setup.journal).write_bytes(b"this is not a database " * 200)
+            seen.extend(lines)  # until the server ends the stream
+
+    broken = seen.index("event: broken")
+    assert f"data: {setup.journal}: cannot read the journal's version (file is not a database)" == seen[broken + 1]
+    assert [] == [line for line in seen if "Traceback" in line or 'File "' in line]

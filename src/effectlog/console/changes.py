@@ -24,7 +24,7 @@ from starlette.concurrency import run_in_threadpool
 
 from effectlog.console import decisions
 from effectlog.console.decisions import Config
-from effectlog.errors import JournalUnreadable, StorageError
+from effectlog.errors import EffectlogError, JournalUnreadable, StorageError
 
 POLL_S = 0.5  # how often a waiting feed reads the version
 REFRESH_S = 30.0  # a change is announced at least this often: an owner's death writes nothing
@@ -71,12 +71,12 @@ def _journal_counts(location: str, run_id: str | None) -> str:
         raise JournalUnreadable(f"{location}: cannot read the journal ({exc})") from None
     try:
         db.execute("PRAGMA busy_timeout = 5000")
-        return ",".join(_count(db, table, run_id) for table in _COUNTS)
+        return ",".join(_count(db, table, run_id, location) for table in _COUNTS)
     finally:
         db.close()
 
 
-def _count(db: sqlite3.Connection, table: str, run_id: str | None) -> str:
+def _count(db: sqlite3.Connection, table: str, run_id: str | None, location: str) -> str:
     what = "coalesce(sum(token), 0)" if table == "owners" else "count(*)"
     where, params = ("WHERE run_id = ?", (run_id,)) if run_id is not None else ("", ())
     try:
@@ -84,13 +84,13 @@ def _count(db: sqlite3.Connection, table: str, run_id: str | None) -> str:
     except sqlite3.Error as exc:
         if "no such table" in str(exc):  # a journal no writer has opened since the table exists
             return "-"
-        raise StorageError(f"cannot read the journal's version ({exc})") from None
+        raise StorageError(f"{location}: cannot read the journal's version ({exc})") from None
 
 
 def _postgres_counts(url: str, run_id: str | None) -> str:
     import psycopg
 
-    from effectlog.journal.postgres_schema import SCHEMA
+    from effectlog.journal.postgres_schema import SCHEMA, redact
 
     where, params = ("WHERE run_id = %(run)s", {"run": run_id}) if run_id is not None else ("", {})
     try:
@@ -101,7 +101,7 @@ def _postgres_counts(url: str, run_id: str | None) -> str:
                 params,
             ).fetchone()
     except psycopg.Error as exc:
-        raise StorageError(f"cannot read the journal's version ({str(exc).splitlines()[0]})") from None
+        raise StorageError(f"{redact(url)}: cannot read the journal's version ({str(exc).splitlines()[0]})") from None
     return ",".join(str(v) for v in row or ())
 
 
@@ -126,8 +126,22 @@ async def wait_for_change(config: Config, since: str, timeout_s: float, run_id: 
 async def stream(
     config: Config, since: str, is_gone: Callable[[], Awaitable[bool]], run_id: str | None = None
 ) -> AsyncIterator[str]:
-    """Server-sent events: ``event: changed`` with the new version each time it moves (or ``REFRESH_S`` passes)."""
+    """Server-sent events: ``event: changed`` with the new version each time it moves (or ``REFRESH_S`` passes).
+
+    A journal that can no longer be read ends the stream with ``event: broken`` and the
+    one-line reason (the page says so); the traceback never reaches the browser.
+    """
     yield "retry: 2000\n\n"
+    try:
+        async for event in _events(config, since, is_gone, run_id):
+            yield event
+    except EffectlogError as exc:
+        yield f"event: broken\ndata: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}\n\n"
+
+
+async def _events(
+    config: Config, since: str, is_gone: Callable[[], Awaitable[bool]], run_id: str | None
+) -> AsyncIterator[str]:
     ends = time.monotonic() + STREAM_S
     current = since or await run_in_threadpool(version, config, run_id)
     yield f"event: version\ndata: {current}\n\n"

@@ -47,5 +47,6 @@
     (run ? "&run=" + encodeURIComponent(run) : ""));
   feed.addEventListener("changed", function (e) { version = e.data; refresh(); });
   feed.addEventListener("open", function () { say("live"); });
-  feed.addEventListener("error", function () { say("reconnecting…"); });
+  feed.addEventListener("error", function () { if (feed.readyState !== 2) say("reconnecting…"); });
+  feed.addEventListener("broken", function (e) { feed.close(); say("live updates stopped: " + e.data); });
 })();
