@@ -81,6 +81,20 @@ def click(driver: Any, selector: str, what: str) -> None:
     until(driver, lambda d: css(selector)(d).click() or True, what)
 
 
+def type_into(driver: Any, selector: str, text: str, what: str) -> None:
+    until(driver, lambda d: css(selector)(d).send_keys(text) or True, what)
+
+
+def cells(driver: Any, selector: str, what: str) -> list[str]:
+    """The texts of the cells of the row at ``selector``, read in one go (again if the row was swapped)."""
+    from selenium.webdriver.common.by import By
+
+    found: list[str] = until(
+        driver, lambda d: [td.text for td in css(selector)(d).find_elements(By.TAG_NAME, "td")], what
+    )
+    return found
+
+
 def text_of(driver: Any, selector: str, what: str) -> str:
     text: str = until(driver, lambda d: css(selector)(d).text, what)
     return text
@@ -113,25 +127,22 @@ def test_a_person_logs_in_opens_needs_attention_and_approves_a_held_step(tmp_pat
     """Log in as the operator olga; Needs attention lists refund-1 as held for approval; its page
     shows the call with its digest; "Approve this exact call" records step.approved by olga, bound
     to that digest; the page says so, and Needs attention then reads "ready to resume"."""
-    from selenium.webdriver.common.by import By
 
     setup = Setup(tmp_path)
     setup.held("refund-1")
     with console(setup) as base:
         log_in(browser, base, "olga")
-        row = until(browser, css("#attention tr.why-held-for-approval"), "the held run in Needs attention")
-        assert ["held for approval", "refund-1", "refund"] == [
-            td.text for td in row.find_elements(By.TAG_NAME, "td")[1:4]
-        ]
-        assert "olga (operator)" == browser.find_element(By.ID, "whoami").text
+        row = cells(browser, "#attention tr.why-held-for-approval", "the held run in Needs attention")
+        assert ["held for approval", "refund-1", "refund"] == row[1:4]
+        assert "olga (operator)" == text_of(browser, "#whoami", "who is logged in")
         click(browser, '#attention a[href="/runs/refund-1"]', "the held run's link")
 
         shown = text_of(browser, "#stake-refund code.digest", "the held call's digest")
         click(browser, "#approve-refund button", "the approve button")
-        decided = until(browser, css("#decided"), "the decision's confirmation").text
-        timeline = browser.find_element(By.ID, "timeline").text
-        browser.find_element(By.ID, "nav-attention").click()
-        after = until(browser, css("#attention tbody tr.why-ready-to-resume"), "the approved run, ready to resume").text
+        decided = text_of(browser, "#decided", "the decision's confirmation")
+        timeline = text_of(browser, "#timeline", "the timeline")
+        click(browser, "#nav-attention", "the Needs attention link")
+        after = text_of(browser, "#attention tbody tr.why-ready-to-resume", "the approved run, ready to resume")
 
     approved = [(e["by"], e["args_digest"]) for e in setup.timeline("refund-1") if e["type"] == "step.approved"]
     assert [("olga", shown)] == approved
@@ -148,7 +159,6 @@ def test_an_uncertain_run_is_reconciled_in_the_browser_and_leaves_the_list_witho
     it reads "ready to resume"; a real ``effectlog run`` process then resumes it to completion, and
     the open page drops it from the list by itself: same document (a marker set on the page
     survives), no reload, at least one live refresh. The journal holds olga's evidence."""
-    from selenium.webdriver.common.by import By
 
     setup = Setup(tmp_path)
     setup.uncertain("charge-1")
@@ -156,25 +166,24 @@ def test_an_uncertain_run_is_reconciled_in_the_browser_and_leaves_the_list_witho
     with console(setup) as base:
         log_in(browser, base, "olga")
         until(browser, css("#attention tr.why-uncertain"), "the uncertain run in Needs attention")
-        before = attention_runs(browser)
+        before = until(browser, attention_runs, "the attention list")
         click(browser, '#attention tr.why-uncertain a[href="/runs/charge-1"]', "the uncertain run's link")
 
-        form = until(browser, css("#reconcile-charge"), "the reconcile form")
-        form.find_element(By.CSS_SELECTOR, "input[value=applied]").click()
-        form.find_element(By.NAME, "evidence").send_keys("PSP dashboard: charge ch_91 captured")
-        form.find_element(By.CSS_SELECTOR, "button[name=reconcile]").click()
-        decided = until(browser, css("#decided"), "the decision's confirmation").text
-        browser.find_element(By.ID, "nav-attention").click()
-        waiting = until(browser, css("#attention tr.why-ready-to-resume"), "the reconciled run, ready to resume").text
+        click(browser, "#reconcile-charge input[value=applied]", "the applied choice")
+        type_into(browser, "#reconcile-charge input[name=evidence]", "PSP dashboard: charge ch_91 captured", "evidence")
+        click(browser, "#reconcile-charge button[name=reconcile]", "the reconcile button")
+        decided = text_of(browser, "#decided", "the decision's confirmation")
+        click(browser, "#nav-attention", "the Needs attention link")
+        waiting = text_of(browser, "#attention tr.why-ready-to-resume", "the reconciled run, ready to resume")
         live(browser)
         browser.execute_script("window.sameDocument = 'yes';")
 
         setup.run(uncertain_plan("charge-1"), 0)  # another process resumes it: the step counts as done
 
         until(browser, lambda d: "charge-1" not in attention_runs(d), "charge-1 to leave the list")
-        after = attention_runs(browser)
+        after = until(browser, attention_runs, "the attention list")
         same = browser.execute_script("return window.sameDocument;")
-        refreshes = int(browser.find_element(By.TAG_NAME, "body").get_attribute("data-refreshes") or 0)
+        refreshes = int(until(browser, css("body"), "the page").get_attribute("data-refreshes") or 0)
 
     reconciled = [
         (e["outcome"], e["operator"], e["evidence"])
@@ -291,8 +300,7 @@ def test_a_live_refresh_keeps_what_the_operator_has_typed_and_a_decision_made_me
         click(browser, '#attention a[href="/runs/charge-1"]', "the uncertain run's link")
         live(browser)
         events_before = text_of(browser, "#run-events", "the run's event count")
-        form = until(browser, css("#reconcile-charge"), "the reconcile form")
-        form.find_element(By.NAME, "evidence").send_keys("PSP says: ch_5 ")
+        type_into(browser, "#reconcile-charge input[name=evidence]", "PSP says: ch_5 ", "the evidence field")
 
         other = effectlog(
             "reconcile", "--journal", setup.journal, "--run-id", "charge-1", "--step", "charge",
@@ -303,7 +311,7 @@ def test_a_live_refresh_keeps_what_the_operator_has_typed_and_a_decision_made_me
         stale = until(browser, css("[data-live=stakes]"), "the stakes part").get_attribute("data-stale")
         kept = browser.find_element(By.CSS_SELECTOR, "#reconcile-charge input[name=evidence]")
         typed = kept.get_attribute("value")
-        browser.find_element(By.CSS_SELECTOR, "#reconcile-charge input[value=applied]").click()
+        click(browser, "#reconcile-charge input[value=applied]", "the applied choice")
         click(browser, "#reconcile-charge button[name=reconcile]", "the reconcile button")
         refused = text_of(browser, "#error", "the refusal")
 
