@@ -23,10 +23,12 @@ from selenium import webdriver
 from selenium.webdriver.chrome.options import Options
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
+from selenium.webdriver.support.ui import WebDriverWait
 
 from effectlog.console.users import hash_password
 
-OUT = Path(__file__).resolve().parent.parent / "docs" / "img"
+ROOT = Path(__file__).resolve().parent.parent
+OUT = Path(os.environ.get("CONSOLE_SHOTS_OUT", ROOT / "docs" / "img"))  # elsewhere to preview
 LOST_REPLY = """
 class LostReply:
     def __init__(self, store):
@@ -56,6 +58,13 @@ PLANS = {
         "adapters": {"psp": {"type": "demo.lost-reply", "version": "1", "idempotent": False}},
         "steps": [{"id": "charge", "adapter": "psp", "args": {"amount_cents": 1299, "order": "o_77"}}],
     },
+    "invoice-3": {
+        "adapters": {"sh": {"type": "shell", "version": "1", "idempotent": True}},
+        "steps": [
+            {"id": "render", "adapter": "sh", "args": {"argv": ["sh", "-c", "echo rendered invoice 3"]}},
+            {"id": "send", "adapter": "sh", "args": {"argv": ["sh", "-c", "echo sent to c_981"]}},
+        ],
+    },
     "nightly-1": {
         "adapters": {"sh": {"type": "shell", "version": "1", "idempotent": True}},
         "steps": [{"id": "fetch", "adapter": "sh", "args": {"argv": ["sh", "-c", "echo fetched"]}}],
@@ -74,6 +83,9 @@ def main() -> None:
     (work / "demo_tools.py").write_text(LOST_REPLY)
     (work / "users.toml").write_text(f'[users.olga]\nrole = "operator"\npassword = "{hash_password("olga")}"\n')
     for run_id, plan in PLANS.items():
+        if run_id == "nightly-1":
+            (work / f"{run_id}.json").write_text(json.dumps({"run_id": run_id, **plan}))
+            continue  # a fleet request, below
         (work / f"{run_id}.json").write_text(json.dumps({"run_id": run_id, **plan}))
         effectlog(work, "run", f"{run_id}.json", "--journal", "runs.db", "--effects", "effects.db",
                   "--adapters", "demo_tools:ADAPTERS")  # fmt: skip
@@ -104,10 +116,13 @@ def main() -> None:
         driver.find_element(By.ID, "user").send_keys("olga")
         driver.find_element(By.ID, "password").send_keys("olga")
         driver.find_element(By.ID, "login").click()
+        live(driver)
         shot(driver, "attention")
         for name, path in (("runs", "/runs"), ("run-held", "/runs/refund-042"), ("run-uncertain", "/runs/charge-7"),
-                           ("requests", "/requests"), ("request", "/requests/1")):  # fmt: skip
+                           ("run-done", "/runs/invoice-3"), ("requests", "/requests"),
+                           ("request", "/requests/1")):  # fmt: skip
             driver.get(base + path)
+            live(driver)
             shot(driver, name)
     finally:
         driver.quit()
@@ -115,12 +130,17 @@ def main() -> None:
         server.wait()
 
 
+def live(driver: webdriver.Chrome) -> None:
+    """Wait until the page is loaded and its live feed is connected (the header says "live")."""
+    WebDriverWait(driver, 20).until(lambda d: d.find_element(By.ID, "live").text == "live")
+
+
 def shot(driver: webdriver.Chrome, name: str) -> None:
     height = driver.execute_script("return document.documentElement.scrollHeight")
     driver.set_window_size(1280, max(600, min(int(height) + 160, 2400)))
     path = OUT / f"console-{name}.png"
     driver.save_screenshot(str(path))
-    print(f"wrote {path.relative_to(OUT.parent.parent)}")
+    print(f"wrote {path}")
 
 
 if __name__ == "__main__":

@@ -43,7 +43,13 @@ class LostReplyWithLookup(LostReply):
         return self.store.lookup(request)
 
 
+class Echo:  # answers with its "say" arg: a receipt holding whatever text the test chose
+    def invoke(self, request):
+        return {"said": request.args["say"]}
+
+
 ADAPTERS = {
+    "test.echo": lambda decl, ctx: Echo(),
     "test.lost-reply": lambda decl, ctx: LostReply(ctx.effect_store()),
     "test.lost-reply-lookup": lambda decl, ctx: LostReplyWithLookup(ctx.effect_store()),
 }

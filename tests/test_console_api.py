@@ -120,3 +120,17 @@ def test_new_token_prints_a_token_and_the_users_file_line_that_matches_it(tmp_pa
     assert (0, "") == (done.returncode, done.stderr)
     assert f'token_sha256 = "{token_digest(token)}"' == file_line
     assert len(token) >= 40
+
+
+def test_a_runs_json_gives_each_steps_evidence_so_far_and_receipts(setup: Setup) -> None:
+    """/api/runs/charge-1 lists, for its step, the doubt and then the reconciliation made through the
+    API (by the token's user, with its evidence), in journal order; no tool reply means no receipt."""
+    with console(setup) as base, api(base, "olga") as c:
+        c.post("/api/runs/charge-1/steps/charge/reconcile", json={"outcome": "applied", "evidence": "ledger row 9"})
+        step = c.get("/api/runs/charge-1").json()["steps"][0]
+
+    assert [] == step["receipts"]
+    assert [("uncertain", ""), ("reconciled applied", "olga (a person)")] == [
+        (e["what"], e["by"]) for e in step["evidence"]
+    ]
+    assert "ledger row 9" == step["evidence"][1]["text"]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -25,6 +26,7 @@ from console_kit import (
     CARD,
     NASTY,
     PASSWORDS,
+    TOKENS,
     Setup,
     console,
     csrf_of,
@@ -439,3 +441,65 @@ def test_a_run_whose_history_does_not_replay_is_listed_as_unreadable_and_hides_n
         t for t in ("held for approval: 1", "unreadable: 1") if t in attention.text
     )
     assert "charge-1" in attention.text
+
+
+def test_the_runs_page_lists_every_other_run_when_one_row_of_the_journal_is_damaged(setup: Setup) -> None:
+    """One stored event of charge-1 has its body overwritten (as a broken disk or an attacker would,
+    around the append-only trigger): /runs still answers 200 and lists refund-1 as before, and
+    lists charge-1 as unreadable with the journal's own reason; a state filter keeps it shown; the
+    JSON API's run list says the same."""
+    import sqlite3
+
+    db = sqlite3.connect(setup.journal, isolation_level=None)
+    try:
+        db.execute("DROP TRIGGER events_append_only_update")
+        db.execute("UPDATE events SET body = ? WHERE run_id = ? AND seq = 2", (b'{"garbage": true}', "charge-1"))
+    finally:
+        db.close()
+    with console(setup) as base:
+        client, _ = login(base, "vik")
+        runs = client.get("/runs")
+        held = client.get("/runs?state=suspended")
+        api = client.get("/api/runs", headers={"Authorization": f"Bearer {TOKENS['vik']}"})
+
+    rows = re.findall(
+        r'<tr>\s*<td>[^<]*</td>\s*<td><a href="/runs/([^"]+)">.*?<td class="state-([a-z_]+)">', runs.text, re.S
+    )
+    assert (200, 200) == (runs.status_code, held.status_code)
+    assert [("charge-1", "unreadable"), ("refund-1", "suspended")] == rows
+    assert "unreadable: " in runs.text
+    assert ("charge-1" in held.text, "refund-1" in held.text) == (True, True)
+    assert [("charge-1", "unreadable"), ("refund-1", "suspended")] == [
+        (r["run_id"], r["condition"].split(":")[0]) for r in api.json()["runs"]
+    ]
+
+
+def test_the_run_page_shows_each_receipt_and_the_evidence_recorded_so_far_escaped(setup: Setup) -> None:
+    """A finished run's page shows its step's receipt (the tool's answer, holding ``<script>`` and
+    quotes, escaped); an uncertain step reconciled not-applied shows, in order, its doubt with the
+    tool's error and the operator's evidence; its page, as a held step's, draws the step machine
+    with the step's state marked."""
+    done_plan = {
+        "run_id": "echo-1",
+        "adapters": {"echo": {"type": "test.echo", "version": "1", "idempotent": True}},
+        "steps": [{"id": "say", "adapter": "echo", "args": {"say": NASTY}}],
+    }
+    setup.run(done_plan, 0)
+    with console(setup) as base:
+        client, token = login(base, "olga")
+        echo = client.get("/runs/echo-1").text
+        client.post(
+            "/runs/charge-1/steps/charge/reconcile",
+            data={"csrf": token, "outcome": "not_applied", "evidence": "PSP: no charge ch_<b>1</b>"},
+        )
+        charge = client.get("/runs/charge-1").text
+        held = client.get("/runs/refund-1").text
+
+    receipts = echo.split('<table class="receipts">')[1].split("</table>")[0]
+    assert "<script>" not in echo
+    assert str(escape(json.dumps({"said": NASTY}, indent=2))) in receipts
+    evidence = re.findall(r'<span class="what">([^<]+)</span>[^:]*:\s*([^<\n]*)', charge)
+    assert ("uncertain", "outcome unknown: ConnectionError: connection reset after the effect") == evidence[0]
+    assert ("reconciled not_applied", "PSP: no charge ch_&lt;b&gt;1&lt;/b&gt;") in evidence
+    assert 'class="state current initial" data-state="pending"' in charge
+    assert 'class="state current" data-state="awaiting_approval"' in held

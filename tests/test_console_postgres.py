@@ -27,3 +27,24 @@ def test_on_postgres_needs_attention_lists_the_held_run_and_approve_is_journaled
     assert [("olga", digest)] == approved
     setup.run(held_plan("refund-pg"), 0)
     assert [("refund-pg", "refund", 1)] == [(r["run_id"], r["step_id"], r["attempt"]) for r in effects_rows(setup)]
+
+
+def test_on_postgres_the_change_feed_answers_when_another_process_appends(tmp_path: Path, pg_url: str) -> None:
+    """On a PostgreSQL journal, /api/changes with the current version reports no change while nothing
+    is written, and a new version once a real ``effectlog run`` process has appended another run."""
+    import httpx
+
+    from console_kit import TOKENS
+
+    setup = Setup(tmp_path, journal=pg_url)
+    setup.held("refund-pg-1")
+    with console(setup) as base:
+        c = httpx.Client(base_url=base, headers={"Authorization": f"Bearer {TOKENS['vik']}"}, timeout=60)
+        first = c.get("/api/changes").json()["version"]
+        quiet = c.get("/api/changes", params={"since": first, "wait": "1"}).json()
+        setup.held("refund-pg-2")
+        moved = c.get("/api/changes", params={"since": first, "wait": "30"}).json()
+        c.close()
+
+    assert {"version": first, "changed": False} == quiet
+    assert (True, False) == (moved["changed"], moved["version"] == first)

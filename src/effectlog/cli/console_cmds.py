@@ -115,6 +115,7 @@ def cmd_console(args: argparse.Namespace) -> int:
         ssl_certfile=args.tls_cert,
         ssl_keyfile=args.tls_key,
         server_header=False,
+        timeout_graceful_shutdown=2,  # open event streams (live pages) must not hold a stop up
     )
     return 0
 

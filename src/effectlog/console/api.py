@@ -22,12 +22,13 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from effectlog.cli.run_views import when
-from effectlog.console import decisions, views
+from effectlog.console import changes, decisions, views
 from effectlog.console.decisions import Config
 from effectlog.console.users import User, by_token
 from effectlog.errors import Conflict, EffectlogError, JournalLocked, UnknownRun
 from effectlog.fold import RunState
 
+MAX_WAIT_S = 60.0  # the longest a long poll of /api/changes waits
 Endpoint = Callable[[Request, User], Awaitable[Any]]
 
 
@@ -119,7 +120,18 @@ def routes(config: Config) -> list[Route]:
         )
         return await fleet_request(request, user)
 
+    async def changed(request: Request, user: User) -> Any:
+        since = request.query_params.get("since", "")
+        try:
+            wait = min(max(float(request.query_params.get("wait", "25")), 0.0), MAX_WAIT_S)
+        except ValueError:
+            raise _Refused(400, "bad_input", "wait must be a number of seconds") from None
+        run_id = request.query_params.get("run")  # only this run's writes count
+        now = await changes.wait_for_change(config, since, wait if since else 0.0, run_id)
+        return {"version": now, "changed": bool(since) and now != since}
+
     return [
+        Route("/api/changes", api(changed)),
         Route("/api/attention", api(attention)),
         Route("/api/runs", api(runs)),
         Route("/api/runs/{run_id}", api(run)),

@@ -2,7 +2,8 @@
 
 Starlette with Jinja2 templates (autoescape on for every page), sessions in a signed
 cookie (Starlette's ``SessionMiddleware``, itsdangerous), a CSRF token per session
-checked on every POST, and no JavaScript. Each decision calls the very function the
+checked on every POST, and little JavaScript (``static/live.js``: live updates from
+``/events``, ``effectlog.console.changes``). Each decision calls the very function the
 CLI calls (``approvals.approve``/``deny``, ``reconcile.reconcile``) with the logged-in
 user's name; the journal is opened for each request and closed after it, so the
 console never holds a run: a process that drives one is never blocked by it.
@@ -25,16 +26,15 @@ from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.middleware.sessions import SessionMiddleware
 from starlette.requests import Request
-from starlette.responses import PlainTextResponse, RedirectResponse, Response
+from starlette.responses import PlainTextResponse, RedirectResponse, Response, StreamingResponse
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 
 from effectlog.cli.run_views import when
-from effectlog.console import api, decisions, views
+from effectlog.console import api, changes, decisions, diagram, views
 from effectlog.console.decisions import Config
 from effectlog.console.users import User, check_password
-from effectlog.diagrams import render
 from effectlog.errors import Conflict, EffectlogError, JournalLocked
 from effectlog.fleet.protocol import FleetStore
 from effectlog.journal import Journal
@@ -79,7 +79,9 @@ def create_app(config: Config) -> Starlette:
     env.filters["pretty"] = lambda value: json.dumps(value, indent=2, ensure_ascii=False, sort_keys=True)
     templates = Jinja2Templates(env=env)
     throttle = _Throttle()
-    step_diagram = render("step", "mermaid")
+    env.globals["step_svg"] = lambda state, ident: diagram.svg(
+        "step", state, ident=ident, title=f"step {ident}: {state} (the step machine, from specs/step.toml)"
+    )
 
     def page(request: Request, name: str, status: int = 200, **context: Any) -> Response:
         context.update(
@@ -98,6 +100,10 @@ def create_app(config: Config) -> Starlette:
         if config.store is None:
             raise HTTPException(404, "no fleet store: start the console with --store S")
         return lambda: decisions.with_store(config, fn)
+
+    async def live_version(run_id: str | None = None) -> str:
+        # Read before the page's data: a write in between makes the feed announce a change at once.
+        return await run_in_threadpool(changes.version, config, run_id)
 
     def need_user(request: Request) -> User:
         user = _user(request)
@@ -139,8 +145,9 @@ def create_app(config: Config) -> Starlette:
                 return views.attention(journal)
             return decisions.with_store(config, lambda store: views.attention(journal, store))
 
+        ver = await live_version()
         items = await run_in_threadpool(reading(read))
-        return page(request, "attention.html", items=items, counts=views.counts(items))
+        return page(request, "attention.html", items=items, counts=views.counts(items), version=ver)
 
     async def runs(request: Request) -> Response:
         if _user(request) is None:
@@ -150,22 +157,27 @@ def create_app(config: Config) -> Starlette:
             number = max(1, int(request.query_params.get("page", "1")))
         except ValueError:
             raise HTTPException(400, "page must be a number") from None
+        ver = await live_version()
         rows, more = await run_in_threadpool(reading(lambda j: views.runs(j, state=state, page=number)))
-        return page(request, "runs.html", rows=rows, more=more, page_no=number, state=state, states=RUN_STATES)
+        return page(
+            request, "runs.html", rows=rows, more=more, page_no=number, state=state, states=RUN_STATES, version=ver
+        )
 
     async def run(request: Request, error: str = "", status: int = 200) -> Response:
         if _user(request) is None:
             return RedirectResponse("/login", status_code=303)
         run_id = request.path_params["run_id"]
+        ver = await live_version(run_id)
         data = await run_in_threadpool(reading(lambda j: views.run_page(j, run_id)))
         return page(
             request,
             "run.html",
             status,
             run=data,
+            steps_by_id={s.id: s for s in data.steps},
+            version=ver,
+            live_run=run_id,
             error=error,
-            step_states=views.STEP_STATES,
-            step_diagram=step_diagram,
             effects=config.effects,
             lookup=bool(config.adapters),
         )
@@ -192,15 +204,17 @@ def create_app(config: Config) -> Starlette:
         if _user(request) is None:
             return RedirectResponse("/login", status_code=303)
         state = request.query_params.get("state", "")
+        ver = await live_version()
         rows = await run_in_threadpool(with_store(lambda st: views.requests(st, state=state)))
-        return page(request, "requests.html", rows=rows, state=state, states=ATTEMPT_STATES)
+        return page(request, "requests.html", rows=rows, state=state, states=ATTEMPT_STATES, version=ver)
 
     async def fleet_request(request: Request, error: str = "", status: int = 200) -> Response:
         if _user(request) is None:
             return RedirectResponse("/login", status_code=303)
         request_id: int = request.path_params["request_id"]
+        ver = await live_version()
         data = await run_in_threadpool(with_store(lambda st: views.request_page(st, request_id)))
-        return page(request, "request.html", status, req=data, error=error)
+        return page(request, "request.html", status, req=data, error=error, version=ver)
 
     async def fleet_decide(request: Request) -> Response:
         user = need_user(request)
@@ -219,6 +233,16 @@ def create_app(config: Config) -> Starlette:
         except EffectlogError as exc:
             return await fleet_request(request, error=str(exc), status=400)
         return RedirectResponse(f"/requests/{request_id}?decided={action}", status_code=303)
+
+    async def events(request: Request) -> Response:
+        if _user(request) is None:
+            raise HTTPException(401, "log in first")
+        since, run_id = request.query_params.get("since", ""), request.query_params.get("run")
+        return StreamingResponse(
+            changes.stream(config, since, request.is_disconnected, run_id),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
+        )
 
     async def http_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)
@@ -246,6 +270,7 @@ def create_app(config: Config) -> Starlette:
             Route("/runs", runs),
             Route("/runs/{run_id}", run),
             Route("/runs/{run_id}/steps/{step_id}/{action:str}", decide, methods=["POST"]),
+            Route("/events", events),
             Route("/requests", fleet_requests),
             Route("/requests/{request_id:int}", fleet_request),
             Route("/requests/{request_id:int}/{action:str}", fleet_decide, methods=["POST"]),

@@ -1,7 +1,7 @@
 """What the console's pages show, read from a journal (and a fleet store): no HTTP, no writes.
 
 Each function takes an open journal and returns plain records for a template. The
-reading reuses what the CLI reads with: ``summary.summaries`` (a closed run from its
+reading reuses what the CLI reads with: ``summary.summary`` (a closed run from its
 seal, not a full replay), ``Journal.owner`` (whether a live process drives an open
 run), ``recovery.still_blocked`` (whether a person must act), ``stake.at_stake`` (what
 is at stake at a blocked step, secret values only as digests) and the step machine
@@ -22,13 +22,12 @@ from effectlog.fleet.protocol import FleetStore
 from effectlog.fold import RunState, StepState, replay_records
 from effectlog.journal import Journal, load_sealed
 from effectlog.recovery import Action, still_blocked
-from effectlog.spec import compiled
 from effectlog.stake import AtStake, at_stake
-from effectlog.summary import RUN_STATES, summaries, summary
+from effectlog.summary import RUN_STATES, summary
 
 PAGE_SIZE = 50
+UNREADABLE = "unreadable"  # a run whose history does not replay (cut, gap, broken chain)
 Why = Literal["held for approval", "uncertain", "interrupted", "ready to resume", "needs_operator", "unreadable"]
-STEP_STATES: tuple[str, ...] = compiled("step").spec.states
 
 
 class Attention(msgspec.Struct, frozen=True, kw_only=True):
@@ -54,11 +53,34 @@ class TimelineRow(msgspec.Struct, frozen=True, kw_only=True):
     blocking: bool
 
 
+class Receipt(msgspec.Struct, frozen=True, kw_only=True):
+    """What a tool returned for one attempt (``step.effected``), or a fork carried from its parent."""
+
+    attempt: int
+    ok: bool
+    receipt: Any
+    seq: int
+    carried_from: str = ""  # the parent run, for a receipt carried by a fork
+
+
+class Evidence(msgspec.Struct, frozen=True, kw_only=True):
+    """One thing recorded about a step that a person weighs: a doubt, a decision, a failure."""
+
+    seq: int
+    attempt: int
+    what: str  # uncertain | reconciled | approved | held | denied | failed | expired
+    by: str  # who: an operator, a policy, an automated inspection ("" for the runtime)
+    text: str  # the evidence, reason or error as recorded
+
+
 class StepRow(msgspec.Struct, frozen=True, kw_only=True):
     id: str
     state: str
     attempt: int
     decided: str  # who decided it and on what evidence, so far ("" when nobody has)
+    idempotency_key: str = ""
+    receipts: list[Receipt] = []
+    evidence: list[Evidence] = []
 
 
 class RunPage(msgspec.Struct, frozen=True, kw_only=True):
@@ -140,10 +162,21 @@ def counts(items: list[Attention]) -> dict[str, int]:
 def runs(journal: Journal, *, state: str = "", page: int = 1) -> tuple[list[tuple[RunState, str]], bool]:
     """One page of runs, newest first, in ``state`` (all when empty), each with its condition; and if more follow."""
     states = (state,) if state in RUN_STATES else ()
-    found = summaries(journal, journal.runs(), states=states, limit=page * PAGE_SIZE + 1)
-    rows = found[(page - 1) * PAGE_SIZE : page * PAGE_SIZE]
+    readable: list[RunState] = []
+    broken: list[tuple[RunState, str]] = []
+    for run_id in journal.runs():
+        try:
+            found = summary(journal, run_id)
+        except EffectlogError as exc:  # one run that does not replay must not hide the others
+            broken.append((RunState(run_id=run_id, state=UNREADABLE), f"{UNREADABLE}: {exc}"))
+            continue
+        if not states or found.state in states:
+            readable.append(found)
+    readable.sort(key=lambda s: (-s.started_ts, s.run_id))
+    rows = readable[(page - 1) * PAGE_SIZE : page * PAGE_SIZE]
     shown = [(s, condition(s, journal.owner(s.run_id)) if s.state == "running" else s.state) for s in rows]
-    return shown, len(found) > page * PAGE_SIZE
+    # Unreadable runs have no start time to sort by: they head the first page, whatever the filter.
+    return (broken if page == 1 else []) + shown, len(readable) > page * PAGE_SIZE
 
 
 def run_page(journal: Journal, run_id: str) -> RunPage:
@@ -156,8 +189,18 @@ def run_page(journal: Journal, run_id: str) -> RunPage:
     stakes = at_stake(state, journal.location)
     blocking = {a.step_id for a in stakes}
     timeline = [_row(e, blocking) for e in events]
+    receipts, evidence = _recorded(events)
     steps = [
-        StepRow(id=s.step_id, state=s.state, attempt=s.attempt, decided=_decided(s)) for s in state.ordered_steps()
+        StepRow(
+            id=s.step_id,
+            state=s.state,
+            attempt=s.attempt,
+            decided=_decided(s),
+            idempotency_key=s.idempotency_key,
+            receipts=receipts.get(s.step_id, []),
+            evidence=evidence.get(s.step_id, []),
+        )
+        for s in state.ordered_steps()
     ]
     return RunPage(
         state=state,
@@ -166,6 +209,40 @@ def run_page(journal: Journal, run_id: str) -> RunPage:
         stakes=stakes,
         steps=steps,
     )
+
+
+def _recorded(events: list[Any]) -> tuple[dict[str, list[Receipt]], dict[str, list[Evidence]]]:
+    """Per step, every receipt and every piece of evidence the journal holds, in journal order."""
+    receipts: dict[str, list[Receipt]] = {}
+    evidence: dict[str, list[Evidence]] = {}
+
+    def note(e: Any, what: str, by: str, text: str) -> None:
+        evidence.setdefault(e.step_id, []).append(
+            Evidence(seq=e.seq, attempt=getattr(e, "attempt", 0) or 0, what=what, by=by, text=text)
+        )
+
+    for e in events:
+        if isinstance(e, ev.StepEffected):
+            receipts.setdefault(e.step_id, []).append(Receipt(attempt=e.attempt, ok=e.ok, receipt=e.receipt, seq=e.seq))
+        elif isinstance(e, ev.StepCarried):
+            receipts.setdefault(e.step_id, []).append(
+                Receipt(attempt=e.from_attempt, ok=True, receipt=e.receipt, seq=e.seq, carried_from=e.from_run)
+            )
+        elif isinstance(e, ev.StepUncertain):
+            note(e, "uncertain", "", e.reason)
+        elif isinstance(e, ev.StepReconciled):
+            how = "automated inspection" if e.automated else "a person"
+            note(e, f"reconciled {e.outcome}", f"{e.operator} ({how})", e.evidence)
+        elif isinstance(e, ev.StepApproved):
+            note(e, "approved", e.by, f"args digest {e.args_digest}" + (f"; {e.reason}" if e.reason else ""))
+        elif isinstance(e, ev.StepDenied):
+            note(e, "held" if e.decision == "require_approval" else "denied", e.by, e.reason)
+        elif isinstance(e, ev.StepFailed):
+            applied = {False: " (not applied)", None: "", True: ""}[e.applied]
+            note(e, "failed" + applied, "", e.reason)
+        elif isinstance(e, ev.StepExpired):
+            note(e, "expired", "", f"{e.scope} deadline passed")
+    return receipts, evidence
 
 
 def _decided(step: StepState) -> str:
