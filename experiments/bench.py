@@ -63,6 +63,12 @@ def median(values: list[float]) -> float:
     return statistics.median(values)
 
 
+def kernel_user() -> tuple[float, float]:
+    """This process's CPU seconds so far, split: in user space (Python, SQLite) and in the kernel (I/O calls)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime, usage.ru_stime
+
+
 def fsync_latency_us(workdir: Path, rounds: int = 100) -> float:
     """Median time of a 4 KiB write plus fsync on the benchmark's disk: what one durable commit waits for."""
     path = workdir / "fsync.probe"
@@ -80,57 +86,200 @@ def fsync_latency_us(workdir: Path, rounds: int = 100) -> float:
     return median(samples)
 
 
-# -- 1. the floor ---------------------------------------------------------------------------
+# -- the WAL's regime, and what a commit writes ---------------------------------------------------
 
 
-def floor_us_per_step(path: Path, steps: int) -> float:
-    """Raw sqlite3, the journal's PRAGMAs (WAL, synchronous=FULL, checkpoint interval): two commits per step."""
+def presize_wal(path: Path) -> dict[str, int]:
+    """Put a journal's WAL in its steady state before a measured run, the same way for every N.
+
+    A fresh file's WAL grows with every commit (each sync also extends the file: metadata
+    to journal) until the first checkpoint; after it, commits overwrite frames of a file
+    that no longer grows. The old benchmark ran N = 100 and 1,000 wholly in the first regime
+    and N = 10,000 mostly in the second. Here the WAL is first grown to the checkpoint
+    interval by a filler table written on a second connection (two commits: fill, drop),
+    then checkpointed with RESTART: every measured run, whatever its N, appends from the
+    start of an already-grown WAL, as a long-lived journal does, and later checkpoints
+    (N = 10,000) happen inside the run as they would in service.
+    """
     db = sqlite3.connect(path, isolation_level=None)
     try:
         db.execute("PRAGMA journal_mode = WAL")
-        db.execute("PRAGMA synchronous = FULL")
-        db.execute(f"PRAGMA wal_autocheckpoint = {WAL_AUTOCHECKPOINT_PAGES}")
-        db.execute(
-            "CREATE TABLE events (run_id TEXT, seq INTEGER, body BLOB, PRIMARY KEY (run_id, seq)) WITHOUT ROWID"
-        )
-        start = time.perf_counter()
+        db.execute("PRAGMA wal_autocheckpoint = 0")
+        page = int(db.execute("PRAGMA page_size").fetchone()[0])
+        db.execute("CREATE TABLE bench_wal_filler (b BLOB)")
+        db.execute("INSERT INTO bench_wal_filler VALUES (zeroblob(?))", (WAL_AUTOCHECKPOINT_PAGES * page,))
+        db.execute("DROP TABLE bench_wal_filler")
+        busy, frames, done = db.execute("PRAGMA wal_checkpoint(RESTART)").fetchone()
+        if busy or frames != done:
+            raise RuntimeError(f"{path}: the WAL could not be checkpointed before the run ({busy}, {frames}, {done})")
+    finally:
+        db.close()
+    return {"wal_bytes": Path(f"{path}-wal").stat().st_size, "page_size": page}
+
+
+class WalFrames:
+    """Counts the WAL frames written between calls to ``tick`` (one call after each commit).
+
+    Reads ``mxFrame`` and the salt from the wal-index header in the ``-shm`` file (SQLite's
+    ``WalIndexHdr``: mxFrame at byte 16, salts at 32, native byte order). A new salt means
+    the WAL restarted after a checkpoint: the frames since are counted from zero.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.fd = os.open(f"{path}-shm", os.O_RDONLY)
+        self.frames = self.checkpoints = self.ticks = 0
+        self.last = self.header()
+
+    def header(self) -> tuple[int, bytes]:
+        raw = os.pread(self.fd, 48, 0)
+        return int.from_bytes(raw[16:20], sys.byteorder), raw[32:40]
+
+    def tick(self) -> None:
+        now = self.header()
+        self.frames += frames_between(self.last, now)
+        self.checkpoints += now[1] != self.last[1]
+        self.last = now
+        self.ticks += 1
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+def frames_between(before: tuple[int, bytes], after: tuple[int, bytes]) -> int:
+    """Frames written between two wal-index headers (mxFrame, salt): a new salt restarts the count."""
+    return after[0] - before[0] if after[1] == before[1] else after[0]
+
+
+# -- 1. the floor ---------------------------------------------------------------------------
+
+
+def floor_db(path: Path) -> sqlite3.Connection:
+    """Raw sqlite3 with the journal's PRAGMAs (WAL, synchronous=FULL, checkpoint interval)."""
+    db = sqlite3.connect(path, isolation_level=None)
+    db.execute("PRAGMA journal_mode = WAL")
+    db.execute("PRAGMA synchronous = FULL")
+    db.execute(f"PRAGMA wal_autocheckpoint = {WAL_AUTOCHECKPOINT_PAGES}")
+    db.execute("CREATE TABLE events (run_id TEXT, seq INTEGER, body BLOB, PRIMARY KEY (run_id, seq)) WITHOUT ROWID")
+    return db
+
+
+def floor_single(path: Path, steps: int, *, evidence: bool = False) -> dict[str, float]:
+    """Two commits per step and nothing else; wall and CPU microseconds per step."""
+    db = floor_db(path)
+    try:
+        presize_wal(path)
+        for seq in range(10):  # warm-up, as effectlog's: statements prepared, pages cached
+            db.execute("INSERT INTO events VALUES (?, ?, ?)", ("warm-up", seq, PAYLOAD))
+        wal = WalFrames(path) if evidence else None
+        start, cpu, split = time.perf_counter(), time.process_time(), kernel_user()
         for seq in range(2 * steps):
             db.execute("BEGIN IMMEDIATE")
             db.execute("INSERT INTO events VALUES (?, ?, ?)", ("run", seq, PAYLOAD))
             db.execute("COMMIT")
-        return (time.perf_counter() - start) / steps * 1e6
+            if wal is not None:
+                wal.tick()
+        seconds, cpu, after = time.perf_counter() - start, time.process_time() - cpu, kernel_user()
     finally:
         db.close()
+    got = {
+        "us_per_step": seconds / steps * 1e6,
+        "cpu_us_per_step": cpu / steps * 1e6,
+        "user_us_per_step": (after[0] - split[0]) / steps * 1e6,
+        "sys_us_per_step": (after[1] - split[1]) / steps * 1e6,
+    }
+    if wal is not None:
+        wal.close()
+        got |= {"commits": wal.ticks, "wal_frames_per_commit": wal.frames / wal.ticks, "checkpoints": wal.checkpoints}
+    return got
 
 
 # -- 2. and 3. effectlog ----------------------------------------------------------------------
 
 
-def effectlog_us_per_step(path: Path, steps: int) -> float:
-    with Runtime(path) as rt:
+class Marks:
+    """A crash hook that crashes nothing: it notes the clocks when the first and the last step are
+    confirmed (and, for evidence, counts WAL frames after every commit of a step)."""
+
+    def __init__(self, first: str, last: str, wal: WalFrames | None = None) -> None:
+        self.first, self.last, self.wal = first, last, wal
+        self.at: dict[str, tuple[float, ...]] = {}
+
+    def __call__(self, point: str, step_id: str) -> None:
+        if self.wal is not None and point in ("after_request", "after_confirm"):
+            self.wal.tick()
+        if point == "after_confirm" and step_id in (self.first, self.last):
+            self.at[step_id] = (time.perf_counter(), time.process_time(), *kernel_user())
+
+
+def effectlog_single(path: Path, steps: int, *, evidence: bool = False) -> dict[str, float]:
+    """One run of ``steps`` no-op steps, its per-step cost apart from its one-off costs.
+
+    The per-step figure is the time from the first step's confirmation to the last's, over
+    ``steps - 1`` steps. One-off costs, each in wall and CPU milliseconds: start-up (opening
+    the journal: file, schema, ownership), run start (the claim, the plan pinned in
+    ``run.started``, up to the first step's confirmation, less one steady step) and closing
+    (``run.completed`` with its seal, and the outcome).
+    """
+    clock = time.perf_counter, time.process_time
+    t0 = [c() for c in clock]
+    rt = Runtime(path)
+    opened = [c() for c in clock]
+    try:
         rt.run(noop_plan("warm-up", 5))
-        plan = noop_plan("bench", steps)
-        start = time.perf_counter()
-        outcome = rt.run(plan)
-        seconds = time.perf_counter() - start
+        presize_wal(path)
+        rt.run(noop_plan("warm-up-2", 2))  # statements re-prepared after the filler's schema change
+        wal = WalFrames(path) if evidence else None
+        marks = Marks("step-0", f"step-{steps - 1}", wal)
+        rt.crash_hook = marks  # set after construction: no per-commit before_commit wrapper
+        commits = rt.writer.commits
+        start = [c() for c in clock]
+        outcome = rt.run(noop_plan("bench", steps))
+        end = [c() for c in clock]
+        commits = rt.writer.commits - commits
+    finally:
+        rt.close()
     if outcome.state != "completed":
         raise RuntimeError(f"effectlog run ended {outcome.state}: {outcome.message}")
-    return seconds / steps * 1e6
+    first, last = marks.at["step-0"], marks.at[f"step-{steps - 1}"]
+    got: dict[str, float] = {
+        "user_us_per_step": (last[2] - first[2]) / (steps - 1) * 1e6,
+        "sys_us_per_step": (last[3] - first[3]) / (steps - 1) * 1e6,
+    }
+    for i, kind in ((0, ""), (1, "cpu_")):
+        step = (last[i] - first[i]) / (steps - 1)
+        got[f"{kind}us_per_step"] = step * 1e6
+        got[f"{kind}startup_ms"] = (opened[i] - t0[i]) * 1e3
+        got[f"{kind}run_start_ms"] = (first[i] - start[i] - step) * 1e3
+        got[f"{kind}closing_ms"] = (end[i] - last[i]) * 1e3
+        got[f"{kind}us_per_step_all_in"] = (end[i] - start[i]) / steps * 1e6
+    if wal is not None:
+        wal.tick()  # the closing commit
+        wal.close()
+        got |= {"commits": commits, "wal_frames_per_commit": wal.frames / commits, "checkpoints": wal.checkpoints}
+    return got
 
 
 def effectlog_concurrent(path: Path, runs: int, steps: int) -> dict[str, float]:
-    """K runs of ``steps`` steps each, started together in one process: aggregate steps/s."""
+    """K runs of ``steps`` steps each, started together in one process: aggregate steps/s and
+    the process's CPU time per step (the group's commits run on a worker thread: counted too)."""
     with Runtime(path) as rt:
         rt.run(noop_plan("warm-up", 5))
+        presize_wal(path)
+        rt.run(noop_plan("warm-up-2", 2))
         plans = [noop_plan(f"bench-{k}", steps) for k in range(runs)]
         commits = rt.writer.commits
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         outcomes = asyncio.run(rt.arun_many(plans))
-        seconds = time.perf_counter() - start
+        seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
         commits = rt.writer.commits - commits
     if any(o.state != "completed" for o in outcomes):
         raise RuntimeError("a concurrent run did not complete")
-    return {"steps_per_s": runs * steps / seconds, "commits": commits, "seconds": seconds}
+    return {
+        "steps_per_s": runs * steps / seconds,
+        "cpu_us_per_step": cpu / (runs * steps) * 1e6,
+        "commits": commits,
+        "seconds": seconds,
+    }
 
 
 # -- 4. peers ---------------------------------------------------------------------------------
@@ -191,9 +340,9 @@ def fold_us_per_event(path: Path) -> tuple[float, float, int]:
     return seconds / state.seq * 1e6, cpu / state.seq * 1e6, state.seq
 
 
-def resume_half_ms(path: Path, steps: int, workdir: Path) -> float:
-    """Time from ``arun`` to the first effect of the next step: replay, ``run.resumed`` and
-    ``step.requested`` durable (two commits, synchronous=FULL)."""
+def resume_half_ms(path: Path, steps: int, workdir: Path) -> tuple[float, float]:
+    """Wall and CPU time from ``arun`` to the first effect of the next step: replay, ``run.resumed``
+    and ``step.requested`` durable (two commits, synchronous=FULL)."""
     copy = workdir / "resume-copy.db"
     shutil.copyfile(path, copy)
     first_new = f"step-{steps}"
@@ -205,27 +354,27 @@ def resume_half_ms(path: Path, steps: int, workdir: Path) -> float:
     plan = noop_plan("resume", 2 * steps)
     try:
         with Runtime(copy, crash_hook=at_first_effect) as rt:
-            start = time.perf_counter()
+            start, cpu = time.perf_counter(), time.process_time()
             try:
                 rt.run(plan)
             except SimulatedCrash:
-                return (time.perf_counter() - start) * 1e3
+                return (time.perf_counter() - start) * 1e3, (time.process_time() - cpu) * 1e3
             raise RuntimeError("the resumed run never reached its next step")
     finally:
         for suffix in ("", "-wal", "-shm", ".lock"):
             Path(f"{copy}{suffix}").unlink(missing_ok=True)
 
 
-def rerun_finished_ms(path: Path, steps: int) -> float:
-    """Time to re-run a closed run: it answers from its seal, nothing is replayed or written."""
+def rerun_finished_ms(path: Path, steps: int) -> tuple[float, float]:
+    """Wall and CPU time to re-run a closed run: it answers from its seal, nothing is replayed or written."""
     plan = noop_plan("resume", steps)
     with Runtime(path) as rt:
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         outcome = rt.run(plan)
-        seconds = time.perf_counter() - start
+        seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
     if outcome.state != "completed" or outcome.events_written:
         raise RuntimeError("a closed run's re-run wrote events")
-    return seconds * 1e3
+    return seconds * 1e3, cpu * 1e3
 
 
 # -- 6. footprint (child process) ---------------------------------------------------------------
@@ -305,94 +454,120 @@ def say(text: str) -> None:
     print(text, flush=True)
 
 
-def run_all(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
-    quick = args.quick
-    sizes = [100, 1000] if quick else [100, 1000, 10_000]
-    repeats = {100: 3 if quick else 5, 1000: 2 if quick else 3, 10_000: 3}
-    peer_sizes = [100] if quick else [100, 1000]
-    concurrency = [1, 8, 32] if quick else [1, 8, 32, 128]
-    per_run = 50 if quick else 100
-    resume_steps = [333, 3333] if quick else [333, 3333, 33_333]
-    footprint_steps = 3333 if quick else 33_333
+def single_sizes(results: dict[str, Any], args: argparse.Namespace, workdir: Path, plan: dict[str, Any]) -> None:
+    """1, 2, 4: one run of N steps, interleaved with the floor and (at 100 and 1,000) the peers.
 
-    results: dict[str, Any] = {
-        "machine": {
-            "cores": os.cpu_count(),
-            "python": platform.python_version(),
-            "sqlite": sqlite3.sqlite_version,
-            "platform": platform.platform(),
-            "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-            "quick": quick,
-        },
-        "single": {},
-        "peers": {"dbos": {}, "langgraph": {}},
-        "concurrent": {},
-        "resume": [],
-    }
-    results["machine"]["fsync_us_start"] = fsync_latency_us(workdir)
-    say(f"fsync (4 KiB write + fsync) median: {results['machine']['fsync_us_start']:.0f} us")
-
-    # 1, 2, 4: single runs, interleaved with the floor and (at 100 and 1,000 steps) the peers
-    for n in sizes:
-        samples: dict[str, list[float]] = {"floor": [], "effectlog": [], "dbos": [], "langgraph": []}
+    Each round measures, back to back: the disk's fsync latency, the floor, effectlog, the
+    peers. One extra round per N, not timed into the figures, counts what each commit writes
+    to the WAL (instrumenting every commit would cost time of its own).
+    """
+    for n in plan["sizes"]:
+        rows: dict[str, list[dict[str, float]]] = {"floor": [], "effectlog": []}
         peer_runs: dict[str, list[dict[str, Any]]] = {"dbos": [], "langgraph": []}
-        for r in range(repeats[n]):
-            samples["floor"].append(floor_us_per_step(fresh(workdir, "floor.db"), n))
-            samples["effectlog"].append(effectlog_us_per_step(fresh(workdir, "effectlog.db"), n))
-            if n in peer_sizes:
+        fsyncs: list[float] = []
+        for r in range(plan["rounds"]):
+            fsyncs.append(fsync_latency_us(workdir, rounds=30))
+            rows["floor"].append(floor_single(fresh(workdir, "floor.db"), n))
+            rows["effectlog"].append(effectlog_single(fresh(workdir, "effectlog.db"), n))
+            if n in plan["peer_sizes"]:
                 for name in ("dbos", "langgraph"):
                     target = workdir / f"{name}-{n}-{r}"
                     shutil.rmtree(target, ignore_errors=True)
-                    got = peer(name, n, target, args.peer_timeout)
-                    peer_runs[name].append(got)
-                    if "us_per_step" in got:
-                        samples[name].append(got["us_per_step"])
-            say(f"N={n} round {r + 1}: " + ", ".join(f"{k} {v[-1]:.0f} us/step" for k, v in samples.items() if v))
-        results["single"][str(n)] = {
-            k: {"us_per_step": median(v), "steps_per_s": 1e6 / median(v), "samples": v}
-            for k, v in samples.items()
-            if k in ("floor", "effectlog")
+                    peer_runs[name].append(peer(name, n, target, args.peer_timeout))
+                    shutil.rmtree(target, ignore_errors=True)
+            shown = [f"{k} {v[-1]['us_per_step']:.0f} us/step ({v[-1]['cpu_us_per_step']:.0f} CPU)"
+                     for k, v in rows.items()]
+            shown += [f"{k} {v[-1].get('us_per_step', float('nan')):.0f}" for k, v in peer_runs.items() if v]
+            say(f"N={n} round {r + 1}: fsync {fsyncs[-1]:.0f} us; " + ", ".join(shown))
+        evidence = {
+            "floor": floor_single(fresh(workdir, "floor.db"), n, evidence=True),
+            "effectlog": effectlog_single(fresh(workdir, "effectlog.db"), n, evidence=True),
         }
-        # The ratio of each round's pair (taken back to back), then the median over rounds:
-        # the disk's sync latency drifts during a run, and this cancels the drift.
-        pairs = list(zip(samples["effectlog"], samples["floor"], strict=True))
-        results["single"][str(n)]["effectlog_over_floor_rounds"] = [e / f for e, f in pairs]
-        results["single"][str(n)]["effectlog_over_floor"] = median([e / f for e, f in pairs])
-        results["single"][str(n)]["effectlog_minus_floor_us"] = median([e - f for e, f in pairs])
+        results["single"][str(n)] = summarize_single(rows, fsyncs, evidence)
         for name, runs in peer_runs.items():
-            if not runs:
-                continue
-            if samples[name]:
-                last = next(x for x in reversed(runs) if "us_per_step" in x)
-                same_round = [
-                    got["us_per_step"] / mine
-                    for got, mine in zip(runs, samples["effectlog"], strict=True)
-                    if "us_per_step" in got
-                ]
-                results["peers"][name][str(n)] = {
-                    "effectlog_speedup": median(same_round),
-                    "effectlog_speedup_rounds": same_round,
-                    "us_per_step": median(samples[name]),
-                    "steps_per_s": 1e6 / median(samples[name]),
-                    "samples": samples[name],
-                    "library": last["library"],
-                    "sqlite": last["sqlite"],
-                    "errors": [x["error"] for x in runs if "error" in x],
-                }
-            else:
-                results["peers"][name][str(n)] = {"error": runs[-1]["error"]}
+            if runs:
+                results["peers"][name][str(n)] = summarize_peer(runs, rows["effectlog"])
+        row = results["single"][str(n)]
+        say(
+            f"N={n}: effectlog / floor {row['effectlog_over_floor']:.2f} (wall), "
+            f"CPU +{row['cpu_minus_floor_us']:.0f} us/step; WAL frames per commit "
+            f"{evidence['floor']['wal_frames_per_commit']:.1f} (floor), "
+            f"{evidence['effectlog']['wal_frames_per_commit']:.1f} (effectlog)"
+        )
 
-    # 3: concurrent runs, round-robin over K so each round's ratios compare neighbours
+
+def summarize_single(
+    rows: dict[str, list[dict[str, float]]], fsyncs: list[float], evidence: dict[str, dict[str, float]]
+) -> dict[str, Any]:
+    """Medians over rounds; every ratio and difference is taken per round (a back-to-back pair), then
+    the median over rounds: the disk's sync latency drifts during a run, and this cancels the drift."""
+    out: dict[str, Any] = {"rounds": len(rows["floor"]), "fsync_us_rounds": fsyncs, "evidence": evidence}
+    for name, got in rows.items():
+        walls, cpus = [g["us_per_step"] for g in got], [g["cpu_us_per_step"] for g in got]
+        out[name] = {
+            "us_per_step": median(walls),
+            "cpu_us_per_step": median(cpus),
+            "user_us_per_step": median([g["user_us_per_step"] for g in got]),
+            "sys_us_per_step": median([g["sys_us_per_step"] for g in got]),
+            "steps_per_s": 1e6 / median(walls),
+            "samples": walls,
+            "cpu_samples": cpus,
+        }
+    mine = rows["effectlog"]
+    out["effectlog"]["one_off"] = {
+        key: median([g[key] for g in mine])
+        for key in mine[0]
+        if key.endswith("_ms") or key.endswith("_all_in")
+    }
+    pairs = list(zip(mine, rows["floor"], strict=True))
+    out["effectlog_over_floor_rounds"] = [e["us_per_step"] / f["us_per_step"] for e, f in pairs]
+    out["effectlog_over_floor"] = median(out["effectlog_over_floor_rounds"])
+    out["cpu_effectlog_over_floor"] = median([e["cpu_us_per_step"] / f["cpu_us_per_step"] for e, f in pairs])
+    out["effectlog_minus_floor_us"] = median([e["us_per_step"] - f["us_per_step"] for e, f in pairs])
+    out["cpu_minus_floor_us"] = median([e["cpu_us_per_step"] - f["cpu_us_per_step"] for e, f in pairs])
+    # What is not CPU in this process: waiting for the disk's syncs, and time spent descheduled.
+    out["wait_minus_floor_us"] = median(
+        [(e["us_per_step"] - e["cpu_us_per_step"]) - (f["us_per_step"] - f["cpu_us_per_step"]) for e, f in pairs]
+    )
+    return out
+
+
+def summarize_peer(runs: list[dict[str, Any]], mine: list[dict[str, float]]) -> dict[str, Any]:
+    """A peer's medians, and effectlog's speed-up as the median of each round's pair."""
+    ok = [got for got in runs if "us_per_step" in got]
+    if not ok:
+        return {"error": runs[-1]["error"]}
+    same_round = [
+        got["us_per_step"] / m["us_per_step"] for got, m in zip(runs, mine, strict=True) if "us_per_step" in got
+    ]
+    return {
+        "effectlog_speedup": median(same_round),
+        "effectlog_speedup_rounds": same_round,
+        "us_per_step": median([got["us_per_step"] for got in ok]),
+        "cpu_us_per_step": median([got["cpu_us_per_step"] for got in ok]),
+        "steps_per_s": 1e6 / median([got["us_per_step"] for got in ok]),
+        "samples": [got["us_per_step"] for got in ok],
+        "cpu_samples": [got["cpu_us_per_step"] for got in ok],
+        "library": ok[-1]["library"],
+        "sqlite": ok[-1]["sqlite"],
+        "errors": [x["error"] for x in runs if "error" in x],
+    }
+
+
+def concurrent_runs(results: dict[str, Any], plan: dict[str, Any], workdir: Path) -> None:
+    """3: concurrent runs, round-robin over K so each round's ratios compare neighbours."""
+    per_run, ks = plan["per_run"], plan["concurrency"]
     rounds: list[dict[int, dict[str, float]]] = []
-    for r in range(3):
-        rounds.append({k: effectlog_concurrent(fresh(workdir, "concurrent.db"), k, per_run) for k in concurrency})
+    for r in range(plan["rounds"]):
+        rounds.append({k: effectlog_concurrent(fresh(workdir, "concurrent.db"), k, per_run) for k in ks})
         say(f"concurrency round {r + 1}: " + ", ".join(f"K={k} {g['steps_per_s']:.0f}" for k, g in rounds[-1].items()))
-    for k in concurrency:
+    for k in ks:
         rates = [got[k]["steps_per_s"] for got in rounds]
         results["concurrent"][str(k)] = {
             "runs": k,
             "steps_per_run": per_run,
             "steps_per_s": median(rates),
+            "cpu_us_per_step": median([got[k]["cpu_us_per_step"] for got in rounds]),
             "samples": rates,
             "over_one_run": median([got[k]["steps_per_s"] / got[1]["steps_per_s"] for got in rounds]),
             "over_one_run_rounds": [got[k]["steps_per_s"] / got[1]["steps_per_s"] for got in rounds],
@@ -400,13 +575,15 @@ def run_all(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         }
         say(f"K={k}: {median(rates):.0f} steps/s aggregate ({rounds[0][k]['commits']} commits)")
 
-    # 5: resume
-    for steps in resume_steps:
+
+def resume_sizes(results: dict[str, Any], plan: dict[str, Any], workdir: Path) -> None:
+    """5: resume a half-finished run and re-run a finished one, at growing history."""
+    for steps in plan["resume_steps"]:
         finished, half = build_histories(workdir, steps)
         half_fold, half_cpu, half_events = zip(*(fold_us_per_event(half) for _ in range(3)), strict=True)
         fin_fold, fin_cpu, fin_events = zip(*(fold_us_per_event(finished) for _ in range(3)), strict=True)
-        resume = [resume_half_ms(half, steps, workdir) for _ in range(3)]
-        rerun = [rerun_finished_ms(finished, steps) for _ in range(3)]
+        resume, resume_cpu = zip(*(resume_half_ms(half, steps, workdir) for _ in range(3)), strict=True)
+        rerun, rerun_cpu = zip(*(rerun_finished_ms(finished, steps) for _ in range(3)), strict=True)
         row = {
             "confirmed_steps": steps,
             "half_events": half_events[0],
@@ -417,37 +594,111 @@ def run_all(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
             "finished_fold_cpu_us_per_event": median(list(fin_cpu)),
             "half_fold_ms": median(list(half_fold)) * half_events[0] / 1e3,
             "finished_full_replay_ms": median(list(fin_fold)) * fin_events[0] / 1e3,
-            "half_resume_to_next_effect_ms": median(resume),
-            "finished_rerun_ms": median(rerun),
+            "half_resume_to_next_effect_ms": median(list(resume)),
+            "half_resume_to_next_effect_cpu_ms": median(list(resume_cpu)),
+            "finished_rerun_ms": median(list(rerun)),
+            "finished_rerun_cpu_ms": median(list(rerun_cpu)),
         }
         results["resume"].append(row)
         say(
             f"resume {steps} steps ({half_events[0]} events): fold {row['half_fold_us_per_event']:.2f} us/event "
-            f"({row['half_fold_cpu_us_per_event']:.2f} CPU), "
-            f"to next effect {row['half_resume_to_next_effect_ms']:.1f} ms; finished re-run "
-            f"{row['finished_rerun_ms']:.1f} ms (full replay would be {row['finished_full_replay_ms']:.0f} ms)"
+            f"({row['half_fold_cpu_us_per_event']:.2f} CPU), to next effect {row['half_resume_to_next_effect_ms']:.1f}"
+            f" ms ({row['half_resume_to_next_effect_cpu_ms']:.1f} CPU); finished re-run {row['finished_rerun_ms']:.1f}"
+            f" ms ({row['finished_rerun_cpu_ms']:.1f} CPU)"
         )
         for path in (finished, half):
             for suffix in ("", "-wal", "-shm", ".lock"):
                 Path(f"{path}{suffix}").unlink(missing_ok=True)
 
-    # 6: footprint
-    results["footprint"] = footprint(workdir, footprint_steps)
+
+def run_all(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
+    quick = args.quick
+    plan: dict[str, Any] = {
+        "sizes": [100, 1000, 10_000],
+        "rounds": 2 if quick else 5,
+        "peer_sizes": [100] if quick else [100, 1000],
+        "concurrency": [1, 8, 32] if quick else [1, 8, 32, 128],
+        "per_run": 50 if quick else 100,
+        "resume_steps": [333, 3333] if quick else [333, 3333, 33_333],
+        "footprint_steps": 3333 if quick else 33_333,
+    }
+    if quick:
+        plan["sizes"] = [100, 1000]
+    results: dict[str, Any] = {
+        "machine": {
+            "cores": os.cpu_count(),
+            "python": platform.python_version(),
+            "sqlite": sqlite3.sqlite_version,
+            "platform": platform.platform(),
+            "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+            "quick": quick,
+            "load_start": os.getloadavg(),
+        },
+        "plan": plan,
+        "wal_autocheckpoint_pages": WAL_AUTOCHECKPOINT_PAGES,
+        "wal_regime": f"pre-grown to {WAL_AUTOCHECKPOINT_PAGES:,} pages and checkpointed (RESTART) before every run",
+        "single": {},
+        "peers": {"dbos": {}, "langgraph": {}},
+        "concurrent": {},
+        "resume": [],
+    }
+    results["machine"]["fsync_us_start"] = fsync_latency_us(workdir)
+    say(f"fsync (4 KiB write + fsync) median: {results['machine']['fsync_us_start']:.0f} us")
+    single_sizes(results, args, workdir, plan)
+    concurrent_runs(results, plan, workdir)
+    resume_sizes(results, plan, workdir)
+    results["footprint"] = footprint(workdir, plan["footprint_steps"])
     say(f"footprint: {json.dumps({k: v for k, v in results['footprint'].items() if k != 'tables_bytes'})}")
     results["machine"]["fsync_us_end"] = fsync_latency_us(workdir)
+    results["machine"]["load_end"] = os.getloadavg()
     say(f"fsync median at the end: {results['machine']['fsync_us_end']:.0f} us")
     return results
 
 
+COMPANIONS = (("resume", "resume_bench.py"), ("fleet", "fleet_bench.py"))
+
+
+def run_companions(quick: bool) -> dict[str, str]:
+    """The other benchmarks whose JSON the report reads, each in its own process, when present.
+
+    Each writes its own ``experiments/results/*.json``; a failure is recorded and shown in the
+    report, and the rows it would feed say "not measured", never an older figure as a new one.
+    """
+    ran: dict[str, str] = {}
+    for name, script in COMPANIONS:
+        path = HERE / script
+        if not path.exists():
+            ran[name] = f"{script} absent"
+            continue
+        say(f"\n-- {script}{' --quick' if quick else ''}")
+        done = subprocess.run([sys.executable, str(path), *(["--quick"] if quick else [])], check=False)
+        ran[name] = "ran" if done.returncode == 0 else f"{script} exited with status {done.returncode}"
+        if done.returncode != 0:
+            (HERE / "results" / f"{name}.json").unlink(missing_ok=True)  # not an older run's figures
+    return ran
+
+
+def report(json_path: Path, doc: Path, img: Path) -> None:
+    """docs/performance.md and its plots from bench.json, with resume.json and fleet.json as present."""
+    from bench_report import RESULTS, read_results, write_doc, write_plots
+
+    results = json.loads(json_path.read_text())
+    fleet, resume = read_results(RESULTS / "fleet.json"), read_results(RESULTS / "resume.json")
+    write_doc(results, doc, write_plots(results, img, resume), json_path, fleet=fleet, resume=resume)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--quick", action="store_true", help="smaller sizes, fewer repeats (a smoke run)")
+    parser.add_argument("--quick", action="store_true", help="smaller sizes, fewer rounds (for development)")
     parser.add_argument("--workdir", type=Path, help="where the journals go (default: a temporary directory)")
     parser.add_argument("--json", type=Path, default=HERE / "results" / "bench.json")
     parser.add_argument("--doc", type=Path, default=ROOT / "docs" / "performance.md")
     parser.add_argument("--img", type=Path, default=ROOT / "docs" / "img")
     parser.add_argument("--peer-timeout", type=float, default=1800.0)
-    parser.add_argument("--report-only", action="store_true", help="rewrite the doc and plots from --json")
+    parser.add_argument("--report-only", action="store_true", help="rewrite the doc and plots from the JSON files")
+    parser.add_argument(
+        "--no-companions", action="store_true", help="do not run resume_bench.py and fleet_bench.py (report their JSON)"
+    )
     parser.add_argument("--child-footprint", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
 
@@ -455,11 +706,10 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(footprint_child(args.workdir, args.child_footprint)))
         return 0
 
-    from bench_report import ratios, write_doc, write_plots
+    from bench_report import ratios
 
     if args.report_only:
-        results = json.loads(args.json.read_text())
-        write_doc(results, args.doc, write_plots(results, args.img), args.json)
+        report(args.json, args.doc, args.img)
         return 0
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="effectlog-bench-"))
     workdir.mkdir(parents=True, exist_ok=True)
@@ -474,8 +724,10 @@ def main(argv: list[str] | None = None) -> int:
         say(f"  {name}: {value:.2f}" if isinstance(value, float) else f"  {name}: {value}")
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(results, indent=2) + "\n")
-    images = write_plots(results, args.img)
-    write_doc(results, args.doc, images, args.json)
+    if not args.no_companions:
+        results["companions"] = run_companions(args.quick)
+        args.json.write_text(json.dumps(results, indent=2) + "\n")
+    report(args.json, args.doc, args.img)
     say(f"\nwrote {args.json.relative_to(ROOT) if args.json.is_relative_to(ROOT) else args.json} and {args.doc}")
     return 0
 

@@ -1,0 +1,243 @@
+"""The benchmark report's pure parts: target evaluation, readers of absent or partial result files,
+and the page's Targets table. Nothing here measures or asserts on a time: the figures are made up."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))
+
+import bench
+import bench_report as br
+
+
+def single_row(ratio: float, rounds: int = 5) -> dict[str, Any]:
+    floor = {"us_per_step": 300.0, "cpu_us_per_step": 40.0, "user_us_per_step": 20.0, "sys_us_per_step": 20.0,
+             "samples": [300.0] * rounds, "steps_per_s": 1e6 / 300}
+    mine = {"us_per_step": 300.0 * ratio, "cpu_us_per_step": 160.0, "user_us_per_step": 130.0,
+            "sys_us_per_step": 30.0, "samples": [300.0 * ratio] * rounds, "steps_per_s": 1e6 / (300 * ratio),
+            "one_off": {"startup_ms": 5.0, "cpu_startup_ms": 4.0}}
+    return {
+        "rounds": rounds,
+        "floor": floor,
+        "effectlog": mine,
+        "effectlog_over_floor": ratio,
+        "effectlog_over_floor_rounds": [ratio] * rounds,
+        "effectlog_minus_floor_us": 300.0 * (ratio - 1),
+        "cpu_minus_floor_us": 120.0,
+        "wait_minus_floor_us": 300.0 * (ratio - 1) - 120.0,
+        "fsync_us_rounds": [90.0, 110.0],
+        "evidence": {
+            "floor": {"wal_frames_per_commit": 1.8, "checkpoints": 0},
+            "effectlog": {"wal_frames_per_commit": 4.6, "checkpoints": 0},
+        },
+    }
+
+
+def made_up_results(ratios: dict[str, float], rounds: int = 5) -> dict[str, Any]:
+    """A bench.json as bench.py writes it, with made-up figures."""
+    return {
+        "machine": {"cores": 2, "python": "3.11", "sqlite": "3.40", "date": "today", "quick": False,
+                    "fsync_us_start": 100.0, "fsync_us_end": 100.0},
+        "wal_regime": "pre-grown",
+        "single": {n: single_row(r, rounds) for n, r in ratios.items()},
+        "peers": {
+            "dbos": {"1000": {"effectlog_speedup": 6.0, "effectlog_speedup_rounds": [6.0, 5.5, 4.0],
+                              "us_per_step": 3000.0, "cpu_us_per_step": 900.0, "library": "dbos x",
+                              "sqlite": {}, "samples": [3000.0]}},
+            "langgraph": {"1000": {"error": "did not finish within 1 s"}},
+        },
+        "concurrent": {
+            "1": {"runs": 1, "steps_per_run": 100, "steps_per_s": 2000.0, "samples": [2000.0], "over_one_run": 1.0,
+                  "commits": 202, "cpu_us_per_step": 150.0},
+            "32": {"runs": 32, "steps_per_run": 100, "steps_per_s": 8000.0, "samples": [8000.0],
+                   "over_one_run": 4.0, "over_one_run_rounds": [4.0, 6.0, 3.0], "commits": 300,
+                   "cpu_us_per_step": 110.0},
+        },
+        "resume": [],
+        "footprint": {"error": "not run"},
+    }
+
+
+RESUME_SHAPE: dict[str, Any] = {
+    "resume_cpu_ms": {"1000": 10.0, "10000": 12.0, "100000": 25.0},
+    "sealed_rerun_cpu_ms": {"33000": 30.0},
+    "replay_verify_us_per_event_cpu": 3.5,
+    "checkpoint_per_step_us": {"with": 150.0, "without": 148.0},
+}
+
+
+@pytest.mark.parametrize(
+    ("measured", "limit", "at_most", "expected"),
+    [
+        (1.2, 1.3, True, (True, "met")),
+        (1.3, 1.3, True, (True, "met")),
+        (1.56, 1.3, True, (False, "missed by 20%")),
+        (6.0, 5.0, False, (True, "met")),
+        (4.0, 5.0, False, (False, "missed by 20%")),
+        (None, 5.0, False, (None, "not measured")),
+        ("did not finish", 5.0, False, (None, "not measured")),
+        (True, 5.0, False, (None, "not measured")),
+    ],
+)
+def test_evaluate_says_met_missed_or_not_measured(measured: Any, limit: float, at_most: bool,
+                                                   expected: tuple[bool | None, str]) -> None:
+    """A figure at or within its limit is met, beyond it missed by the relative gap; anything that is not
+    a number (absent, an error text, a bool) is "not measured", never met."""
+    row = br.evaluate("t", measured, limit, at_most=at_most)
+    assert expected == (row["met"], row["status"])
+
+
+def test_evaluate_counts_the_rounds_behind_a_median() -> None:
+    """A median that meets the target while some rounds do not says how many rounds met it, and shows
+    the spread of the rounds beside the median."""
+    row = br.evaluate("t", 1.2, 1.3, at_most=True, unit="x", each=[1.1, 1.2, 1.5])
+    assert (True, "met (2 of 3 rounds met it)", "1.20x (rounds 1.10 to 1.50)") == (
+        row["met"], row["status"], row["measured"])
+
+
+def test_a_missed_row_keeps_its_why_and_a_met_row_drops_it() -> None:
+    """The why is shown for a miss only."""
+    assert ("because", "") == (
+        br.evaluate("t", 2.0, 1.3, at_most=True, why="because")["why"],
+        br.evaluate("t", 1.0, 1.3, at_most=True, why="because")["why"],
+    )
+
+
+def test_read_results_of_absent_broken_or_non_object_files_is_none(tmp_path: Path) -> None:
+    """The report reads companion results only when they are there and a JSON object."""
+    broken, listed, good = tmp_path / "broken.json", tmp_path / "list.json", tmp_path / "good.json"
+    broken.write_text("{not json")
+    listed.write_text("[1, 2]")
+    good.write_text(json.dumps({"a": 1}))
+    expected = [None, None, None, {"a": 1}]
+    assert expected == [br.read_results(p) for p in (tmp_path / "absent.json", broken, listed, good)]
+
+
+@pytest.mark.parametrize(
+    ("by_size", "expected"),
+    [
+        ({"1000": 10.0, "100000": 25.0, "10000": 12.0}, 2.5),
+        ({"33000": 30.0}, None),
+        ({}, None),
+        (None, None),
+        ({"1000": 10.0, "100000": "n/a"}, None),
+    ],
+)
+def test_flatness_is_largest_over_smallest_history(by_size: Any, expected: float | None) -> None:
+    """Growth with history compares the largest size with the smallest, by number not by string order;
+    fewer than two measured sizes say nothing about growth."""
+    assert expected == br.flatness(by_size)[0]
+
+
+def test_fleet_rows_without_fleet_json_are_all_not_measured() -> None:
+    """Every fleet target of issue 18 has a row, and without fleet.json none is met or missed."""
+    rows = br.fleet_targets(None)
+    assert 8 == len(rows)
+    assert [None] * 8 == [row["met"] for row in rows]
+    assert all("fleet.json absent" in row["measured"] for row in rows)
+
+
+def test_fleet_rows_read_fleet_json_by_backend_and_process_count() -> None:
+    """Claims at the largest process count, scaling against one process, runs at the best count, the
+    worst statements per run; a figure fleet.json lacks is "not measured"."""
+    fleet = {
+        "results": {
+            "postgres": {
+                "1": {"claims_per_s": 1000.0, "runs_per_s": 100.0, "statements_per_run": 28.0},
+                "8": {"claims_per_s": 1600.0, "runs_per_s": 130.0, "statements_per_run": 31.0},
+            },
+            "sqlite": {"1": {"claims_per_s": 700.0, "runs_per_s": 200.0},
+                       "8": {"claims_per_s": 600.0, "runs_per_s": 260.0}},
+        }
+    }
+    rows = br.fleet_targets(fleet)
+    expected = [
+        ("PostgreSQL fleet claims/s at 8 runner processes >= 1,500", True),
+        ("PostgreSQL fleet claims/s at 8 processes not below 1 process", True),
+        ("SQLite fleet claims/s at 8 processes not below 1 process", False),
+        ("PostgreSQL fleet runs/s (2-step no-op runs) >= 120 at the best process count", True),
+        ("SQLite fleet runs/s (2-step no-op runs) >= 250 at the best process count", True),
+        ("PostgreSQL statements per fleet run <= 30 (worst process count)", False),
+        ("PostgreSQL commits per fleet run <= 7 (worst process count)", None),
+        ("idle runners wait on LISTEN/NOTIFY (PostgreSQL) or a blocking lock (SQLite), not a 10 ms poll", None),
+    ]
+    assert expected == [(row["target"], row["met"]) for row in rows]
+
+
+def test_idle_wait_row_is_met_only_when_no_backend_polls() -> None:
+    """The idle-runner row reads how each backend waits; a poll on either misses it."""
+    waits = {"postgres": "LISTEN/NOTIFY", "sqlite": "10 ms poll"}
+    row = br.fleet_targets({"results": {}, "idle_wait": waits})[-1]
+    assert (False, "sqlite still polls") == (row["met"], row["why"])
+
+
+def test_resume_rows_without_resume_json_are_not_measured_but_show_bench_figures() -> None:
+    """Without resume.json every resume row is "not measured"; bench.py's own figure is shown as context."""
+    results = made_up_results({"1000": 1.2})
+    results["resume"] = [{"half_events": 100000, "confirmed_steps": 33333, "half_resume_to_next_effect_cpu_ms": 900.0,
+                          "finished_rerun_cpu_ms": 150.0, "finished_fold_cpu_us_per_event": 6.5,
+                          "half_fold_cpu_us_per_event": 6.4}]
+    rows = br.resume_targets(None, results)
+    assert [None] * 5 == [row["met"] for row in rows]
+    assert "bench.py's own figure: 900.0 ms CPU at 100,000 events" in rows[0]["measured"]
+
+
+def test_resume_rows_read_the_resume_json_shape() -> None:
+    """resume.json's shape: 100k resume within 30 ms, flatness 100k over 1k, the 33k sealed re-run,
+    replay per event; a sealed re-run measured at one size only cannot show flatness."""
+    rows = br.resume_targets(RESUME_SHAPE, made_up_results({"1000": 1.2}))
+    expected = [True, False, False, None, True]
+    assert expected == [row["met"] for row in rows]
+    assert "33k-step" in rows[2]["target"]
+
+
+def test_single_rows_explain_a_miss_with_cpu_and_wal_evidence() -> None:
+    """A missed single-run ratio says how much of the excess is CPU and how much waiting, with the WAL
+    pages per commit and the fsync latency of the same run; a quick run's few rounds are flagged."""
+    rows = br.single_targets(made_up_results({"100": 1.2, "1000": 1.5, "10000": 1.25}, rounds=2))
+    assert [True, False, True, True] == [row["met"] for row in rows]
+    why = rows[1]["why"]
+    assert all(part in why for part in ("120 µs of the excess is CPU", "4.6 WAL pages", "90 to 110 µs"))
+    assert rows[0]["status"].endswith("only 2 rounds (a quick run)")
+
+
+def test_single_rows_for_a_size_not_run_are_not_measured() -> None:
+    """A quick run without N=10,000 leaves that row, and the regime row, "not measured"."""
+    rows = br.single_targets(made_up_results({"100": 1.2, "1000": 1.2}))
+    assert [True, True, None, None] == [row["met"] for row in rows]
+
+
+def test_group_and_peer_rows() -> None:
+    """32 concurrent runs against 5x; a peer that did not run is "not measured" with its error."""
+    rows = br.peer_and_group_targets(made_up_results({"1000": 1.2}))
+    assert [True, None, False] == [row["met"] for row in rows]
+    assert "did not finish" in rows[1]["measured"]
+    assert "cannot exceed about 9,091 steps/s" in rows[2]["why"]
+
+
+def test_the_page_has_every_target_row_of_issue_18(tmp_path: Path) -> None:
+    """docs/performance.md's Targets table lists every target of issue 18, each met, missed or not
+    measured, even when fleet.json and resume.json are absent."""
+    doc = tmp_path / "docs" / "performance.md"
+    results = made_up_results({"100": 1.2, "1000": 1.5, "10000": 1.25})
+    results["ratios"] = br.ratios(results)
+    images = {"single": "img/a.png", "concurrency": "img/b.png"}
+    br.write_doc(results, doc, images, tmp_path / "bench.json", fleet=None, resume=RESUME_SHAPE)
+    text = doc.read_text()
+    table = text.split("## Targets (issue 18)", 1)[1].split("\n\n", 2)[1]
+    rows = [line for line in table.splitlines() if line.startswith("| ") and not line.startswith("| target")]
+    assert 20 == len(rows)
+    assert all(line.rstrip(" |").rsplit("| ", 1)[1].startswith(("met", "missed", "not measured")) for line in rows)
+    assert "### Why targets are missed" in text
+
+
+def test_wal_frames_between_two_headers() -> None:
+    """WAL frames written between two reads of the WAL index: the difference, or the new count after a
+    checkpoint restarted the WAL (a new salt)."""
+    assert (5, 3) == (bench.frames_between((10, b"a"), (15, b"a")), bench.frames_between((7990, b"a"), (3, b"b")))
