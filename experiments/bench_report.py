@@ -571,12 +571,14 @@ def write_plots(results: dict[str, Any], img: Path, resume: dict[str, Any] | Non
     allowed = [(OVERHEAD_MAX - 1) * results["single"][n]["floor"]["us_per_step"] for n in sizes]
     ax.bar(xs, cpu, 0.5, label="extra CPU per step")
     ax.bar(xs, wait, 0.5, bottom=cpu, label="extra waiting per step (disk, descheduled)")
-    ax.plot(xs, allowed, "k_", markersize=40, markeredgewidth=2, label=f"allowed by {OVERHEAD_MAX}x the floor")
+    ax.hlines(allowed, [x - 0.3 for x in xs], [x + 0.3 for x in xs], colors="black", linewidth=2,
+              label=f"allowed by {OVERHEAD_MAX}x the floor")
     ax.axhline(0, color="grey", linewidth=0.5)
+    ax.set_ylim(top=max([*allowed, *(c + w for c, w in zip(cpu, wait, strict=True))]) * 1.35)
     ax.set_xticks(list(xs), [f"N = {int(n):,}" for n in sizes])
     ax.set_ylabel("µs per step over the floor")
     ax.set_title("effectlog minus the floor, per step")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper left")
     fig.tight_layout()
     fig.savefig(img / "bench-excess.png", dpi=110)
     plt.close(fig)
@@ -905,8 +907,8 @@ def resume_section(results: dict[str, Any], images: dict[str, str], resume: dict
 
 
 def footprint_section(results: dict[str, Any]) -> list[str]:
-    lines = ["", "## Footprint of a 100,000-event run", ""]
     fp = results.get("footprint", {})
+    lines = ["", f"## Footprint of a {fp.get('events', 100_000):,}-event run", ""]
     if "error" in fp or not fp:
         return [*lines, f"Not measured: {fp.get('error', 'absent')}"]
     tables = ", ".join(f"{name} {size / fp['events']:.0f} B" for name, size in sorted(fp["tables_bytes"].items()))
