@@ -693,10 +693,10 @@ def run_companions(quick: bool) -> dict[str, str]:
 
 def report(json_path: Path, doc: Path, img: Path) -> None:
     """docs/performance.md and its plots from bench.json, with resume.json and fleet.json as present."""
-    from bench_report import RESULTS, read_results, write_doc, write_plots
+    from bench_report import RESULTS, normalize_resume, read_results, write_doc, write_plots
 
     results = json.loads(json_path.read_text())
-    fleet, resume = read_results(RESULTS / "fleet.json"), read_results(RESULTS / "resume.json")
+    fleet, resume = read_results(RESULTS / "fleet.json"), normalize_resume(read_results(RESULTS / "resume.json"))
     write_doc(results, doc, write_plots(results, img, resume), json_path, fleet=fleet, resume=resume)
 
 

@@ -60,6 +60,42 @@ def number(value: Any) -> float | None:
     return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
+def normalize_resume(data: dict[str, Any] | None) -> dict[str, Any] | None:
+    """resume.json in the shape the report reads, from either shape resume_bench.py may write.
+
+    The agreed shape is kept as it is: ``{"resume_cpu_ms": {"1000": x, ...}, "sealed_rerun_cpu_ms":
+    {"33000": w}, "replay_verify_us_per_event_cpu": v, "checkpoint_per_step_us": {"with": a,
+    "without": b}}``. The list shape (``resume: [{events, cpu_ms}]``, ``sealed_rerun: [{steps,
+    cpu_ms}]``, ``replay: [{events, verify_us_per_event}]``, ``per_step: {with_checkpoints:
+    {cpu_us_per_step}, without_checkpoints: ...}``) is translated: sizes become keys, and the
+    replay figure is the worst size's.
+    """
+    if data is None or "resume_cpu_ms" in data or not any(k in data for k in ("resume", "sealed_rerun", "replay")):
+        return data
+
+    def keyed(rows: Any, size: str, value: str) -> dict[str, float]:
+        found = {}
+        for row in rows if isinstance(rows, list) else []:
+            if isinstance(row, dict) and number(row.get(size)) is not None and number(row.get(value)) is not None:
+                found[str(int(row[size]))] = float(row[value])
+        return found
+
+    out: dict[str, Any] = {
+        "resume_cpu_ms": keyed(data.get("resume"), "events", "cpu_ms"),
+        "sealed_rerun_cpu_ms": keyed(data.get("sealed_rerun"), "steps", "cpu_ms"),
+    }
+    replay = keyed(data.get("replay"), "events", "verify_us_per_event")
+    if replay:
+        out["replay_verify_us_per_event_cpu"] = max(replay.values())
+    with_, without = (_get(data, "per_step", f"{k}_checkpoints", "cpu_us_per_step") for k in ("with", "without"))
+    if number(with_) is not None or number(without) is not None:
+        out["checkpoint_per_step_us"] = {"with": with_, "without": without}
+    for key in ("why", "measured_at"):
+        if key in data:
+            out[key] = data[key]
+    return out
+
+
 # -- evaluating one target -----------------------------------------------------------------------
 
 

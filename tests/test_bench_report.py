@@ -241,3 +241,26 @@ def test_wal_frames_between_two_headers() -> None:
     """WAL frames written between two reads of the WAL index: the difference, or the new count after a
     checkpoint restarted the WAL (a new salt)."""
     assert (5, 3) == (bench.frames_between((10, b"a"), (15, b"a")), bench.frames_between((7990, b"a"), (3, b"b")))
+
+
+def test_resume_json_in_list_shape_reads_as_the_agreed_shape() -> None:
+    """resume_bench.py's list shape (rows by events or steps) is read as the agreed keyed shape: sizes
+    become keys, the replay figure is the worst size's, checkpoint costs come from per_step; the agreed
+    shape, an absent file and an unrelated object pass through unchanged."""
+    listed = {
+        "resume": [{"events": 1000, "cpu_ms": 9.0}, {"events": 100000, "cpu_ms": 20.0}],
+        "sealed_rerun": [{"steps": 333, "cpu_ms": 1.0}, {"steps": 33333, "cpu_ms": 15.0}],
+        "replay": [{"events": 1000, "verify_us_per_event": 3.0}, {"events": 100000, "verify_us_per_event": 3.9}],
+        "per_step": {"with_checkpoints": {"cpu_us_per_step": 150.0}, "without_checkpoints": {"cpu_us_per_step": 149.0}},
+    }
+    expected = {
+        "resume_cpu_ms": {"1000": 9.0, "100000": 20.0},
+        "sealed_rerun_cpu_ms": {"333": 1.0, "33333": 15.0},
+        "replay_verify_us_per_event_cpu": 3.9,
+        "checkpoint_per_step_us": {"with": 150.0, "without": 149.0},
+    }
+    assert expected == br.normalize_resume(listed)
+    assert (RESUME_SHAPE, None, {"other": 1}) == (
+        br.normalize_resume(RESUME_SHAPE), br.normalize_resume(None), br.normalize_resume({"other": 1}))
+    rows = br.resume_targets(br.normalize_resume(listed), made_up_results({"1000": 1.2}))
+    assert [True, False, True, False, True] == [row["met"] for row in rows]
