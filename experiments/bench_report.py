@@ -518,6 +518,14 @@ def why_single(results: dict[str, Any], n: str) -> str:
             f" Each commit wrote {e['wal_frames_per_commit']:.1f} WAL pages against the floor's "
             f"{f['wal_frames_per_commit']:.1f} ({e['checkpoints']} and {f['checkpoints']} checkpoints during the run)."
         )
+    ram = ev.get("ram") or {}
+    if "floor" in ram and "effectlog" in ram:
+        rf, re_ = ram["floor"]["us_per_step"], ram["effectlog"]["us_per_step"]
+        text += (
+            f" The same pair on a RAM disk in the same run (a sync returns at once): floor {rf:,.0f} µs per step, "
+            f"effectlog {re_:,.0f}: without the disk effectlog's own work costs {re_ - rf:,.0f} µs per step more "
+            f"({(re_ - rf) / allowed:.1f}x the {allowed:,.0f} µs the target allows here)."
+        )
     fsyncs = row.get("fsync_us_rounds") or []
     if fsyncs:
         text += (
@@ -764,8 +772,9 @@ def single_section(results: dict[str, Any], images: dict[str, str]) -> list[str]
         "",
         "| N | rounds | floor µs/step | CPU (user + kernel) | effectlog µs/step | CPU (user + kernel) "
         "| effectlog ÷ floor | extra CPU µs/step "
-        "| extra waiting µs/step | WAL pages per commit, floor / effectlog | checkpoints in the run | fsync µs |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| extra waiting µs/step | WAL pages per commit, floor / effectlog | checkpoints in the run | fsync µs "
+        "| RAM disk µs/step, floor / effectlog |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for n in sorted(results["single"], key=int):
         row = results["single"][n]
@@ -776,12 +785,17 @@ def single_section(results: dict[str, Any], images: dict[str, str]) -> list[str]
             wal = f"{ev['floor']['wal_frames_per_commit']:.1f} / {ev['effectlog']['wal_frames_per_commit']:.1f}"
             ckpt = f"{ev['floor']['checkpoints']} / {ev['effectlog']['checkpoints']}"
         fsyncs = row.get("fsync_us_rounds") or []
+        ram = ev.get("ram") or {}
+        in_ram = (
+            f"{ram['floor']['us_per_step']:,.0f} / {ram['effectlog']['us_per_step']:,.0f}" if "floor" in ram
+            else "not measured"
+        )
         lines.append(
             f"| {int(n):,} | {row.get('rounds', len(f['samples']))} | {f['us_per_step']:,.0f} "
             f"| {_cpu(f)} | {e['us_per_step']:,.0f} | {_cpu(e)} "
             f"| {row['effectlog_over_floor']:.2f} | {_fmt(row.get('cpu_minus_floor_us'))} "
             f"| {_fmt(row.get('wait_minus_floor_us'))} | {wal} | {ckpt} "
-            f"| {f'{min(fsyncs):,.0f} to {max(fsyncs):,.0f}' if fsyncs else 'not measured'} |"
+            f"| {f'{min(fsyncs):,.0f} to {max(fsyncs):,.0f}' if fsyncs else 'not measured'} | {in_ram} |"
         )
     if "excess" in images:
         lines += ["", f"![excess over the floor]({images['excess']})"]
@@ -795,7 +809,9 @@ def single_section(results: dict[str, Any], images: dict[str, str]) -> list[str]
         "the rounds' differences. CPU is split into user space and kernel by `getrusage` (the kernel part "
         "is mostly the write and fsync calls). WAL pages per commit and checkpoints are counted in one more "
         "round per N, untimed, from the WAL index after every commit; the fsync column is the range of the per-round "
-        "medians of a 4 KiB write + fsync probe taken just before each round's pair.",
+        "medians of a 4 KiB write + fsync probe taken just before each round's pair. The RAM-disk column is "
+        "the same pair run once more on tmpfs (`/dev/shm`), where a sync returns at once: what is left is "
+        "each one's CPU work.",
         "",
         "**The WAL's regime is the same for every N.** A new journal's WAL grows with every commit until the "
         "first checkpoint (each sync then also extends the file); after it, commits overwrite frames of a file "

@@ -35,6 +35,7 @@ def single_row(ratio: float, rounds: int = 5) -> dict[str, Any]:
         "evidence": {
             "floor": {"wal_frames_per_commit": 1.8, "checkpoints": 0},
             "effectlog": {"wal_frames_per_commit": 4.6, "checkpoints": 0},
+            "ram": {"floor": {"us_per_step": 30.0}, "effectlog": {"us_per_step": 150.0}},
         },
     }
 
@@ -199,11 +200,13 @@ def test_resume_rows_read_the_resume_json_shape() -> None:
 
 def test_single_rows_explain_a_miss_with_cpu_and_wal_evidence() -> None:
     """A missed single-run ratio says how much of the excess is CPU and how much waiting, with the WAL
-    pages per commit and the fsync latency of the same run; a quick run's few rounds are flagged."""
+    pages per commit, the fsync latency and the RAM-disk pair of the same run; a quick run's few rounds
+    are flagged."""
     rows = br.single_targets(made_up_results({"100": 1.2, "1000": 1.5, "10000": 1.25}, rounds=2))
     assert [True, False, True, True] == [row["met"] for row in rows]
     why = rows[1]["why"]
-    assert all(part in why for part in ("120 µs of the excess is CPU", "4.6 WAL pages", "90 to 110 µs"))
+    parts = ("120 µs of the excess is CPU", "4.6 WAL pages", "90 to 110 µs", "costs 120 µs per step more")
+    assert all(part in why for part in parts)
     assert rows[0]["status"].endswith("only 2 rounds (a quick run)")
 
 
