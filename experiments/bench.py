@@ -478,7 +478,7 @@ def single_sizes(results: dict[str, Any], args: argparse.Namespace, workdir: Pat
         rows: dict[str, list[dict[str, float]]] = {"floor": [], "effectlog": []}
         peer_runs: dict[str, list[dict[str, Any]]] = {"dbos": [], "langgraph": []}
         fsyncs: list[float] = []
-        for r in range(plan["rounds"]):
+        for r in range(plan["rounds"][n]):
             fsyncs.append(fsync_latency_us(workdir, rounds=30))
             rows["floor"].append(floor_single(fresh(workdir, "floor.db"), n))
             rows["effectlog"].append(effectlog_single(fresh(workdir, "effectlog.db"), n))
@@ -582,7 +582,7 @@ def concurrent_runs(results: dict[str, Any], plan: dict[str, Any], workdir: Path
     """3: concurrent runs, round-robin over K so each round's ratios compare neighbours."""
     per_run, ks = plan["per_run"], plan["concurrency"]
     rounds: list[dict[int, dict[str, float]]] = []
-    for r in range(plan["rounds"]):
+    for r in range(plan["group_rounds"]):
         rounds.append({k: effectlog_concurrent(fresh(workdir, "concurrent.db"), k, per_run) for k in ks})
         say(f"concurrency round {r + 1}: " + ", ".join(f"K={k} {g['steps_per_s']:.0f}" for k, g in rounds[-1].items()))
     for k in ks:
@@ -639,7 +639,9 @@ def run_all(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     quick = args.quick
     plan: dict[str, Any] = {
         "sizes": [100, 1000, 10_000],
-        "rounds": 2 if quick else 5,
+        # At least five rounds each; the short sizes are cheap, and more rounds steady their medians.
+        "rounds": {100: 2, 1000: 2} if quick else {100: 9, 1000: 7, 10_000: 5},
+        "group_rounds": 2 if quick else 5,
         "peer_sizes": [100] if quick else [100, 1000],
         "concurrency": [1, 8, 32] if quick else [1, 8, 32, 128],
         "per_run": 50 if quick else 100,

@@ -733,6 +733,7 @@ def write_doc(
         "",
         *_table(rows := targets(results, fleet, resume)),
     ]
+    lines += ["", *sources(results, fleet, resume)]
     missed = [row for row in rows if row["met"] is False and row["why"]]
     if missed:
         lines += ["", "### Why targets are missed", ""]
@@ -748,6 +749,28 @@ def write_doc(
     lines.append("")
     doc.parent.mkdir(parents=True, exist_ok=True)
     doc.write_text("\n".join(lines))
+
+
+def sources(results: dict[str, Any], fleet: dict[str, Any] | None, resume: dict[str, Any] | None) -> list[str]:
+    """Where each group of rows comes from, and whether its benchmark ran in this invocation."""
+    ran = results.get("companions") or {}
+
+    def said(name: str, data: dict[str, Any] | None, script: str) -> str:
+        if name in ran:
+            how = "ran in this invocation" if ran[name] == "ran" else ran[name]
+        elif (ROOT / "experiments" / script).exists():
+            how = "not run in this invocation (`bench.py --no-companions`)"
+        else:
+            how = "not in this tree"
+        when = (data or {}).get("measured_at")
+        got = "absent" if data is None else f"measured {when}" if when else "present (no date in it)"
+        return f"{how}; its results: {got}"
+
+    return [
+        "Single-run, peer and concurrency rows: `experiments/bench.py`, this run. "
+        f"Fleet rows: `experiments/fleet_bench.py`, {said('fleet', fleet, 'fleet_bench.py')}. "
+        f"Resume and replay rows: `experiments/resume_bench.py`, {said('resume', resume, 'resume_bench.py')}."
+    ]
 
 
 def _cpu(row: dict[str, Any]) -> str:
