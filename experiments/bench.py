@@ -662,6 +662,7 @@ def run_all(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
             "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
             "quick": quick,
             "load_start": os.getloadavg(),
+            "niceness": os.nice(0),
         },
         "plan": plan,
         "wal_autocheckpoint_pages": WAL_AUTOCHECKPOINT_PAGES,

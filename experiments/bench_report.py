@@ -706,8 +706,9 @@ def write_doc(
     if "load_start" in m and "load_end" in m:
         load = (
             f" The 1-minute load average was {m['load_start'][0]:.1f} at the start and {m['load_end'][0]:.1f} at "
-            f"the end on {m['cores']} cores: other work shared the machine, which is why figures are medians "
-            "of interleaved rounds and why the spread of the rounds is shown."
+            f"the end on {m['cores']} cores (the benchmark ran at niceness {m.get('niceness', 0)}): other work "
+            "shared the machine, which is why figures are medians of interleaved rounds, why the spread of the "
+            "rounds is shown, and why wall clock and CPU time are both given."
         )
     lines: list[str] = [
         "# Performance",
