@@ -471,9 +471,11 @@ def single_sizes(results: dict[str, Any], args: argparse.Namespace, workdir: Pat
     """1, 2, 4: one run of N steps, interleaved with the floor and (at 100 and 1,000) the peers.
 
     Each round measures, back to back: the disk's fsync latency, the floor, effectlog, the
-    peers. One extra round per N, not timed into the figures, counts what each commit writes
-    to the WAL (instrumenting every commit would cost time of its own).
+    same pair on a RAM disk (tmpfs: a sync returns at once, what is left is CPU), the peers.
+    One extra round per N, not timed into the figures, counts what each commit writes to the
+    WAL (instrumenting every commit would cost time of its own).
     """
+    ram = Path(plan["ramdir"]) if plan.get("ramdir") else None
     for n in plan["sizes"]:
         rows: dict[str, list[dict[str, float]]] = {"floor": [], "effectlog": []}
         peer_runs: dict[str, list[dict[str, Any]]] = {"dbos": [], "langgraph": []}
@@ -482,6 +484,9 @@ def single_sizes(results: dict[str, Any], args: argparse.Namespace, workdir: Pat
             fsyncs.append(fsync_latency_us(workdir, rounds=30))
             rows["floor"].append(floor_single(fresh(workdir, "floor.db"), n))
             rows["effectlog"].append(effectlog_single(fresh(workdir, "effectlog.db"), n))
+            if ram is not None:
+                rows.setdefault("ram_floor", []).append(floor_single(fresh(ram, "floor.db"), n))
+                rows.setdefault("ram_effectlog", []).append(effectlog_single(fresh(ram, "effectlog.db"), n))
             if n in plan["peer_sizes"]:
                 for name in ("dbos", "langgraph"):
                     target = workdir / f"{name}-{n}-{r}"
@@ -496,20 +501,13 @@ def single_sizes(results: dict[str, Any], args: argparse.Namespace, workdir: Pat
             "floor": floor_single(fresh(workdir, "floor.db"), n, evidence=True),
             "effectlog": effectlog_single(fresh(workdir, "effectlog.db"), n, evidence=True),
         }
-        if plan.get("ramdir"):
-            # The same pair with the disk taken away (tmpfs: a sync returns at once): what is left is CPU.
-            ram = Path(plan["ramdir"])
-            evidence["ram"] = {
-                "floor": floor_single(fresh(ram, "floor.db"), n),
-                "effectlog": effectlog_single(fresh(ram, "effectlog.db"), n),
-            }
         results["single"][str(n)] = summarize_single(rows, fsyncs, evidence)
         for name, runs in peer_runs.items():
             if runs:
                 results["peers"][name][str(n)] = summarize_peer(runs, rows["effectlog"])
         row = results["single"][str(n)]
-        if "ram" in evidence:
-            ram_row = evidence["ram"]
+        if "ram" in row["evidence"]:
+            ram_row = row["evidence"]["ram"]
             say(f"N={n} on a RAM disk: floor {ram_row['floor']['us_per_step']:.0f} us/step, effectlog "
                 f"{ram_row['effectlog']['us_per_step']:.0f} us/step")
         say(
@@ -528,7 +526,7 @@ def summarize_single(
     out: dict[str, Any] = {"rounds": len(rows["floor"]), "fsync_us_rounds": fsyncs, "evidence": evidence}
     for name, got in rows.items():
         walls, cpus = [g["us_per_step"] for g in got], [g["cpu_us_per_step"] for g in got]
-        out[name] = {
+        summary = {
             "us_per_step": median(walls),
             "cpu_us_per_step": median(cpus),
             "user_us_per_step": median([g["user_us_per_step"] for g in got]),
@@ -537,6 +535,14 @@ def summarize_single(
             "samples": walls,
             "cpu_samples": cpus,
         }
+        if name.startswith("ram_"):
+            evidence.setdefault("ram", {})[name[4:]] = summary
+        else:
+            out[name] = summary
+    if "ram_floor" in rows and "ram_effectlog" in rows:
+        evidence["ram"]["effectlog_minus_floor_us"] = median(
+            [e["us_per_step"] - f["us_per_step"] for e, f in zip(rows["ram_effectlog"], rows["ram_floor"], strict=True)]
+        )
     mine = rows["effectlog"]
     out["effectlog"]["one_off"] = {
         key: median([g[key] for g in mine])

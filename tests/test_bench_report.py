@@ -267,3 +267,40 @@ def test_resume_json_in_list_shape_reads_as_the_agreed_shape() -> None:
         br.normalize_resume(RESUME_SHAPE), br.normalize_resume(None), br.normalize_resume({"other": 1}))
     rows = br.resume_targets(br.normalize_resume(listed), made_up_results({"1000": 1.2}))
     assert [True, False, True, False, True] == [row["met"] for row in rows]
+
+
+def measured(wall: float, cpu: float, **one_off: float) -> dict[str, float]:
+    return {"us_per_step": wall, "cpu_us_per_step": cpu, "user_us_per_step": cpu * 0.8,
+            "sys_us_per_step": cpu * 0.2, **one_off}
+
+
+def test_summarize_single_pairs_rounds_and_keeps_ram_pairs_apart() -> None:
+    """bench.py's summary of one N: medians of the rounds, every ratio and difference taken within a
+    round, effectlog's one-off costs kept apart, and the RAM-disk pair as evidence, not as the figure."""
+    rows = {
+        "floor": [measured(300, 30), measured(400, 30), measured(200, 40)],
+        "effectlog": [measured(360, 150, startup_ms=5.0), measured(600, 160, startup_ms=7.0),
+                      measured(240, 140, startup_ms=6.0)],
+        "ram_floor": [measured(30, 30), measured(40, 40), measured(35, 35)],
+        "ram_effectlog": [measured(150, 150), measured(170, 160), measured(160, 150)],
+    }
+    out = bench.summarize_single(rows, [100.0, 120.0, 90.0], {})
+    expected = {
+        "ratio": 1.2,
+        "cpu_minus": 120.0,
+        "wall_minus": 60.0,
+        "startup": 6.0,
+        "ram_minus": 125.0,
+        "ram_effectlog": 160.0,
+    }
+    actual = {
+        "ratio": out["effectlog_over_floor"],
+        "cpu_minus": out["cpu_minus_floor_us"],
+        "wall_minus": out["effectlog_minus_floor_us"],
+        "startup": out["effectlog"]["one_off"]["startup_ms"],
+        "ram_minus": out["evidence"]["ram"]["effectlog_minus_floor_us"],
+        "ram_effectlog": out["evidence"]["ram"]["effectlog"]["us_per_step"],
+    }
+    assert expected == pytest.approx(actual)
+    assert [1.2, 1.5, 1.2] == pytest.approx(out["effectlog_over_floor_rounds"])
+    assert (True, False) == ({"floor", "effectlog"} <= set(out), "ram_floor" in out)
