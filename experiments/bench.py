@@ -317,6 +317,52 @@ def peer(name: str, steps: int, workdir: Path, timeout_s: float) -> dict[str, An
     return result
 
 
+# -- evidence: durable syncs per step (child processes under strace) ---------------------------------
+
+SYNC_CALLS = ("fsync", "fdatasync", "sync_file_range", "syncfs")
+
+
+def sync_calls(strace_summary: str) -> int:
+    """The sync calls counted in an ``strace -c`` summary (the calls column of each sync row)."""
+    total = 0
+    for line in strace_summary.splitlines():
+        fields = line.split()
+        if len(fields) >= 5 and fields[-1] in SYNC_CALLS and fields[3].isdigit():
+            total += int(fields[3])
+    return total
+
+
+def syncs_per_step(system: str, workdir: Path, steps: int = 200, few: int = 20) -> dict[str, Any]:
+    """How many times one step waits for the disk: fsync-family calls of the whole child process
+    (every thread) counted by strace, for a run of ``steps`` less one of ``few`` steps, so
+    start-up, warm-up and the WAL's preparation cancel out. Untimed: strace slows every call."""
+    if shutil.which("strace") is None:
+        return {"error": "strace is not installed"}
+    counts = []
+    for n in (few, steps):
+        target = workdir / f"syncs-{system}-{n}"
+        shutil.rmtree(target, ignore_errors=True)
+        target.mkdir(parents=True)
+        if system in ("dbos", "langgraph"):
+            child = [str(HERE / "bench_peers.py"), system, str(n), str(target)]
+        else:
+            child = [str(Path(__file__).resolve()), "--child-single", system, str(n), "--workdir", str(target)]
+        summary = workdir / "strace.txt"
+        strace = ["strace", "-f", "-qq", "-c", "-e", f"trace={','.join(SYNC_CALLS)}", "-o", str(summary)]
+        try:
+            done = subprocess.run([*strace, sys.executable, *child], capture_output=True, text=True, timeout=1800,
+                                  check=False)
+        except subprocess.TimeoutExpired:
+            return {"error": "did not finish within 1800 s"}
+        finally:
+            shutil.rmtree(target, ignore_errors=True)
+        if done.returncode != 0:
+            lines = [line for line in done.stderr.strip().splitlines() if line.strip()]
+            return {"error": (lines[-1] if lines else f"exit status {done.returncode}")[:300]}
+        counts.append(sync_calls(summary.read_text()))
+    return {"syncs_per_step": (counts[1] - counts[0]) / (steps - few), "calls": counts, "steps": [few, steps]}
+
+
 # -- 5. resume --------------------------------------------------------------------------------
 
 
@@ -685,6 +731,9 @@ def run_all(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     finally:
         if plan.get("ramdir"):
             shutil.rmtree(plan["ramdir"], ignore_errors=True)
+    results["syncs"] = {name: syncs_per_step(name, workdir) for name in ("floor", "effectlog", "dbos", "langgraph")}
+    say("syncs per step: " + ", ".join(f"{k} {v.get('syncs_per_step', v.get('error'))}" for k, v in
+                                       results["syncs"].items()))
     concurrent_runs(results, plan, workdir)
     resume_sizes(results, plan, workdir)
     results["footprint"] = footprint(workdir, plan["footprint_steps"])
@@ -740,10 +789,16 @@ def main(argv: list[str] | None = None) -> int:
         "--no-companions", action="store_true", help="do not run resume_bench.py and fleet_bench.py (report their JSON)"
     )
     parser.add_argument("--child-footprint", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--child-single", nargs=2, metavar=("SYSTEM", "N"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
 
     if args.child_footprint:
         print(json.dumps(footprint_child(args.workdir, args.child_footprint)))
+        return 0
+    if args.child_single:
+        system, n = args.child_single[0], int(args.child_single[1])
+        single = {"floor": floor_single, "effectlog": effectlog_single}[system]
+        print(json.dumps(single(fresh(args.workdir, f"{system}.db"), n)))
         return 0
 
     from bench_report import ratios

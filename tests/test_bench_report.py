@@ -304,3 +304,43 @@ def test_summarize_single_pairs_rounds_and_keeps_ram_pairs_apart() -> None:
     assert expected == pytest.approx(actual)
     assert [1.2, 1.5, 1.2] == pytest.approx(out["effectlog_over_floor_rounds"])
     assert (True, False) == ({"floor", "effectlog"} <= set(out), "ram_floor" in out)
+
+
+def test_rounds_are_split_by_how_fast_the_disk_synced() -> None:
+    """Each round's ratio is grouped by its own fsync probe, over every N; with only one kind of round
+    there is nothing to compare and nothing is said."""
+    results = made_up_results({"100": 1.2, "1000": 1.5})
+    results["single"]["100"]["fsync_us_rounds"] = [50.0, 4000.0]
+    results["single"]["100"]["effectlog_over_floor_rounds"] = [2.5, 1.0]
+    results["single"]["1000"]["fsync_us_rounds"] = [60.0, 3000.0]
+    results["single"]["1000"]["effectlog_over_floor_rounds"] = [3.0, 1.1]
+    said = br.by_disk(results)
+    assert "2 rounds whose fsync probe took at most 500 µs had ratios 2.50 to 3.00" in said
+    assert "2 rounds on a busier disk 1.00 to 1.10" in said
+    results["single"]["100"]["fsync_us_rounds"] = [50.0, 40.0]
+    results["single"]["1000"]["fsync_us_rounds"] = [60.0, 30.0]
+    assert "" == br.by_disk(results)
+
+
+def test_sync_calls_are_read_from_an_strace_summary() -> None:
+    """The calls column of every fsync-family row of `strace -c`, with or without an errors column;
+    the total row and other calls are not counted."""
+    summary = """% time     seconds  usecs/call     calls    errors syscall
+------ ----------- ----------- --------- --------- ----------------
+ 90.00    0.009000          60       150           fdatasync
+ 10.00    0.001000          20        50         2 fsync
+------ ----------- ----------- --------- --------- ----------------
+100.00    0.010000          50       200         2 total
+"""
+    assert 200 == bench.sync_calls(summary)
+    assert 0 == bench.sync_calls("")
+
+
+def test_a_missed_peer_ratio_is_explained_by_syncs_and_cpu_per_step() -> None:
+    """The peer's why gives both sides' syncs per step and CPU per step from the same run."""
+    results = made_up_results({"1000": 1.2})
+    results["syncs"] = {"effectlog": {"syncs_per_step": 2.0}, "dbos": {"syncs_per_step": 4.0}}
+    why = br.why_peer(results, "dbos")
+    assert "dbos waits for 4.0 syncs per step and effectlog for 2.0" in why
+    assert "the ratio tends to 2.0" in why
+    assert "dbos 900 µs, effectlog 160 µs (5.6x)" in why
