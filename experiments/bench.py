@@ -23,9 +23,9 @@ rounds; medians are reported, and every ratio is the median of each round's pair
 untimed round per N counts WAL pages per commit and checkpoints.
 
 Then ``experiments/resume_bench.py`` and ``experiments/fleet_bench.py`` run when present
-(each writes its own ``experiments/results/*.json``), and ``bench_report.py`` writes
-``docs/performance.md`` from ``experiments/results/bench.json`` and theirs, with plots in
-``docs/img/bench-*.png``.
+(each writes its own ``experiments/results/*.json``); ``bench_targets.py`` judges every
+target of issue 18 from ``experiments/results/bench.json`` and theirs, and ``bench_report.py``
+writes ``docs/performance.md`` with plots in ``docs/img/bench-*.png``.
 """
 
 from __future__ import annotations
@@ -769,7 +769,8 @@ def run_companions(quick: bool) -> dict[str, str]:
 
 def report(json_path: Path, doc: Path, img: Path) -> None:
     """docs/performance.md and its plots from bench.json, with resume.json and fleet.json as present."""
-    from bench_report import RESULTS, normalize_resume, read_results, write_doc, write_plots
+    from bench_report import write_doc, write_plots
+    from bench_targets import RESULTS, normalize_resume, read_results
 
     results = json.loads(json_path.read_text())
     fleet, resume = read_results(RESULTS / "fleet.json"), normalize_resume(read_results(RESULTS / "resume.json"))
@@ -801,7 +802,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(single(fresh(args.workdir, f"{system}.db"), n)))
         return 0
 
-    from bench_report import ratios
+    from bench_targets import ratios
 
     if args.report_only:
         report(args.json, args.doc, args.img)

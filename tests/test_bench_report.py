@@ -1,5 +1,6 @@
-"""The benchmark report's pure parts: target evaluation, readers of absent or partial result files,
-and the page's Targets table. Nothing here measures or asserts on a time: the figures are made up."""
+"""The benchmark's pure parts: target evaluation (bench_targets), readers of absent or partial result
+files, bench.py's summaries, and the page's Targets table (bench_report). Nothing here measures or
+asserts on a time: the figures are made up."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))
 
 import bench
 import bench_report as br
+import bench_targets as bt
 
 
 def single_row(ratio: float, rounds: int = 5) -> dict[str, Any]:
@@ -90,14 +92,14 @@ def test_evaluate_says_met_missed_or_not_measured(measured: Any, limit: float, a
                                                    expected: tuple[bool | None, str]) -> None:
     """A figure at or within its limit is met, beyond it missed by the relative gap; anything that is not
     a number (absent, an error text, a bool) is "not measured", never met."""
-    row = br.evaluate("t", measured, limit, at_most=at_most)
+    row = bt.evaluate("t", measured, limit, at_most=at_most)
     assert expected == (row["met"], row["status"])
 
 
 def test_evaluate_counts_the_rounds_behind_a_median() -> None:
     """A median that meets the target while some rounds do not says how many rounds met it, and shows
     the spread of the rounds beside the median."""
-    row = br.evaluate("t", 1.2, 1.3, at_most=True, unit="x", each=[1.1, 1.2, 1.5])
+    row = bt.evaluate("t", 1.2, 1.3, at_most=True, unit="x", each=[1.1, 1.2, 1.5])
     assert (True, "met (2 of 3 rounds met it)", "1.20x (rounds 1.10 to 1.50)") == (
         row["met"], row["status"], row["measured"])
 
@@ -105,8 +107,8 @@ def test_evaluate_counts_the_rounds_behind_a_median() -> None:
 def test_a_missed_row_keeps_its_why_and_a_met_row_drops_it() -> None:
     """The why is shown for a miss only."""
     assert ("because", "") == (
-        br.evaluate("t", 2.0, 1.3, at_most=True, why="because")["why"],
-        br.evaluate("t", 1.0, 1.3, at_most=True, why="because")["why"],
+        bt.evaluate("t", 2.0, 1.3, at_most=True, why="because")["why"],
+        bt.evaluate("t", 1.0, 1.3, at_most=True, why="because")["why"],
     )
 
 
@@ -117,7 +119,7 @@ def test_read_results_of_absent_broken_or_non_object_files_is_none(tmp_path: Pat
     listed.write_text("[1, 2]")
     good.write_text(json.dumps({"a": 1}))
     expected = [None, None, None, {"a": 1}]
-    assert expected == [br.read_results(p) for p in (tmp_path / "absent.json", broken, listed, good)]
+    assert expected == [bt.read_results(p) for p in (tmp_path / "absent.json", broken, listed, good)]
 
 
 @pytest.mark.parametrize(
@@ -133,12 +135,12 @@ def test_read_results_of_absent_broken_or_non_object_files_is_none(tmp_path: Pat
 def test_flatness_is_largest_over_smallest_history(by_size: Any, expected: float | None) -> None:
     """Growth with history compares the largest size with the smallest, by number not by string order;
     fewer than two measured sizes say nothing about growth."""
-    assert expected == br.flatness(by_size)[0]
+    assert expected == bt.flatness(by_size)[0]
 
 
 def test_fleet_rows_without_fleet_json_are_all_not_measured() -> None:
     """Every fleet target of issue 18 has a row, and without fleet.json none is met or missed."""
-    rows = br.fleet_targets(None)
+    rows = bt.fleet_targets(None)
     assert 8 == len(rows)
     assert [None] * 8 == [row["met"] for row in rows]
     assert all("fleet.json absent" in row["measured"] for row in rows)
@@ -157,7 +159,7 @@ def test_fleet_rows_read_fleet_json_by_backend_and_process_count() -> None:
                        "8": {"claims_per_s": 600.0, "runs_per_s": 260.0}},
         }
     }
-    rows = br.fleet_targets(fleet)
+    rows = bt.fleet_targets(fleet)
     expected = [
         ("PostgreSQL fleet claims/s at 8 runner processes >= 1,500", True),
         ("PostgreSQL fleet claims/s at 8 processes not below 1 process", True),
@@ -174,7 +176,7 @@ def test_fleet_rows_read_fleet_json_by_backend_and_process_count() -> None:
 def test_idle_wait_row_is_met_only_when_no_backend_polls() -> None:
     """The idle-runner row reads how each backend waits; a poll on either misses it."""
     waits = {"postgres": "LISTEN/NOTIFY", "sqlite": "10 ms poll"}
-    row = br.fleet_targets({"results": {}, "idle_wait": waits})[-1]
+    row = bt.fleet_targets({"results": {}, "idle_wait": waits})[-1]
     assert (False, "sqlite still polls") == (row["met"], row["why"])
 
 
@@ -184,7 +186,7 @@ def test_resume_rows_without_resume_json_are_not_measured_but_show_bench_figures
     results["resume"] = [{"half_events": 100000, "confirmed_steps": 33333, "half_resume_to_next_effect_cpu_ms": 900.0,
                           "finished_rerun_cpu_ms": 150.0, "finished_fold_cpu_us_per_event": 6.5,
                           "half_fold_cpu_us_per_event": 6.4}]
-    rows = br.resume_targets(None, results)
+    rows = bt.resume_targets(None, results)
     assert [None] * 5 == [row["met"] for row in rows]
     assert "bench.py's own figure: 900.0 ms CPU at 100,000 events" in rows[0]["measured"]
 
@@ -192,7 +194,7 @@ def test_resume_rows_without_resume_json_are_not_measured_but_show_bench_figures
 def test_resume_rows_read_the_resume_json_shape() -> None:
     """resume.json's shape: 100k resume within 30 ms, flatness 100k over 1k, the 33k sealed re-run,
     replay per event; a sealed re-run measured at one size only cannot show flatness."""
-    rows = br.resume_targets(RESUME_SHAPE, made_up_results({"1000": 1.2}))
+    rows = bt.resume_targets(RESUME_SHAPE, made_up_results({"1000": 1.2}))
     expected = [True, False, False, None, True]
     assert expected == [row["met"] for row in rows]
     assert "33k-step" in rows[2]["target"]
@@ -202,7 +204,7 @@ def test_single_rows_explain_a_miss_with_cpu_and_wal_evidence() -> None:
     """A missed single-run ratio says how much of the excess is CPU and how much waiting, with the WAL
     pages per commit, the fsync latency and the RAM-disk pair of the same run; a quick run's few rounds
     are flagged."""
-    rows = br.single_targets(made_up_results({"100": 1.2, "1000": 1.5, "10000": 1.25}, rounds=2))
+    rows = bt.single_targets(made_up_results({"100": 1.2, "1000": 1.5, "10000": 1.25}, rounds=2))
     assert [True, False, True, True] == [row["met"] for row in rows]
     why = rows[1]["why"]
     parts = ("120 µs of the excess is CPU", "4.6 WAL pages", "90 to 110 µs", "costs 120 µs per step more")
@@ -212,13 +214,13 @@ def test_single_rows_explain_a_miss_with_cpu_and_wal_evidence() -> None:
 
 def test_single_rows_for_a_size_not_run_are_not_measured() -> None:
     """A quick run without N=10,000 leaves that row, and the regime row, "not measured"."""
-    rows = br.single_targets(made_up_results({"100": 1.2, "1000": 1.2}))
+    rows = bt.single_targets(made_up_results({"100": 1.2, "1000": 1.2}))
     assert [True, True, None, None] == [row["met"] for row in rows]
 
 
 def test_group_and_peer_rows() -> None:
     """32 concurrent runs against 5x; a peer that did not run is "not measured" with its error."""
-    rows = br.peer_and_group_targets(made_up_results({"1000": 1.2}))
+    rows = bt.peer_and_group_targets(made_up_results({"1000": 1.2}))
     assert [True, None, False] == [row["met"] for row in rows]
     assert "did not finish" in rows[1]["measured"]
     assert "cannot exceed about 9,091 steps/s" in rows[2]["why"]
@@ -229,7 +231,7 @@ def test_the_page_has_every_target_row_of_issue_18(tmp_path: Path) -> None:
     measured, even when fleet.json and resume.json are absent."""
     doc = tmp_path / "docs" / "performance.md"
     results = made_up_results({"100": 1.2, "1000": 1.5, "10000": 1.25})
-    results["ratios"] = br.ratios(results)
+    results["ratios"] = bt.ratios(results)
     images = {"single": "img/a.png", "concurrency": "img/b.png"}
     br.write_doc(results, doc, images, tmp_path / "bench.json", fleet=None, resume=RESUME_SHAPE)
     text = doc.read_text()
@@ -262,10 +264,10 @@ def test_resume_json_in_list_shape_reads_as_the_agreed_shape() -> None:
         "replay_verify_us_per_event_cpu": 3.9,
         "checkpoint_per_step_us": {"with": 150.0, "without": 149.0},
     }
-    assert expected == br.normalize_resume(listed)
+    assert expected == bt.normalize_resume(listed)
     assert (RESUME_SHAPE, None, {"other": 1}) == (
-        br.normalize_resume(RESUME_SHAPE), br.normalize_resume(None), br.normalize_resume({"other": 1}))
-    rows = br.resume_targets(br.normalize_resume(listed), made_up_results({"1000": 1.2}))
+        bt.normalize_resume(RESUME_SHAPE), bt.normalize_resume(None), bt.normalize_resume({"other": 1}))
+    rows = bt.resume_targets(bt.normalize_resume(listed), made_up_results({"1000": 1.2}))
     assert [True, False, True, False, True] == [row["met"] for row in rows]
 
 
@@ -314,12 +316,12 @@ def test_rounds_are_split_by_how_fast_the_disk_synced() -> None:
     results["single"]["100"]["effectlog_over_floor_rounds"] = [2.5, 1.0]
     results["single"]["1000"]["fsync_us_rounds"] = [60.0, 3000.0]
     results["single"]["1000"]["effectlog_over_floor_rounds"] = [3.0, 1.1]
-    said = br.by_disk(results)
+    said = bt.by_disk(results)
     assert "2 rounds whose fsync probe took at most 500 µs had ratios 2.50 to 3.00" in said
     assert "2 rounds on a busier disk 1.00 to 1.10" in said
     results["single"]["100"]["fsync_us_rounds"] = [50.0, 40.0]
     results["single"]["1000"]["fsync_us_rounds"] = [60.0, 30.0]
-    assert "" == br.by_disk(results)
+    assert "" == bt.by_disk(results)
 
 
 def test_sync_calls_are_read_from_an_strace_summary() -> None:
@@ -340,7 +342,7 @@ def test_a_missed_peer_ratio_is_explained_by_syncs_and_cpu_per_step() -> None:
     """The peer's why gives both sides' syncs per step and CPU per step from the same run."""
     results = made_up_results({"1000": 1.2})
     results["syncs"] = {"effectlog": {"syncs_per_step": 2.0}, "dbos": {"syncs_per_step": 4.0}}
-    why = br.why_peer(results, "dbos")
+    why = bt.why_peer(results, "dbos")
     assert "dbos waits for 4.0 syncs per step and effectlog for 2.0" in why
     assert "the ratio tends to 2.0" in why
     assert "dbos 900 µs, effectlog 160 µs (5.6x)" in why
