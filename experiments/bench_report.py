@@ -210,7 +210,10 @@ def write_doc(
         lines += ["", "### Why targets are missed", ""]
         lines += [f"- **{row['target']}** ({row['status']}): {row['why']}" for row in missed]
     lines += ["", "### Earlier targets (issue 7), still tracked", "", *_table(earlier := earlier_targets(results))]
-    lines += [f"- **{row['target']}** ({row['status']}): {row['why']}" for row in earlier if row["met"] is False]
+    earlier_missed = [row for row in earlier if row["met"] is False]
+    if earlier_missed:
+        lines.append("")
+    lines += [f"- **{row['target']}** ({row['status']}): {row['why']}" for row in earlier_missed]
     lines += single_section(results, images)
     lines += peers_section(results)
     lines += concurrency_section(results, images)
