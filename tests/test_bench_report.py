@@ -14,6 +14,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))
 
 import bench
+import bench_evidence
 import bench_report as br
 import bench_targets as bt
 
@@ -245,7 +246,8 @@ def test_the_page_has_every_target_row_of_issue_18(tmp_path: Path) -> None:
 def test_wal_frames_between_two_headers() -> None:
     """WAL frames written between two reads of the WAL index: the difference, or the new count after a
     checkpoint restarted the WAL (a new salt)."""
-    assert (5, 3) == (bench.frames_between((10, b"a"), (15, b"a")), bench.frames_between((7990, b"a"), (3, b"b")))
+    between = bench_evidence.frames_between
+    assert (5, 3) == (between((10, b"a"), (15, b"a")), between((7990, b"a"), (3, b"b")))
 
 
 def test_resume_json_in_list_shape_reads_as_the_agreed_shape() -> None:
@@ -334,8 +336,8 @@ def test_sync_calls_are_read_from_an_strace_summary() -> None:
 ------ ----------- ----------- --------- --------- ----------------
 100.00    0.010000          50       200         2 total
 """
-    assert 200 == bench.sync_calls(summary)
-    assert 0 == bench.sync_calls("")
+    assert 200 == bench_evidence.sync_calls(summary)
+    assert 0 == bench_evidence.sync_calls("")
 
 
 def test_a_missed_peer_ratio_is_explained_by_syncs_and_cpu_per_step() -> None:
