@@ -348,3 +348,26 @@ def test_a_missed_peer_ratio_is_explained_by_syncs_and_cpu_per_step() -> None:
     assert "dbos waits for 4.0 syncs per step and effectlog for 2.0" in why
     assert "the ratio tends to 2.0" in why
     assert "dbos 900 µs, effectlog 160 µs (5.6x)" in why
+
+
+def test_companions_run_when_present_and_a_failed_one_leaves_no_stale_results(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """bench.py runs resume_bench.py and fleet_bench.py in their own processes, passing --quick on; one
+    that fails is reported with its exit status and its old results file is removed, so the page says
+    "not measured" rather than showing an older run's figures as this run's; an absent one is named."""
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results" / "fleet.json").write_text("{}")
+    (tmp_path / "resume_bench.py").write_text(
+        "import json, pathlib, sys\n"
+        "here = pathlib.Path(__file__).parent\n"
+        "(here / 'results' / 'resume.json').write_text(json.dumps({'argv': sys.argv[1:]}))\n"
+    )
+    (tmp_path / "fleet_bench.py").write_text("import sys\nsys.exit(3)\n")
+    monkeypatch.setattr(bench, "HERE", tmp_path)
+    ran = bench.run_companions(quick=True)
+    assert {"resume": "ran", "fleet": "fleet_bench.py exited with status 3"} == ran
+    assert {"argv": ["--quick"]} == json.loads((tmp_path / "results" / "resume.json").read_text())
+    assert not (tmp_path / "results" / "fleet.json").exists()
+    (tmp_path / "resume_bench.py").unlink()
+    assert "resume_bench.py absent" == bench.run_companions(quick=False)["resume"]
