@@ -49,7 +49,7 @@ from typing import Any
 
 from bench_evidence import WalFrames, fsync_latency_us, presize_wal, syncs_per_step
 from effectlog.journal import SqliteJournal, load_run
-from effectlog.journal.sqlite_schema import WAL_AUTOCHECKPOINT_PAGES
+from effectlog.journal.sqlite_schema import INSERT, MIGRATIONS, WAL_AUTOCHECKPOINT_PAGES
 from effectlog.plan import AdapterDecl, Plan, StepDecl
 from effectlog.runtime import Runtime, SimulatedCrash
 
@@ -82,28 +82,61 @@ def kernel_user() -> tuple[float, float]:
 # -- 1. the floor ---------------------------------------------------------------------------
 
 
-def floor_db(path: Path) -> sqlite3.Connection:
+FLOOR_DDL = "CREATE TABLE events (run_id TEXT, seq INTEGER, body BLOB, PRIMARY KEY (run_id, seq)) WITHOUT ROWID"
+FLOOR_INSERT = "INSERT INTO events VALUES (?, ?, ?)"
+
+
+def floor_db(path: Path, ddl: tuple[str, ...] = (FLOOR_DDL,)) -> sqlite3.Connection:
     """Raw sqlite3 with the journal's PRAGMAs (WAL, synchronous=FULL, checkpoint interval)."""
     db = sqlite3.connect(path, isolation_level=None)
     db.execute("PRAGMA journal_mode = WAL")
     db.execute("PRAGMA synchronous = FULL")
     db.execute(f"PRAGMA wal_autocheckpoint = {WAL_AUTOCHECKPOINT_PAGES}")
-    db.execute("CREATE TABLE events (run_id TEXT, seq INTEGER, body BLOB, PRIMARY KEY (run_id, seq)) WITHOUT ROWID")
+    for statement in ddl:
+        db.execute(statement)
     return db
 
 
-def floor_single(path: Path, steps: int, *, evidence: bool = False) -> dict[str, float]:
-    """Two commits per step and nothing else; wall and CPU microseconds per step."""
-    db = floor_db(path)
+def floor_commits(steps: int) -> list[tuple[str, list[tuple[Any, ...]]]]:
+    """The floor's commits: two per step, one 200-byte row each."""
+    return [(FLOOR_INSERT, [("run", seq, PAYLOAD)]) for seq in range(2 * steps)]
+
+
+def effectlog_rows_commits(steps: int) -> list[tuple[str, list[tuple[Any, ...]]]]:
+    """effectlog's rows without effectlog: its events table (schema, unique index, triggers) and its
+    commits (``step.requested``; then ``step.effected`` with ``step.confirmed``), with bodies of an
+    event's size and a 32-byte hash, written by raw sqlite3. What SQLite alone costs for them."""
+    body, digest = bytes(220), bytes(32)
+    commits: list[tuple[str, list[tuple[Any, ...]]]] = []
+    seq = 0
+    for i in range(steps):
+        step = f"step-{i}"
+        commits.append((INSERT, [("run", seq + 1, step, "requested", 1, body, digest)]))
+        commits.append((INSERT, [("run", seq + 2, step, "effected", 1, body, digest),
+                                 ("run", seq + 3, step, "confirmed", 1, body, digest)]))
+        seq += 3
+    return commits
+
+
+def floor_single(path: Path, steps: int, *, evidence: bool = False, rows: str = "floor") -> dict[str, float]:
+    """Two commits per step and nothing else; wall and CPU microseconds per step. ``rows="effectlog"``
+    writes effectlog's table and rows instead of the floor's (``effectlog_rows_commits``)."""
+    if rows == "effectlog":
+        db, commits = floor_db(path, MIGRATIONS[0]), effectlog_rows_commits(steps)
+        warm = [(INSERT, [("warm-up", seq, f"w-{seq}", "requested", 1, PAYLOAD, PAYLOAD[:32])]) for seq in range(1, 11)]
+    else:
+        db, commits = floor_db(path), floor_commits(steps)
+        warm = [(FLOOR_INSERT, [("warm-up", seq, PAYLOAD)]) for seq in range(10)]
     try:
         presize_wal(path)
-        for seq in range(10):  # warm-up, as effectlog's: statements prepared, pages cached
-            db.execute("INSERT INTO events VALUES (?, ?, ?)", ("warm-up", seq, PAYLOAD))
+        for sql, batch in warm:  # warm-up, as effectlog's: statements prepared, pages cached
+            db.executemany(sql, batch)
         wal = WalFrames(path) if evidence else None
         start, cpu, split = time.perf_counter(), time.process_time(), kernel_user()
-        for seq in range(2 * steps):
+        for sql, batch in commits:
             db.execute("BEGIN IMMEDIATE")
-            db.execute("INSERT INTO events VALUES (?, ?, ?)", ("run", seq, PAYLOAD))
+            for row in batch:
+                db.execute(sql, row)
             db.execute("COMMIT")
             if wal is not None:
                 wal.tick()
@@ -403,6 +436,7 @@ def single_sizes(results: dict[str, Any], args: argparse.Namespace, workdir: Pat
             if ram is not None:
                 rows.setdefault("ram_floor", []).append(floor_single(fresh(ram, "floor.db"), n))
                 rows.setdefault("ram_effectlog", []).append(effectlog_single(fresh(ram, "effectlog.db"), n))
+                rows.setdefault("ram_rows", []).append(floor_single(fresh(ram, "rows.db"), n, rows="effectlog"))
             if n in plan["peer_sizes"]:
                 for name in ("dbos", "langgraph"):
                     target = workdir / f"{name}-{n}-{r}"
@@ -424,8 +458,9 @@ def single_sizes(results: dict[str, Any], args: argparse.Namespace, workdir: Pat
         row = results["single"][str(n)]
         if "ram" in row["evidence"]:
             ram_row = row["evidence"]["ram"]
-            say(f"N={n} on a RAM disk: floor {ram_row['floor']['us_per_step']:.0f} us/step, effectlog "
-                f"{ram_row['effectlog']['us_per_step']:.0f} us/step")
+            say(f"N={n} on a RAM disk, CPU per step: floor {ram_row['floor']['cpu_us_per_step']:.0f} us, effectlog's "
+                f"rows alone {ram_row.get('rows', {}).get('cpu_us_per_step', float('nan')):.0f} us, effectlog "
+                f"{ram_row['effectlog']['cpu_us_per_step']:.0f} us")
         say(
             f"N={n}: effectlog / floor {row['effectlog_over_floor']:.2f} (wall), "
             f"CPU +{row['cpu_minus_floor_us']:.0f} us/step; WAL frames per commit "
@@ -455,10 +490,13 @@ def summarize_single(
             evidence.setdefault("ram", {})[name[4:]] = summary
         else:
             out[name] = summary
-    if "ram_floor" in rows and "ram_effectlog" in rows:
-        evidence["ram"]["effectlog_minus_floor_us"] = median(
-            [e["us_per_step"] - f["us_per_step"] for e, f in zip(rows["ram_effectlog"], rows["ram_floor"], strict=True)]
-        )
+    # On the RAM disk, CPU time (not the wall clock, which also counts time descheduled) per round's pair.
+    for name in ("effectlog", "rows"):
+        if "ram_floor" in rows and f"ram_{name}" in rows:
+            pairs = zip(rows[f"ram_{name}"], rows["ram_floor"], strict=True)
+            evidence["ram"][f"{name}_minus_floor_cpu_us"] = median(
+                [e["cpu_us_per_step"] - f["cpu_us_per_step"] for e, f in pairs]
+            )
     mine = rows["effectlog"]
     out["effectlog"]["one_off"] = {
         key: median([g[key] for g in mine])

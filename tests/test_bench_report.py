@@ -38,7 +38,10 @@ def single_row(ratio: float, rounds: int = 5) -> dict[str, Any]:
         "evidence": {
             "floor": {"wal_frames_per_commit": 1.8, "checkpoints": 0},
             "effectlog": {"wal_frames_per_commit": 4.6, "checkpoints": 0},
-            "ram": {"floor": {"us_per_step": 30.0}, "effectlog": {"us_per_step": 150.0}},
+            "ram": {"floor": {"us_per_step": 31.0, "cpu_us_per_step": 30.0},
+                    "rows": {"us_per_step": 61.0, "cpu_us_per_step": 60.0},
+                    "effectlog": {"us_per_step": 151.0, "cpu_us_per_step": 150.0},
+                    "effectlog_minus_floor_cpu_us": 120.0, "rows_minus_floor_cpu_us": 30.0},
         },
     }
 
@@ -208,7 +211,8 @@ def test_single_rows_explain_a_miss_with_cpu_and_wal_evidence() -> None:
     rows = bt.single_targets(made_up_results({"100": 1.2, "1000": 1.5, "10000": 1.25}, rounds=2))
     assert [True, False, True, True] == [row["met"] for row in rows]
     why = rows[1]["why"]
-    parts = ("120 µs of the excess is CPU", "4.6 WAL pages", "90 to 110 µs", "costs 120 µs per step more")
+    parts = ("120 µs of the excess is CPU", "4.6 WAL pages", "90 to 110 µs", "costs 120 µs per step more",
+             "cost 30 µs more than the floor's: SQLite's share; the other 90 µs is effectlog's Python")
     assert all(part in why for part in parts)
     assert rows[0]["status"].endswith("only 2 rounds (a quick run)")
 
@@ -287,6 +291,7 @@ def test_summarize_single_pairs_rounds_and_keeps_ram_pairs_apart() -> None:
                       measured(240, 140, startup_ms=6.0)],
         "ram_floor": [measured(30, 30), measured(40, 40), measured(35, 35)],
         "ram_effectlog": [measured(150, 150), measured(170, 160), measured(160, 150)],
+        "ram_rows": [measured(60, 60), measured(70, 70), measured(65, 65)],
     }
     out = bench.summarize_single(rows, [100.0, 120.0, 90.0], {})
     expected = {
@@ -294,7 +299,8 @@ def test_summarize_single_pairs_rounds_and_keeps_ram_pairs_apart() -> None:
         "cpu_minus": 120.0,
         "wall_minus": 60.0,
         "startup": 6.0,
-        "ram_minus": 125.0,
+        "ram_minus": 120.0,
+        "rows_minus": 30.0,
         "ram_effectlog": 160.0,
     }
     actual = {
@@ -302,7 +308,8 @@ def test_summarize_single_pairs_rounds_and_keeps_ram_pairs_apart() -> None:
         "cpu_minus": out["cpu_minus_floor_us"],
         "wall_minus": out["effectlog_minus_floor_us"],
         "startup": out["effectlog"]["one_off"]["startup_ms"],
-        "ram_minus": out["evidence"]["ram"]["effectlog_minus_floor_us"],
+        "ram_minus": out["evidence"]["ram"]["effectlog_minus_floor_cpu_us"],
+        "rows_minus": out["evidence"]["ram"]["rows_minus_floor_cpu_us"],
         "ram_effectlog": out["evidence"]["ram"]["effectlog"]["us_per_step"],
     }
     assert expected == pytest.approx(actual)
