@@ -89,6 +89,11 @@ def normalize_resume(data: dict[str, Any] | None) -> dict[str, Any] | None:
     replay = keyed(data.get("replay"), "events", "verify_us_per_event")
     if replay:
         out["replay_verify_us_per_event_cpu"] = max(replay.values())
+        worst = max((r for r in data["replay"] if isinstance(r, dict) and number(r.get("verify_us_per_event"))),
+                    key=lambda r: r["verify_us_per_event"])
+        parts = {k: v for k, v in worst.items() if k.endswith("_us_per_event") and k != "verify_us_per_event"}
+        if parts:
+            out["replay_parts_us_per_event"] = {"events": worst.get("events"), **parts}
     with_, without = (dig(data, "per_step", f"{k}_checkpoints", "cpu_us_per_step") for k in ("with", "without"))
     if number(with_) is not None or number(without) is not None:
         out["checkpoint_per_step_us"] = {"with": with_, "without": without}
@@ -316,7 +321,7 @@ def fleet_targets(fleet: dict[str, Any] | None) -> list[dict[str, Any]]:
             why=why(f"{backend}_runs", f"runs/s by processes: {_series(runs)}; see [fleet.md](fleet.md#numbers)."),
         )
         if best:
-            got["measured"] += f" at {best} processes"
+            got["measured"] += f" at {best} process{'es' if best > 1 else ''}"
         rows.append(got)
     for key, label, limit in (("statements_per_run", "statements", STATEMENTS_MAX), ("commits_per_run", "commits",
                                                                                       COMMITS_MAX)):
@@ -328,9 +333,9 @@ def fleet_targets(fleet: dict[str, Any] | None) -> list[dict[str, Any]]:
                 worst,
                 limit,
                 at_most=True,
-                spec=",.1f",
+                spec=".2f",
                 absent=absent,
-                why=why(key, f"{label} per run by processes: {_series(figures)}."),
+                why=why(key, f"{label} per run by processes: {_series(figures, '.2f')}."),
             )
         )
     idle = {b: dig(fleet, "idle_wait", b) or dig(fleet, "results", b, "idle_wait") for b in ("postgres", "sqlite")}
@@ -381,7 +386,7 @@ def resume_targets(resume: dict[str, Any] | None, results: dict[str, Any]) -> li
             unit=" ms",
             spec=".1f",
             absent=context(own_text),
-            why=why("resume", f"by history: {shown}; the replay of the history still dominates."),
+            why=why("resume", f"by history: {shown}: it still grows with the history."),
         ),
         evaluate(
             f"resume flat in history: 100k events <= {FLAT_MAX:.0f}x 1k events",
@@ -412,7 +417,7 @@ def resume_targets(resume: dict[str, Any] | None, results: dict[str, Any]) -> li
             unit=" ms",
             spec=".1f",
             absent=context(own_text),
-            why=why("sealed_rerun", "what a re-run still does grows with the number of steps (see the resume table)."),
+            why=why("sealed_rerun", f"by size: {flatness(rerun)[1]}: it grows with the number of steps."),
         )
     )
     growth, shown = flatness(rerun)
@@ -436,10 +441,20 @@ def resume_targets(resume: dict[str, Any] | None, results: dict[str, Any]) -> li
             at_most=True,
             unit=" µs",
             absent=context(f"{own_fold:.2f} µs CPU (worst size)" if own_fold is not None else ""),
-            why=why("replay", "decode, hash and fold per event in Python (see docs/architecture.md)."),
+            why=why("replay", replay_parts(resume)),
         )
     )
     return rows
+
+
+def replay_parts(resume: dict[str, Any] | None) -> str:
+    """Where replay time goes, as resume_bench.py measured it at the worst size (when it says)."""
+    parts = dig(resume, "replay_parts_us_per_event") or {}
+    shown = [f"{k.removesuffix('_us_per_event').replace('_', ' ')} {v:.2f} µs" for k, v in parts.items()
+             if k != "events" and number(v) is not None]
+    if not shown:
+        return "see docs/architecture.md."
+    return f"at {parts.get('events') or 0:,} events, per event: " + ", ".join(shown) + " (resume_bench.py)."
 
 
 def earlier_targets(results: dict[str, Any]) -> list[dict[str, Any]]:
@@ -484,8 +499,8 @@ def targets(
 # -- why a target is missed: the mechanism, with this run's numbers -----------------------------------
 
 
-def _series(figures: dict[int, float]) -> str:
-    return ", ".join(f"{k}: {v:,.0f}" for k, v in figures.items()) or "not measured"
+def _series(figures: dict[int, float], spec: str = ",.0f") -> str:
+    return ", ".join(f"{k}: {v:{spec}}" for k, v in figures.items()) or "not measured"
 
 
 def why_single(results: dict[str, Any], n: str) -> str:

@@ -378,3 +378,13 @@ def test_companions_run_when_present_and_a_failed_one_leaves_no_stale_results(
     assert not (tmp_path / "results" / "fleet.json").exists()
     (tmp_path / "resume_bench.py").unlink()
     assert "resume_bench.py absent" == bench.run_companions(quick=False)["resume"]
+
+
+def test_a_missed_replay_row_shows_where_replay_time_goes() -> None:
+    """The parts resume_bench.py measured at the worst size (read, fold...) are the replay row's why."""
+    listed = {"replay": [{"events": 1000, "verify_us_per_event": 5.0, "read_us_per_event": 1.0},
+                         {"events": 10000, "verify_us_per_event": 6.0, "read_us_per_event": 1.5,
+                          "pure_fold_us_per_event": 3.0}]}
+    row = bt.resume_targets(bt.normalize_resume(listed), made_up_results({"1000": 1.2}))[-1]
+    assert (False, "at 10,000 events, per event: read 1.50 µs, pure fold 3.00 µs (resume_bench.py).") == (
+        row["met"], row["why"])
