@@ -48,11 +48,14 @@ diagrams: $(STAMP)
 	$(BIN)/effectlog diagram run --format mermaid > docs/diagrams/run.mmd
 	$(BIN)/effectlog diagram attempt --format mermaid > docs/diagrams/attempt.mmd
 
-# Side by side in one run: the SQLite floor, effectlog, DBOS and LangGraph; writes
-# experiments/results/bench.json and docs/performance.md (with plots in docs/img/).
+# Side by side in one invocation: bench.py (the SQLite floor, effectlog, DBOS, LangGraph; wall and
+# CPU time), then experiments/resume_bench.py and experiments/fleet_bench.py when present (the
+# fleet's on SQLite and a throwaway PostgreSQL), then docs/performance.md and docs/img/bench-*
+# from all their results (experiments/results/*.json). `make bench QUICK=1` for a short run.
 bench: $(STAMP)
 	$(BIN)/python -m pip install -q -e '.[dev,bench]'
-	$(BIN)/python experiments/bench.py
+	@bash .ci/ensure-postgres
+	$(BIN)/python experiments/bench.py $(if $(QUICK),--quick)
 
 clean:
 	rm -rf $(VENV) work .pytest_cache .mypy_cache .ruff_cache
