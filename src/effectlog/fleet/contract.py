@@ -178,6 +178,54 @@ class FleetContract:
         assert [1, 2, 3, 1] == [first.token, second.token, third.token, other.token]
         assert [1, 2, 3] == [a.attempt_no for a in store.attempts(first.request_id)]
 
+    def test_claim_next_leases_what_fits_and_is_due_oldest_first(self, store: FleetStore) -> None:
+        """The store's pick: only due queued requests whose requirements the offer covers, oldest first, at
+        most ``limit``; each lease is recorded in the history with its token, as ``claim`` records it."""
+        needs = [[], ["gpu"], ["gpu", "py"], ["gpu"], ["gpu"]]
+        ids = [
+            store.submit("s", f"k{i}", noop_plan(f"run-{i}"), need).request.request_id for i, need in enumerate(needs)
+        ]
+        assert store.claim(ids[3], "r0", LONG) is not None  # leased already: not queued
+        self._backing_off(store, ids[4])
+        got = store.claim_next("r1", ["gpu", "tpu"], LONG, limit=8)
+        assert [(ids[0], 1, "run-0"), (ids[1], 1, "run-1")] == [(g.request_id, g.token, g.run_id) for g in got]
+        assert [("lease", "scheduler", "r1", {"token": 1})] * 2 == [
+            (h.transition, h.actor, h.actor_name, h.detail) for h in store.history() if h.actor_name == "r1"
+        ]
+        assert [] == store.claim_next("r1", ["gpu"], LONG)
+        one = store.claim_next("r2", ["py", "gpu"], LONG, limit=1)
+        assert [ids[2]] == [g.request_id for g in one]
+        leased = {a.request_id: (a.state, a.runner_id, a.token) for a in store.attempts()}
+        assert ("leased", "r1", 1) == leased[ids[0]]
+        assert ("queued", None, None) == leased[ids[4]]
+
+    def _backing_off(self, store: FleetStore, request_id: int) -> None:
+        """Make the request's queued attempt back off (as after an automatic requeue) for a long while."""
+        lease = store.claim(request_id, "gone", SHORT)
+        assert lease is not None
+        wait_past(store, lease.expires_at)
+        assert store.recover(lease.attempt_id, lease.token, decide_expired) is not None
+        assert store.request(request_id).not_before is not None
+
+    def test_claim_next_gives_max_plus_one_tokens_and_the_runs_head_as_base(self, store: FleetStore) -> None:
+        """A requeued request claimed through ``claim_next`` gets token MAX + 1 and its run's head as the base."""
+        first = self._leased(store, lease_s=SHORT)
+        store.leased_journal(first).append([started("run-1")])
+        self._expire_and_lose(store, first)
+        got = store.claim_next("r2", [], LONG)
+        assert [(first.request_id, 2, 2)] == [(g.request_id, g.token, g.attempt_no) for g in got]
+        assert [1] == [a.base_seq for a in store.attempts(first.request_id) if a.attempt_no == 2]
+        store.leased_journal(got[0]).append([requested("run-1", 2, idempotent=True)])
+        assert 2 == store.journal().head("run-1")[0]
+
+    def test_claim_next_refuses_bad_numbers_and_leases_nothing(self, store: FleetStore) -> None:
+        """A lease that is not a time or a limit out of range is bad input; nothing is leased."""
+        store.submit("s", "k", noop_plan("run-1"))
+        for lease_s, limit in ((float("nan"), 1), (0.0, 1), (LONG, 0)):
+            with pytest.raises(BadInput):
+                store.claim_next("r1", [], lease_s, limit)
+        assert ["queued"] == [a.state for a in store.attempts()]
+
     def test_a_heartbeat_renews_the_lease(self, store: FleetStore) -> None:
         """After a heartbeat, writes are accepted past the original expiry."""
         lease = self._leased(store, lease_s=0.3)
@@ -550,6 +598,39 @@ class FleetContract:
                 t.join()
             assert 1 == sum(isinstance(r, Lease) for r in results), results
             assert [1] == [a.token for a in stores[0].attempts()]
+        finally:
+            for s in stores:
+                s.close()
+
+    def test_concurrent_claim_next_leases_each_request_once(self, fleet_backend: FleetBackend) -> None:
+        """Eight stores (as eight runners) drain one queue with ``claim_next`` at once: every request is leased
+        exactly once, with token 1, and recorded once in the history."""
+        stores = [fleet_backend.open() for _ in range(8)]
+        try:
+            for i in range(40):
+                stores[0].submit("s", f"k{i}", noop_plan(f"run-{i}"))
+            barrier = threading.Barrier(len(stores))
+            got: list[list[Lease]] = [[] for _ in stores]
+            errors: list[BaseException] = []
+
+            def drain(i: int) -> None:
+                barrier.wait()
+                try:
+                    while batch := stores[i].claim_next(f"r{i}", [], LONG, limit=2):
+                        got[i].extend(batch)
+                except BaseException as exc:
+                    errors.append(exc)
+
+            threads = [threading.Thread(target=drain, args=(i,)) for i in range(len(stores))]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            assert [] == errors
+            leases = [lease for batch in got for lease in batch]
+            assert list(range(1, 41)) == sorted(lease.request_id for lease in leases)
+            assert {1} == {a.token for a in stores[0].attempts()}
+            assert 40 == sum(h.transition == "lease" for h in stores[0].history())
         finally:
             for s in stores:
                 s.close()

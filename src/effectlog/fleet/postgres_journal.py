@@ -34,7 +34,13 @@ POSTGRES = Dialect(
     },
     placeholder="%s",
     # Every locking query names the attempts table `a`.
-    locks={"share": "FOR SHARE OF a", "update": "FOR UPDATE OF a", "claim": "FOR UPDATE OF a SKIP LOCKED"},
+    locks={
+        "share": "FOR SHARE OF a",
+        "update": "FOR UPDATE OF a",
+        "claim": "FOR UPDATE OF a SKIP LOCKED",
+        # A request fits when its requirements (a JSON array) are contained in the offer.
+        "fits": "r.requires::jsonb <@ ?::jsonb",
+    },
 )
 
 __all__ = ["FLEET_SCHEMA", "POSTGRES", "FleetPostgresJournal", "PgTx", "translate"]

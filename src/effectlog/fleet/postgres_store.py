@@ -29,12 +29,14 @@ from effectlog.fleet.leased_journal import LeasedJournal
 from effectlog.fleet.model import Lease
 from effectlog.fleet.postgres_journal import FLEET_SCHEMA, POSTGRES, FleetPostgresJournal, PgTx, translate
 from effectlog.fleet.sqlstore import SqlFleetStore
+from effectlog.journal.postgres_schema import SCHEMA as JOURNAL_SCHEMA
 from effectlog.journal.postgres_schema import redact
 
 FLEET_SCHEMA_VERSION = 2
 FLEET_MIGRATE_LOCK = (0x45464C02, 0)  # 'EFL' + 2: beside the journal's advisory lock classes
 _S = FLEET_SCHEMA
 _FINAL = am.sql_list(am.FINAL)
+_LEASED = am.move(am.QUEUED, "lease", "scheduler")  # what a claim makes of a queued attempt
 
 
 def _guard(table: str, body: str) -> tuple[str, ...]:
@@ -174,6 +176,41 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
 }
 
 
+# ``SqlFleetStore.claim_next`` as one statement. The lease's token is ``MAX(fencing_token) + 1`` over
+# the request's attempts and its base the run's head, as in ``claim``; the history row is the one
+# ``_history`` writes (detail ``{"token":N}``, canonical JSON). Parameters: offer, limit, runner,
+# lease seconds, runner.
+CLAIM_NEXT = f"""
+WITH clock AS (SELECT extract(epoch FROM clock_timestamp())::float8 AS t),
+pick AS (
+    SELECT a.attempt_id FROM {_S}.attempts a JOIN {_S}.requests r ON r.request_id = a.request_id
+    WHERE a.state = '{am.QUEUED}' AND (a.not_before IS NULL OR a.not_before <= (SELECT t FROM clock))
+      AND r.requires::jsonb <@ %s::jsonb
+    ORDER BY a.request_id LIMIT %s
+    FOR UPDATE OF a SKIP LOCKED
+),
+leased AS (
+    UPDATE {_S}.attempts a SET state = '{_LEASED}', runner_id = %s,
+        fencing_token = (SELECT COALESCE(MAX(b.fencing_token), 0) + 1 FROM {_S}.attempts b
+                         WHERE b.request_id = a.request_id),
+        lease_expires_at = clock.t + %s,
+        base_seq = (SELECT COALESCE(MAX(e.seq), 0) FROM {JOURNAL_SCHEMA}.events e WHERE e.run_id = r.run_id)
+    FROM pick, clock, {_S}.requests r
+    WHERE a.attempt_id = pick.attempt_id AND r.request_id = a.request_id AND a.state = '{am.QUEUED}'
+    RETURNING a.attempt_id, a.request_id, a.attempt_no, a.fencing_token, a.lease_expires_at, r.run_id, r.plan,
+        r.cancel_requested_at, clock.t
+),
+recorded AS (
+    INSERT INTO {_S}.history (attempt_id, request_id, transition, event, actor, actor_name, from_state, to_state,
+        reason, at, detail)
+    SELECT attempt_id, request_id, 'lease', '{am.event_of("lease")}', 'scheduler', %s, '{am.QUEUED}',
+        '{_LEASED}', '', t, '{{"token":' || fencing_token || '}}'
+    FROM leased ORDER BY request_id
+)
+SELECT * FROM leased ORDER BY request_id
+"""
+
+
 class PostgresFleetStore(SqlFleetStore):
     """A fleet store in one PostgreSQL database; every runner host connects to the same URL."""
 
@@ -268,6 +305,33 @@ class PostgresFleetStore(SqlFleetStore):
                 yield PgTx(conn)
         except (psycopg.Error, PoolTimeout) as exc:
             raise translate(exc, self.location) from None
+
+    def _claim_next(self, runner_id: str, offered: str, lease_s: float, limit: int) -> list[Lease]:
+        """Pick, lease and record the history in ONE statement (its own transaction: one round trip, one commit).
+
+        ``FOR UPDATE OF a SKIP LOCKED`` in the pick: rows another claimer holds are
+        passed over, and a row it leased and committed meanwhile is re-checked
+        (``state = 'queued'``) and dropped, so a claim never waits and never loses.
+        """
+        try:
+            with self._pool.connection() as conn:
+                rows = conn.execute(CLAIM_NEXT, (offered, limit, runner_id, lease_s, runner_id)).fetchall()
+        except (psycopg.Error, PoolTimeout) as exc:
+            raise translate(exc, self.location) from None
+        return [
+            Lease(
+                request_id=int(r[1]),
+                attempt_id=int(r[0]),
+                attempt_no=int(r[2]),
+                runner_id=runner_id,
+                token=int(r[3]),
+                expires_at=float(r[4]),
+                run_id=str(r[5]),
+                plan=str(r[6]),
+                cancel_requested=r[7] is not None,
+            )
+            for r in rows
+        ]
 
     def _tx(self, *, write: bool = True) -> AbstractContextManager[Tx]:
         del write  # row locks, not a database lock: reads and writes open the same kind of transaction

@@ -62,6 +62,11 @@ class FleetStore(Protocol):
         """Lease the request's queued attempt with token ``MAX(token) + 1``; ``None`` if not queued."""
         ...
 
+    def claim_next(self, runner_id: str, capabilities: Sequence[str], lease_s: float, limit: int = 1) -> list[Lease]:
+        """Pick and lease up to ``limit`` due queued requests that fit ``capabilities``, oldest first, in one
+        transaction that skips rows other claimers hold: one attempt per claim, however many runners race."""
+        ...
+
     def heartbeat(self, lease: Lease, lease_s: float) -> Heartbeat:
         """Renew a current lease (else ``StaleLease``); reports a requested cancellation."""
         ...

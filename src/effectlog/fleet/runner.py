@@ -35,7 +35,7 @@ from effectlog.fleet import limits
 from effectlog.fleet.model import Lease, Offer
 from effectlog.fleet.protocol import FleetStore
 from effectlog.fleet.recovery import recover_once
-from effectlog.fleet.scheduler import schedule, waiting
+from effectlog.fleet.scheduler import waiting
 from effectlog.fleet.secrets import Provider, redact_all, resolve
 from effectlog.journal import Journal, load_run
 from effectlog.notify import Kind, Notification, cli_hooks, deliver, shown_location
@@ -95,7 +95,9 @@ def spread(picks: list[int], runner_id: str) -> list[int]:
 
     Runners polling together see the same oldest requests; starting each at its own
     offset means they mostly claim different ones instead of queueing on the first.
-    The set of picks (and the scheduler's choice) is unchanged.
+    The set of picks (and the scheduler's choice) is unchanged. The runner itself no
+    longer needs this (``claim_next`` lets the store pick, skipping rows other claimers
+    hold); it remains for callers that claim requests by id from ``candidates``.
     """
     if len(picks) < 2:
         return picks
@@ -207,7 +209,12 @@ class Runner:
             self.log(f"recovery pass failed: {exc.code}: {exc}")
 
     def _claim_round(self) -> tuple[int, bool]:
-        """Claim what fits; returns (claimed, whether anything queued fits this runner)."""
+        """Claim what fits; returns (claimed, whether anything queued fits this runner).
+
+        The store picks and leases in one transaction (``claim_next``), so runners racing
+        for one queue take different requests. Only an empty-handed round of a runner
+        told to exit when idle lists the queue, to see whether work it fits is backing off.
+        """
         if self._stopping.is_set():
             return 0, False
         free = self.config.capacity - len(self.slots)
@@ -215,27 +222,25 @@ class Runner:
             free = min(free, self.config.max_attempts - self.started)
         if free <= 0:
             return 0, True
+        try:
+            leases = self.store.claim_next(self.runner_id, sorted(self.config.capabilities), self.config.lease_s, free)
+        except EffectlogError as exc:
+            self.log(f"claim failed: {exc.code}: {exc}")
+            return 0, True
+        for lease in leases:
+            found = telemetry()  # an effectlog.fleet.claim span and count when OpenTelemetry is configured
+            if found is not None:
+                found.claimed(lease.request_id, self.runner_id, lease.run_id, lease.attempt_no)
+            self._start(lease)
+        if leases or not self.config.exit_when_idle:
+            return len(leases), True
         offer = Offer(runner_id=self.runner_id, capabilities=self.config.capabilities, free=free)
         try:
             candidates = self.store.candidates(max(16, 4 * self.config.capacity))
         except EffectlogError as exc:
             self.log(f"cannot list work: {exc.code}: {exc}")
             return 0, True
-        fitting = waiting(candidates, offer)
-        claimed = 0
-        for request_id in spread(schedule(candidates, offer), self.runner_id):
-            try:
-                lease = self.store.claim(request_id, self.runner_id, self.config.lease_s)
-            except EffectlogError as exc:
-                self.log(f"claim of request {request_id} failed: {exc.code}: {exc}")
-                continue
-            if lease is not None:
-                found = telemetry()  # an effectlog.fleet.claim span and count when OpenTelemetry is configured
-                if found is not None:
-                    found.claimed(lease.request_id, self.runner_id, lease.run_id, lease.attempt_no)
-                self._start(lease)
-                claimed += 1
-        return claimed, fitting
+        return 0, waiting(candidates, offer)
 
     def _start(self, lease: Lease) -> None:
         slot = Slot(lease)

@@ -46,7 +46,14 @@ SQLITE = Dialect(
     },
     placeholder="?",
     # BEGIN IMMEDIATE holds the database's write lock for the whole transaction: no row locks needed.
-    locks={"share": "", "update": "", "claim": ""},
+    locks={
+        "share": "",
+        "update": "",
+        "claim": "",
+        # A request fits when it requires nothing the runner does not offer (the offer: a JSON array).
+        "fits": "NOT EXISTS (SELECT 1 FROM json_each(r.requires) n WHERE n.value NOT IN"
+        " (SELECT o.value FROM json_each(?) o))",
+    },
 )
 
 

@@ -58,6 +58,18 @@ _REQUEST = (
     f" ({_REQUEUES})"
     " FROM {requests} r JOIN {attempts} a ON a.attempt_id = r.current_attempt"
 )
+# The queued attempts a runner may lease now, oldest request first, with the token and base each
+# lease gets. Parameters: now, the capabilities offered (a JSON array), how many. A request fits
+# when every capability it requires is offered (``scheduler.fits``); a queued attempt is always
+# its request's current one (one open attempt per request).
+_PICK = (
+    "SELECT a.attempt_id, a.request_id, a.attempt_no, r.run_id, r.plan, r.cancel_requested_at,"
+    " (SELECT COALESCE(MAX(b.fencing_token), 0) + 1 FROM {attempts} b WHERE b.request_id = a.request_id),"
+    " (SELECT COALESCE(MAX(e.seq), 0) FROM {events} e WHERE e.run_id = r.run_id)"
+    " FROM {attempts} a JOIN {requests} r ON r.request_id = a.request_id"
+    f" WHERE a.state = '{am.QUEUED}' AND (a.not_before IS NULL OR a.not_before <= ?) AND {{fits}}"
+    " ORDER BY a.request_id LIMIT ?"
+)
 _ATTEMPT = (
     "SELECT attempt_id, request_id, attempt_no, state, runner_id, fencing_token, lease_expires_at, base_seq,"
     " created_at FROM {attempts}"
@@ -325,6 +337,71 @@ class SqlFleetStore:
             plan=plan,
             cancel_requested=row[5] is not None,
         )
+
+    def claim_next(self, runner_id: str, capabilities: Sequence[str], lease_s: float, limit: int = 1) -> list[Lease]:
+        """Lease up to ``limit`` due queued requests this runner's capabilities cover, oldest first.
+
+        The pick and the lease are one transaction (on PostgreSQL one statement): the
+        store, not the runner, chooses among the queued requests, and rows another
+        claimer holds are skipped, so every call makes exactly one attempt and runners
+        racing for the same queue take different requests instead of losing on the
+        oldest one. Compatibility is the scheduler's (``fits``): every capability the
+        request requires is one the runner offers. Tokens and leases are those of ``claim``.
+        """
+        _check_text("runner id", runner_id)
+        limits.seconds("lease_s", lease_s, high=limits.MAX_LEASE_S)
+        limits.count("claim limit", limit, low=1, high=limits.MAX_CAPACITY)
+        offered = canonical_json(sorted(set(capabilities))).decode()
+        return self._claim_next(runner_id, offered, lease_s, limit)
+
+    def _claim_next(self, runner_id: str, offered: str, lease_s: float, limit: int) -> list[Lease]:
+        """``claim_next`` in one write transaction: pick (skipping rows other claimers lock), lease, record."""
+        d = self.dialect
+        leases: list[Lease] = []
+        with self._tx() as tx:
+            now = tx.now()
+            rows = tx.all(d.sql(_PICK + " {claim}"), (now, offered, limit))
+            for row in rows:
+                attempt_id, request_id, attempt_no, run_id = int(row[0]), int(row[1]), int(row[2]), str(row[3])
+                token, base_seq = int(row[6]), int(row[7])
+                new = am.move(am.QUEUED, "lease", "scheduler")
+                moved = tx.run(
+                    d.sql(
+                        "UPDATE {attempts} SET state = ?, runner_id = ?, fencing_token = ?, lease_expires_at = ?,"
+                        " base_seq = ? WHERE attempt_id = ? AND state = ?"
+                    ),
+                    (new, runner_id, token, now + lease_s, base_seq, attempt_id, am.QUEUED),
+                )
+                if moved != 1:
+                    continue
+                self._history(
+                    tx,
+                    Change(
+                        attempt_id=attempt_id,
+                        request_id=request_id,
+                        trigger="lease",
+                        actor="scheduler",
+                        actor_name=runner_id,
+                        state=am.QUEUED,
+                        new=new,
+                        now=now,
+                        detail={"token": token},
+                    ),
+                )
+                leases.append(
+                    Lease(
+                        request_id=request_id,
+                        attempt_id=attempt_id,
+                        attempt_no=attempt_no,
+                        runner_id=runner_id,
+                        token=token,
+                        expires_at=now + lease_s,
+                        run_id=run_id,
+                        plan=str(row[4]),
+                        cancel_requested=row[5] is not None,
+                    )
+                )
+        return leases
 
     def heartbeat(self, lease: Lease, lease_s: float) -> Heartbeat:
         """Renew the lease; tells the owner whether an operator asked to cancel."""
