@@ -35,9 +35,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from effectlog.fleet import open_store, schedule
-from effectlog.fleet.model import Offer
-from effectlog.fleet.runner import spread
+from effectlog.fleet import open_store
 from effectlog.plan import AdapterDecl, Plan, StepDecl
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -45,6 +43,8 @@ RESULTS = ROOT / "experiments" / "results" / "fleet.json"
 DOC = ROOT / "docs" / "fleet.md"
 START, END = "<!-- fleet-bench:start -->", "<!-- fleet-bench:end -->"
 PROCESSES = (1, 2, 4, 8)
+TRACE = os.environ.get("FLEET_BENCH_TRACE")  # a file to append every counted statement to (debugging)
+RUNNER_ARGS: list[str] = []  # extra `effectlog runner` flags (--runner-args)
 
 
 def noop_plan(run_id: str, steps: int) -> Plan:
@@ -65,20 +65,112 @@ def submit_all(url: str, count: int, steps: int) -> None:
 
 
 def claim_worker(url: str, runner_id: str) -> None:
-    """Child process: say ready, wait for "go", claim until nothing is queued (the lease path alone)."""
+    """Child process: say ready, wait for "go", claim as a runner does (``claim_next``) until nothing is left.
+
+    Prints how many claim transactions it made and how many leases they gave, so the
+    parent can report attempts per claim (the last, empty-handed call included).
+    """
     store = open_store(url)
-    offer = Offer(runner_id=runner_id, capabilities=frozenset(), free=8)
+    calls = leases = 0
     try:
         print("ready", flush=True)
         sys.stdin.readline()
         while True:
-            candidates = store.candidates(32)
-            if not candidates:
-                return
-            for request_id in spread(schedule(candidates, offer), runner_id):
-                store.claim(request_id, runner_id, 300.0)
+            calls += 1
+            got = store.claim_next(runner_id, [], 300.0, 1)  # as a runner of capacity 1 claims
+            if not got:
+                break
+            leases += len(got)
     finally:
         store.close()
+    print(json.dumps({"calls": calls, "leases": leases}), flush=True)
+
+
+class Counts:
+    """Statements, commits and CPU seconds of one runner process, from the moment it is ready (bench only)."""
+
+    def __init__(self) -> None:
+        self.statements = 0
+        self.commits = 0
+        self.cpu0 = 0.0
+
+    def reset(self) -> None:
+        self.statements = self.commits = 0
+        self.cpu0 = time.process_time()
+
+    def sql(self, text: str, many: int = 1, *, alone: bool = False) -> None:
+        """``many`` statements; ``alone``: outside any transaction block, so a transaction of its own."""
+        self.statements += many
+        if TRACE is not None:
+            with open(TRACE, "a", encoding="utf-8") as f:
+                f.write(f"{many} {int(alone)} {' '.join(text.split())[:150]}\n")
+        word = text.lstrip()[:8].upper()
+        if word.startswith("COMMIT") or (alone and not word.startswith(("BEGIN", "ROLLBACK"))):
+            self.commits += 1
+
+
+def traced_runner(out_path: str, argv: list[str]) -> int:
+    """Child process: ``effectlog runner ARGV`` with its SQL counted (wrappers, in this bench only).
+
+    SQLite: a trace callback on every connection counts statements, ``COMMIT``s are
+    its commits. PostgreSQL: cursor executes (``executemany`` counts each row, as the
+    server sees each) and the driver's own ``BEGIN``/``COMMIT``; the server's
+    ``xact_commit`` is read by the parent. Counting starts when ``serve`` starts, so
+    opening the store (schema checks) is not charged to the runs.
+    """
+    import atexit
+    import sqlite3
+
+    import psycopg
+    from psycopg import _connection_base
+
+    from effectlog.cli import main as cli_main
+    from effectlog.fleet import runner as runner_mod
+
+    counts = Counts()
+    real_connect = sqlite3.connect
+
+    def connect(*args: Any, **kwargs: Any) -> sqlite3.Connection:
+        db = real_connect(*args, **kwargs)
+        db.set_trace_callback(lambda text: counts.sql(text, alone=not db.in_transaction))
+        return db
+
+    sqlite3.connect = connect  # type: ignore[assignment]
+    real_execute, real_many = psycopg.Cursor.execute, psycopg.Cursor.executemany
+    real_command = _connection_base.BaseConnection._exec_command
+
+    def execute(self: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
+        conn = self.connection
+        alone = conn.autocommit and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+        counts.sql(query if isinstance(query, str) else "", alone=alone)
+        return real_execute(self, query, *args, **kwargs)
+
+    def executemany(self: Any, query: Any, params_seq: Any, *args: Any, **kwargs: Any) -> Any:
+        rows = list(params_seq)
+        counts.sql("", len(rows))
+        return real_many(self, query, rows, *args, **kwargs)
+
+    def command(self: Any, cmd: Any, *args: Any, **kwargs: Any) -> Any:
+        counts.sql(cmd.decode() if isinstance(cmd, bytes) else str(cmd))
+        return real_command(self, cmd, *args, **kwargs)
+
+    psycopg.Cursor.execute = execute  # type: ignore[method-assign]
+    psycopg.Cursor.executemany = executemany  # type: ignore[method-assign]
+    _connection_base.BaseConnection._exec_command = command  # type: ignore[method-assign]
+    real_serve = runner_mod.Runner.serve
+
+    def serve(self: Any) -> int:
+        counts.reset()
+        return real_serve(self)
+
+    runner_mod.Runner.serve = serve  # type: ignore[method-assign]
+
+    def dump() -> None:
+        cpu = time.process_time() - counts.cpu0
+        Path(out_path).write_text(json.dumps({"statements": counts.statements, "commits": counts.commits, "cpu_s": cpu}))
+
+    atexit.register(dump)
+    return int(cli_main(["runner", *argv]) or 0)
 
 
 def span(url: str, first: str, last: str) -> tuple[int, float]:
@@ -93,8 +185,8 @@ def span(url: str, first: str, last: str) -> tuple[int, float]:
     return len(ends), max(ends) - min(starts)
 
 
-def measure_claims(url: str, n: int, count: int, tmp: Path) -> float:
-    """All N claimers start together (a ready/go barrier over their pipes)."""
+def measure_claims(url: str, n: int, count: int, tmp: Path) -> tuple[float, float]:
+    """(claims/s, claim transactions per lease): all N claimers start together (a ready/go barrier)."""
     submit_all(url, count, 1)
     with open(tmp / "claims.log", "ab") as log:
         procs = [
@@ -114,29 +206,36 @@ def measure_claims(url: str, n: int, count: int, tmp: Path) -> float:
         assert p.stdin is not None
         p.stdin.write(b"go\n")
         p.stdin.flush()
-    codes = [p.wait() for p in procs]
-    if any(codes):
-        raise SystemExit(f"claim worker failed: {codes}; see {tmp / 'claims.log'}")
+    reports = []
+    for p in procs:
+        out, _ = p.communicate()
+        if p.returncode:
+            raise SystemExit(f"claim worker failed: {p.returncode}; see {tmp / 'claims.log'}")
+        reports.append(json.loads(out.decode().strip().splitlines()[-1]))
     claimed, seconds = span(url, "lease", "lease")
-    if claimed != count:
+    if claimed != count or sum(r["leases"] for r in reports) != count:
         raise SystemExit(f"{claimed} claims for {count} requests")
-    return claimed / seconds
+    return claimed / seconds, sum(r["calls"] for r in reports) / count
 
 
-def measure_runs(url: str, n: int, count: int, tmp: Path) -> float:
-    """N runners start on an empty store and say ready; then the requests arrive; SIGTERM once all succeeded."""
+def measure_runs(url: str, n: int, count: int, tmp: Path) -> dict[str, float]:
+    """N traced runners start on an empty store and say ready; then the requests arrive; SIGTERM once all succeeded.
+
+    Returns runs/s and, per run, the runner processes' statements, commits and CPU seconds.
+    """
     open_store(url).close()  # create the schema before N processes race to
-    argv = [
-        sys.executable, "-m", "effectlog", "runner", "--store", url, "--capacity", "1", "--poll-s", "0.01",
-        "--lease-s", "30",
-    ]  # fmt: skip
+    argv = ["--store", url, "--capacity", "1", "--lease-s", "30", *RUNNER_ARGS]
     logs = [tmp / f"runner-{n}-{i}.log" for i in range(n)]
+    outs = [tmp / f"runner-{n}-{i}.json" for i in range(n)]
     procs = []
     for i, log_path in enumerate(logs):
         with open(log_path, "wb") as log:
             procs.append(
                 subprocess.Popen(
-                    [*argv, "--runner-id", f"runner-{i}"], stdin=subprocess.DEVNULL, stdout=log, stderr=log
+                    [sys.executable, __file__, "traced-runner", str(outs[i]), *argv, "--runner-id", f"runner-{i}"],
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=log,
                 )
             )
     deadline = time.monotonic() + 120
@@ -159,7 +258,13 @@ def measure_runs(url: str, n: int, count: int, tmp: Path) -> float:
     if any(codes):
         raise SystemExit(f"runner failed: {codes}; see {tmp}")
     done, seconds = span(url, "lease", "succeed")
-    return done / seconds
+    counted = [json.loads(o.read_text()) for o in outs]
+    return {
+        "runs_per_s": done / seconds,
+        "statements_per_run": sum(c["statements"] for c in counted) / done,
+        "commits_per_run": sum(c["commits"] for c in counted) / done,
+        "cpu_ms_per_run": 1000 * sum(c["cpu_s"] for c in counted) / done,
+    }
 
 
 def bench_backend(
@@ -168,10 +273,22 @@ def bench_backend(
     """Median of ``repeat`` measurements per process count, each on a fresh store."""
     out: dict[str, dict[str, float]] = {}
     for n in PROCESSES:
-        c = statistics.median(measure_claims(fresh_url(), n, claims, tmp) for _ in range(repeat))
-        r = statistics.median(measure_runs(fresh_url(), n, runs, tmp) for _ in range(repeat))
-        out[str(n)] = {"claims_per_s": round(c, 1), "runs_per_s": round(r, 1)}
-        print(f"{name:<10} {n} runner process(es): {c:8.1f} claims/s  {r:7.1f} runs/s", flush=True)
+        claim_rows = [measure_claims(fresh_url(), n, claims, tmp) for _ in range(repeat)]
+        run_rows = [measure_runs(fresh_url(), n, runs, tmp) for _ in range(repeat)]
+        row = {
+            "claims_per_s": round(statistics.median(c for c, _ in claim_rows), 1),
+            "attempts_per_claim": round(statistics.median(a for _, a in claim_rows), 3),
+        }
+        for key in run_rows[0]:
+            row[key] = round(statistics.median(r[key] for r in run_rows), 2)
+        out[str(n)] = row
+        print(
+            f"{name:<10} {n} runner process(es): {row['claims_per_s']:8.1f} claims/s"
+            f" ({row['attempts_per_claim']:.2f} attempts/claim)  {row['runs_per_s']:7.1f} runs/s"
+            f"  {row['statements_per_run']:6.1f} statements/run  {row['commits_per_run']:5.2f} commits/run"
+            f"  {row['cpu_ms_per_run']:6.1f} ms CPU/run",
+            flush=True,
+        )
     return out
 
 
@@ -212,7 +329,14 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer requests (a smoke run, not for the docs)")
     parser.add_argument("--no-doc", action="store_true", help="do not rewrite docs/fleet.md")
+    parser.add_argument("--processes", default="1,2,4,8", help="runner process counts, comma-separated")
+    parser.add_argument("--backends", default="sqlite,postgres", help="which stores, comma-separated")
+    parser.add_argument("--runner-args", default="", help="extra `effectlog runner` flags, e.g. '--poll-s 0.01'")
     args = parser.parse_args()
+    global PROCESSES
+    PROCESSES = tuple(int(n) for n in args.processes.split(","))
+    RUNNER_ARGS.extend(args.runner_args.split())
+    backends = set(args.backends.split(","))
     claims, runs = (60, 30) if args.quick else (400, 160)
     repeat = 1 if args.quick else 3
     sys.path.insert(0, str(ROOT / "tests"))
@@ -220,19 +344,27 @@ def main() -> int:
 
     results: dict[str, Any] = {
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
-        "params": {"claims": claims, "runs": runs, "processes": list(PROCESSES), "repeat": repeat},
+        "params": {
+            "claims": claims,
+            "runs": runs,
+            "processes": list(PROCESSES),
+            "repeat": repeat,
+            "runner_args": RUNNER_ARGS,
+        },
         "results": {},
     }
     with tempfile.TemporaryDirectory(prefix="effectlog-fleet-bench-") as tmp_dir:
         tmp = Path(tmp_dir)
         counter = iter(range(10**6))
-        results["results"]["sqlite"] = bench_backend(
-            "sqlite", lambda: str(tmp / f"fleet-{next(counter)}.db"), tmp, claims=claims, runs=runs, repeat=repeat
-        )
-        with PgCluster(durable=True) as pg:
-            results["results"]["postgres"] = bench_backend(
-                "postgres", pg.create_database, tmp, claims=claims, runs=runs, repeat=repeat
+        if "sqlite" in backends:
+            results["results"]["sqlite"] = bench_backend(
+                "sqlite", lambda: str(tmp / f"fleet-{next(counter)}.db"), tmp, claims=claims, runs=runs, repeat=repeat
             )
+        if "postgres" in backends:
+            with PgCluster(durable=True) as pg:
+                results["results"]["postgres"] = bench_backend(
+                    "postgres", pg.create_database, tmp, claims=claims, runs=runs, repeat=repeat
+                )
     results["measured_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     if not args.quick:
         RESULTS.write_text(json.dumps(results, indent=2) + "\n")
@@ -245,5 +377,7 @@ def main() -> int:
 if __name__ == "__main__":
     if len(sys.argv) == 4 and sys.argv[1] == "claim-worker":
         claim_worker(sys.argv[2], sys.argv[3])
+    elif len(sys.argv) > 3 and sys.argv[1] == "traced-runner":
+        raise SystemExit(traced_runner(sys.argv[2], sys.argv[3:]))
     else:
         raise SystemExit(main())

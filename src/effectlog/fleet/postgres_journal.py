@@ -16,7 +16,7 @@ from typing import Any
 import psycopg
 
 from effectlog.events import Event
-from effectlog.fleet.fencing import Dialect, LeaseFence
+from effectlog.fleet.fencing import Carry, Dialect, LeaseFence
 from effectlog.fleet.model import Lease
 from effectlog.fold import Record
 from effectlog.journal.postgres import PostgresJournal
@@ -37,6 +37,8 @@ POSTGRES = Dialect(
     locks={
         "share": "FOR SHARE OF a",
         "update": "FOR UPDATE OF a",
+        # The store's clock in a query: the database's, as PgTx.now.
+        "clock": "extract(epoch FROM clock_timestamp())::float8",
         "claim": "FOR UPDATE OF a SKIP LOCKED",
         # A request fits when its requirements (a JSON array) are contained in the offer.
         "fits": "r.requires::jsonb <@ ?::jsonb",
@@ -72,7 +74,7 @@ class PgTx:
 class FleetPostgresJournal(PostgresJournal):
     """The one PostgreSQL journal, plus appends fenced by a lease (``LeaseFence``) in the append's transaction."""
 
-    def append_fenced(self, events: Sequence[Event], lease: Lease | None) -> list[Record]:
+    def append_fenced(self, events: Sequence[Event], lease: Lease | None, carry: Carry | None = None) -> list[Record]:
         if lease is None:
             return self.append(events)  # not under a lease: an operator's or a plain writer's batch
-        return self.append_under(events, LeaseFence(lease, POSTGRES, PgTx))
+        return self.append_under(events, LeaseFence(lease, POSTGRES, PgTx, carry))

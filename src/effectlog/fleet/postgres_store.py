@@ -198,7 +198,7 @@ leased AS (
     FROM pick, clock, {_S}.requests r
     WHERE a.attempt_id = pick.attempt_id AND r.request_id = a.request_id AND a.state = '{am.QUEUED}'
     RETURNING a.attempt_id, a.request_id, a.attempt_no, a.fencing_token, a.lease_expires_at, r.run_id, r.plan,
-        r.cancel_requested_at, clock.t
+        r.cancel_requested_at, clock.t, a.base_seq
 ),
 recorded AS (
     INSERT INTO {_S}.history (attempt_id, request_id, transition, event, actor, actor_name, from_state, to_state,
@@ -329,6 +329,7 @@ class PostgresFleetStore(SqlFleetStore):
                 run_id=str(r[5]),
                 plan=str(r[6]),
                 cancel_requested=r[7] is not None,
+                base_seq=int(r[9]),
             )
             for r in rows
         ]
@@ -343,7 +344,7 @@ class PostgresFleetStore(SqlFleetStore):
     def leased_journal(
         self, lease: Lease, before_append: Callable[[Sequence[Event]], None] | None = None
     ) -> LeasedJournal:
-        return LeasedJournal(self._journal, lease, before_append)
+        return LeasedJournal(self._journal, lease, before_append, self.carry)
 
     def close(self) -> None:
         self._pool.close()

@@ -21,6 +21,7 @@ from effectlog.fleet.model import (
     Heartbeat,
     HistoryRow,
     Lease,
+    Move,
     Recovered,
     RequestView,
     Submitted,
@@ -72,9 +73,19 @@ class FleetStore(Protocol):
         ...
 
     def advance(
-        self, lease: Lease, trigger: str, *, op_key: str, reason: str = "", detail: dict[str, Any] | None = None
+        self,
+        lease: Lease,
+        trigger: str,
+        *,
+        op_key: str,
+        reason: str = "",
+        detail: dict[str, Any] | None = None,
+        before: Sequence[Move] = (),
     ) -> str:
-        """A lease owner's transition: fenced, checked against the attempt spec, idempotent by ``op_key``."""
+        """A lease owner's transition: fenced, checked against the attempt spec, idempotent by ``op_key``.
+
+        ``before``: deferred transitions (``LeasedJournal.take``) made first, in the same transaction.
+        """
         ...
 
     def expired(self, limit: int = 100) -> list[Expired]:

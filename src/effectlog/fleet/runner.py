@@ -32,6 +32,7 @@ from effectlog import events as ev
 from effectlog.adapters.registry import Registry, load_object
 from effectlog.errors import BadInput, EffectlogError, ExitStatus, StaleLease, StorageError
 from effectlog.fleet import limits
+from effectlog.fleet.leased_journal import LeasedJournal
 from effectlog.fleet.model import Lease, Offer
 from effectlog.fleet.protocol import FleetStore
 from effectlog.fleet.recovery import recover_once
@@ -313,26 +314,31 @@ class Runner:
         if lease.cancel_requested:
             self._record_cancel(journal, lease)
             return store.advance(lease, "cancel", op_key="final", reason="cancelled before it started")
-        store.advance(lease, "prepare", op_key="prepare")
+        # prepare and start ride in the run's first append (or the attempt's next report), and the
+        # run's completion makes the attempt succeed in the same transaction: no commit of their own.
+        journal.defer("prepare", "prepare")
+        journal.succeed_on_completion = True
         self._point(slot, "prepared", "")
         try:
             plan = resolve(parse_plan(lease.plan.encode(), f"request {lease.request_id}"), self.secrets)
             runtime = Runtime(journal, adapters=self.registry, effects=self.config.effects, crash_hook=self._hook(slot))
         except (BadInput, StorageError) as exc:
-            return store.advance(lease, "fail", op_key="final", reason=f"cannot prepare: {exc}")
+            return store.advance(lease, "fail", op_key="final", reason=f"cannot prepare: {exc}", before=journal.take())
         try:
-            store.advance(lease, "start", op_key="start")
+            journal.defer("start", "start")
             return self._drive(slot, runtime, plan, journal)
         finally:
             runtime.close()
 
-    def _drive(self, slot: Slot, runtime: Runtime, plan: Plan, journal: Journal) -> str:
+    def _drive(self, slot: Slot, runtime: Runtime, plan: Plan, journal: LeasedJournal) -> str:
         lease = slot.lease
         waits = 0
 
         def advance(trigger: str, *, op_key: str, reason: str = "", detail: dict[str, Any] | None = None) -> str:
             # A reason may quote a tool's error, which may quote its args: no secret value enters the store.
-            return self.store.advance(lease, trigger, op_key=op_key, reason=redact_all(plan, reason), detail=detail)
+            return self.store.advance(
+                lease, trigger, op_key=op_key, reason=redact_all(plan, reason), detail=detail, before=journal.take()
+            )
 
         def escalate(reason: str, step_id: str | None) -> str:
             state = advance("escalate", op_key="final", reason=reason)
@@ -357,6 +363,8 @@ class Runner:
                 return escalate(f"unexpected error: {type(exc).__name__}: {exc}", None)
             status = outcome.exit_status
             if status == ExitStatus.DONE:
+                if journal.finished is not None:  # run.completed's batch made the attempt succeed
+                    return journal.finished
                 return advance("succeed", op_key="final", detail={"events": outcome.events_written})
             if status == ExitStatus.STOPPED_UNCERTAIN:
                 return escalate(outcome.message, outcome.step_id)

@@ -185,7 +185,7 @@ class SqliteFleetStore(SqlFleetStore):
     def leased_journal(
         self, lease: Lease, before_append: Callable[[Sequence[Event]], None] | None = None
     ) -> LeasedJournal:
-        return LeasedJournal(self._journal, lease, before_append)
+        return LeasedJournal(self._journal, lease, before_append, self.carry)
 
     def close(self) -> None:
         self._handle.close()

@@ -25,7 +25,7 @@ from effectlog.canonical import canonical_json, digest
 from effectlog.errors import BadInput, IdempotencyConflict, IntegrityError, NotReconcilable, PlanMismatch
 from effectlog.fleet import attempts as am
 from effectlog.fleet import limits
-from effectlog.fleet.fencing import Dialect, Tx, check_lease, record_operation, replayed
+from effectlog.fleet.fencing import Dialect, Tx, check_lease, check_op, record_operation, replayed
 from effectlog.fleet.model import (
     AttemptView,
     Candidate,
@@ -33,6 +33,7 @@ from effectlog.fleet.model import (
     Heartbeat,
     HistoryRow,
     Lease,
+    Move,
     Recovered,
     RequestView,
     Submitted,
@@ -336,6 +337,7 @@ class SqlFleetStore:
             run_id=run_id,
             plan=plan,
             cancel_requested=row[5] is not None,
+            base_seq=base_seq,
         )
 
     def claim_next(self, runner_id: str, capabilities: Sequence[str], lease_s: float, limit: int = 1) -> list[Lease]:
@@ -399,6 +401,7 @@ class SqlFleetStore:
                         run_id=run_id,
                         plan=str(row[4]),
                         cancel_requested=row[5] is not None,
+                        base_seq=base_seq,
                     )
                 )
         return leases
@@ -417,35 +420,58 @@ class SqlFleetStore:
         return Heartbeat(expires_at=now + lease_s, cancel_requested=cancel)
 
     def advance(
-        self, lease: Lease, trigger: str, *, op_key: str, reason: str = "", detail: dict[str, Any] | None = None
+        self,
+        lease: Lease,
+        trigger: str,
+        *,
+        op_key: str,
+        reason: str = "",
+        detail: dict[str, Any] | None = None,
+        before: Sequence[Move] = (),
     ) -> str:
-        """A lease owner's transition, fenced and idempotent by ``op_key``; returns the attempt's new state."""
+        """A lease owner's transition, fenced and idempotent by ``op_key``; returns the attempt's new state.
+
+        ``before``: transitions deferred until now (``LeasedJournal.defer``), made first in
+        the same transaction.
+        """
         d = self.dialect
-        body = digest({"transition": trigger, "reason": reason, "detail": detail or {}})
+        move = Move(trigger=trigger, op_key=op_key, reason=reason, detail=detail or {})
         with self._tx() as tx:
-            done = replayed(tx, d, lease, op_key, body)
-            if done is not None:
-                return done
-            now = tx.now()
-            state, _ = check_lease(tx, d, lease, now, lock="update")
-            new = am.move(state, trigger, "lease_owner")
+            checked = check_op(tx, d, lease, op_key, move.digest(), lock="update")
+            if checked.replayed is not None:
+                return checked.replayed
+            return self.carry(tx, lease, checked.state, checked.now, [*before, move])
+
+    def carry(self, tx: Tx, lease: Lease, state: str, now: float, moves: Sequence[Move]) -> str:
+        """Lease-owner transitions in an open transaction whose lease check found the attempt in ``state``.
+
+        Each is checked against the spec and recorded with its operation key; one the spec
+        does not allow from ``state`` but recorded already with the same body (a retry whose
+        commit was not acknowledged) is passed over. Returns the attempt's state after them.
+        """
+        d = self.dialect
+        for move in moves:
+            if not am.allowed(state, move.trigger) and replayed(tx, d, lease, move.op_key, move.digest()) is not None:
+                continue
+            new = am.move(state, move.trigger, "lease_owner")
             self._transition(
                 tx,
                 Change(
                     attempt_id=lease.attempt_id,
                     request_id=lease.request_id,
-                    trigger=trigger,
+                    trigger=move.trigger,
                     actor="lease_owner",
                     actor_name=lease.runner_id,
                     state=state,
                     new=new,
                     now=now,
-                    reason=reason,
-                    detail=detail or {},
+                    reason=move.reason,
+                    detail=move.detail,
                 ),
             )
-            record_operation(tx, d, lease, op_key, body_digest=body, result=new, now=now)
-        return new
+            record_operation(tx, d, lease, move.op_key, body_digest=move.digest(), result=new, now=now)
+            state = new
+        return state
 
     # -- recovery -------------------------------------------------------------------
 
