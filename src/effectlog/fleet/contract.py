@@ -602,6 +602,48 @@ class FleetContract:
             for s in stores:
                 s.close()
 
+    def test_deferred_transitions_ride_in_the_first_append_and_completion_succeeds(self, store: FleetStore) -> None:
+        """A runner's way: prepare and start are made in the transaction of the run's first append, and the
+        batch recording run.completed also makes the attempt succeed; the history is the same as when each
+        is reported on its own, and a later report of the same operation is a no-op."""
+        plan = noop_plan("run-1", steps=2)
+        lease = store.claim(store.submit("s", "k", plan).request.request_id, "r1", LONG)
+        assert lease is not None
+        journal = store.leased_journal(lease)
+        journal.defer("prepare", "prepare")
+        journal.defer("start", "start")
+        journal.succeed_on_completion = True
+        assert "leased" == store.request(lease.request_id).state  # nothing written yet
+        with Runtime(journal) as runtime:
+            assert "completed" == runtime.run(plan).state
+        assert "succeeded" == journal.finished
+        assert ["lease", "prepare", "start", "succeed"] == [h.transition for h in store.history()]
+        events = len(list(store.journal().read("run-1")))
+        assert {"events": events} == store.history()[-1].detail
+        assert "succeeded" == store.advance(lease, "succeed", op_key="final", detail={"events": events})
+        assert "preparing" == store.advance(lease, "prepare", op_key="prepare")  # replayed: its first answer
+
+    def test_a_stale_lease_carries_no_transition(self, store: FleetStore) -> None:
+        """Deferred transitions are fenced with the batch: an expired lease writes neither, and keeps them."""
+        lease = self._leased(store, lease_s=SHORT)
+        journal = store.leased_journal(lease)
+        journal.defer("prepare", "prepare")
+        wait_past(store, lease.expires_at)
+        before = counts(store, "run-1")
+        with pytest.raises(StaleLease):
+            journal.append([started("run-1")])
+        assert before == counts(store, "run-1")
+        assert ["prepare"] == [m.trigger for m in journal.pending]
+
+    def test_a_report_makes_the_deferred_transitions_first(self, store: FleetStore) -> None:
+        """A runner that fails before any append reports prepare (deferred) and fail in one transaction."""
+        lease = self._leased(store)
+        journal = store.leased_journal(lease)
+        journal.defer("prepare", "prepare")
+        assert "failed" == store.advance(lease, "fail", op_key="final", reason="bad plan", before=journal.take())
+        assert ["lease", "prepare", "fail"] == [h.transition for h in store.history()]
+        assert [] == journal.pending
+
     def test_concurrent_claim_next_leases_each_request_once(self, fleet_backend: FleetBackend) -> None:
         """Eight stores (as eight runners) drain one queue with ``claim_next`` at once: every request is leased
         exactly once, with token 1, and recorded once in the history."""
