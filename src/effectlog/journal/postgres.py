@@ -83,7 +83,6 @@ from effectlog.journal.postgres_schema import (
 )
 from effectlog.journal.protocol import SCHEMA_VERSION
 
-
 _MORE_ROWS = ", (%s, %s, %s, %s, %s, %s, %s)"  # INSERT's VALUES list, one more row
 _CHUNK = 1000  # rows per INSERT statement
 
