@@ -23,7 +23,7 @@ from effectlog.chain import Chain
 from effectlog.errors import BadInput, JournalUnreadable
 from effectlog.events import Event
 from effectlog.fleet import attempts as am
-from effectlog.fleet import limits
+from effectlog.fleet import limits, wakeups
 from effectlog.fleet.fencing import Tx
 from effectlog.fleet.leased_journal import LeasedJournal
 from effectlog.fleet.model import Lease
@@ -238,6 +238,8 @@ class PostgresFleetStore(SqlFleetStore):
             kwargs["connect_timeout"] = 10
         if "application_name" not in params:
             kwargs["application_name"] = "effectlog-fleet"
+        self._url, self._kwargs = url, kwargs
+        self._watcher: wakeups.Watcher | None = None
         # The journal first: it creates (or checks) schema `effectlog` that claims and recovery read.
         self._journal = FleetPostgresJournal(
             url,
@@ -334,6 +336,13 @@ class PostgresFleetStore(SqlFleetStore):
             for r in rows
         ]
 
+    def _queued(self, tx: Tx) -> None:
+        tx.run(wakeups.NOTIFY)
+
+    def watch(self, wake: Callable[[], None]) -> None:
+        if self._watcher is None:
+            self._watcher = wakeups.listen_postgres(self._url, self._kwargs, wake)
+
     def _tx(self, *, write: bool = True) -> AbstractContextManager[Tx]:
         del write  # row locks, not a database lock: reads and writes open the same kind of transaction
         return self._transaction()
@@ -347,6 +356,9 @@ class PostgresFleetStore(SqlFleetStore):
         return LeasedJournal(self._journal, lease, before_append, self.carry)
 
     def close(self) -> None:
+        if self._watcher is not None:
+            self._watcher.stop()
+            self._watcher = None
         self._pool.close()
         self._journal.close()
 

@@ -68,6 +68,10 @@ class FleetStore(Protocol):
         transaction that skips rows other claimers hold: one attempt per claim, however many runners race."""
         ...
 
+    def watch(self, wake: Callable[[], None]) -> None:
+        """Call ``wake`` whenever an attempt may have been queued (a hint; poll on a timeout as well)."""
+        ...
+
     def heartbeat(self, lease: Lease, lease_s: float) -> Heartbeat:
         """Renew a current lease (else ``StaleLease``); reports a requested cancellation."""
         ...

@@ -154,6 +154,7 @@ class Runner:
         self._install_signals()
         beat = threading.Thread(target=self._heartbeats, name="effectlog-heartbeat", daemon=True)
         beat.start()
+        self.store.watch(self._wake.set)  # queued work wakes the loop at once; --poll-s is the fallback
         self.log(f"ready: capabilities {sorted(self.config.capabilities)}, capacity {self.config.capacity}")
         next_recovery = 0.0  # a pass per heartbeat interval: often enough for leases, cheap when idle
         try:

@@ -245,7 +245,17 @@ class SqlFleetStore:
         )
         assert row is not None
         tx.run(d.sql("UPDATE {requests} SET current_attempt = ? WHERE request_id = ?"), (row[0], request_id))
+        self._queued(tx)
         return int(row[0])
+
+    def _queued(self, tx: Tx) -> None:
+        """Signal idle runners' watchers (``effectlog.fleet.wakeups``) that an attempt is queued, on commit."""
+
+    def watch(self, wake: Callable[[], None]) -> None:
+        """Call ``wake`` (from a thread of the store's) whenever an attempt may have been queued, until ``close``.
+
+        A hint, never a promise: callers still look for work on a timeout of their own.
+        """
 
     def _request(self, tx: Tx, request_id: int) -> RequestView:
         row = tx.one(self.dialect.sql(_REQUEST + " WHERE r.request_id = ?"), (request_id,))
