@@ -1,11 +1,12 @@
 """The journal inside a PostgreSQL fleet store: the one ``PostgresJournal``, appends fenced by a lease.
 
 The runs' journal lives in the same database as the fleet tables, so a fenced append
-is ONE transaction (``PostgresJournal.append_under`` with a ``LeaseFence``): the run
-locks, the attempt row locked ``FOR SHARE`` and the lease checked, the journal's own
-append (head, chain, insert), then the operation record. The
-recovery service locks the same row ``FOR UPDATE`` before it reads the journal, so it
-either sees the append or the append sees the lease gone; never half of each.
+is ONE transaction (``PostgresJournal.append_under`` with a ``LeaseFence``): the run's
+advisory lock, the lease checked (one statement, with the idempotency look-up and the
+database's clock), the journal's own append (head, chain, insert), then the operation
+record. The recovery service takes the same run lock before it locks the attempt row
+``FOR UPDATE`` and reads the journal, so it either sees the append or the append sees
+the lease gone; never half of each.
 """
 
 from __future__ import annotations
@@ -35,7 +36,11 @@ POSTGRES = Dialect(
     placeholder="%s",
     # Every locking query names the attempts table `a`.
     locks={
-        "share": "FOR SHARE OF a",
+        # A fenced append's lease check locks no row: every append holds its run's advisory lock
+        # (RUN_LOCK_CLASS) for its transaction, and the recovery service takes that lock before
+        # it locks the attempt and reads the journal, so it sees the append or the append sees
+        # the lease gone. A row lock here would write WAL (a lock record) for every append.
+        "share": "",
         "update": "FOR UPDATE OF a",
         # The store's clock in a query: the database's, as PgTx.now.
         "clock": "extract(epoch FROM clock_timestamp())::float8",

@@ -29,8 +29,8 @@ from effectlog.fleet.leased_journal import LeasedJournal
 from effectlog.fleet.model import Lease
 from effectlog.fleet.postgres_journal import FLEET_SCHEMA, POSTGRES, FleetPostgresJournal, PgTx, translate
 from effectlog.fleet.sqlstore import SqlFleetStore
+from effectlog.journal.postgres_schema import RUN_LOCK_CLASS, redact
 from effectlog.journal.postgres_schema import SCHEMA as JOURNAL_SCHEMA
-from effectlog.journal.postgres_schema import redact
 
 FLEET_SCHEMA_VERSION = 2
 FLEET_MIGRATE_LOCK = (0x45464C02, 0)  # 'EFL' + 2: beside the journal's advisory lock classes
@@ -335,6 +335,15 @@ class PostgresFleetStore(SqlFleetStore):
             )
             for r in rows
         ]
+
+    def _lock_run_of(self, tx: Tx, attempt_id: int) -> None:
+        # The run lock every fenced append holds, taken before the attempt row (appends carrying a
+        # transition take the same two in the same order, so the two cannot deadlock).
+        tx.one(
+            f"SELECT pg_advisory_xact_lock({RUN_LOCK_CLASS}, hashtext(r.run_id)) FROM {_S}.attempts a"
+            f" JOIN {_S}.requests r ON r.request_id = a.request_id WHERE a.attempt_id = %s",
+            (attempt_id,),
+        )
 
     def _queued(self, tx: Tx) -> None:
         tx.run(wakeups.NOTIFY)

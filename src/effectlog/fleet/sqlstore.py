@@ -505,6 +505,7 @@ class SqlFleetStore:
         """
         d = self.dialect
         with self._tx() as tx:
+            self._lock_run_of(tx, attempt_id)
             now = tx.now()
             row = tx.one(
                 d.sql(
@@ -555,6 +556,10 @@ class SqlFleetStore:
             requeued_attempt=requeued,
             attempt_no=int(row[5]),
         )
+
+    def _lock_run_of(self, tx: Tx, attempt_id: int) -> None:
+        """Before recovery reads a run's journal: the lock its fenced appends hold (none needed on SQLite,
+        whose ``BEGIN IMMEDIATE`` already excludes every other writer)."""
 
     def _requeue_policy(self, tx: Tx, request_id: int, lost: Verdict, now: float) -> tuple[Verdict, float | None]:
         """A ``lose`` verdict within the request's requeue limit, with its backoff; past the limit, ``expire``.
