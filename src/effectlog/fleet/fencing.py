@@ -40,9 +40,12 @@ class Tx(Protocol):
 class Dialect:
     """Table names, placeholder and row-lock clauses of one backend; SQL templates are formatted once."""
 
-    def __init__(self, tables: dict[str, str], *, placeholder: str, locks: dict[str, str]) -> None:
+    def __init__(
+        self, tables: dict[str, str], *, placeholder: str, locks: dict[str, str], writable_cte: bool = False
+    ) -> None:
         self.values = {**tables, **locks}
         self.placeholder = placeholder
+        self.writable_cte = writable_cte  # INSERT inside WITH (PostgreSQL): a check and its record in one statement
         self._cache: dict[str, str] = {}
 
     def sql(self, template: str) -> str:
@@ -63,26 +66,49 @@ class Checked(NamedTuple):
     cancel: bool
     now: float
     replayed: str | None
+    recorded: bool = False  # the operation record was written by the check itself (``record``)
 
 
-def check_op(tx: Tx, d: Dialect, lease: Lease, op_key: str, body_digest: str, *, lock: Lock) -> Checked:
+_CHECK = (
+    "SELECT a.state, r.cancel_requested_at, a.runner_id, a.fencing_token, a.lease_expires_at, o.digest,"
+    " o.result, {clock} AS t FROM {attempts} a JOIN {requests} r ON r.request_id = a.request_id"
+    " LEFT JOIN {operations} o ON o.attempt_id = a.attempt_id AND o.op_key = ?"
+    " WHERE a.attempt_id = ?"
+)
+# The same check that also records the operation when it passes (and was not made before); a
+# check that then fails in Python raises, and the transaction takes the record back with it.
+_CHECK_AND_RECORD = (
+    "WITH c AS (" + _CHECK + "{lock}),"
+    " r AS (INSERT INTO {operations} (attempt_id, op_key, digest, result, at)"
+    " SELECT ?, ?, ?, ?, c.t FROM c WHERE c.digest IS NULL AND c.runner_id = ? AND c.fencing_token = ?"
+    f" AND c.state IN {_LIVE} AND c.lease_expires_at > c.t AND c.lease_expires_at <= c.t + ?)"
+    " SELECT * FROM c"
+)
+
+
+def check_op(
+    tx: Tx, d: Dialect, lease: Lease, op_key: str, body_digest: str, *, lock: Lock, record: str | None = None
+) -> Checked:
     """``replayed`` and ``check_lease`` in ONE statement (with the database's clock on PostgreSQL).
 
     The operation already made with this body: its stored result, live lease or not (the
     same key with another body is ``IdempotencyConflict``, under another lease ``StaleLease``).
     Otherwise the lease must be current and unexpired (else ``StaleLease``), and ``lock``
-    holds the attempt row until the transaction ends, as in ``check_lease``.
+    holds the attempt row until the transaction ends, as in ``check_lease``. ``record``: on
+    a dialect with writable CTEs, also record the operation with this result in the same
+    statement (``Checked.recorded``); the caller records it otherwise.
     """
     clause = {"share": " {share}", "update": " {update}", "none": ""}[lock]
-    row = tx.one(
-        d.sql(
-            "SELECT a.state, r.cancel_requested_at, a.runner_id, a.fencing_token, a.lease_expires_at, o.digest,"
-            " o.result, {clock} FROM {attempts} a JOIN {requests} r ON r.request_id = a.request_id"
-            " LEFT JOIN {operations} o ON o.attempt_id = a.attempt_id AND o.op_key = ?"
-            " WHERE a.attempt_id = ?" + clause
-        ),
-        (op_key, lease.attempt_id),
-    )
+    if record is not None and d.writable_cte:
+        row = tx.one(
+            d.sql(_CHECK_AND_RECORD.replace("{lock}", clause)),
+            (
+                op_key, lease.attempt_id,
+                lease.attempt_id, op_key, body_digest, record, lease.runner_id, lease.token, limits.MAX_LEASE_S,
+            ),
+        )  # fmt: skip
+    else:
+        row = tx.one(d.sql(_CHECK + clause), (op_key, lease.attempt_id))
     now = tx.now() if row is None or row[7] is None else float(row[7])
     if row is None:
         raise stale(tx, d, lease, now)
@@ -103,7 +129,7 @@ def check_op(tx: Tx, d: Dialect, lease: Lease, op_key: str, body_digest: str, *,
     live = expires is not None and now < float(expires) <= now + limits.MAX_LEASE_S  # NaN compares False
     if not (mine and live and state in am.LIVE):
         raise stale(tx, d, lease, now)
-    return Checked(state, cancel, now, None)
+    return Checked(state, cancel, now, None, recorded=record is not None and d.writable_cte)
 
 
 def check_lease(tx: Tx, d: Dialect, lease: Lease, now: float, *, lock: Lock) -> tuple[str, bool]:
@@ -252,12 +278,13 @@ class LeaseFence:
         tx = self.tx_of(conn)
         self._op = op_key, body = batch_identity(events, encoded)
         lock: Lock = "update" if self.carry is not None and self.carry.wants(events) else "share"
-        self._checked = check_op(tx, self.dialect, self.lease, op_key, body, lock=lock)
+        self._checked = check_op(tx, self.dialect, self.lease, op_key, body, lock=lock, record="")
         return self._checked.replayed is None
 
     def written(self, conn: Any, events: Sequence[Event], encoded: Sequence[bytes]) -> None:
         op_key, body = self._op
         tx, now = self.tx_of(conn), self._checked.now
-        record_operation(tx, self.dialect, self.lease, op_key, body_digest=body, result="", now=now)
+        if not self._checked.recorded:
+            record_operation(tx, self.dialect, self.lease, op_key, body_digest=body, result="", now=now)
         if self.carry is not None and self.carry.wants(events):
             self.carry(tx, events, self._checked.state, now)

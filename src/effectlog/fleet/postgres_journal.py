@@ -34,6 +34,7 @@ POSTGRES = Dialect(
         "events": f"{SCHEMA}.events",
     },
     placeholder="%s",
+    writable_cte=True,
     # Every locking query names the attempts table `a`.
     locks={
         # A fenced append's lease check locks no row: every append holds its run's advisory lock

@@ -19,16 +19,17 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict
 from psycopg_pool import ConnectionPool, PoolTimeout
 
+from effectlog.canonical import canonical_json
 from effectlog.chain import Chain
-from effectlog.errors import BadInput, JournalUnreadable
+from effectlog.errors import BadInput, IntegrityError, JournalUnreadable
 from effectlog.events import Event
 from effectlog.fleet import attempts as am
 from effectlog.fleet import limits, wakeups
 from effectlog.fleet.fencing import Tx
 from effectlog.fleet.leased_journal import LeasedJournal
-from effectlog.fleet.model import Lease
+from effectlog.fleet.model import Lease, Move
 from effectlog.fleet.postgres_journal import FLEET_SCHEMA, POSTGRES, FleetPostgresJournal, PgTx, translate
-from effectlog.fleet.sqlstore import SqlFleetStore
+from effectlog.fleet.sqlstore import Change, SqlFleetStore
 from effectlog.journal.postgres_schema import RUN_LOCK_CLASS, redact
 from effectlog.journal.postgres_schema import SCHEMA as JOURNAL_SCHEMA
 
@@ -211,6 +212,32 @@ SELECT * FROM leased ORDER BY request_id
 """
 
 
+# A lease owner's transition in one statement: move the attempt (guarded by its state), its
+# history row and operation record, and the request's end when the new state is final; what
+# ``SqlFleetStore._transition`` + ``record_operation`` do in four. Returns (moved, ended).
+OWNER_MOVE = f"""
+WITH moved AS (
+    UPDATE {_S}.attempts SET state = %s WHERE attempt_id = %s AND state = %s
+    RETURNING attempt_id, request_id, %s::text AS from_state
+),
+recorded AS (
+    INSERT INTO {_S}.history (attempt_id, request_id, transition, event, actor, actor_name, from_state, to_state,
+        reason, at, detail)
+    SELECT attempt_id, request_id, %s, %s, %s, %s, from_state, %s, %s, %s, %s FROM moved
+),
+operation AS (
+    INSERT INTO {_S}.operations (attempt_id, op_key, digest, result, at)
+    SELECT attempt_id, %s, %s, %s, %s FROM moved
+),
+ended AS (
+    UPDATE {_S}.requests r SET finished_at = %s FROM moved
+    WHERE %s AND r.request_id = moved.request_id AND r.finished_at IS NULL
+    RETURNING r.request_id
+)
+SELECT (SELECT count(*) FROM moved), (SELECT count(*) FROM ended)
+"""
+
+
 class PostgresFleetStore(SqlFleetStore):
     """A fleet store in one PostgreSQL database; every runner host connects to the same URL."""
 
@@ -344,6 +371,29 @@ class PostgresFleetStore(SqlFleetStore):
             f" JOIN {_S}.requests r ON r.request_id = a.request_id WHERE a.attempt_id = %s",
             (attempt_id,),
         )
+
+    def _owner_move(self, tx: Tx, lease: Lease, c: Change, move: Move) -> None:
+        if c.trigger in am.REQUEUES:  # a lease owner never requeues; keep the general path for it anyway
+            super()._owner_move(tx, lease, c, move)
+            return
+        row = tx.one(
+            OWNER_MOVE,
+            (
+                c.new, c.attempt_id, c.state, c.state,
+                c.trigger, am.event_of(c.trigger), c.actor, c.actor_name, c.new, c.reason, c.now,
+                canonical_json(c.detail).decode(),
+                move.op_key, move.digest(), c.new, c.now,
+                c.now, c.new in am.FINAL,
+            ),
+        )  # fmt: skip
+        moved, ended = (0, 0) if row is None else (int(row[0]), int(row[1]))
+        if moved != 1:
+            raise IntegrityError(
+                f"request {c.request_id}: attempt id {c.attempt_id} changed under a locked transition "
+                f"({c.state} -> {c.new})"
+            )
+        if c.new in am.FINAL and ended != 1:
+            raise IntegrityError(f"request {c.request_id} would end twice (attempt id {c.attempt_id} -> {c.new})")
 
     def _queued(self, tx: Tx) -> None:
         tx.run(wakeups.NOTIFY)

@@ -464,24 +464,26 @@ class SqlFleetStore:
             if not am.allowed(state, move.trigger) and replayed(tx, d, lease, move.op_key, move.digest()) is not None:
                 continue
             new = am.move(state, move.trigger, "lease_owner")
-            self._transition(
-                tx,
-                Change(
-                    attempt_id=lease.attempt_id,
-                    request_id=lease.request_id,
-                    trigger=move.trigger,
-                    actor="lease_owner",
-                    actor_name=lease.runner_id,
-                    state=state,
-                    new=new,
-                    now=now,
-                    reason=move.reason,
-                    detail=move.detail,
-                ),
+            change = Change(
+                attempt_id=lease.attempt_id,
+                request_id=lease.request_id,
+                trigger=move.trigger,
+                actor="lease_owner",
+                actor_name=lease.runner_id,
+                state=state,
+                new=new,
+                now=now,
+                reason=move.reason,
+                detail=move.detail,
             )
-            record_operation(tx, d, lease, move.op_key, body_digest=move.digest(), result=new, now=now)
+            self._owner_move(tx, lease, change, move)
             state = new
         return state
+
+    def _owner_move(self, tx: Tx, lease: Lease, c: Change, move: Move) -> None:
+        """A lease owner's transition and its operation record (PostgreSQL: one statement)."""
+        self._transition(tx, c)
+        record_operation(tx, self.dialect, lease, move.op_key, body_digest=move.digest(), result=c.new, now=c.now)
 
     # -- recovery -------------------------------------------------------------------
 
