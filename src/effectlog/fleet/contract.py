@@ -640,9 +640,22 @@ class FleetContract:
         lease = self._leased(store)
         journal = store.leased_journal(lease)
         journal.defer("prepare", "prepare")
-        assert "failed" == store.advance(lease, "fail", op_key="final", reason="bad plan", before=journal.take())
+        assert "failed" == journal.reporting(
+            lambda before: store.advance(lease, "fail", op_key="final", reason="bad plan", before=before)
+        )
         assert ["lease", "prepare", "fail"] == [h.transition for h in store.history()]
         assert [] == journal.pending
+
+    def test_a_refused_report_keeps_its_deferred_transitions_and_writes_nothing(self, store: FleetStore) -> None:
+        """A report the spec refuses takes the deferred transitions' writes back with it, and they stay deferred."""
+        lease = self._leased(store)
+        journal = store.leased_journal(lease)
+        journal.defer("prepare", "prepare")
+        before = counts(store, "run-1")
+        with pytest.raises(IllegalTransition):
+            journal.reporting(lambda moves: store.advance(lease, "succeed", op_key="final", before=moves))
+        assert (before, ["prepare"]) == (counts(store, "run-1"), [m.trigger for m in journal.pending])
+        assert "leased" == store.request(lease.request_id).state
 
     def test_concurrent_claim_next_leases_each_request_once(self, fleet_backend: FleetBackend) -> None:
         """Eight stores (as eight runners) drain one queue with ``claim_next`` at once: every request is leased

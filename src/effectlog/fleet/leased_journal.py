@@ -60,7 +60,7 @@ class LeasedJournal:
 
     With a ``mover`` (the store's ``carry``) the lease owner's transitions ride in the
     appends' transactions instead of taking one each: ``defer`` keeps one (``prepare``,
-    ``start``) for the next append (or the next report, ``take``), and with
+    ``start``) for the next append (or the next report, ``reporting``), and with
     ``succeed_on_completion`` set the batch that records ``run.completed`` also makes the
     attempt ``succeed`` (op key ``final``), which ``finished`` then tells. The lease check
     guards them as it guards the batch.
@@ -89,10 +89,15 @@ class LeasedJournal:
         """Make this transition with the next append or report (needs a ``mover``)."""
         self.pending.append(Move(trigger=trigger, op_key=op_key))
 
-    def take(self) -> list[Move]:
-        """The deferred transitions, handed to a report that makes them first (``FleetStore.advance(before=)``)."""
-        moves, self.pending = self.pending, []
-        return moves
+    def reporting(self, report: Callable[[Sequence[Move]], str]) -> str:
+        """Make a report that makes the deferred transitions first (``FleetStore.advance(before=...)``).
+
+        They stay deferred when the report fails, so the next write makes them (one already
+        made, its acknowledgement lost, is recognised by its operation key and passed over).
+        """
+        state = report(list(self.pending))
+        self.pending = []
+        return state
 
     def append(self, events: Sequence[Event]) -> list[Record]:
         if self.before_append is not None and events:

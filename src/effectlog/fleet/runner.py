@@ -1,8 +1,9 @@
 """A runner: pulls work from a fleet store, runs plans with the runtime, reports what happened.
 
 The store never calls a runner; credentials (adapters, effect stores) stay on the
-runner's machine. The main thread asks for work (the pure scheduler picks what fits
-this runner's capabilities and free capacity) and runs a recovery pass each round; one
+runner's machine. The main thread asks for work (the store picks and leases what fits
+this runner's capabilities and free capacity, by the scheduler's rule, in one
+transaction), sleeps until queued work wakes it, and runs a recovery pass each round; one
 thread per attempt drives the run; one heartbeat thread renews the leases and carries
 back an operator's cancellation, which the attempt's thread acts on after the current
 step's commit.
@@ -324,7 +325,10 @@ class Runner:
             plan = resolve(parse_plan(lease.plan.encode(), f"request {lease.request_id}"), self.secrets)
             runtime = Runtime(journal, adapters=self.registry, effects=self.config.effects, crash_hook=self._hook(slot))
         except (BadInput, StorageError) as exc:
-            return store.advance(lease, "fail", op_key="final", reason=f"cannot prepare: {exc}", before=journal.take())
+            reason = f"cannot prepare: {exc}"
+            return journal.reporting(
+                lambda before: store.advance(lease, "fail", op_key="final", reason=reason, before=before)
+            )
         try:
             journal.defer("start", "start")
             return self._drive(slot, runtime, plan, journal)
@@ -337,8 +341,11 @@ class Runner:
 
         def advance(trigger: str, *, op_key: str, reason: str = "", detail: dict[str, Any] | None = None) -> str:
             # A reason may quote a tool's error, which may quote its args: no secret value enters the store.
-            return self.store.advance(
-                lease, trigger, op_key=op_key, reason=redact_all(plan, reason), detail=detail, before=journal.take()
+            shown = redact_all(plan, reason)
+            return journal.reporting(
+                lambda before: self.store.advance(
+                    lease, trigger, op_key=op_key, reason=shown, detail=detail, before=before
+                )
             )
 
         def escalate(reason: str, step_id: str | None) -> str:
