@@ -84,6 +84,7 @@ class LeasedJournal:
         self.finished: str | None = None  # the attempt's state once a batch's carry ended it
         self.appended = 0  # events this attempt appended
         self.succeed_on_completion = False  # the runner's choice: its run's end is its attempt's success
+        self._fresh = lease.base_seq == 0  # until the first read or append: the run has no event
 
     def defer(self, trigger: str, op_key: str) -> None:
         """Make this transition with the next append or report (needs a ``mover``)."""
@@ -102,6 +103,7 @@ class LeasedJournal:
     def append(self, events: Sequence[Event]) -> list[Record]:
         if self.before_append is not None and events:
             self.before_append(events)
+        self._fresh = False
         carry = _Carry(self) if self.mover is not None and events else None
         records = self.base.append_fenced(events, self.lease, carry)
         if carry is not None and carry.state is not None:  # committed with the batch
@@ -112,9 +114,10 @@ class LeasedJournal:
         return records
 
     def read(self, run_id: str, after_seq: int = 0) -> Iterator[Record]:
-        if run_id == self.lease.run_id and self.lease.base_seq == 0 and self.appended == 0:
-            # Leased with no event and nothing appended since: the run is empty (only this
-            # lease may write it; were anyone else to, the first append's head check refuses).
+        if self._fresh and run_id == self.lease.run_id:
+            # The first look at a run leased with no event: it is empty (only this lease may
+            # write it; were anyone else to, the first append's head check refuses the batch).
+            self._fresh = False
             return iter(())
         return self.base.read(run_id, after_seq)
 
