@@ -38,8 +38,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from effectlog.fleet import open_store
 from effectlog.plan import AdapterDecl, Plan, StepDecl
@@ -229,7 +230,8 @@ def measure_claims(url: str, n: int, count: int, tmp: Path) -> tuple[float, floa
     for p in procs:
         assert p.stdout is not None
         if p.stdout.readline().strip() != b"ready":
-            raise SystemExit(f"claim worker did not start; see {tmp / 'claims.log'}")
+            tail = (tmp / "claims.log").read_text(errors="replace")[-2000:]
+            raise SystemExit(f"claim worker did not start:\n{tail}")
     for p in procs:
         assert p.stdin is not None
         p.stdin.write(b"go\n")
@@ -295,14 +297,26 @@ def measure_runs(url: str, n: int, count: int, tmp: Path) -> dict[str, float]:
     }
 
 
+T = TypeVar("T")
+
+
+def retried(measure: Callable[[], T]) -> T:
+    """One more try, on a fresh store, when a measurement's processes failed; the failure is printed, not hidden."""
+    try:
+        return measure()
+    except SystemExit as exc:
+        print(f"measurement failed, measuring again: {exc}", file=sys.stderr, flush=True)
+        return measure()
+
+
 def bench_backend(
     name: str, fresh_url: Any, tmp: Path, *, claims: int, runs: int, repeat: int, processes: tuple[int, ...]
 ) -> dict[str, dict[str, float]]:
     """Median of ``repeat`` measurements per process count, each on a fresh store."""
     out: dict[str, dict[str, float]] = {}
     for n in processes:
-        claim_rows = [measure_claims(fresh_url(), n, claims, tmp) for _ in range(repeat)]
-        run_rows = [measure_runs(fresh_url(), n, runs, tmp) for _ in range(repeat)]
+        claim_rows = [retried(lambda n=n: measure_claims(fresh_url(), n, claims, tmp)) for _ in range(repeat)]
+        run_rows = [retried(lambda n=n: measure_runs(fresh_url(), n, runs, tmp)) for _ in range(repeat)]
         row = {
             "claims_per_s": round(statistics.median(c for c, _ in claim_rows), 1),
             "attempts_per_claim": round(statistics.median(a for _, a in claim_rows), 3),
@@ -331,6 +345,8 @@ def targets(results: dict[str, Any]) -> list[tuple[str, bool, str, str]]:
     res = results["results"]
     pg, lite = res.get("postgres"), res.get("sqlite")
     most = max(results["params"]["processes"])
+    if "1" not in (pg or lite or {"1": None}):
+        return []  # the targets compare against 1 process
     if pg:
         one, top = pg["1"]["claims_per_s"], pg[str(most)]["claims_per_s"]
         out.append(
@@ -339,10 +355,10 @@ def targets(results: dict[str, Any]) -> list[tuple[str, bool, str, str]]:
                 top >= 1500 and top >= one,
                 f"{top:.0f} at {most}, {one:.0f} at 1; {pg[str(most)]['attempts_per_claim']:.2f} claim transactions"
                 " per lease",
-                "the claim is one statement and one attempt per lease (the issue measured 4.7 at 8 processes"
-                " before); one process waits for each claim's own commit (fsync), more processes share commits"
-                " but also the 2 cores with the server and with the other jobs on this machine (load average"
-                " above): CPU, not the claim's design, bounds the figure here",
+                "the claim is one statement and one attempt per lease (1.00-1.02 here; the issue measured 4.7"
+                " at 8 processes before), so no process loses time to a lost race; what is left is each"
+                " claim's durable commit and the CPU of the claimer processes and the server, which share 2"
+                " cores with the other jobs on this machine (load average above). Not measured apart",
             )
         )
         runs, at = _best(pg, "runs_per_s")
@@ -351,8 +367,9 @@ def targets(results: dict[str, Any]) -> list[tuple[str, bool, str, str]]:
                 "PostgreSQL runs/s ≥ 120 at the best process count",
                 runs >= 120,
                 f"{runs:.1f} at {at}",
-                "CPU-bound on a shared 2-core machine: the runners' own CPU per run is in the table, the"
-                " server's comes on top, and other jobs held the load average above 2 for the whole run",
+                "the runners' own CPU per run is in the table and the server's comes on top, on 2 cores shared"
+                " with the other jobs on this machine (load average above); more processes raise CPU per run"
+                " (contention) faster than they overlap commits",
             )
         )
         stmts, commits = pg["1"]["statements_per_run"], pg["1"]["commits_per_run"]
@@ -398,9 +415,9 @@ def targets(results: dict[str, Any]) -> list[tuple[str, bool, str, str]]:
                 "a run is 7 commits one after another through the file's one writer, and commits are not"
                 " shared between runs (each append is its own transaction; no group commit across attempts),"
                 " so more processes only add contention for the writer and the 2 loaded cores. At 1 process a"
-                " run took ~1000/runs ms of wall time for the runner CPU in the table and 7 WAL fsyncs (~0.5 ms"
-                " each on this disk); the rest is waiting for the shared cores and hand-offs between the"
-                " runner's threads, not measured apart. 250 needs group commit across attempts",
+                f" run took {1000 / lite['1']['runs_per_s']:.1f} ms of wall time and {lite['1']['cpu_ms_per_run']:.1f}"
+                " ms of runner CPU (its threads overlapping the 7 WAL fsyncs, ~0.5 ms each on this disk): one"
+                " runner is CPU-bound. 250 needs less CPU per run and group commit across attempts",
             )
         )
     return out
@@ -432,7 +449,7 @@ def render(results: dict[str, Any]) -> str:
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for backend, rows in results["results"].items():
-        one = rows["1"]
+        one = rows.get("1") or next(iter(rows.values()))  # ratios against the fewest processes measured
         for n, row in rows.items():
             lines.append(
                 f"| {backend} | {n} | {row['claims_per_s']:.0f} | {row['claims_per_s'] / one['claims_per_s']:.2f} |"
