@@ -178,6 +178,54 @@ class FleetContract:
         assert [1, 2, 3, 1] == [first.token, second.token, third.token, other.token]
         assert [1, 2, 3] == [a.attempt_no for a in store.attempts(first.request_id)]
 
+    def test_claim_next_leases_what_fits_and_is_due_oldest_first(self, store: FleetStore) -> None:
+        """The store's pick: only due queued requests whose requirements the offer covers, oldest first, at
+        most ``limit``; each lease is recorded in the history with its token, as ``claim`` records it."""
+        needs = [[], ["gpu"], ["gpu", "py"], ["gpu"], ["gpu"]]
+        ids = [
+            store.submit("s", f"k{i}", noop_plan(f"run-{i}"), need).request.request_id for i, need in enumerate(needs)
+        ]
+        assert store.claim(ids[3], "r0", LONG) is not None  # leased already: not queued
+        self._backing_off(store, ids[4])
+        got = store.claim_next("r1", ["gpu", "tpu"], LONG, limit=8)
+        assert [(ids[0], 1, "run-0"), (ids[1], 1, "run-1")] == [(g.request_id, g.token, g.run_id) for g in got]
+        assert [("lease", "scheduler", "r1", {"token": 1})] * 2 == [
+            (h.transition, h.actor, h.actor_name, h.detail) for h in store.history() if h.actor_name == "r1"
+        ]
+        assert [] == store.claim_next("r1", ["gpu"], LONG)
+        one = store.claim_next("r2", ["py", "gpu"], LONG, limit=1)
+        assert [ids[2]] == [g.request_id for g in one]
+        leased = {a.request_id: (a.state, a.runner_id, a.token) for a in store.attempts()}
+        assert ("leased", "r1", 1) == leased[ids[0]]
+        assert ("queued", None, None) == leased[ids[4]]
+
+    def _backing_off(self, store: FleetStore, request_id: int) -> None:
+        """Make the request's queued attempt back off (as after an automatic requeue) for a long while."""
+        lease = store.claim(request_id, "gone", SHORT)
+        assert lease is not None
+        wait_past(store, lease.expires_at)
+        assert store.recover(lease.attempt_id, lease.token, decide_expired) is not None
+        assert store.request(request_id).not_before is not None
+
+    def test_claim_next_gives_max_plus_one_tokens_and_the_runs_head_as_base(self, store: FleetStore) -> None:
+        """A requeued request claimed through ``claim_next`` gets token MAX + 1 and its run's head as the base."""
+        first = self._leased(store, lease_s=SHORT)
+        store.leased_journal(first).append([started("run-1")])
+        self._expire_and_lose(store, first)
+        got = store.claim_next("r2", [], LONG)
+        assert [(first.request_id, 2, 2)] == [(g.request_id, g.token, g.attempt_no) for g in got]
+        assert [1] == [a.base_seq for a in store.attempts(first.request_id) if a.attempt_no == 2]
+        store.leased_journal(got[0]).append([requested("run-1", 2, idempotent=True)])
+        assert 2 == store.journal().head("run-1")[0]
+
+    def test_claim_next_refuses_bad_numbers_and_leases_nothing(self, store: FleetStore) -> None:
+        """A lease that is not a time or a limit out of range is bad input; nothing is leased."""
+        store.submit("s", "k", noop_plan("run-1"))
+        for lease_s, limit in ((float("nan"), 1), (0.0, 1), (LONG, 0)):
+            with pytest.raises(BadInput):
+                store.claim_next("r1", [], lease_s, limit)
+        assert ["queued"] == [a.state for a in store.attempts()]
+
     def test_a_heartbeat_renews_the_lease(self, store: FleetStore) -> None:
         """After a heartbeat, writes are accepted past the original expiry."""
         lease = self._leased(store, lease_s=0.3)
@@ -550,6 +598,94 @@ class FleetContract:
                 t.join()
             assert 1 == sum(isinstance(r, Lease) for r in results), results
             assert [1] == [a.token for a in stores[0].attempts()]
+        finally:
+            for s in stores:
+                s.close()
+
+    def test_deferred_transitions_ride_in_the_first_append_and_completion_succeeds(self, store: FleetStore) -> None:
+        """A runner's way: prepare and start are made in the transaction of the run's first append, and the
+        batch recording run.completed also makes the attempt succeed; the history is the same as when each
+        is reported on its own, and a later report of the same operation is a no-op."""
+        plan = noop_plan("run-1", steps=2)
+        lease = store.claim(store.submit("s", "k", plan).request.request_id, "r1", LONG)
+        assert lease is not None
+        journal = store.leased_journal(lease)
+        journal.defer("prepare", "prepare")
+        journal.defer("start", "start")
+        journal.succeed_on_completion = True
+        assert "leased" == store.request(lease.request_id).state  # nothing written yet
+        with Runtime(journal) as runtime:
+            assert "completed" == runtime.run(plan).state
+        assert "succeeded" == journal.finished
+        assert ["lease", "prepare", "start", "succeed"] == [h.transition for h in store.history()]
+        events = len(list(store.journal().read("run-1")))
+        assert {"events": events} == store.history()[-1].detail
+        assert "succeeded" == store.advance(lease, "succeed", op_key="final", detail={"events": events})
+        assert "preparing" == store.advance(lease, "prepare", op_key="prepare")  # replayed: its first answer
+
+    def test_a_stale_lease_carries_no_transition(self, store: FleetStore) -> None:
+        """Deferred transitions are fenced with the batch: an expired lease writes neither, and keeps them."""
+        lease = self._leased(store, lease_s=SHORT)
+        journal = store.leased_journal(lease)
+        journal.defer("prepare", "prepare")
+        wait_past(store, lease.expires_at)
+        before = counts(store, "run-1")
+        with pytest.raises(StaleLease):
+            journal.append([started("run-1")])
+        assert before == counts(store, "run-1")
+        assert ["prepare"] == [m.trigger for m in journal.pending]
+
+    def test_a_report_makes_the_deferred_transitions_first(self, store: FleetStore) -> None:
+        """A runner that fails before any append reports prepare (deferred) and fail in one transaction."""
+        lease = self._leased(store)
+        journal = store.leased_journal(lease)
+        journal.defer("prepare", "prepare")
+        assert "failed" == journal.reporting(
+            lambda before: store.advance(lease, "fail", op_key="final", reason="bad plan", before=before)
+        )
+        assert ["lease", "prepare", "fail"] == [h.transition for h in store.history()]
+        assert [] == journal.pending
+
+    def test_a_refused_report_keeps_its_deferred_transitions_and_writes_nothing(self, store: FleetStore) -> None:
+        """A report the spec refuses takes the deferred transitions' writes back with it, and they stay deferred."""
+        lease = self._leased(store)
+        journal = store.leased_journal(lease)
+        journal.defer("prepare", "prepare")
+        before = counts(store, "run-1")
+        with pytest.raises(IllegalTransition):
+            journal.reporting(lambda moves: store.advance(lease, "succeed", op_key="final", before=moves))
+        assert (before, ["prepare"]) == (counts(store, "run-1"), [m.trigger for m in journal.pending])
+        assert "leased" == store.request(lease.request_id).state
+
+    def test_concurrent_claim_next_leases_each_request_once(self, fleet_backend: FleetBackend) -> None:
+        """Eight stores (as eight runners) drain one queue with ``claim_next`` at once: every request is leased
+        exactly once, with token 1, and recorded once in the history."""
+        stores = [fleet_backend.open() for _ in range(8)]
+        try:
+            for i in range(40):
+                stores[0].submit("s", f"k{i}", noop_plan(f"run-{i}"))
+            barrier = threading.Barrier(len(stores))
+            got: list[list[Lease]] = [[] for _ in stores]
+            errors: list[BaseException] = []
+
+            def drain(i: int) -> None:
+                barrier.wait()
+                try:
+                    while batch := stores[i].claim_next(f"r{i}", [], LONG, limit=2):
+                        got[i].extend(batch)
+                except BaseException as exc:
+                    errors.append(exc)
+
+            threads = [threading.Thread(target=drain, args=(i,)) for i in range(len(stores))]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            assert [] == errors
+            leases = [lease for batch in got for lease in batch]
+            assert list(range(1, 41)) == sorted(lease.request_id for lease in leases)
+            assert {1} == {a.token for a in stores[0].attempts()}
+            assert 40 == sum(h.transition == "lease" for h in stores[0].history())
         finally:
             for s in stores:
                 s.close()

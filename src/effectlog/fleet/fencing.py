@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Callable, Sequence
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, NamedTuple, Protocol
 
 from effectlog.errors import IdempotencyConflict, StaleLease
 from effectlog.events import Event
@@ -40,9 +40,12 @@ class Tx(Protocol):
 class Dialect:
     """Table names, placeholder and row-lock clauses of one backend; SQL templates are formatted once."""
 
-    def __init__(self, tables: dict[str, str], *, placeholder: str, locks: dict[str, str]) -> None:
+    def __init__(
+        self, tables: dict[str, str], *, placeholder: str, locks: dict[str, str], writable_cte: bool = False
+    ) -> None:
         self.values = {**tables, **locks}
         self.placeholder = placeholder
+        self.writable_cte = writable_cte  # INSERT inside WITH (PostgreSQL): a check and its record in one statement
         self._cache: dict[str, str] = {}
 
     def sql(self, template: str) -> str:
@@ -53,6 +56,80 @@ class Dialect:
                 done = done.replace("?", self.placeholder)
             self._cache[template] = done
         return done
+
+
+class Checked(NamedTuple):
+    """What ``check_op`` found: the attempt's state, a requested cancellation, the store's clock, and the
+    stored result when this attempt already made the operation with the same body (else ``None``)."""
+
+    state: str
+    cancel: bool
+    now: float
+    replayed: str | None
+    recorded: bool = False  # the operation record was written by the check itself (``record``)
+
+
+_CHECK = (
+    "SELECT a.state, r.cancel_requested_at, a.runner_id, a.fencing_token, a.lease_expires_at, o.digest,"
+    " o.result, {clock} AS t FROM {attempts} a JOIN {requests} r ON r.request_id = a.request_id"
+    " LEFT JOIN {operations} o ON o.attempt_id = a.attempt_id AND o.op_key = ?"
+    " WHERE a.attempt_id = ?"
+)
+# The same check that also records the operation when it passes (and was not made before); a
+# check that then fails in Python raises, and the transaction takes the record back with it.
+_CHECK_AND_RECORD = (
+    "WITH c AS (" + _CHECK + "{lock}),"
+    " r AS (INSERT INTO {operations} (attempt_id, op_key, digest, result, at)"
+    " SELECT ?, ?, ?, ?, c.t FROM c WHERE c.digest IS NULL AND c.runner_id = ? AND c.fencing_token = ?"
+    f" AND c.state IN {_LIVE} AND c.lease_expires_at > c.t AND c.lease_expires_at <= c.t + ?)"
+    " SELECT * FROM c"
+)
+
+
+def check_op(
+    tx: Tx, d: Dialect, lease: Lease, op_key: str, body_digest: str, *, lock: Lock, record: str | None = None
+) -> Checked:
+    """``replayed`` and ``check_lease`` in ONE statement (with the database's clock on PostgreSQL).
+
+    The operation already made with this body: its stored result, live lease or not (the
+    same key with another body is ``IdempotencyConflict``, under another lease ``StaleLease``).
+    Otherwise the lease must be current and unexpired (else ``StaleLease``), and ``lock``
+    holds the attempt row until the transaction ends, as in ``check_lease``. ``record``: on
+    a dialect with writable CTEs, also record the operation with this result in the same
+    statement (``Checked.recorded``); the caller records it otherwise.
+    """
+    clause = {"share": " {share}", "update": " {update}", "none": ""}[lock]
+    if record is not None and d.writable_cte:
+        row = tx.one(
+            d.sql(_CHECK_AND_RECORD.replace("{lock}", clause)),
+            (
+                op_key, lease.attempt_id,
+                lease.attempt_id, op_key, body_digest, record, lease.runner_id, lease.token, limits.MAX_LEASE_S,
+            ),
+        )  # fmt: skip
+    else:
+        row = tx.one(d.sql(_CHECK + clause), (op_key, lease.attempt_id))
+    now = tx.now() if row is None or row[7] is None else float(row[7])
+    if row is None:
+        raise stale(tx, d, lease, now)
+    state, cancel, runner, token, expires = str(row[0]), row[1] is not None, row[2], row[3], row[4]
+    mine = (runner, None if token is None else int(token)) == (lease.runner_id, lease.token)
+    if row[5] is not None:
+        if not mine:
+            raise stale(tx, d, lease, now)
+        if row[5] != body_digest:
+            raise IdempotencyConflict(
+                f"operation {op_key!r} of request {lease.request_id} attempt {lease.attempt_no} was already "
+                "reported with another body",
+                run_id=lease.run_id,
+                attempt_id=lease.attempt_id,
+                op_key=op_key,
+            )
+        return Checked(state, cancel, now, str(row[6]))
+    live = expires is not None and now < float(expires) <= now + limits.MAX_LEASE_S  # NaN compares False
+    if not (mine and live and state in am.LIVE):
+        raise stale(tx, d, lease, now)
+    return Checked(state, cancel, now, None, recorded=record is not None and d.writable_cte)
 
 
 def check_lease(tx: Tx, d: Dialect, lease: Lease, now: float, *, lock: Lock) -> tuple[str, bool]:
@@ -164,32 +241,50 @@ def check_batch_runs(events: Sequence[Event], lease: Lease) -> None:
             )
 
 
+class Carry(Protocol):
+    """Lease-owner transitions that ride in an append's transaction instead of one of their own."""
+
+    def wants(self, events: Sequence[Event]) -> bool:
+        """Whether this batch carries any (the fence then locks the attempt row for update)."""
+        ...
+
+    def __call__(self, tx: Tx, events: Sequence[Event], state: str, now: float) -> None:
+        """Make them, after the batch's inserts, in its transaction, from the attempt's ``state``."""
+        ...
+
+
 class LeaseFence:
     """A lease as the journal's ``Fence``: the batch is admitted only while the lease is current.
 
-    In the append's transaction: the batch must be the lease's own run; a batch this
-    attempt already wrote with the same bytes is admitted as "already written" (the
-    journal returns its records); then the lease is checked (row lock ``share`` on
-    PostgreSQL); after the inserts the operation is recorded, so a retried batch is known.
+    In the append's transaction, in one statement (``check_op``): a batch this attempt
+    already wrote with the same bytes is admitted as "already written" (the journal
+    returns its records); else the lease is checked (row lock ``share`` on PostgreSQL,
+    ``update`` when the batch carries transitions). After the inserts the operation is
+    recorded, so a retried batch is known, and the carried transitions are made.
     """
 
-    def __init__(self, lease: Lease, dialect: Dialect, tx_of: Callable[[Any], Tx]) -> None:
+    def __init__(
+        self, lease: Lease, dialect: Dialect, tx_of: Callable[[Any], Tx], carry: Carry | None = None
+    ) -> None:
         self.lease = lease
         self.dialect = dialect
         self.tx_of = tx_of
+        self.carry = carry
         self._op: tuple[str, str] = ("", "")
-        self._now = 0.0
+        self._checked = Checked("", False, 0.0, None)
 
     def admit(self, conn: Any, events: Sequence[Event], encoded: Sequence[bytes]) -> bool:
         check_batch_runs(events, self.lease)
         tx = self.tx_of(conn)
         self._op = op_key, body = batch_identity(events, encoded)
-        if replayed(tx, self.dialect, self.lease, op_key, body) is not None:
-            return False
-        self._now = tx.now()
-        check_lease(tx, self.dialect, self.lease, self._now, lock="share")
-        return True
+        lock: Lock = "update" if self.carry is not None and self.carry.wants(events) else "share"
+        self._checked = check_op(tx, self.dialect, self.lease, op_key, body, lock=lock, record="")
+        return self._checked.replayed is None
 
     def written(self, conn: Any, events: Sequence[Event], encoded: Sequence[bytes]) -> None:
         op_key, body = self._op
-        record_operation(self.tx_of(conn), self.dialect, self.lease, op_key, body_digest=body, result="", now=self._now)
+        tx, now = self.tx_of(conn), self._checked.now
+        if not self._checked.recorded:
+            record_operation(tx, self.dialect, self.lease, op_key, body_digest=body, result="", now=now)
+        if self.carry is not None and self.carry.wants(events):
+            self.carry(tx, events, self._checked.state, now)

@@ -13,8 +13,9 @@ from typing import Protocol
 
 from effectlog.chain import Chain
 from effectlog.errors import StaleLease
-from effectlog.events import Event
-from effectlog.fleet.model import Lease
+from effectlog.events import Event, RunCompleted
+from effectlog.fleet.fencing import Carry, Tx
+from effectlog.fleet.model import Lease, Move
 from effectlog.fold import Record
 from effectlog.journal.ownership import Claim, OwnerStatus, new_owner
 
@@ -27,11 +28,12 @@ class FencedJournal(Protocol):
 
     def append(self, events: Sequence[Event]) -> list[Record]: ...
 
-    def append_fenced(self, events: Sequence[Event], lease: Lease | None) -> list[Record]:
+    def append_fenced(self, events: Sequence[Event], lease: Lease | None, carry: Carry | None = None) -> list[Record]:
         """``append``, accepted only while ``lease`` is current (no check when ``None``).
 
         A batch this attempt already wrote with the same bytes is a no-op; the same
-        batch key with other bytes is ``IdempotencyConflict``.
+        batch key with other bytes is ``IdempotencyConflict``. ``carry``: lease-owner
+        transitions made in the same transaction.
         """
         ...
 
@@ -50,14 +52,26 @@ class FencedJournal(Protocol):
     def close(self) -> None: ...
 
 
+Mover = Callable[[Tx, Lease, str, float, Sequence[Move]], str]
+
+
 class LeasedJournal:
-    """The journal Protocol over a ``FencedJournal``, for one lease. ``close`` leaves the shared journal open."""
+    """The journal Protocol over a ``FencedJournal``, for one lease. ``close`` leaves the shared journal open.
+
+    With a ``mover`` (the store's ``carry``) the lease owner's transitions ride in the
+    appends' transactions instead of taking one each: ``defer`` keeps one (``prepare``,
+    ``start``) for the next append (or the next report, ``reporting``), and with
+    ``succeed_on_completion`` set the batch that records ``run.completed`` also makes the
+    attempt ``succeed`` (op key ``final``), which ``finished`` then tells. The lease check
+    guards them as it guards the batch.
+    """
 
     def __init__(
         self,
         base: FencedJournal,
         lease: Lease,
         before_append: Callable[[Sequence[Event]], None] | None = None,
+        mover: Mover | None = None,
     ) -> None:
         self.base = base
         self.lease = lease
@@ -65,13 +79,46 @@ class LeasedJournal:
         self.location = base.location
         # Called before each append, outside any transaction (a runner's test hook).
         self.before_append = before_append
+        self.mover = mover
+        self.pending: list[Move] = []
+        self.finished: str | None = None  # the attempt's state once a batch's carry ended it
+        self.appended = 0  # events this attempt appended
+        self.succeed_on_completion = False  # the runner's choice: its run's end is its attempt's success
+        self._fresh = lease.base_seq == 0  # until the first read or append: the run has no event
+
+    def defer(self, trigger: str, op_key: str) -> None:
+        """Make this transition with the next append or report (needs a ``mover``)."""
+        self.pending.append(Move(trigger=trigger, op_key=op_key))
+
+    def reporting(self, report: Callable[[Sequence[Move]], str]) -> str:
+        """Make a report that makes the deferred transitions first (``FleetStore.advance(before=...)``).
+
+        They stay deferred when the report fails, so the next write makes them (one already
+        made, its acknowledgement lost, is recognised by its operation key and passed over).
+        """
+        state = report(list(self.pending))
+        self.pending = []
+        return state
 
     def append(self, events: Sequence[Event]) -> list[Record]:
         if self.before_append is not None and events:
             self.before_append(events)
-        return self.base.append_fenced(events, self.lease)
+        self._fresh = False
+        carry = _Carry(self) if self.mover is not None and events else None
+        records = self.base.append_fenced(events, self.lease, carry)
+        if carry is not None and carry.state is not None:  # committed with the batch
+            self.pending = []
+            if carry.completes:
+                self.finished = carry.state
+        self.appended += len(events)
+        return records
 
     def read(self, run_id: str, after_seq: int = 0) -> Iterator[Record]:
+        if self._fresh and run_id == self.lease.run_id:
+            # The first look at a run leased with no event: it is empty (only this lease may
+            # write it; were anyone else to, the first append's head check refuses the batch).
+            self._fresh = False
+            return iter(())
         return self.base.read(run_id, after_seq)
 
     def head(self, run_id: str) -> tuple[int, bytes]:
@@ -97,3 +144,24 @@ class LeasedJournal:
 
     def close(self) -> None:
         """The base journal belongs to the store; this view has nothing of its own to close."""
+
+
+class _Carry:
+    """One batch's share of a ``LeasedJournal``'s transitions (``effectlog.fleet.fencing.Carry``)."""
+
+    def __init__(self, journal: LeasedJournal) -> None:
+        self.journal = journal
+        self.completes = False
+        self.state: str | None = None  # set once made, inside the batch's transaction
+
+    def wants(self, events: Sequence[Event]) -> bool:
+        self.completes = self.journal.succeed_on_completion and any(isinstance(e, RunCompleted) for e in events)
+        return bool(self.journal.pending) or self.completes
+
+    def __call__(self, tx: Tx, events: Sequence[Event], state: str, now: float) -> None:
+        journal = self.journal
+        assert journal.mover is not None
+        moves = list(journal.pending)
+        if self.completes:
+            moves.append(Move(trigger="succeed", op_key="final", detail={"events": journal.appended + len(events)}))
+        self.state = journal.mover(tx, journal.lease, state, now, moves)

@@ -6,6 +6,8 @@ from typing import Any, Literal
 
 import msgspec
 
+from effectlog.canonical import digest
+
 
 class Lease(msgspec.Struct, frozen=True, kw_only=True):
     """What a claim hands a runner. Every write it makes carries ``(attempt_id, runner_id, token)``.
@@ -24,6 +26,7 @@ class Lease(msgspec.Struct, frozen=True, kw_only=True):
     run_id: str
     plan: str  # the plan's JSON as submitted, secret args as their digests (``Plan.pinned``)
     cancel_requested: bool = False
+    base_seq: int | None = None  # the run's head when leased (None: not told, as from older callers)
 
 
 class RequestView(msgspec.Struct, frozen=True, kw_only=True):
@@ -125,3 +128,16 @@ class Recovered(msgspec.Struct, frozen=True, kw_only=True):
     reason: str
     requeued_attempt: int | None = None  # the store-wide id of the new, queued attempt
     attempt_no: int = 0  # the request's own attempt number: what messages call "attempt N"
+
+
+class Move(msgspec.Struct, frozen=True, kw_only=True):
+    """A lease owner's transition as reported: trigger, operation key (its idempotency key), reason, detail."""
+
+    trigger: str
+    op_key: str
+    reason: str = ""
+    detail: dict[str, Any] = {}
+
+    def digest(self) -> str:
+        """The body an operation key is bound to (a retry with another body is ``IdempotencyConflict``)."""
+        return digest({"transition": self.trigger, "reason": self.reason, "detail": self.detail})

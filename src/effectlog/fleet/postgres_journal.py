@@ -1,11 +1,12 @@
 """The journal inside a PostgreSQL fleet store: the one ``PostgresJournal``, appends fenced by a lease.
 
 The runs' journal lives in the same database as the fleet tables, so a fenced append
-is ONE transaction (``PostgresJournal.append_under`` with a ``LeaseFence``): the run
-locks, the attempt row locked ``FOR SHARE`` and the lease checked, the journal's own
-append (head, chain, insert), then the operation record. The
-recovery service locks the same row ``FOR UPDATE`` before it reads the journal, so it
-either sees the append or the append sees the lease gone; never half of each.
+is ONE transaction (``PostgresJournal.append_under`` with a ``LeaseFence``): the run's
+advisory lock, the lease checked (one statement, with the idempotency look-up and the
+database's clock), the journal's own append (head, chain, insert), then the operation
+record. The recovery service takes the same run lock before it locks the attempt row
+``FOR UPDATE`` and reads the journal, so it either sees the append or the append sees
+the lease gone; never half of each.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any
 import psycopg
 
 from effectlog.events import Event
-from effectlog.fleet.fencing import Dialect, LeaseFence
+from effectlog.fleet.fencing import Carry, Dialect, LeaseFence
 from effectlog.fleet.model import Lease
 from effectlog.fold import Record
 from effectlog.journal.postgres import PostgresJournal
@@ -33,8 +34,21 @@ POSTGRES = Dialect(
         "events": f"{SCHEMA}.events",
     },
     placeholder="%s",
+    writable_cte=True,
     # Every locking query names the attempts table `a`.
-    locks={"share": "FOR SHARE OF a", "update": "FOR UPDATE OF a", "claim": "FOR UPDATE OF a SKIP LOCKED"},
+    locks={
+        # A fenced append's lease check locks no row: every append holds its run's advisory lock
+        # (RUN_LOCK_CLASS) for its transaction, and the recovery service takes that lock before
+        # it locks the attempt and reads the journal, so it sees the append or the append sees
+        # the lease gone. A row lock here would write WAL (a lock record) for every append.
+        "share": "",
+        "update": "FOR UPDATE OF a",
+        # The store's clock in a query: the database's, as PgTx.now.
+        "clock": "extract(epoch FROM clock_timestamp())::float8",
+        "claim": "FOR UPDATE OF a SKIP LOCKED",
+        # A request fits when its requirements (a JSON array) are contained in the offer.
+        "fits": "r.requires::jsonb <@ ?::jsonb",
+    },
 )
 
 __all__ = ["FLEET_SCHEMA", "POSTGRES", "FleetPostgresJournal", "PgTx", "translate"]
@@ -66,7 +80,7 @@ class PgTx:
 class FleetPostgresJournal(PostgresJournal):
     """The one PostgreSQL journal, plus appends fenced by a lease (``LeaseFence``) in the append's transaction."""
 
-    def append_fenced(self, events: Sequence[Event], lease: Lease | None) -> list[Record]:
+    def append_fenced(self, events: Sequence[Event], lease: Lease | None, carry: Carry | None = None) -> list[Record]:
         if lease is None:
             return self.append(events)  # not under a lease: an operator's or a plain writer's batch
-        return self.append_under(events, LeaseFence(lease, POSTGRES, PgTx))
+        return self.append_under(events, LeaseFence(lease, POSTGRES, PgTx, carry))

@@ -19,22 +19,25 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict
 from psycopg_pool import ConnectionPool, PoolTimeout
 
+from effectlog.canonical import canonical_json
 from effectlog.chain import Chain
-from effectlog.errors import BadInput, JournalUnreadable
+from effectlog.errors import BadInput, IntegrityError, JournalUnreadable
 from effectlog.events import Event
 from effectlog.fleet import attempts as am
-from effectlog.fleet import limits
+from effectlog.fleet import limits, wakeups
 from effectlog.fleet.fencing import Tx
 from effectlog.fleet.leased_journal import LeasedJournal
-from effectlog.fleet.model import Lease
+from effectlog.fleet.model import Lease, Move
 from effectlog.fleet.postgres_journal import FLEET_SCHEMA, POSTGRES, FleetPostgresJournal, PgTx, translate
-from effectlog.fleet.sqlstore import SqlFleetStore
-from effectlog.journal.postgres_schema import redact
+from effectlog.fleet.sqlstore import Change, SqlFleetStore
+from effectlog.journal.postgres_schema import RUN_LOCK_CLASS, redact
+from effectlog.journal.postgres_schema import SCHEMA as JOURNAL_SCHEMA
 
 FLEET_SCHEMA_VERSION = 2
 FLEET_MIGRATE_LOCK = (0x45464C02, 0)  # 'EFL' + 2: beside the journal's advisory lock classes
 _S = FLEET_SCHEMA
 _FINAL = am.sql_list(am.FINAL)
+_LEASED = am.move(am.QUEUED, "lease", "scheduler")  # what a claim makes of a queued attempt
 
 
 def _guard(table: str, body: str) -> tuple[str, ...]:
@@ -174,6 +177,67 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
 }
 
 
+# ``SqlFleetStore.claim_next`` as one statement. The lease's token is ``MAX(fencing_token) + 1`` over
+# the request's attempts and its base the run's head, as in ``claim``; the history row is the one
+# ``_history`` writes (detail ``{"token":N}``, canonical JSON). Parameters: offer, limit, runner,
+# lease seconds, runner.
+CLAIM_NEXT = f"""
+WITH clock AS (SELECT extract(epoch FROM clock_timestamp())::float8 AS t),
+pick AS (
+    SELECT a.attempt_id FROM {_S}.attempts a JOIN {_S}.requests r ON r.request_id = a.request_id
+    WHERE a.state = '{am.QUEUED}' AND (a.not_before IS NULL OR a.not_before <= (SELECT t FROM clock))
+      AND r.requires::jsonb <@ %s::jsonb
+    ORDER BY a.request_id LIMIT %s
+    FOR UPDATE OF a SKIP LOCKED
+),
+leased AS (
+    UPDATE {_S}.attempts a SET state = '{_LEASED}', runner_id = %s,
+        fencing_token = (SELECT COALESCE(MAX(b.fencing_token), 0) + 1 FROM {_S}.attempts b
+                         WHERE b.request_id = a.request_id),
+        lease_expires_at = clock.t + %s,
+        base_seq = (SELECT COALESCE(MAX(e.seq), 0) FROM {JOURNAL_SCHEMA}.events e WHERE e.run_id = r.run_id)
+    FROM pick, clock, {_S}.requests r
+    WHERE a.attempt_id = pick.attempt_id AND r.request_id = a.request_id AND a.state = '{am.QUEUED}'
+    RETURNING a.attempt_id, a.request_id, a.attempt_no, a.fencing_token, a.lease_expires_at, r.run_id, r.plan,
+        r.cancel_requested_at, clock.t, a.base_seq
+),
+recorded AS (
+    INSERT INTO {_S}.history (attempt_id, request_id, transition, event, actor, actor_name, from_state, to_state,
+        reason, at, detail)
+    SELECT attempt_id, request_id, 'lease', '{am.event_of("lease")}', 'scheduler', %s, '{am.QUEUED}',
+        '{_LEASED}', '', t, '{{"token":' || fencing_token || '}}'
+    FROM leased ORDER BY request_id
+)
+SELECT * FROM leased ORDER BY request_id
+"""
+
+
+# A lease owner's transition in one statement: move the attempt (guarded by its state), its
+# history row and operation record, and the request's end when the new state is final; what
+# ``SqlFleetStore._transition`` + ``record_operation`` do in four. Returns (moved, ended).
+OWNER_MOVE = f"""
+WITH moved AS (
+    UPDATE {_S}.attempts SET state = %s WHERE attempt_id = %s AND state = %s
+    RETURNING attempt_id, request_id, %s::text AS from_state
+),
+recorded AS (
+    INSERT INTO {_S}.history (attempt_id, request_id, transition, event, actor, actor_name, from_state, to_state,
+        reason, at, detail)
+    SELECT attempt_id, request_id, %s, %s, %s, %s, from_state, %s, %s, %s, %s FROM moved
+),
+operation AS (
+    INSERT INTO {_S}.operations (attempt_id, op_key, digest, result, at)
+    SELECT attempt_id, %s, %s, %s, %s FROM moved
+),
+ended AS (
+    UPDATE {_S}.requests r SET finished_at = %s FROM moved
+    WHERE %s AND r.request_id = moved.request_id AND r.finished_at IS NULL
+    RETURNING r.request_id
+)
+SELECT (SELECT count(*) FROM moved), (SELECT count(*) FROM ended)
+"""
+
+
 class PostgresFleetStore(SqlFleetStore):
     """A fleet store in one PostgreSQL database; every runner host connects to the same URL."""
 
@@ -201,6 +265,8 @@ class PostgresFleetStore(SqlFleetStore):
             kwargs["connect_timeout"] = 10
         if "application_name" not in params:
             kwargs["application_name"] = "effectlog-fleet"
+        self._url, self._kwargs = url, kwargs
+        self._watcher: wakeups.Watcher | None = None
         # The journal first: it creates (or checks) schema `effectlog` that claims and recovery read.
         self._journal = FleetPostgresJournal(
             url,
@@ -269,6 +335,73 @@ class PostgresFleetStore(SqlFleetStore):
         except (psycopg.Error, PoolTimeout) as exc:
             raise translate(exc, self.location) from None
 
+    def _claim_next(self, runner_id: str, offered: str, lease_s: float, limit: int) -> list[Lease]:
+        """Pick, lease and record the history in ONE statement (its own transaction: one round trip, one commit).
+
+        ``FOR UPDATE OF a SKIP LOCKED`` in the pick: rows another claimer holds are
+        passed over, and a row it leased and committed meanwhile is re-checked
+        (``state = 'queued'``) and dropped, so a claim never waits and never loses.
+        """
+        try:
+            with self._pool.connection() as conn:
+                rows = conn.execute(CLAIM_NEXT, (offered, limit, runner_id, lease_s, runner_id)).fetchall()
+        except (psycopg.Error, PoolTimeout) as exc:
+            raise translate(exc, self.location) from None
+        return [
+            Lease(
+                request_id=int(r[1]),
+                attempt_id=int(r[0]),
+                attempt_no=int(r[2]),
+                runner_id=runner_id,
+                token=int(r[3]),
+                expires_at=float(r[4]),
+                run_id=str(r[5]),
+                plan=str(r[6]),
+                cancel_requested=r[7] is not None,
+                base_seq=int(r[9]),
+            )
+            for r in rows
+        ]
+
+    def _lock_run_of(self, tx: Tx, attempt_id: int) -> None:
+        # The run lock every fenced append holds, taken before the attempt row (appends carrying a
+        # transition take the same two in the same order, so the two cannot deadlock).
+        tx.one(
+            f"SELECT pg_advisory_xact_lock({RUN_LOCK_CLASS}, hashtext(r.run_id)) FROM {_S}.attempts a"
+            f" JOIN {_S}.requests r ON r.request_id = a.request_id WHERE a.attempt_id = %s",
+            (attempt_id,),
+        )
+
+    def _owner_move(self, tx: Tx, lease: Lease, c: Change, move: Move) -> None:
+        if c.trigger in am.REQUEUES:  # a lease owner never requeues; keep the general path for it anyway
+            super()._owner_move(tx, lease, c, move)
+            return
+        row = tx.one(
+            OWNER_MOVE,
+            (
+                c.new, c.attempt_id, c.state, c.state,
+                c.trigger, am.event_of(c.trigger), c.actor, c.actor_name, c.new, c.reason, c.now,
+                canonical_json(c.detail).decode(),
+                move.op_key, move.digest(), c.new, c.now,
+                c.now, c.new in am.FINAL,
+            ),
+        )  # fmt: skip
+        moved, ended = (0, 0) if row is None else (int(row[0]), int(row[1]))
+        if moved != 1:
+            raise IntegrityError(
+                f"request {c.request_id}: attempt id {c.attempt_id} changed under a locked transition "
+                f"({c.state} -> {c.new})"
+            )
+        if c.new in am.FINAL and ended != 1:
+            raise IntegrityError(f"request {c.request_id} would end twice (attempt id {c.attempt_id} -> {c.new})")
+
+    def _queued(self, tx: Tx) -> None:
+        tx.run(wakeups.NOTIFY)
+
+    def watch(self, wake: Callable[[], None]) -> None:
+        if self._watcher is None:
+            self._watcher = wakeups.listen_postgres(self._url, self._kwargs, wake)
+
     def _tx(self, *, write: bool = True) -> AbstractContextManager[Tx]:
         del write  # row locks, not a database lock: reads and writes open the same kind of transaction
         return self._transaction()
@@ -279,9 +412,12 @@ class PostgresFleetStore(SqlFleetStore):
     def leased_journal(
         self, lease: Lease, before_append: Callable[[Sequence[Event]], None] | None = None
     ) -> LeasedJournal:
-        return LeasedJournal(self._journal, lease, before_append)
+        return LeasedJournal(self._journal, lease, before_append, self.carry)
 
     def close(self) -> None:
+        if self._watcher is not None:
+            self._watcher.stop()
+            self._watcher = None
         self._pool.close()
         self._journal.close()
 

@@ -21,6 +21,7 @@ from effectlog.fleet.model import (
     Heartbeat,
     HistoryRow,
     Lease,
+    Move,
     Recovered,
     RequestView,
     Submitted,
@@ -62,14 +63,33 @@ class FleetStore(Protocol):
         """Lease the request's queued attempt with token ``MAX(token) + 1``; ``None`` if not queued."""
         ...
 
+    def claim_next(self, runner_id: str, capabilities: Sequence[str], lease_s: float, limit: int = 1) -> list[Lease]:
+        """Pick and lease up to ``limit`` due queued requests that fit ``capabilities``, oldest first, in one
+        transaction that skips rows other claimers hold: one attempt per claim, however many runners race."""
+        ...
+
+    def watch(self, wake: Callable[[], None]) -> None:
+        """Call ``wake`` whenever an attempt may have been queued (a hint; poll on a timeout as well)."""
+        ...
+
     def heartbeat(self, lease: Lease, lease_s: float) -> Heartbeat:
         """Renew a current lease (else ``StaleLease``); reports a requested cancellation."""
         ...
 
     def advance(
-        self, lease: Lease, trigger: str, *, op_key: str, reason: str = "", detail: dict[str, Any] | None = None
+        self,
+        lease: Lease,
+        trigger: str,
+        *,
+        op_key: str,
+        reason: str = "",
+        detail: dict[str, Any] | None = None,
+        before: Sequence[Move] = (),
     ) -> str:
-        """A lease owner's transition: fenced, checked against the attempt spec, idempotent by ``op_key``."""
+        """A lease owner's transition: fenced, checked against the attempt spec, idempotent by ``op_key``.
+
+        ``before``: deferred transitions (``LeasedJournal.take``) made first, in the same transaction.
+        """
         ...
 
     def expired(self, limit: int = 100) -> list[Expired]:

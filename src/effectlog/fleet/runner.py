@@ -1,8 +1,9 @@
 """A runner: pulls work from a fleet store, runs plans with the runtime, reports what happened.
 
 The store never calls a runner; credentials (adapters, effect stores) stay on the
-runner's machine. The main thread asks for work (the pure scheduler picks what fits
-this runner's capabilities and free capacity) and runs a recovery pass each round; one
+runner's machine. The main thread asks for work (the store picks and leases what fits
+this runner's capabilities and free capacity, by the scheduler's rule, in one
+transaction), sleeps until queued work wakes it, and runs a recovery pass each round; one
 thread per attempt drives the run; one heartbeat thread renews the leases and carries
 back an operator's cancellation, which the attempt's thread acts on after the current
 step's commit.
@@ -32,10 +33,11 @@ from effectlog import events as ev
 from effectlog.adapters.registry import Registry, load_object
 from effectlog.errors import BadInput, EffectlogError, ExitStatus, StaleLease, StorageError
 from effectlog.fleet import limits
+from effectlog.fleet.leased_journal import LeasedJournal
 from effectlog.fleet.model import Lease, Offer
 from effectlog.fleet.protocol import FleetStore
 from effectlog.fleet.recovery import recover_once
-from effectlog.fleet.scheduler import schedule, waiting
+from effectlog.fleet.scheduler import waiting
 from effectlog.fleet.secrets import Provider, redact_all, resolve
 from effectlog.journal import Journal, load_run
 from effectlog.notify import Kind, Notification, cli_hooks, deliver, shown_location
@@ -95,7 +97,9 @@ def spread(picks: list[int], runner_id: str) -> list[int]:
 
     Runners polling together see the same oldest requests; starting each at its own
     offset means they mostly claim different ones instead of queueing on the first.
-    The set of picks (and the scheduler's choice) is unchanged.
+    The set of picks (and the scheduler's choice) is unchanged. The runner itself no
+    longer needs this (``claim_next`` lets the store pick, skipping rows other claimers
+    hold); it remains for callers that claim requests by id from ``candidates``.
     """
     if len(picks) < 2:
         return picks
@@ -151,6 +155,7 @@ class Runner:
         self._install_signals()
         beat = threading.Thread(target=self._heartbeats, name="effectlog-heartbeat", daemon=True)
         beat.start()
+        self.store.watch(self._wake.set)  # queued work wakes the loop at once; --poll-s is the fallback
         self.log(f"ready: capabilities {sorted(self.config.capabilities)}, capacity {self.config.capacity}")
         next_recovery = 0.0  # a pass per heartbeat interval: often enough for leases, cheap when idle
         try:
@@ -207,7 +212,12 @@ class Runner:
             self.log(f"recovery pass failed: {exc.code}: {exc}")
 
     def _claim_round(self) -> tuple[int, bool]:
-        """Claim what fits; returns (claimed, whether anything queued fits this runner)."""
+        """Claim what fits; returns (claimed, whether anything queued fits this runner).
+
+        The store picks and leases in one transaction (``claim_next``), so runners racing
+        for one queue take different requests. Only an empty-handed round of a runner
+        told to exit when idle lists the queue, to see whether work it fits is backing off.
+        """
         if self._stopping.is_set():
             return 0, False
         free = self.config.capacity - len(self.slots)
@@ -215,27 +225,25 @@ class Runner:
             free = min(free, self.config.max_attempts - self.started)
         if free <= 0:
             return 0, True
+        try:
+            leases = self.store.claim_next(self.runner_id, sorted(self.config.capabilities), self.config.lease_s, free)
+        except EffectlogError as exc:
+            self.log(f"claim failed: {exc.code}: {exc}")
+            return 0, True
+        for lease in leases:
+            found = telemetry()  # an effectlog.fleet.claim span and count when OpenTelemetry is configured
+            if found is not None:
+                found.claimed(lease.request_id, self.runner_id, lease.run_id, lease.attempt_no)
+            self._start(lease)
+        if leases or not self.config.exit_when_idle:
+            return len(leases), True
         offer = Offer(runner_id=self.runner_id, capabilities=self.config.capabilities, free=free)
         try:
             candidates = self.store.candidates(max(16, 4 * self.config.capacity))
         except EffectlogError as exc:
             self.log(f"cannot list work: {exc.code}: {exc}")
             return 0, True
-        fitting = waiting(candidates, offer)
-        claimed = 0
-        for request_id in spread(schedule(candidates, offer), self.runner_id):
-            try:
-                lease = self.store.claim(request_id, self.runner_id, self.config.lease_s)
-            except EffectlogError as exc:
-                self.log(f"claim of request {request_id} failed: {exc.code}: {exc}")
-                continue
-            if lease is not None:
-                found = telemetry()  # an effectlog.fleet.claim span and count when OpenTelemetry is configured
-                if found is not None:
-                    found.claimed(lease.request_id, self.runner_id, lease.run_id, lease.attempt_no)
-                self._start(lease)
-                claimed += 1
-        return claimed, fitting
+        return 0, waiting(candidates, offer)
 
     def _start(self, lease: Lease) -> None:
         slot = Slot(lease)
@@ -308,26 +316,37 @@ class Runner:
         if lease.cancel_requested:
             self._record_cancel(journal, lease)
             return store.advance(lease, "cancel", op_key="final", reason="cancelled before it started")
-        store.advance(lease, "prepare", op_key="prepare")
+        # prepare and start ride in the run's first append (or the attempt's next report), and the
+        # run's completion makes the attempt succeed in the same transaction: no commit of their own.
+        journal.defer("prepare", "prepare")
+        journal.succeed_on_completion = True
         self._point(slot, "prepared", "")
         try:
             plan = resolve(parse_plan(lease.plan.encode(), f"request {lease.request_id}"), self.secrets)
             runtime = Runtime(journal, adapters=self.registry, effects=self.config.effects, crash_hook=self._hook(slot))
         except (BadInput, StorageError) as exc:
-            return store.advance(lease, "fail", op_key="final", reason=f"cannot prepare: {exc}")
+            reason = f"cannot prepare: {exc}"
+            return journal.reporting(
+                lambda before: store.advance(lease, "fail", op_key="final", reason=reason, before=before)
+            )
         try:
-            store.advance(lease, "start", op_key="start")
+            journal.defer("start", "start")
             return self._drive(slot, runtime, plan, journal)
         finally:
             runtime.close()
 
-    def _drive(self, slot: Slot, runtime: Runtime, plan: Plan, journal: Journal) -> str:
+    def _drive(self, slot: Slot, runtime: Runtime, plan: Plan, journal: LeasedJournal) -> str:
         lease = slot.lease
         waits = 0
 
         def advance(trigger: str, *, op_key: str, reason: str = "", detail: dict[str, Any] | None = None) -> str:
             # A reason may quote a tool's error, which may quote its args: no secret value enters the store.
-            return self.store.advance(lease, trigger, op_key=op_key, reason=redact_all(plan, reason), detail=detail)
+            shown = redact_all(plan, reason)
+            return journal.reporting(
+                lambda before: self.store.advance(
+                    lease, trigger, op_key=op_key, reason=shown, detail=detail, before=before
+                )
+            )
 
         def escalate(reason: str, step_id: str | None) -> str:
             state = advance("escalate", op_key="final", reason=reason)
@@ -352,6 +371,8 @@ class Runner:
                 return escalate(f"unexpected error: {type(exc).__name__}: {exc}", None)
             status = outcome.exit_status
             if status == ExitStatus.DONE:
+                if journal.finished is not None:  # run.completed's batch made the attempt succeed
+                    return journal.finished
                 return advance("succeed", op_key="final", detail={"events": outcome.events_written})
             if status == ExitStatus.STOPPED_UNCERTAIN:
                 return escalate(outcome.message, outcome.step_id)

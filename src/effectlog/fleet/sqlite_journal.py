@@ -28,7 +28,7 @@ from effectlog.errors import (
     StorageError,
 )
 from effectlog.events import Event
-from effectlog.fleet.fencing import Dialect, LeaseFence
+from effectlog.fleet.fencing import Carry, Dialect, LeaseFence
 from effectlog.fleet.model import Lease
 from effectlog.fold import Record
 from effectlog.journal import filelocks
@@ -46,7 +46,16 @@ SQLITE = Dialect(
     },
     placeholder="?",
     # BEGIN IMMEDIATE holds the database's write lock for the whole transaction: no row locks needed.
-    locks={"share": "", "update": "", "claim": ""},
+    locks={
+        "share": "",
+        "update": "",
+        # The store's clock in a query (SQLite: NULL, the caller's tx.now() is free).
+        "clock": "NULL",
+        "claim": "",
+        # A request fits when it requires nothing the runner does not offer (the offer: a JSON array).
+        "fits": "NOT EXISTS (SELECT 1 FROM json_each(r.requires) n WHERE n.value NOT IN"
+        " (SELECT o.value FROM json_each(?) o))",
+    },
 )
 
 
@@ -180,10 +189,10 @@ class FleetSqliteJournal(SqliteJournal):
     ) -> None:
         super().__init__(path, chain=chain, durability=durability)
 
-    def append_fenced(self, events: Sequence[Event], lease: Lease | None) -> list[Record]:
+    def append_fenced(self, events: Sequence[Event], lease: Lease | None, carry: Carry | None = None) -> list[Record]:
         if lease is None:
             return self.append(events)  # not under a lease: an operator's or a plain writer's batch
-        return self.append_under(events, LeaseFence(lease, SQLITE, SqliteTx))
+        return self.append_under(events, LeaseFence(lease, SQLITE, SqliteTx, carry))
 
     def __enter__(self) -> FleetSqliteJournal:
         return self

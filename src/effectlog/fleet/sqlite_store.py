@@ -17,7 +17,7 @@ from effectlog.chain import Chain
 from effectlog.errors import JournalUnreadable
 from effectlog.events import Event
 from effectlog.fleet import attempts as am
-from effectlog.fleet import limits
+from effectlog.fleet import limits, wakeups
 from effectlog.fleet.fencing import Tx
 from effectlog.fleet.leased_journal import LeasedJournal
 from effectlog.fleet.model import Lease
@@ -149,6 +149,7 @@ class SqliteFleetStore(SqlFleetStore):
     ) -> None:
         self.location = os.fspath(path)
         self.dialect = SQLITE
+        self._watcher: wakeups.Watcher | None = None
         self._journal = FleetSqliteJournal(self.location, chain=chain, durability=durability)  # journal tables first
         self._handle = Handle(self.location, durability)
         try:
@@ -176,6 +177,13 @@ class SqliteFleetStore(SqlFleetStore):
                 tx.run(sql)
             tx.run("UPDATE meta SET value = ? WHERE key = 'fleet_schema_version'", (str(step),))
 
+    def _queued(self, tx: Tx) -> None:
+        tx.run(wakeups.SQLITE_BUMP)
+
+    def watch(self, wake: Callable[[], None]) -> None:
+        if self._watcher is None:
+            self._watcher = wakeups.watch_sqlite(os.path.realpath(self.location), wake)
+
     def _tx(self, *, write: bool = True) -> AbstractContextManager[Tx]:
         return transaction(self._handle, write=write)
 
@@ -185,9 +193,12 @@ class SqliteFleetStore(SqlFleetStore):
     def leased_journal(
         self, lease: Lease, before_append: Callable[[Sequence[Event]], None] | None = None
     ) -> LeasedJournal:
-        return LeasedJournal(self._journal, lease, before_append)
+        return LeasedJournal(self._journal, lease, before_append, self.carry)
 
     def close(self) -> None:
+        if self._watcher is not None:
+            self._watcher.stop()
+            self._watcher = None
         self._handle.close()
         self._journal.close()
 

@@ -25,7 +25,7 @@ from effectlog.canonical import canonical_json, digest
 from effectlog.errors import BadInput, IdempotencyConflict, IntegrityError, NotReconcilable, PlanMismatch
 from effectlog.fleet import attempts as am
 from effectlog.fleet import limits
-from effectlog.fleet.fencing import Dialect, Tx, check_lease, record_operation, replayed
+from effectlog.fleet.fencing import Dialect, Tx, check_lease, check_op, record_operation, replayed
 from effectlog.fleet.model import (
     AttemptView,
     Candidate,
@@ -33,6 +33,7 @@ from effectlog.fleet.model import (
     Heartbeat,
     HistoryRow,
     Lease,
+    Move,
     Recovered,
     RequestView,
     Submitted,
@@ -57,6 +58,18 @@ _REQUEST = (
     " a.attempt_no, r.created_at, r.cancel_requested_at, r.finished_at, r.max_requeues, a.not_before,"
     f" ({_REQUEUES})"
     " FROM {requests} r JOIN {attempts} a ON a.attempt_id = r.current_attempt"
+)
+# The queued attempts a runner may lease now, oldest request first, with the token and base each
+# lease gets. Parameters: now, the capabilities offered (a JSON array), how many. A request fits
+# when every capability it requires is offered (``scheduler.fits``); a queued attempt is always
+# its request's current one (one open attempt per request).
+_PICK = (
+    "SELECT a.attempt_id, a.request_id, a.attempt_no, r.run_id, r.plan, r.cancel_requested_at,"
+    " (SELECT COALESCE(MAX(b.fencing_token), 0) + 1 FROM {attempts} b WHERE b.request_id = a.request_id),"
+    " (SELECT COALESCE(MAX(e.seq), 0) FROM {events} e WHERE e.run_id = r.run_id)"
+    " FROM {attempts} a JOIN {requests} r ON r.request_id = a.request_id"
+    f" WHERE a.state = '{am.QUEUED}' AND (a.not_before IS NULL OR a.not_before <= ?) AND {{fits}}"
+    " ORDER BY a.request_id LIMIT ?"
 )
 _ATTEMPT = (
     "SELECT attempt_id, request_id, attempt_no, state, runner_id, fencing_token, lease_expires_at, base_seq,"
@@ -232,7 +245,17 @@ class SqlFleetStore:
         )
         assert row is not None
         tx.run(d.sql("UPDATE {requests} SET current_attempt = ? WHERE request_id = ?"), (row[0], request_id))
+        self._queued(tx)
         return int(row[0])
+
+    def _queued(self, tx: Tx) -> None:
+        """Signal idle runners' watchers (``effectlog.fleet.wakeups``) that an attempt is queued, on commit."""
+
+    def watch(self, wake: Callable[[], None]) -> None:
+        """Call ``wake`` (from a thread of the store's) whenever an attempt may have been queued, until ``close``.
+
+        A hint, never a promise: callers still look for work on a timeout of their own.
+        """
 
     def _request(self, tx: Tx, request_id: int) -> RequestView:
         row = tx.one(self.dialect.sql(_REQUEST + " WHERE r.request_id = ?"), (request_id,))
@@ -324,7 +347,74 @@ class SqlFleetStore:
             run_id=run_id,
             plan=plan,
             cancel_requested=row[5] is not None,
+            base_seq=base_seq,
         )
+
+    def claim_next(self, runner_id: str, capabilities: Sequence[str], lease_s: float, limit: int = 1) -> list[Lease]:
+        """Lease up to ``limit`` due queued requests this runner's capabilities cover, oldest first.
+
+        The pick and the lease are one transaction (on PostgreSQL one statement): the
+        store, not the runner, chooses among the queued requests, and rows another
+        claimer holds are skipped, so every call makes exactly one attempt and runners
+        racing for the same queue take different requests instead of losing on the
+        oldest one. Compatibility is the scheduler's (``fits``): every capability the
+        request requires is one the runner offers. Tokens and leases are those of ``claim``.
+        """
+        _check_text("runner id", runner_id)
+        limits.seconds("lease_s", lease_s, high=limits.MAX_LEASE_S)
+        limits.count("claim limit", limit, low=1, high=limits.MAX_CAPACITY)
+        offered = canonical_json(sorted(set(capabilities))).decode()
+        return self._claim_next(runner_id, offered, lease_s, limit)
+
+    def _claim_next(self, runner_id: str, offered: str, lease_s: float, limit: int) -> list[Lease]:
+        """``claim_next`` in one write transaction: pick (skipping rows other claimers lock), lease, record."""
+        d = self.dialect
+        leases: list[Lease] = []
+        with self._tx() as tx:
+            now = tx.now()
+            rows = tx.all(d.sql(_PICK + " {claim}"), (now, offered, limit))
+            for row in rows:
+                attempt_id, request_id, attempt_no, run_id = int(row[0]), int(row[1]), int(row[2]), str(row[3])
+                token, base_seq = int(row[6]), int(row[7])
+                new = am.move(am.QUEUED, "lease", "scheduler")
+                moved = tx.run(
+                    d.sql(
+                        "UPDATE {attempts} SET state = ?, runner_id = ?, fencing_token = ?, lease_expires_at = ?,"
+                        " base_seq = ? WHERE attempt_id = ? AND state = ?"
+                    ),
+                    (new, runner_id, token, now + lease_s, base_seq, attempt_id, am.QUEUED),
+                )
+                if moved != 1:
+                    continue
+                self._history(
+                    tx,
+                    Change(
+                        attempt_id=attempt_id,
+                        request_id=request_id,
+                        trigger="lease",
+                        actor="scheduler",
+                        actor_name=runner_id,
+                        state=am.QUEUED,
+                        new=new,
+                        now=now,
+                        detail={"token": token},
+                    ),
+                )
+                leases.append(
+                    Lease(
+                        request_id=request_id,
+                        attempt_id=attempt_id,
+                        attempt_no=attempt_no,
+                        runner_id=runner_id,
+                        token=token,
+                        expires_at=now + lease_s,
+                        run_id=run_id,
+                        plan=str(row[4]),
+                        cancel_requested=row[5] is not None,
+                        base_seq=base_seq,
+                    )
+                )
+        return leases
 
     def heartbeat(self, lease: Lease, lease_s: float) -> Heartbeat:
         """Renew the lease; tells the owner whether an operator asked to cancel."""
@@ -340,35 +430,60 @@ class SqlFleetStore:
         return Heartbeat(expires_at=now + lease_s, cancel_requested=cancel)
 
     def advance(
-        self, lease: Lease, trigger: str, *, op_key: str, reason: str = "", detail: dict[str, Any] | None = None
+        self,
+        lease: Lease,
+        trigger: str,
+        *,
+        op_key: str,
+        reason: str = "",
+        detail: dict[str, Any] | None = None,
+        before: Sequence[Move] = (),
     ) -> str:
-        """A lease owner's transition, fenced and idempotent by ``op_key``; returns the attempt's new state."""
+        """A lease owner's transition, fenced and idempotent by ``op_key``; returns the attempt's new state.
+
+        ``before``: transitions deferred until now (``LeasedJournal.defer``), made first in
+        the same transaction.
+        """
         d = self.dialect
-        body = digest({"transition": trigger, "reason": reason, "detail": detail or {}})
+        move = Move(trigger=trigger, op_key=op_key, reason=reason, detail=detail or {})
         with self._tx() as tx:
-            done = replayed(tx, d, lease, op_key, body)
-            if done is not None:
-                return done
-            now = tx.now()
-            state, _ = check_lease(tx, d, lease, now, lock="update")
-            new = am.move(state, trigger, "lease_owner")
-            self._transition(
-                tx,
-                Change(
-                    attempt_id=lease.attempt_id,
-                    request_id=lease.request_id,
-                    trigger=trigger,
-                    actor="lease_owner",
-                    actor_name=lease.runner_id,
-                    state=state,
-                    new=new,
-                    now=now,
-                    reason=reason,
-                    detail=detail or {},
-                ),
+            checked = check_op(tx, d, lease, op_key, move.digest(), lock="update")
+            if checked.replayed is not None:
+                return checked.replayed
+            return self.carry(tx, lease, checked.state, checked.now, [*before, move])
+
+    def carry(self, tx: Tx, lease: Lease, state: str, now: float, moves: Sequence[Move]) -> str:
+        """Lease-owner transitions in an open transaction whose lease check found the attempt in ``state``.
+
+        Each is checked against the spec and recorded with its operation key; one the spec
+        does not allow from ``state`` but recorded already with the same body (a retry whose
+        commit was not acknowledged) is passed over. Returns the attempt's state after them.
+        """
+        d = self.dialect
+        for move in moves:
+            if not am.allowed(state, move.trigger) and replayed(tx, d, lease, move.op_key, move.digest()) is not None:
+                continue
+            new = am.move(state, move.trigger, "lease_owner")
+            change = Change(
+                attempt_id=lease.attempt_id,
+                request_id=lease.request_id,
+                trigger=move.trigger,
+                actor="lease_owner",
+                actor_name=lease.runner_id,
+                state=state,
+                new=new,
+                now=now,
+                reason=move.reason,
+                detail=move.detail,
             )
-            record_operation(tx, d, lease, op_key, body_digest=body, result=new, now=now)
-        return new
+            self._owner_move(tx, lease, change, move)
+            state = new
+        return state
+
+    def _owner_move(self, tx: Tx, lease: Lease, c: Change, move: Move) -> None:
+        """A lease owner's transition and its operation record (PostgreSQL: one statement)."""
+        self._transition(tx, c)
+        record_operation(tx, self.dialect, lease, move.op_key, body_digest=move.digest(), result=c.new, now=c.now)
 
     # -- recovery -------------------------------------------------------------------
 
@@ -392,6 +507,7 @@ class SqlFleetStore:
         """
         d = self.dialect
         with self._tx() as tx:
+            self._lock_run_of(tx, attempt_id)
             now = tx.now()
             row = tx.one(
                 d.sql(
@@ -442,6 +558,10 @@ class SqlFleetStore:
             requeued_attempt=requeued,
             attempt_no=int(row[5]),
         )
+
+    def _lock_run_of(self, tx: Tx, attempt_id: int) -> None:
+        """Before recovery reads a run's journal: the lock its fenced appends hold (none needed on SQLite,
+        whose ``BEGIN IMMEDIATE`` already excludes every other writer)."""
 
     def _requeue_policy(self, tx: Tx, request_id: int, lost: Verdict, now: float) -> tuple[Verdict, float | None]:
         """A ``lose`` verdict within the request's requeue limit, with its backoff; past the limit, ``expire``.

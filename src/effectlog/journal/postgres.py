@@ -83,6 +83,9 @@ from effectlog.journal.postgres_schema import (
 )
 from effectlog.journal.protocol import SCHEMA_VERSION
 
+_MORE_ROWS = ", (%s, %s, %s, %s, %s, %s, %s)"  # INSERT's VALUES list, one more row
+_CHUNK = 1000  # rows per INSERT statement
+
 
 class PostgresJournal:
     """A journal in one PostgreSQL database (schema ``effectlog``).
@@ -453,10 +456,10 @@ class PostgresJournal:
             conn.execute(LOCK_RUN, (RUN_LOCK_CLASS, run_id))
 
     def _append_locked(self, conn: psycopg.Connection[Any], events: Sequence[Event]) -> list[Record]:
-        # Lock and head are separate statements on purpose: under READ COMMITTED each
-        # statement takes its snapshot when it starts, so only a head query issued
-        # after the lock is granted sees the previous holder's commit.
-        self._lock_runs(conn, events)
+        # The caller took the runs' locks (``_lock_runs``) in an earlier statement of this
+        # transaction, on purpose: under READ COMMITTED each statement takes its snapshot
+        # when it starts, so only a head query issued after the lock is granted sees the
+        # previous holder's commit.
         heads: dict[str, tuple[int, bytes]] = {}
         pending: dict[tuple[str, int], Record] = {}
         stored: dict[tuple[str, int], Record] = {}
@@ -488,9 +491,11 @@ class PostgresJournal:
             pending[(run_id, event.seq)] = record
             heads[run_id] = (event.seq, digest)
             out.append(record)
-        if rows:
-            with conn.cursor() as cur:
-                cur.executemany(INSERT, rows)
+        # One statement per chunk of rows (a pipelined executemany is a statement per row);
+        # chunks keep a statement well under the protocol's 65,535 parameters.
+        for start in range(0, len(rows), _CHUNK):
+            chunk = rows[start : start + _CHUNK]
+            conn.execute(INSERT + _MORE_ROWS * (len(chunk) - 1), [value for row in chunk for value in row])
         if self.before_commit is not None:
             self.before_commit(events)
         return out
