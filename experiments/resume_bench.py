@@ -1,0 +1,215 @@
+"""Resume and replay CPU cost as history grows (issue 18, items 3 and 4).
+
+    PYTHONPATH=src .venv/bin/python experiments/resume_bench.py [--quick]
+
+CPU time (``time.process_time()``) measured in this one process, on cached pages:
+
+1. resume of a half-finished run (S confirmed steps of a 2S-step plan; 1 + 3S events) to the
+   first effect of its next step: load (checkpoint + tail, or full replay), ``run.resumed``
+   and ``step.requested`` durable; at about 1k, 10k and 100k events. The ``Plan`` object is
+   loaded and digested before the clock starts: parsing a 66k-step plan and its digest
+   (computed once per ``Plan`` object, ~60 ms CPU at 66k steps) are the plan's own costs,
+   paid by a first run too, and reported apart (``plan_digest_ms``);
+2. re-run of a sealed (closed) run of 333 / 3,333 / 33,333 steps: it answers from its seal;
+3. full replay + verify (``integrity.verify_run``: chain, decode, columns, fold, seal and
+   checkpoint checks) per event, with the replay-only fold; and the pure reference fold;
+4. the per-step cost of a fresh run with checkpoints written (the default cadence) and with
+   checkpoints off, interleaved over rounds (CPU and wall per step, ``synchronous=FULL``).
+
+Results go to ``experiments/results/resume.json`` (read by ``experiments/bench.py``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from effectlog.journal import SqliteJournal, load_run
+from effectlog.plan import AdapterDecl, Plan, StepDecl
+from effectlog.runtime import Runtime, SimulatedCrash
+
+HERE = Path(__file__).resolve().parent
+
+
+def noop_plan(run_id: str, steps: int) -> Plan:
+    return Plan(
+        run_id=run_id,
+        adapters={"noop": AdapterDecl(type="noop", idempotent=True)},
+        steps=tuple(StepDecl(id=f"step-{i}", adapter="noop") for i in range(steps)),
+    )
+
+
+def build_histories(workdir: Path, steps: int) -> tuple[Path, Path]:
+    """A finished run of ``steps`` steps, and a run of ``2 * steps`` stopped after ``steps``
+    (written with synchronous=NORMAL only to build them quickly: resume reads)."""
+    finished, half = workdir / f"finished-{steps}.db", workdir / f"half-{steps}.db"
+    with Runtime(SqliteJournal(finished, durability="normal")) as rt:
+        rt.run(noop_plan("resume", steps))
+    last = f"step-{steps - 1}"
+
+    def stop(point: str, step_id: str) -> None:
+        if point == "after_confirm" and step_id == last:
+            raise SimulatedCrash(point)
+
+    with Runtime(SqliteJournal(half, durability="normal"), crash_hook=stop) as rt, contextlib.suppress(SimulatedCrash):
+        rt.run(noop_plan("resume", 2 * steps))
+    return finished, half
+
+
+def resume_cpu_ms(path: Path, steps: int, workdir: Path) -> tuple[float, float]:
+    """CPU and wall ms from ``run`` to the first effect of the next step (the crash hook)."""
+    copy = workdir / "resume-copy.db"
+    shutil.copyfile(path, copy)
+    first_new = f"step-{steps}"
+    plan = noop_plan("resume", 2 * steps)
+    digest = plan.digest  # computed once per Plan object, as its parsing: the plan's cost, not the resume's
+    marks: list[float] = []
+
+    def at_first_effect(point: str, step_id: str) -> None:
+        if point == "after_request" and step_id == first_new:
+            marks.extend((time.process_time(), time.perf_counter()))
+            raise SimulatedCrash(point)
+
+    try:
+        with Runtime(copy, crash_hook=at_first_effect) as rt:
+            cpu, wall = time.process_time(), time.perf_counter()
+            with contextlib.suppress(SimulatedCrash):
+                rt.run(plan)
+            if not marks or not digest:
+                raise RuntimeError("the resumed run never reached its next step")
+            return (marks[0] - cpu) * 1e3, (marks[1] - wall) * 1e3
+    finally:
+        for suffix in ("", "-wal", "-shm"):
+            Path(f"{copy}{suffix}").unlink(missing_ok=True)
+
+
+def rerun_cpu_ms(path: Path, steps: int) -> float:
+    plan = noop_plan("resume", steps)
+    assert plan.digest  # the plan's own one-off cost (see resume_cpu_ms)
+    with Runtime(path) as rt:
+        cpu = time.process_time()
+        outcome = rt.run(plan)
+        cpu = time.process_time() - cpu
+    if outcome.state != "completed" or outcome.events_written:
+        raise RuntimeError("a closed run's re-run wrote events")
+    return cpu * 1e3
+
+
+def verify_us_per_event(path: Path) -> tuple[float, float]:
+    """``verify_run`` (the replay-only fold) and the pure reference fold, CPU us per event."""
+    from effectlog import fold
+    from effectlog.integrity import verify_run
+    from effectlog.journal import _no_cyclic_gc
+
+    with SqliteJournal(path, writer=False) as journal:
+        cpu = time.process_time()
+        state = verify_run(journal, "resume")
+        fast = (time.process_time() - cpu) / state.seq * 1e6
+        records = list(journal.read("resume"))
+        cpu = time.process_time()
+        with _no_cyclic_gc():
+            pure = fold.replay_records(records, journal.chain, run_id="resume")
+        reference = (time.process_time() - cpu) / state.seq * 1e6
+    if pure != state:
+        raise RuntimeError("the replay-only fold and the pure fold disagree")
+    return fast, reference
+
+
+def per_step(workdir: Path, steps: int, rounds: int) -> dict[str, Any]:
+    """CPU and wall us per step of a fresh run, checkpoints on (default) and off, interleaved."""
+    from effectlog.journal import checkpoint
+
+    out: dict[str, list[tuple[float, float]]] = {"with_checkpoints": [], "without_checkpoints": []}
+    default = checkpoint.EVERY_EVENTS
+    try:
+        for r in range(rounds):
+            for name, every in (("with_checkpoints", default), ("without_checkpoints", 0)):
+                checkpoint.EVERY_EVENTS = every
+                path = workdir / f"step-{name}-{r}.db"
+                with Runtime(path) as rt:
+                    cpu, wall = time.process_time(), time.perf_counter()
+                    rt.run(noop_plan("steps", steps))
+                    cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+                out[name].append((cpu / steps * 1e6, wall / steps * 1e6))
+                for suffix in ("", "-wal", "-shm"):
+                    Path(f"{path}{suffix}").unlink(missing_ok=True)
+    finally:
+        checkpoint.EVERY_EVENTS = default
+    return {
+        name: {
+            "cpu_us_per_step": statistics.median(c for c, _ in rows),
+            "wall_us_per_step": statistics.median(w for _, w in rows),
+            "rounds": rows,
+        }
+        for name, rows in out.items()
+    } | {"steps": steps, "checkpoint_every_events": default}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="1k and 10k events only, fewer rounds")
+    parser.add_argument("--out", default=str(HERE / "results" / "resume.json"))
+    args = parser.parse_args()
+    sizes = [333, 3333] if args.quick else [333, 3333, 33_333]
+    results: dict[str, Any] = {"python": sys.version.split()[0], "resume": [], "sealed_rerun": [], "replay": []}
+    with tempfile.TemporaryDirectory(prefix="resume-bench-") as tmp:
+        workdir = Path(tmp)
+        for steps in sizes:
+            finished, half = build_histories(workdir, steps)
+            with SqliteJournal(half, writer=False) as journal:
+                events = load_run(journal, "resume").seq
+            runs = [resume_cpu_ms(half, steps, workdir) for _ in range(5)]
+            plan = noop_plan("resume", 2 * steps)
+            cpu = time.process_time()
+            assert plan.digest
+            digest_ms = (time.process_time() - cpu) * 1e3
+            row = {
+                "plan_digest_ms": digest_ms,
+                "events": events,
+                "confirmed_steps": steps,
+                "plan_steps": 2 * steps,
+                "cpu_ms": statistics.median(c for c, _ in runs),
+                "wall_ms": statistics.median(w for _, w in runs),
+            }
+            results["resume"].append(row)
+            print(f"resume {events} events: {row['cpu_ms']:.1f} ms CPU ({row['wall_ms']:.1f} ms wall)", flush=True)
+            rerun = statistics.median(rerun_cpu_ms(finished, steps) for _ in range(5))
+            results["sealed_rerun"].append({"steps": steps, "cpu_ms": rerun})
+            print(f"sealed re-run {steps} steps: {rerun:.1f} ms CPU", flush=True)
+            fast, reference = zip(*(verify_us_per_event(finished) for _ in range(3)), strict=True)
+            vrow = {
+                "events": 1 + 3 * steps,
+                "verify_us_per_event": statistics.median(fast),
+                "pure_fold_replay_us_per_event": statistics.median(reference),
+            }
+            results["replay"].append(vrow)
+            print(
+                f"replay+verify {vrow['events']} events: {vrow['verify_us_per_event']:.2f} us/event "
+                f"(pure fold replay {vrow['pure_fold_replay_us_per_event']:.2f})",
+                flush=True,
+            )
+            for path in (finished, half):
+                for suffix in ("", "-wal", "-shm"):
+                    Path(f"{path}{suffix}").unlink(missing_ok=True)
+        results["per_step"] = per_step(workdir, 300 if args.quick else 1000, 3 if args.quick else 7)
+        ps = results["per_step"]
+        print(
+            f"per step: {ps['with_checkpoints']['cpu_us_per_step']:.1f} us CPU with checkpoints, "
+            f"{ps['without_checkpoints']['cpu_us_per_step']:.1f} without",
+            flush=True,
+        )
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
