@@ -21,6 +21,8 @@ from effectlog.journal import SqliteJournal, checkpoint, load_for_resume, load_r
 from effectlog.plan import AdapterDecl, Plan, StepDecl
 from effectlog.runtime import Runtime, SimulatedCrash
 
+pytest_plugins = ["pg_fixture"]
+
 
 def plan_of(run_id: str, steps: int, adapter: str = "noop") -> Plan:
     idempotent = adapter != "effects.control"
@@ -95,9 +97,9 @@ def test_a_segment_is_written_in_the_transaction_of_its_batch(tmp_path: Path) ->
     """A crash inside the commit that carries a segment (before COMMIT) leaves neither the batch nor
     the segment: every stored segment names an event the journal has."""
     plan = plan_of("r", 6)
-    with Runtime(tmp_path / "j.db", crash_hook=crash_after("s3", "before_commit:step.effected")) as rt:
-        with pytest.raises(SimulatedCrash):
-            rt.run(plan)
+    hook = crash_after("s3", "before_commit:step.effected")
+    with Runtime(tmp_path / "j.db", crash_hook=hook) as rt, pytest.raises(SimulatedCrash):
+        rt.run(plan)
     with SqliteJournal(tmp_path / "j.db") as journal:
         head = journal.head("r")[0]
         stored = journal.stored_checkpoints("r")
@@ -226,3 +228,23 @@ def test_killed_runs_resumed_from_segments_apply_each_effect_once(tmp_path: Path
     assert 0 == checked.returncode, checked.stderr
     with SqliteJournal(journal, writer=False) as reader:
         assert reader.stored_checkpoints("k")
+
+
+@pytest.mark.postgres
+@pytest.mark.usefixtures("every_4")
+def test_on_postgresql_a_run_resumes_from_its_segments_into_the_full_replay_state(pg_url: str) -> None:
+    """The same mechanism on PostgreSQL: the runtime writes segments with its batches, a resume
+    loads them plus the tail into the state a full replay gives, finishes, and verify passes."""
+    from effectlog.journal.postgres import PostgresJournal
+
+    plan = plan_of("pg", 10)
+    with Runtime(PostgresJournal(pg_url), crash_hook=crash_after("s5")) as rt, pytest.raises(SimulatedCrash):
+        rt.run(plan)
+    with PostgresJournal(pg_url) as journal:
+        assert len(journal.stored_checkpoints("pg")) >= 3
+        state, segment_seq, _ = load_for_resume(journal, "pg", plan)
+        assert (load_run(journal, "pg"), True) == (state, segment_seq > 0)
+    with Runtime(PostgresJournal(pg_url)) as rt:
+        assert "completed" == rt.run(plan).state
+    with PostgresJournal(pg_url, writer=False) as journal:
+        assert load_run(journal, "pg") == verify_run(journal, "pg")

@@ -76,7 +76,7 @@ class Segment(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
 
 @runtime_checkable
 class CheckpointJournal(Protocol):
-    """A journal that stores checkpoint segments (SQLite; other backends and fenced views replay)."""
+    """A journal that stores checkpoint segments (SQLite and PostgreSQL; a fleet's fenced view replays)."""
 
     def append_checkpointed(
         self,
@@ -113,6 +113,24 @@ SQLITE_DDL: tuple[str, ...] = (
     """CREATE TRIGGER checkpoints_append_only_delete BEFORE DELETE ON checkpoints
        BEGIN SELECT RAISE(ABORT, 'effectlog: checkpoints are append-only'); END""",
 )
+
+
+
+def postgres_ddl(schema: str) -> tuple[str, ...]:
+    """The PostgreSQL table (``schema.checkpoints``), append-only by the events' own trigger function."""
+    return (
+        f"""CREATE TABLE IF NOT EXISTS {schema}.checkpoints (
+            run_id TEXT NOT NULL,
+            seq BIGINT NOT NULL CHECK (seq > 0),
+            prev BYTEA NOT NULL,
+            body BYTEA NOT NULL,
+            hash BYTEA NOT NULL CHECK (octet_length(hash) = 32),
+            CONSTRAINT checkpoints_pkey PRIMARY KEY (run_id, seq)
+        )""",
+        f"""CREATE TRIGGER checkpoints_append_only BEFORE UPDATE OR DELETE OR TRUNCATE ON {schema}.checkpoints
+            FOR EACH STATEMENT EXECUTE FUNCTION {schema}.refuse_change()""",
+        f"ALTER TABLE {schema}.checkpoints ENABLE ALWAYS TRIGGER checkpoints_append_only",
+    )
 
 
 def due(state: RunState, last_seq: int) -> bool:
