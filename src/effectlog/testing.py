@@ -231,12 +231,12 @@ class JournalContract:
         from effectlog.fold import replay_records_fast
         from effectlog.journal import checkpoint
 
-        journal, full = self._segmented(journal)
-        base = checkpoint.load(journal.checkpoint_rows("ck"), journal.chain, "ck")
+        store, full = self._segmented(journal)
+        base = checkpoint.load(store.checkpoint_rows("ck"), store.chain, "ck")
         assert base is not None
-        assert [2, 5, 6, 10] == [seq for _, seq, _, _, _ in journal.stored_checkpoints("ck")]
+        assert [2, 5, 6, 10] == [seq for _, seq, _, _, _ in store.stored_checkpoints("ck")]
         base = msgspec.structs.replace(base, plan=full.plan, plan_steps=full.plan_steps)
-        assert full == replay_records_fast(journal.read("ck", base.seq), journal.chain, base, run_id="ck")
+        assert full == replay_records_fast(store.read("ck", base.seq), store.chain, base, run_id="ck")
 
     def test_a_checkpoint_must_follow_its_runs_last_event(self, journal: Journal) -> None:
         """A segment names its run's head after the batch; any other seq refuses the whole batch."""
@@ -256,10 +256,10 @@ class JournalContract:
         self, backend: JournalBackend, journal: Journal, sql: str
     ) -> None:
         """Segments are append-only in the database, like events."""
-        journal, _ = self._segmented(journal)
+        store, _ = self._segmented(journal)
         with pytest.raises(Exception, match="append-only"):
             backend.raw_sql(sql)
-        assert 4 == len(journal.stored_checkpoints("ck"))
+        assert 4 == len(store.stored_checkpoints("ck"))
 
     def test_verify_checks_every_segment_and_names_an_edited_one(
         self, backend: JournalBackend, journal: Journal
@@ -269,8 +269,8 @@ class JournalContract:
         from effectlog.errors import ChainBroken
         from effectlog.integrity import verify_run
 
-        journal, full = self._segmented(journal)
-        assert full == verify_run(journal, "ck")
+        store, full = self._segmented(journal)
+        assert full == verify_run(store, "ck")
         # The append-only trigger's name differs per backend (PostgreSQL, SQLite): drop whichever exists.
         drops = ("DROP TRIGGER checkpoints_append_only ON checkpoints", "DROP TRIGGER checkpoints_append_only_update")
         for sql in drops:
@@ -278,7 +278,7 @@ class JournalContract:
                 backend.raw_sql(sql)
         backend.raw_sql("UPDATE checkpoints SET hash = prev WHERE seq = 5")
         with pytest.raises(ChainBroken) as info:
-            verify_run(journal, "ck")
+            verify_run(store, "ck")
         assert ("checkpoints.hash", 5) == (info.value.fields["column"], info.value.seq)
 
 
