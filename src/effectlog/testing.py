@@ -251,6 +251,24 @@ class JournalContract:
             journal.append_checkpointed(history[:3], (), [stale])
         assert ([], []) == (list(journal.read("gap")), journal.stored_checkpoints("gap"))
 
+    def test_a_batch_appended_again_with_its_segment_is_a_no_op(self, journal: Journal) -> None:
+        """Re-appending a stored batch with the same segment changes nothing (as for its events);
+        a different segment at that seq is a conflict and writes nothing."""
+        from effectlog.errors import EventConflict
+        from effectlog.fold import initial, replay
+        from effectlog.journal import checkpoint
+
+        store, _ = self._segmented(journal)
+        history = sample_run("ck", steps=3)[:-1]
+        state = replay(history, initial("ck"))
+        again = checkpoint.segment_row(state, {e.step_id for e in history[6:] if isinstance(e, ev.StepEvent)})
+        before = store.stored_checkpoints("ck")
+        store.append_checkpointed(history[6:], (), [again])
+        assert before == store.stored_checkpoints("ck")
+        with pytest.raises(EventConflict):
+            store.append_checkpointed(history[6:], (), [checkpoint.segment_row(state, [])])
+        assert before == store.stored_checkpoints("ck")
+
     @pytest.mark.parametrize("sql", ["UPDATE checkpoints SET body = body", "DELETE FROM checkpoints"])
     def test_database_rejects_update_and_delete_of_checkpoints(
         self, backend: JournalBackend, journal: Journal, sql: str

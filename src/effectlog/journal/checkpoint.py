@@ -34,7 +34,7 @@ import msgspec
 
 from effectlog import events as ev
 from effectlog.chain import GENESIS, Chain
-from effectlog.errors import ChainBroken, CorruptEvent
+from effectlog.errors import ChainBroken, CorruptEvent, EventConflict
 from effectlog.fold import Record, RunState, StepState
 
 
@@ -198,10 +198,20 @@ def insert(
     row: CheckpointRow,
     event_hash: bytes,
 ) -> None:
-    """Append one segment after the run's last one (the caller has checked ``seq`` is the run's head)."""
+    """Append one segment after the run's last one (the caller has checked ``seq`` is the run's head).
+
+    The same segment again (a batch re-appended whole) is a no-op, like its events; another
+    segment at that seq is an ``EventConflict``.
+    """
     run_id, seq, body = row
-    last = query(f"SELECT hash FROM {table} WHERE run_id = {mark} ORDER BY seq DESC LIMIT 1", (run_id,))
-    prev = bytes(last[0][0]) if last else GENESIS
+    last = query(
+        f"SELECT seq, hash, body = {mark} FROM {table} WHERE run_id = {mark} ORDER BY seq DESC LIMIT 1", (body, run_id)
+    )
+    if last and last[0][0] == seq:
+        if last[0][2]:
+            return
+        raise EventConflict("a different checkpoint is already recorded at this seq", run_id=run_id, seq=seq)
+    prev = bytes(last[0][1]) if last else GENESIS
     query(
         f"INSERT INTO {table} (run_id, seq, prev, body, hash) VALUES ({mark}, {mark}, {mark}, {mark}, {mark})",
         (run_id, seq, prev, body, link(chain, event_hash, prev, body)),
