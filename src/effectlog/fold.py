@@ -349,6 +349,7 @@ def replay_records_fast(
     """
     state = state if state is not None else initial(run_id)
     head, link, decode, tag_of = state.head, chain.link, ev.decode, _TAG_OF
+    step_event, step_after, moved = ev.StepEvent, _step_after, _moved  # locals: this loop is the hot path
     run, seq, ts = state, state.seq, state.updated_ts
     base = state.steps
     changed: dict[str, StepState] = {}
@@ -361,23 +362,23 @@ def replay_records_fast(
             event = decode(rec.body)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             raise CorruptEvent(f"event does not decode: {exc}", run_id=run_id, seq=rec.seq) from None
-        if rec.run_id != event.run_id or rec.seq != event.seq or (rec.step_id is not None and _moved(rec, event)):
+        if rec.run_id != event.run_id or rec.seq != event.seq or (rec.step_id is not None and moved(rec, event)):
             _check_columns(rec, event, run_id)
         if event.run_id != run.run_id or event.seq != seq + 1:
             apply(_replace(run, seq=seq), event)  # raises exactly what the pure fold raises
         tag = tag_of.get(type(event)) or ev.tag_of(event)
-        if isinstance(event, ev.StepEvent):
+        if isinstance(event, step_event):
             sid = event.step_id
             step = changed.get(sid)
             if step is None:
                 step = base.get(sid)
                 if step is None:
-                    changed[sid] = _step_after(run, None, len(base) + added, event, tag)
+                    changed[sid] = step_after(run, None, len(base) + added, event, tag)
                     added += 1
                 else:
-                    changed[sid] = _step_after(run, step, 0, event, tag)
+                    changed[sid] = step_after(run, step, 0, event, tag)
             else:
-                changed[sid] = _step_after(run, step, 0, event, tag)
+                changed[sid] = step_after(run, step, 0, event, tag)
         else:
             if type(event) is ev.RunCompleted and changed:  # the only run transition that reads the steps
                 base, changed, added = base.update(changed), {}, 0

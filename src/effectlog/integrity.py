@@ -11,10 +11,10 @@ of a run that has no events left is a cut run. Both backends share this one path
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from itertools import islice
 
 from effectlog.errors import Truncated
-from effectlog.fold import Record, RunState, initial, replay_records_fast
+from effectlog.fold import RunState, initial, replay_records_fast
 from effectlog.journal import Journal, _no_cyclic_gc, load_run
 from effectlog.journal.checkpoint import CheckpointJournal, StoredSegment, check_segments
 from effectlog.seal import SealingJournal, check_seal
@@ -42,29 +42,16 @@ def verify_run(journal: Journal, run_id: str) -> RunState:
 def _replay_checking_segments(journal: Journal, run_id: str, segments: list[StoredSegment]) -> RunState:
     """The full replay, paused at each segment's seq to compare the segment with the state there."""
     records = iter(journal.read(run_id))
-    ahead: list[Record] = []
     state = initial(run_id)
-    touched: set[str] = set()
-
-    def upto(seq: int) -> Iterator[Record]:
-        while True:
-            rec = ahead.pop() if ahead else next(records, None)
-            if rec is None:
-                return
-            if rec.seq > seq:
-                ahead.append(rec)
-                return
-            touched.add(rec.step_id or "")
-            yield rec
 
     def advance(seq: int) -> tuple[RunState, set[str]] | None:
-        nonlocal state, touched
-        state = replay_records_fast(upto(seq), journal.chain, state, run_id=run_id)
-        found, touched = (state, touched) if state.seq == seq else None, set()
-        return found
+        nonlocal state
+        chunk = list(islice(records, max(0, seq - state.seq)))  # one read, cut at each segment
+        state = replay_records_fast(chunk, journal.chain, state, run_id=run_id)
+        return (state, {r.step_id or "" for r in chunk}) if state.seq == seq else None
 
     check_segments(segments, advance, journal.chain)
-    return replay_records_fast(upto(2**63), journal.chain, state, run_id=run_id)
+    return replay_records_fast(records, journal.chain, state, run_id=run_id)
 
 
 def check_orphan_seals(journal: Journal, run_ids: list[str], only: str | None = None) -> None:

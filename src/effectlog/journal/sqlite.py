@@ -25,6 +25,7 @@ import os
 import sqlite3
 import time
 from collections.abc import Callable, Iterator, Sequence
+from itertools import starmap
 from pathlib import Path
 from typing import Any
 
@@ -640,11 +641,10 @@ class SqliteJournal:
                 rows = self._db.execute(READ_PAGE, (run_id, after_seq, READ_PAGE_ROWS)).fetchall()
             except sqlite3.Error as exc:
                 raise translate(exc, self.location) from None
-            for seq, body, digest, step_id, phase, attempt in rows:
-                yield Record(run_id, seq, bytes(body), bytes(digest), step_id, phase, attempt)
+            yield from starmap(Record, rows)  # BLOBs come back as bytes
             if len(rows) < READ_PAGE_ROWS:
                 return
-            after_seq = rows[-1][0]
+            after_seq = rows[-1][1]
 
     def runs(self) -> list[str]:
         try:
