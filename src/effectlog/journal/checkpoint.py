@@ -26,6 +26,7 @@ readers of older journals find no segments and replay, the schema version does n
 from __future__ import annotations
 
 import os
+import zlib
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Protocol, runtime_checkable
 
@@ -116,6 +117,10 @@ _astuple = msgspec.structs.astuple
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(Segment)
 
+
+def _decode(body: bytes) -> Segment:
+    return _decoder.decode(zlib.decompress(body))
+
 SQLITE_DDL: tuple[str, ...] = (
     """CREATE TABLE checkpoints (
         run_id TEXT NOT NULL,
@@ -176,7 +181,9 @@ def segment_row(state: RunState, changed: Iterable[str]) -> CheckpointRow:
         updated_ts=state.updated_ts,
         steps=[_SlimStep(*_astuple(s)) for s in sorted((steps[s] for s in changed if s in steps), key=_index)],
     )
-    return state.run_id, state.seq, _encoder.encode(segment)
+    # zlib level 1: step ids and field names repeat, so ~25x fewer bytes to store, read and hash on a
+    # resume, for about a microsecond per event when written.
+    return state.run_id, state.seq, zlib.compress(_encoder.encode(segment), 1)
 
 
 def _index(step: StepState) -> int:
@@ -245,8 +252,8 @@ def load(rows: Sequence[tuple[Any, ...]], chain: Chain, run_id: str) -> RunState
         if event_hash is None or bytes(stored_prev) != prev or link(chain, bytes(event_hash), prev, body) != digest:
             return None
         try:
-            segment = _decoder.decode(body)
-        except (msgspec.DecodeError, msgspec.ValidationError):
+            segment = _decode(body)
+        except (zlib.error, msgspec.DecodeError, msgspec.ValidationError):
             return None
         if segment.run_id != run_id or segment.seq != seq:
             return None
@@ -320,8 +327,8 @@ def check_segments(
                 column="checkpoints.hash",
             )
         try:
-            segment = _decoder.decode(body)
-        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            segment = _decode(body)
+        except (zlib.error, msgspec.DecodeError, msgspec.ValidationError) as exc:
             raise CorruptEvent(f"a checkpoint does not decode: {exc}", **where, column="checkpoints.body") from None
         for column, value, derived in (("run_id", run_id, segment.run_id), ("seq", seq, segment.seq)):
             if value != derived:

@@ -565,7 +565,7 @@ class SqliteJournal:
     def checkpoint_rows(self, run_id: str) -> list[tuple[int, bytes, bytes, bytes, bytes | None]]:
         """The run's checkpoint segments with their events' hashes, for ``checkpoint.load``; unchecked."""
         sql = checkpoint.select_sql("checkpoints", "events", "?")
-        return [(r[0], r[1], r[2], r[3], r[4]) for r in self._checkpoints(sql, (run_id,))]
+        return self._checkpoints(sql, (run_id,))
 
     def stored_checkpoints(self, run_id: str) -> list[checkpoint.StoredSegment]:
         """The run's checkpoint rows as stored, ``(run id, seq, prev, body, hash)``; unchecked."""
