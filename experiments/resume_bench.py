@@ -16,7 +16,9 @@ CPU time (``time.process_time()``) measured in this one process, on cached pages
 4. the per-step cost of a fresh run with checkpoints written (the default cadence) and with
    checkpoints off, interleaved over rounds (CPU and wall per step, ``synchronous=FULL``).
 
-Results go to ``experiments/results/resume.json`` (read by ``experiments/bench.py``).
+With ``--baseline-src /work/main/src`` the same measurements (1-3) of that tree's effectlog run in a
+child process after this one's, and ``ratios`` says baseline / this. Results go to
+``experiments/results/resume.json`` (read by ``experiments/bench.py``).
 """
 
 from __future__ import annotations
@@ -24,8 +26,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -111,6 +115,8 @@ def verify_us_per_event(path: Path) -> dict[str, float]:
     from effectlog.integrity import verify_run
     from effectlog.journal import _no_cyclic_gc
 
+    fast_fold = getattr(fold, "replay_records_fast", fold.replay_records)  # a baseline may not have it
+
     with SqliteJournal(path, writer=False) as journal:
         cpu = time.process_time()
         state = verify_run(journal, "resume")
@@ -120,7 +126,7 @@ def verify_us_per_event(path: Path) -> dict[str, float]:
         read = time.process_time() - cpu
         with _no_cyclic_gc():
             cpu = time.process_time()
-            fast = fold.replay_records_fast(records, journal.chain, run_id="resume")
+            fast = fast_fold(records, journal.chain, run_id="resume")
             fast_s = time.process_time() - cpu
             cpu = time.process_time()
             pure = fold.replay_records(records, journal.chain, run_id="resume")
@@ -166,10 +172,48 @@ def per_step(workdir: Path, steps: int, rounds: int) -> dict[str, Any]:
     } | {"steps": steps, "checkpoint_every_events": default}
 
 
+def baseline(src: str, workdir: Path, *, quick: bool) -> dict[str, Any]:
+    """The same measurements of another effectlog (``src``), in a child process, after ours."""
+    out = workdir / "baseline.json"
+    argv = [sys.executable, str(Path(__file__).resolve()), "--child", "--out", str(out)]
+    argv += ["--quick"] if quick else []
+    env = {**os.environ, "PYTHONPATH": src}
+    print(f"baseline: {src}", flush=True)
+    subprocess.run(argv, env=env, check=True)
+    data: dict[str, Any] = json.loads(out.read_text())
+    data["src"] = src
+    return data
+
+
+def ratios(results: dict[str, Any]) -> dict[str, Any]:
+    """Baseline / this, per measurement (above 1: this is cheaper)."""
+    base = results["baseline"]
+    return {
+        "resume_cpu": [
+            {"events": a["events"], "ratio": round(b["cpu_ms"] / a["cpu_ms"], 1)}
+            for a, b in zip(results["resume"], base["resume"], strict=True)
+        ],
+        "sealed_rerun_cpu": [
+            {"steps": a["steps"], "ratio": round(b["cpu_ms"] / a["cpu_ms"], 1)}
+            for a, b in zip(results["sealed_rerun"], base["sealed_rerun"], strict=True)
+        ],
+        "verify_per_event": [
+            {"events": a["events"], "ratio": round(b["verify_us_per_event"] / a["verify_us_per_event"], 2)}
+            for a, b in zip(results["replay"], base["replay"], strict=True)
+        ],
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="1k and 10k events only, fewer rounds")
     parser.add_argument("--out", default=str(HERE / "results" / "resume.json"))
+    parser.add_argument(
+        "--baseline-src",
+        metavar="DIR",
+        help="also measure the effectlog sources in DIR (e.g. the main checkout's src) in a child, side by side",
+    )
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     sizes = [333, 3333] if args.quick else [333, 3333, 33_333]
     results: dict[str, Any] = {"python": sys.version.split()[0], "resume": [], "sealed_rerun": [], "replay": []}
@@ -197,7 +241,7 @@ def main() -> None:
             rerun = statistics.median(rerun_cpu_ms(finished, steps) for _ in range(5))
             results["sealed_rerun"].append({"steps": steps, "cpu_ms": rerun})
             print(f"sealed re-run {steps} steps: {rerun:.1f} ms CPU", flush=True)
-            runs3 = [verify_us_per_event(finished) for _ in range(3)]
+            runs3 = [verify_us_per_event(finished) for _ in range(3)]  # (a baseline without the fast fold: pure)
             vrow = {"events": 1 + 3 * steps} | {k: statistics.median(r[k] for r in runs3) for k in runs3[0]}
             results["replay"].append(vrow)
             print(
@@ -209,13 +253,18 @@ def main() -> None:
             for path in (finished, half):
                 for suffix in ("", "-wal", "-shm"):
                     Path(f"{path}{suffix}").unlink(missing_ok=True)
-        results["per_step"] = per_step(workdir, 300 if args.quick else 1000, 3 if args.quick else 7)
-        ps = results["per_step"]
-        print(
-            f"per step: {ps['with_checkpoints']['cpu_us_per_step']:.1f} us CPU with checkpoints, "
-            f"{ps['without_checkpoints']['cpu_us_per_step']:.1f} without",
-            flush=True,
-        )
+        if not args.child:
+            results["per_step"] = per_step(workdir, 300 if args.quick else 1000, 3 if args.quick else 7)
+            ps = results["per_step"]
+            print(
+                f"per step: {ps['with_checkpoints']['cpu_us_per_step']:.1f} us CPU with checkpoints, "
+                f"{ps['without_checkpoints']['cpu_us_per_step']:.1f} without",
+                flush=True,
+            )
+        if args.baseline_src:
+            results["baseline"] = baseline(args.baseline_src, workdir, quick=args.quick)
+            results["ratios"] = ratios(results)
+            print(json.dumps(results["ratios"], indent=1), flush=True)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
     print(f"wrote {args.out}")
