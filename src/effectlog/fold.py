@@ -9,6 +9,7 @@ whole history.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterable
 from typing import Any
 
@@ -348,18 +349,21 @@ def replay_records_fast(
     random legal histories and the crash matrix's journals.
     """
     state = state if state is not None else initial(run_id)
-    head, link, decode, tag_of = state.head, chain.link, ev.decode, _TAG_OF
-    step_event, step_after, moved = ev.StepEvent, _step_after, _moved  # locals: this loop is the hot path
+    head, link, tag_of = state.head, chain.link, _TAG_OF
+    # Locals, and no Python frame per event for the decoder or an unkeyed link: this loop is the hot path.
+    decode, sha256, keyed = ev._decoder.decode, hashlib.sha256, chain.key is not None
+    step_event, step_after, moved = ev.StepEvent, _step_after, _moved
     run, seq, ts = state, state.seq, state.updated_ts
     base = state.steps
     changed: dict[str, StepState] = {}
     added = 0  # steps seen that are not in ``base``
     for rec in records:
-        if link(head, rec.body) != rec.hash:
+        body = rec.body
+        if (link(head, body) if keyed else sha256(head + body).digest()) != rec.hash:
             _raise_if_moved(rec, run_id)
             raise ChainBroken("stored hash does not match the chain over the stored bytes", run_id=run_id, seq=rec.seq)
         try:
-            event = decode(rec.body)
+            event = decode(body)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             raise CorruptEvent(f"event does not decode: {exc}", run_id=run_id, seq=rec.seq) from None
         if rec.run_id != event.run_id or rec.seq != event.seq or (rec.step_id is not None and moved(rec, event)):
