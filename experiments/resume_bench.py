@@ -14,7 +14,8 @@ CPU time (``time.process_time()``) measured in this one process, on cached pages
 3. full replay + verify (``integrity.verify_run``: chain, decode, columns, fold, seal and
    checkpoint checks) per event, with the replay-only fold; and the pure reference fold;
 4. the per-step cost of a fresh run with checkpoints written (the default cadence) and with
-   checkpoints off, interleaved over rounds (CPU and wall per step, ``synchronous=FULL``).
+   checkpoints off, interleaved over rounds (CPU and wall per step, ``synchronous=FULL``), and
+   the cost of one segment measured directly (on a shared machine the A/B medians are noisy).
 
 With ``--baseline-src /work/main/src`` the same measurements (1-3) of that tree's effectlog run in a
 child process after this one's, and ``ratios`` says baseline / this. Results go to
@@ -142,15 +143,38 @@ def verify_us_per_event(path: Path) -> dict[str, float]:
     }
 
 
+def segment_cost(workdir: Path) -> dict[str, float]:
+    """What one checkpoint segment costs to build (encode + compress), measured directly: a segment of
+    a 1,000-step run carrying the 170 steps its last 512 events changed (best of 20)."""
+    from effectlog.journal import checkpoint
+
+    with Runtime(SqliteJournal(workdir / "segment.db", durability="normal")) as rt:
+        rt.run(noop_plan("seg", 1000))
+        state = load_run(rt.journal, "seg")
+    changed = [f"step-{i}" for i in range(830, 1000)]
+    best = float("inf")
+    for _ in range(20):
+        cpu = time.process_time()
+        row = checkpoint.segment_row(state, changed)
+        best = min(best, time.process_time() - cpu)
+    return {
+        "segment_ms": best * 1e3,
+        "steps_in_segment": len(changed),
+        "us_per_step_written": best / len(changed) * 1e6,
+        "segment_bytes": len(row[2]),
+    }
+
+
 def per_step(workdir: Path, steps: int, rounds: int) -> dict[str, Any]:
-    """CPU and wall us per step of a fresh run, checkpoints on (default) and off, interleaved."""
+    """CPU and wall us per step of a fresh run, checkpoints on (default) and off, interleaved (ABBA)."""
     from effectlog.journal import checkpoint
 
     out: dict[str, list[tuple[float, float]]] = {"with_checkpoints": [], "without_checkpoints": []}
     default = checkpoint.EVERY_EVENTS
     try:
         for r in range(rounds):
-            for name, every in (("with_checkpoints", default), ("without_checkpoints", 0)):
+            order = (("with_checkpoints", default), ("without_checkpoints", 0))
+            for name, every in order if r % 2 == 0 else order[::-1]:
                 checkpoint.EVERY_EVENTS = every
                 path = workdir / f"step-{name}-{r}.db"
                 with Runtime(path) as rt:
@@ -169,7 +193,7 @@ def per_step(workdir: Path, steps: int, rounds: int) -> dict[str, Any]:
             "rounds": rows,
         }
         for name, rows in out.items()
-    } | {"steps": steps, "checkpoint_every_events": default}
+    } | {"steps": steps, "checkpoint_every_events": default, "segment_cost": segment_cost(workdir)}
 
 
 def baseline(src: str, workdir: Path, *, quick: bool) -> dict[str, Any]:
@@ -258,7 +282,9 @@ def main() -> None:
             ps = results["per_step"]
             print(
                 f"per step: {ps['with_checkpoints']['cpu_us_per_step']:.1f} us CPU with checkpoints, "
-                f"{ps['without_checkpoints']['cpu_us_per_step']:.1f} without",
+                f"{ps['without_checkpoints']['cpu_us_per_step']:.1f} without; one segment of "
+                f"{ps['segment_cost']['steps_in_segment']} steps {ps['segment_cost']['segment_ms']:.2f} ms "
+                f"({ps['segment_cost']['us_per_step_written']:.2f} us per step written)",
                 flush=True,
             )
         if args.baseline_src:
