@@ -248,3 +248,32 @@ def test_on_postgresql_a_run_resumes_from_its_segments_into_the_full_replay_stat
         assert "completed" == rt.run(plan).state
     with PostgresJournal(pg_url, writer=False) as journal:
         assert load_run(journal, "pg") == verify_run(journal, "pg")
+
+
+@pytest.mark.usefixtures("every_4")
+def test_an_open_run_whose_tail_was_cut_under_a_segment_is_refused(tmp_path: Path) -> None:
+    """Events cut from the end of an open run, past its last segment's event: the segment is evidence
+    (it was written in that event's transaction), so ``run`` refuses with ``truncated`` (exit 7, one
+    line, nothing written, no step sent again) and ``verify`` says the same."""
+    from effectlog.errors import ExitStatus, Truncated
+
+    path = tmp_path / "j.db"
+    plan = half_run(path)
+    last = segments(path)[-1][0]
+    with sqlite3.connect(path) as db:
+        db.execute("DROP TRIGGER events_append_only_delete")
+        db.execute("DELETE FROM events WHERE seq >= ?", (last - 1,))
+        kept = db.execute("SELECT count(*) FROM events").fetchone()[0]
+    (tmp_path / "plan.json").write_bytes(msgspec.json.encode(plan))
+    done = subprocess.run(
+        [sys.executable, "-m", "effectlog", "run", str(tmp_path / "plan.json"), "--journal", str(path), "--quiet"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert (int(ExitStatus.INTEGRITY), 1) == (done.returncode, len(done.stderr.strip().splitlines())), done.stderr
+    assert "cut from the end" in done.stderr
+    with SqliteJournal(path, writer=False) as journal:
+        assert kept == len(list(journal.read("r")))
+        with pytest.raises(Truncated):
+            verify_run(journal, "r")

@@ -91,8 +91,11 @@ def load_for_resume(journal: Journal, run_id: str, plan: Plan) -> tuple[RunState
     else ``load_run``. Also the seq of the last segment and the steps touched since (what the
     actor's next segment must carry)."""
     if isinstance(journal, CheckpointJournal):
+        rows = journal.checkpoint_rows(run_id)
+        if rows and rows[-1][4] is None:  # the last segment's event is gone: cut from the end?
+            checkpoint.check_not_cut(rows, journal.head(run_id), run_id)
         with _no_cyclic_gc():
-            base = checkpoint.load(journal.checkpoint_rows(run_id), journal.chain, run_id)
+            base = checkpoint.load(rows, journal.chain, run_id)
         if base is not None and base.kind == "plan" and base.plan_digest == plan.digest:
             base = msgspec.structs.replace(base, plan=plan.pinned(), plan_steps=plan.step_ids)
             touched: set[str] = set()

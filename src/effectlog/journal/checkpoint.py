@@ -35,7 +35,7 @@ import msgspec
 
 from effectlog import events as ev
 from effectlog.chain import GENESIS, Chain
-from effectlog.errors import ChainBroken, CorruptEvent, EventConflict
+from effectlog.errors import ChainBroken, CorruptEvent, EventConflict, Truncated
 from effectlog.fold import Record, RunState, StepState
 
 
@@ -225,6 +225,20 @@ def insert(
     )
 
 
+def check_not_cut(rows: Sequence[tuple[Any, ...]], head: tuple[int, bytes], run_id: str) -> None:
+    """A segment is written in the transaction of its event, so one naming a seq past the run's last
+    event is evidence that the run's tail was cut: ``Truncated`` (exit 7), the run is not driven on
+    from what is left (a cut ``step.requested`` would be sent again)."""
+    if rows and rows[-1][0] > head[0]:
+        raise Truncated(
+            f"the run's checkpoint was written with its event seq {rows[-1][0]}, the journal's last is seq "
+            f"{head[0]}: events were cut from the end of the run",
+            run_id=run_id,
+            seq=head[0],
+            column="checkpoints.seq",
+        )
+
+
 def select_sql(table: str, events: str, mark: str) -> str:
     """A run's segments, each with its event's hash (NULL when that event is gone), in order."""
     return (
@@ -312,7 +326,12 @@ def check_segments(
         where: dict[str, Any] = {"run_id": run_id, "seq": seq}
         found = advance(seq)
         if found is None:
-            raise CorruptEvent("a checkpoint names an event the run does not have", **where, column="checkpoints.seq")
+            raise Truncated(
+                f"the run's checkpoint was written with its event seq {seq}, which the journal no longer has: "
+                "events were cut from the end of the run",
+                **where,
+                column="checkpoints.seq",
+            )
         state, touched = found
         if stored_prev != prev:
             raise ChainBroken(
