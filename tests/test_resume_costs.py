@@ -99,3 +99,49 @@ def test_a_resume_drives_only_the_steps_not_finished(tmp_path: Path, monkeypatch
         outcome = rt.run(plan)
     assert (["s4", "s5"], "completed") == (driven, outcome.state)
     assert [1] * 6 == [s.attempt for s in outcome.steps]
+
+
+@pytest.mark.parametrize(
+    "change",
+    ["none", "step state", "step attempt", "step dropped", "steps swapped", "run reason", "run resumes"],
+)
+def test_verify_compares_a_seal_as_before_without_building_step_states(change: str) -> None:
+    """``check_seal`` (what ``verify`` runs per closed run) accepts a seal exactly when its state equals the
+    sealed view of the replay, as the old whole-state comparison did, field by field and step by step."""
+    import immutables
+    import msgspec
+
+    from effectlog.chain import Chain
+    from effectlog.errors import CorruptEvent
+    from effectlog.fold import replay
+    from effectlog.seal import check_seal, seal_row, sealed_view, state_from_seal
+    from effectlog.testing import sample_run
+
+    replayed = replay(sample_run("r", steps=3))
+    steps = dict(replayed.steps)
+    if change == "step state":
+        steps["s1"] = msgspec.structs.replace(steps["s1"], state="failed")
+    elif change == "step attempt":
+        steps["s1"] = msgspec.structs.replace(steps["s1"], attempt=2)
+    elif change == "step dropped":
+        del steps["s2"]
+    elif change == "steps swapped":
+        steps["s0"], steps["s1"] = (
+            msgspec.structs.replace(steps["s0"], index=1),
+            msgspec.structs.replace(steps["s1"], index=0),
+        )
+    sealed = msgspec.structs.replace(replayed, steps=immutables.Map(steps))
+    if change == "run reason":
+        sealed = msgspec.structs.replace(sealed, reason="edited")
+    elif change == "run resumes":
+        sealed = msgspec.structs.replace(sealed, resumes=7)
+    chain = Chain()
+    run_id, seq, body = seal_row(sealed)
+    stored = (run_id, seq, body, chain.link(replayed.head, body))
+    old_verdict = state_from_seal(body, replayed.head) == sealed_view(replayed)
+    try:
+        check_seal(stored, replayed, chain)
+        accepted = True
+    except CorruptEvent:
+        accepted = False
+    assert (change == "none", old_verdict) == (accepted, accepted)
