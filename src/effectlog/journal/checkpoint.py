@@ -121,6 +121,7 @@ _decoder = msgspec.msgpack.Decoder(Segment)
 def _decode(body: bytes) -> Segment:
     return _decoder.decode(zlib.decompress(body))
 
+
 SQLITE_DDL: tuple[str, ...] = (
     """CREATE TABLE checkpoints (
         run_id TEXT NOT NULL,
@@ -135,7 +136,6 @@ SQLITE_DDL: tuple[str, ...] = (
     """CREATE TRIGGER checkpoints_append_only_delete BEFORE DELETE ON checkpoints
        BEGIN SELECT RAISE(ABORT, 'effectlog: checkpoints are append-only'); END""",
 )
-
 
 
 def postgres_ddl(schema: str) -> tuple[str, ...]:
