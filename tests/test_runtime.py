@@ -630,10 +630,10 @@ def test_many_concurrent_runs_complete_and_share_grouped_commits(journal: Path, 
         batches = 0
         append = rt.writer.append
 
-        async def counting(events: Any, seal: Any = None) -> Any:
+        async def counting(events: Any, seal: Any = None, checkpoint: Any = None) -> Any:
             nonlocal batches
             batches += 1
-            return await append(events, seal)
+            return await append(events, seal, checkpoint)
 
         rt.writer.append = counting  # type: ignore[method-assign]
         outcomes = asyncio.run(rt.arun_many(plans))

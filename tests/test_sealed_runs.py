@@ -69,7 +69,7 @@ def test_rerunning_a_sealed_run_replays_nothing_and_reports_the_same_outcome(
     def no_replay(*args: object, **kwargs: object) -> None:
         raise AssertionError("a sealed run was replayed")
 
-    monkeypatch.setattr("effectlog.journal.replay_records", no_replay)
+    monkeypatch.setattr("effectlog.journal.replay_records_fast", no_replay)
     with Runtime(tmp_path / "j.db", **options) as rt:
         again = rt.run(plan)
     assert expected == again

@@ -23,13 +23,14 @@ import msgspec
 from effectlog import events as ev
 from effectlog.adapters.protocol import Receipt, Request, idempotency_key
 from effectlog.errors import IdempotencyConflict, LedgerMismatch, NotApplied, PlanMismatch, ToolAborted, UnusableResult
-from effectlog.journal import load_resumable
+from effectlog.journal import checkpoint, load_closed, load_for_resume
 from effectlog.observe import run_observer
 from effectlog.outcome import (
     Decision,
     PolicyRequest,
     RunOutcome,
     SimulatedCrash,
+    StepSummary,
     outcome_of,
     reconcile_hint,
 )
@@ -50,7 +51,15 @@ class RunActor:
         self.rt = runtime
         self.plan = plan
         self.adapters, self.identities = runtime.registry.build(plan, runtime.context)
-        self.state = load_resumable(runtime.journal, plan.run_id)  # a sealed run is not replayed
+        # A closed run is reported from its seal (no step states built); an open one resumes.
+        closed = load_closed(runtime.journal, plan.run_id)
+        self._closed_steps: list[StepSummary] | None = None
+        self._segment_seq, self._changed = 0, set[str]()  # the run's last checkpoint segment, steps changed since
+        if closed is not None:
+            self.state, self._closed_steps = closed
+        else:
+            # An open run: its checkpoint segments plus the events after them (journal/checkpoint.py).
+            self.state, self._segment_seq, self._changed = load_for_resume(runtime.journal, plan.run_id, plan)
         self.events_written = 0
         self.adapter_calls = 0
         # Spans, metrics, log records (docs/observability.md): None unless an OpenTelemetry SDK is
@@ -64,8 +73,18 @@ class RunActor:
         events, new_state = prepare(self.state, specs, self.rt.clock())
         # The batch that closes a run carries its seal, in the same transaction.
         seal = seal_row(new_state) if new_state.closed and self.rt.writer.sealing else None
+        changed = self._changed
+        changed.update(e.step_id for e in events if isinstance(e, ev.StepEvent))
+        # Every checkpoint.EVERY_EVENTS events an open run's batch carries a checkpoint segment.
+        segment = (
+            checkpoint.segment_row(new_state, changed)
+            if self.rt.writer.checkpointing and checkpoint.due(new_state, self._segment_seq)
+            else None
+        )
         began = time.perf_counter() if self.obs is not None else 0.0
-        await self.rt.writer.append(events, seal)
+        await self.rt.writer.append(events, seal, segment)
+        if segment is not None:
+            self._segment_seq, self._changed = new_state.seq, set()
         self.state = new_state
         self.events_written += len(events)
         if self.obs is not None:
@@ -80,7 +99,13 @@ class RunActor:
             self.rt.crash_hook(point, step_id)
 
     def _outcome(self, message: str = "") -> RunOutcome:
-        return outcome_of(self.state, message, events_written=self.events_written, adapter_calls=self.adapter_calls)
+        return outcome_of(
+            self.state,
+            message,
+            events_written=self.events_written,
+            adapter_calls=self.adapter_calls,
+            steps=self._closed_steps,
+        )
 
     # -- the run ----------------------------------------------------------------------
 
@@ -118,6 +143,9 @@ class RunActor:
         for decl in plan.steps:
             if self.rt.stop_signal is not None:
                 return self._interrupted(self.rt.stop_signal)
+            done = self.state.steps.get(decl.id)
+            if done is not None and decide(done) is Action.SKIP:
+                continue  # what _drive_step would decide, without a coroutine per finished step
             stop = await self._drive_step(decl)
             if stop is not None:
                 return stop

@@ -48,8 +48,15 @@ class RunOutcome(msgspec.Struct, frozen=True, kw_only=True):
     adapter_calls: int = 0
 
 
-def outcome_of(state: RunState, message: str = "", *, events_written: int = 0, adapter_calls: int = 0) -> RunOutcome:
-    """The outcome a run's recorded state stands for."""
+def outcome_of(
+    state: RunState,
+    message: str = "",
+    *,
+    events_written: int = 0,
+    adapter_calls: int = 0,
+    steps: list[StepSummary] | None = None,
+) -> RunOutcome:
+    """The outcome a run's recorded state stands for (``steps``: its rows, when already known from a seal)."""
     status = {
         "completed": ExitStatus.DONE,
         "failed": ExitStatus.RUN_FAILED,
@@ -65,7 +72,9 @@ def outcome_of(state: RunState, message: str = "", *, events_written: int = 0, a
         exit_status=int(status),
         message=message,
         step_id=state.blocked_step,
-        steps=[StepSummary(id=s.step_id, state=s.state, attempt=s.attempt) for s in state.ordered_steps()],
+        steps=steps
+        if steps is not None
+        else [StepSummary(id=s.step_id, state=s.state, attempt=s.attempt) for s in state.ordered_steps()],
         events_written=events_written,
         adapter_calls=adapter_calls,
     )

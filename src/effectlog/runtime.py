@@ -12,9 +12,9 @@ import asyncio
 import os
 import random
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Coroutine, Iterable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from effectlog import events as ev
 from effectlog.actor import RunActor
@@ -39,6 +39,8 @@ from effectlog.trace import Trace
 if TYPE_CHECKING:
     from effectlog.fleet.secrets import Provider
     from effectlog.lifecycle import ForkRecord, PendingRun, Recovered, Repinned
+
+_T = TypeVar("_T")
 
 __all__ = [
     "CrashHook",
@@ -92,7 +94,7 @@ class Runtime:
     # -- running --------------------------------------------------------------------
 
     def run(self, plan: Plan | str | Path) -> RunOutcome:
-        return asyncio.run(self.arun(plan))
+        return _run_sync(self.arun(plan))
 
     async def arun(self, plan: Plan | str | Path) -> RunOutcome:
         if not isinstance(plan, Plan):
@@ -132,11 +134,9 @@ class Runtime:
 
         return [p for p in pending(self.journal) if kind is None or p.kind == kind]
 
-    def recover(
-        self, *, plans: Mapping[str, Plan] | None = None, secrets: Provider | None = None
-    ) -> list[Recovered]:
+    def recover(self, *, plans: Mapping[str, Plan] | None = None, secrets: Provider | None = None) -> list[Recovered]:
         """Drive every interrupted plan run nobody drives, from its pinned plan; one report per open run."""
-        return asyncio.run(self.arecover(plans=plans, secrets=secrets))
+        return _run_sync(self.arecover(plans=plans, secrets=secrets))
 
     async def arecover(
         self, *, plans: Mapping[str, Plan] | None = None, secrets: Provider | None = None
@@ -159,7 +159,7 @@ class Runtime:
         """A new run carrying ``run_id``'s results before ``from_step`` (default: its first unfinished step)."""
         from effectlog.lifecycle import afork
 
-        return asyncio.run(
+        return _run_sync(
             afork(self, run_id, new_run_id, by=by, reason=reason, from_step=from_step, plan=plan, secrets=secrets)
         )
 
@@ -291,3 +291,20 @@ class Runtime:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _run_sync(work: Coroutine[Any, Any, _T]) -> _T:
+    """``asyncio.run(work)``, with the answer kept off the task.
+
+    When SIGINT has Python's default handler, ``asyncio.run`` installs its own around the task
+    and, restoring it, ``signal.getsignal`` and ``signal.signal`` each build an enum's error
+    message from ``repr`` of that handler, which holds the finished task, whose ``repr`` holds
+    its result: a 33k-step outcome was rendered twice (~30 ms). The task returns ``None`` instead.
+    """
+    box: list[_T] = []
+
+    async def keep() -> None:
+        box.append(await work)
+
+    asyncio.run(keep())
+    return box[0]

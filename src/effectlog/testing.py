@@ -12,6 +12,7 @@ prove the *database* rejects updates and deletes)::
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -202,6 +203,101 @@ class JournalContract:
         journal.release(claim)
         journal.release(claim)  # releasing twice is harmless
         journal.release(journal.claim("twice"))
+
+    # -- open-run checkpoint segments (effectlog.journal.checkpoint), for backends that keep them --
+
+    @staticmethod
+    def _segmented(journal: Journal, run_id: str = "ck") -> Any:
+        """An open run of 3 steps appended in batches, a segment with each batch; the journal's full replay."""
+        from effectlog.fold import apply, initial
+        from effectlog.journal import checkpoint, load_run
+
+        if not isinstance(journal, checkpoint.CheckpointJournal):
+            pytest.skip("this backend keeps no checkpoint segments")
+        history = sample_run(run_id, steps=3)[:-1]  # still open: no run.completed
+        state = initial(run_id)
+        for batch in (history[:2], history[2:5], history[5:6], history[6:]):
+            for event in batch:
+                state = apply(state, event)
+            changed = {e.step_id for e in batch if isinstance(e, ev.StepEvent)}
+            journal.append_checkpointed(batch, (), [checkpoint.segment_row(state, changed)])
+        return journal, load_run(journal, run_id)
+
+    def test_checkpoint_segments_fold_into_the_state_the_replay_gives(self, journal: Journal) -> None:
+        """Segments bound to the chain, folded, then the events after the last one replayed from its
+        event's hash, equal the full replay (the plan aside: a resume takes it from its Plan)."""
+        import msgspec
+
+        from effectlog.fold import replay_records_fast
+        from effectlog.journal import checkpoint
+
+        store, full = self._segmented(journal)
+        base = checkpoint.load(store.checkpoint_rows("ck"), store.chain, "ck")
+        assert base is not None
+        assert [2, 5, 6, 10] == [seq for _, seq, _, _, _ in store.stored_checkpoints("ck")]
+        base = msgspec.structs.replace(base, plan=full.plan, plan_steps=full.plan_steps)
+        assert full == replay_records_fast(store.read("ck", base.seq), store.chain, base, run_id="ck")
+
+    def test_a_checkpoint_must_follow_its_runs_last_event(self, journal: Journal) -> None:
+        """A segment names its run's head after the batch; any other seq refuses the whole batch."""
+        from effectlog.fold import initial, replay
+        from effectlog.journal import checkpoint
+
+        if not isinstance(journal, checkpoint.CheckpointJournal):
+            pytest.skip("this backend keeps no checkpoint segments")
+        history = sample_run("gap", steps=1)
+        stale = checkpoint.segment_row(replay(history[:1], initial("gap")), [])
+        with pytest.raises(SequenceGap):
+            journal.append_checkpointed(history[:3], (), [stale])
+        assert ([], []) == (list(journal.read("gap")), journal.stored_checkpoints("gap"))
+
+    def test_a_batch_appended_again_with_its_segment_is_a_no_op(self, journal: Journal) -> None:
+        """Re-appending a stored batch with the same segment changes nothing (as for its events);
+        a different segment at that seq is a conflict and writes nothing."""
+        from effectlog.errors import EventConflict
+        from effectlog.fold import initial, replay
+        from effectlog.journal import checkpoint
+
+        store, _ = self._segmented(journal)
+        history = sample_run("ck", steps=3)[:-1]
+        state = replay(history, initial("ck"))
+        again = checkpoint.segment_row(state, {e.step_id for e in history[6:] if isinstance(e, ev.StepEvent)})
+        before = store.stored_checkpoints("ck")
+        store.append_checkpointed(history[6:], (), [again])
+        assert before == store.stored_checkpoints("ck")
+        with pytest.raises(EventConflict):
+            store.append_checkpointed(history[6:], (), [checkpoint.segment_row(state, [])])
+        assert before == store.stored_checkpoints("ck")
+
+    @pytest.mark.parametrize("sql", ["UPDATE checkpoints SET body = body", "DELETE FROM checkpoints"])
+    def test_database_rejects_update_and_delete_of_checkpoints(
+        self, backend: JournalBackend, journal: Journal, sql: str
+    ) -> None:
+        """Segments are append-only in the database, like events."""
+        store, _ = self._segmented(journal)
+        with pytest.raises(Exception, match="append-only"):
+            backend.raw_sql(sql)
+        assert 4 == len(store.stored_checkpoints("ck"))
+
+    def test_verify_checks_every_segment_and_names_an_edited_one(
+        self, backend: JournalBackend, journal: Journal
+    ) -> None:
+        """``verify`` passes the segments written with their batches, and names the column of a segment
+        whose stored hash was changed behind effectlog's back."""
+        from effectlog.errors import ChainBroken
+        from effectlog.integrity import verify_run
+
+        store, full = self._segmented(journal)
+        assert full == verify_run(store, "ck")
+        # The append-only trigger's name differs per backend (PostgreSQL, SQLite): drop whichever exists.
+        drops = ("DROP TRIGGER checkpoints_append_only ON checkpoints", "DROP TRIGGER checkpoints_append_only_update")
+        for sql in drops:
+            with contextlib.suppress(Exception):
+                backend.raw_sql(sql)
+        backend.raw_sql("UPDATE checkpoints SET hash = prev WHERE seq = 5")
+        with pytest.raises(ChainBroken) as info:
+            verify_run(store, "ck")
+        assert ("checkpoints.hash", 5) == (info.value.fields["column"], info.value.seq)
 
 
 def run_crash_matrix(

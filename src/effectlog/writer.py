@@ -20,10 +20,11 @@ from collections.abc import Sequence
 
 from effectlog.events import Event
 from effectlog.fold import Record
+from effectlog.journal.checkpoint import CheckpointJournal, CheckpointRow
 from effectlog.journal.protocol import Journal
 from effectlog.seal import SealingJournal, SealRow
 
-_Pending = tuple[Sequence[Event], SealRow | None, "asyncio.Future[list[Record]]"]
+_Pending = tuple[Sequence[Event], SealRow | None, CheckpointRow | None, "asyncio.Future[list[Record]]"]
 
 
 class JournalWriter:
@@ -34,20 +35,28 @@ class JournalWriter:
         self._flushing = False
         self.commits = 0
         self.sealing = isinstance(journal, SealingJournal)
+        self.checkpointing = isinstance(journal, CheckpointJournal)
 
-    async def append(self, events: Sequence[Event], seal: SealRow | None = None) -> list[Record]:
-        """Append ``events`` atomically, with the seal of the run they close if given; returns once durable."""
+    async def append(
+        self, events: Sequence[Event], seal: SealRow | None = None, checkpoint: CheckpointRow | None = None
+    ) -> list[Record]:
+        """Append ``events`` atomically, with the seal of the run they close or a checkpoint segment of
+        the run they advance if given; returns once durable."""
         if self.active_runs <= 1 and not self._flushing and not self._queue:
-            return self._append_now(events, [seal] if seal is not None else [])
+            return self._append_now(events, _one(seal), _one(checkpoint))
         future: asyncio.Future[list[Record]] = asyncio.get_running_loop().create_future()
-        self._queue.append((events, seal, future))
+        self._queue.append((events, seal, checkpoint, future))
         if not self._flushing:
             self._flushing = True
             asyncio.get_running_loop().create_task(self._flush())
         return await future
 
-    def _append_now(self, events: Sequence[Event], seals: Sequence[SealRow] = ()) -> list[Record]:
+    def _append_now(
+        self, events: Sequence[Event], seals: Sequence[SealRow] = (), checkpoints: Sequence[CheckpointRow] = ()
+    ) -> list[Record]:
         self.commits += 1
+        if checkpoints and isinstance(self.journal, CheckpointJournal):
+            return self.journal.append_checkpointed(events, seals, checkpoints)
         if seals and isinstance(self.journal, SealingJournal):
             return self.journal.append_sealed(events, seals)
         return self.journal.append(events)
@@ -56,23 +65,23 @@ class JournalWriter:
         try:
             while self._queue:
                 group, self._queue = self._queue, []
-                merged = [e for events, _, _ in group for e in events]
-                seals = [seal for _, seal, _ in group if seal is not None]
+                merged = [e for events, _, _, _ in group for e in events]
+                seals = [seal for _, seal, _, _ in group if seal is not None]
+                checkpoints = [ck for _, _, ck, _ in group if ck is not None]
                 try:
-                    records = await asyncio.to_thread(self._append_now, merged, seals)
+                    records = await asyncio.to_thread(self._append_now, merged, seals, checkpoints)
                 except Exception:
                     # One run's bad batch must not fail the others: retry each alone.
-                    for events, seal, future in group:
+                    for events, seal, ck, future in group:
                         try:
-                            alone = [seal] if seal is not None else []
-                            future.set_result(await asyncio.to_thread(self._append_now, events, alone))
+                            future.set_result(await asyncio.to_thread(self._append_now, events, _one(seal), _one(ck)))
                         except Exception as exc:
                             future.set_exception(exc)
                     continue
                 except BaseException as exc:
                     # A simulated crash, an interrupt or a cancellation inside the commit: every
                     # run of the group and every run still waiting learns it; none hears "durable".
-                    for _, _, future in [*group, *self._queue]:
+                    for _, _, _, future in [*group, *self._queue]:
                         if future.done():
                             continue
                         if isinstance(exc, asyncio.CancelledError):
@@ -84,8 +93,12 @@ class JournalWriter:
                         raise
                     return
                 at = 0
-                for events, _, future in group:
+                for events, _, _, future in group:
                     future.set_result(records[at : at + len(events)])
                     at += len(events)
         finally:
             self._flushing = False
+
+
+def _one(row: tuple[str, int, bytes] | None) -> list[tuple[str, int, bytes]]:
+    return [row] if row is not None else []

@@ -11,16 +11,22 @@ from collections.abc import Iterator
 import msgspec
 
 from effectlog.chain import Chain
-from effectlog.fold import RunState, replay_records
+from effectlog.fold import Record, RunState, replay_records_fast
+from effectlog.journal import checkpoint
+from effectlog.journal.checkpoint import CheckpointJournal
 from effectlog.journal.protocol import SCHEMA_VERSION, Journal
 from effectlog.journal.sqlite import SqliteJournal
-from effectlog.seal import SealingJournal, check_bound, state_from_seal
+from effectlog.outcome import StepSummary
+from effectlog.plan import Plan
+from effectlog.seal import SealingJournal, check_bound, closed_summary, state_from_seal
 
 __all__ = [
     "SCHEMA_VERSION",
     "Journal",
     "SqliteJournal",
     "chain_from_env",
+    "load_closed",
+    "load_for_resume",
     "load_resumable",
     "load_run",
     "load_sealed",
@@ -57,7 +63,7 @@ def open_journal(location: str, *, writer: bool = True, chain: Chain | None = No
 def load_run(journal: Journal, run_id: str) -> RunState:
     """Replay one run from the journal, checking chain, sequence and legality."""
     with _no_cyclic_gc():
-        return replay_records(journal.read(run_id), journal.chain, run_id=run_id)
+        return replay_records_fast(journal.read(run_id), journal.chain, run_id=run_id)
 
 
 @contextlib.contextmanager
@@ -79,6 +85,34 @@ def _no_cyclic_gc() -> Iterator[None]:
         gc.enable()
 
 
+def load_for_resume(journal: Journal, run_id: str, plan: Plan) -> tuple[RunState, int, set[str]]:
+    """An open run's state for its actor: its checkpoint segments (``journal.checkpoint``) plus the
+    events after the last one, when they are bound to the chain and were written for ``plan``;
+    else ``load_run``. Also the seq of the last segment and the steps touched since (what the
+    actor's next segment must carry)."""
+    if isinstance(journal, CheckpointJournal):
+        rows = journal.checkpoint_rows(run_id)
+        if rows and rows[-1][4] is None:  # the last segment's event is gone: cut from the end?
+            checkpoint.check_not_cut(rows, journal.head(run_id), run_id)
+        with _no_cyclic_gc():
+            base = checkpoint.load(rows, journal.chain, run_id)
+        if base is not None and base.kind == "plan" and base.plan_digest == plan.digest:
+            base = msgspec.structs.replace(base, plan=plan.pinned(), plan_steps=plan.step_ids)
+            touched: set[str] = set()
+
+            def tail() -> Iterator[Record]:
+                for rec in journal.read(run_id, base.seq):
+                    touched.add(rec.step_id or "")
+                    yield rec
+
+            with _no_cyclic_gc():
+                state = replay_records_fast(tail(), journal.chain, base, run_id=run_id)
+            touched.discard("")
+            return state, base.seq, touched
+    state = load_run(journal, run_id)
+    return state, 0, set(state.steps.keys())
+
+
 def load_resumable(journal: Journal, run_id: str) -> RunState:
     """The state a run actor starts from: a closed run's seal when it has one, else ``load_run``.
 
@@ -89,6 +123,22 @@ def load_resumable(journal: Journal, run_id: str) -> RunState:
     """
     sealed = load_sealed(journal, run_id)
     return sealed if sealed is not None else load_run(journal, run_id)
+
+
+def load_closed(journal: Journal, run_id: str) -> tuple[RunState, list[StepSummary]] | None:
+    """A closed run's report from its seal (``seal.closed_summary``: run-level fields, step rows,
+    no step states); ``None`` without a usable seal. Raises as ``load_sealed`` does."""
+    if not isinstance(journal, SealingJournal):
+        return None
+    found = journal.sealed(run_id)
+    if found is not None:
+        try:
+            return closed_summary(*found)
+        except (zlib.error, msgspec.DecodeError, msgspec.ValidationError):
+            return None
+    for stored in journal.stored_seals(run_id):
+        check_bound(stored, journal.head(run_id), journal.chain)
+    return None
 
 
 def load_sealed(journal: Journal, run_id: str) -> RunState | None:

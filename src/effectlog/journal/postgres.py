@@ -33,6 +33,7 @@ session, and ``lock_timeout`` turns a long wait for a run into ``JournalLocked``
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -53,6 +54,7 @@ from effectlog.errors import (
 )
 from effectlog.events import Event, encode
 from effectlog.fold import Record
+from effectlog.journal import checkpoint
 from effectlog.journal.bindings import check_binding, lease_holder
 from effectlog.journal.ownership import (
     PASSING_WAIT_S,
@@ -187,6 +189,25 @@ class PostgresJournal:
                 conn.execute("SELECT pg_advisory_xact_lock(%s, 0)", (MIGRATE_LOCK_CLASS,))
                 for sql in OWNERS_DDL:
                     conn.execute(sql)
+        if self.writer:
+            self._add_checkpoints(conn)
+
+    def _add_checkpoints(self, conn: psycopg.Connection[Any]) -> None:
+        """The checkpoints table (``journal.checkpoint``), added to older journals by their first writer."""
+        if self._has_table(conn, "checkpoints"):
+            return
+        with conn.transaction():
+            conn.execute("SELECT pg_advisory_xact_lock(%s, 0)", (MIGRATE_LOCK_CLASS,))
+            if not self._has_table(conn, "checkpoints"):
+                for sql in checkpoint.postgres_ddl(SCHEMA):
+                    conn.execute(sql)
+
+    @staticmethod
+    def _has_table(conn: psycopg.Connection[Any], name: str) -> bool:
+        found = conn.execute(
+            "SELECT 1 FROM pg_catalog.pg_tables WHERE schemaname = %s AND tablename = %s", (SCHEMA, name)
+        ).fetchone()
+        return found is not None
 
     @staticmethod
     def _has_owners(conn: psycopg.Connection[Any]) -> bool:
@@ -421,6 +442,79 @@ class PostgresJournal:
         except (psycopg.Error, PoolTimeout) as exc:
             raise translate(exc, self.location) from None
 
+    def append_checkpointed(
+        self,
+        events: Sequence[Event],
+        seals: Sequence[tuple[str, int, bytes]],
+        checkpoints: Sequence[checkpoint.CheckpointRow],
+    ) -> list[Record]:
+        """``append`` plus checkpoint segments of the runs it advances, in the same transaction."""
+        if seals:
+            raise StorageError(f"{self.location}: this journal keeps no seals (closed runs are replayed)")
+        if not self.writer:
+            raise StorageError(f"{self.location}: journal opened read-only")
+        if not events:
+            return []
+        try:
+            with self._pool.connection() as conn:
+                try:
+                    with conn.transaction():
+                        self._lock_runs(conn, events)
+                        self._check_owners(conn, events)
+                        records = self._append_locked(conn, events)
+                        self._insert_checkpoints(conn, records, checkpoints)
+                        return records
+                except pg_errors.UniqueViolation as exc:
+                    raise self._unique_conflict(conn, events, exc) from None
+        except (psycopg.Error, PoolTimeout) as exc:
+            raise translate(exc, self.location) from None
+
+    def _insert_checkpoints(
+        self, conn: psycopg.Connection[Any], records: Sequence[Record], rows: Sequence[checkpoint.CheckpointRow]
+    ) -> None:
+        """Each segment after its run's last event of this batch (the head, under the run's lock)."""
+        last = {r.run_id: (r.seq, r.hash) for r in records}
+        for row in rows:
+            head = last.get(row[0]) or self._head(conn, row[0])
+            if row[1] != head[0]:
+                raise SequenceGap(
+                    f"a checkpoint must follow the run's last event (seq {head[0]}), not seq {row[1]}",
+                    run_id=row[0],
+                    seq=row[1],
+                )
+            checkpoint.insert(
+                functools.partial(_rows, conn),
+                f"{SCHEMA}.checkpoints",
+                "%s",
+                chain=self.chain,
+                row=row,
+                event_hash=head[1],
+            )
+
+    def checkpoint_rows(self, run_id: str) -> list[tuple[int, bytes, bytes, bytes, bytes | None]]:
+        """The run's checkpoint segments with their events' hashes, for ``checkpoint.load``; unchecked."""
+        sql = checkpoint.select_sql(f"{SCHEMA}.checkpoints", f"{SCHEMA}.events", "%s")
+        return [
+            (int(r[0]), bytes(r[1]), bytes(r[2]), bytes(r[3]), None if r[4] is None else bytes(r[4]))
+            for r in self._checkpoint_query(sql, run_id)
+        ]
+
+    def stored_checkpoints(self, run_id: str) -> list[checkpoint.StoredSegment]:
+        """The run's checkpoint rows as stored, ``(run id, seq, prev, body, hash)``; unchecked."""
+        sql = f"SELECT run_id, seq, prev, body, hash FROM {SCHEMA}.checkpoints WHERE run_id = %s ORDER BY seq"
+        return [
+            (str(r[0]), int(r[1]), bytes(r[2]), bytes(r[3]), bytes(r[4])) for r in self._checkpoint_query(sql, run_id)
+        ]
+
+    def _checkpoint_query(self, sql: str, run_id: str) -> list[tuple[Any, ...]]:
+        try:
+            with self._pool.connection() as conn:
+                if not self._has_table(conn, "checkpoints"):  # a journal no writer has opened since they exist
+                    return []
+                return list(conn.execute(sql, (run_id,)).fetchall())
+        except (psycopg.Error, PoolTimeout) as exc:
+            raise translate(exc, self.location) from None
+
     def append_under(self, events: Sequence[Event], fence: Fence) -> list[Record]:
         """Append under another proof of ownership (a fleet lease), checked in the same transaction."""
         if not self.writer:
@@ -571,3 +665,9 @@ class PostgresJournal:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _rows(conn: psycopg.Connection[Any], sql: str, params: tuple[Any, ...]) -> list[tuple[Any, ...]]:
+    """One statement's rows (none for a statement that returns none)."""
+    cur = conn.execute(sql, params)
+    return list(cur.fetchall()) if cur.description is not None else []

@@ -25,7 +25,9 @@ import os
 import sqlite3
 import time
 from collections.abc import Callable, Iterator, Sequence
+from itertools import starmap
 from pathlib import Path
+from typing import Any
 
 from effectlog.chain import GENESIS, Chain
 from effectlog.errors import (
@@ -38,7 +40,7 @@ from effectlog.errors import (
 )
 from effectlog.events import Event, encode
 from effectlog.fold import Record
-from effectlog.journal import filelocks
+from effectlog.journal import checkpoint, filelocks
 from effectlog.journal.bindings import check_binding, lease_holder
 from effectlog.journal.ownership import (
     PASSING_WAIT_S,
@@ -113,6 +115,7 @@ class SqliteJournal:
             if writer:
                 self._ensure_table("seals", SEALS_DDL)
                 self._ensure_table("owners", OWNERS_DDL)
+                self._ensure_table("checkpoints", checkpoint.SQLITE_DDL)
         except BaseException:
             with contextlib.suppress(Exception):
                 self._db.close()
@@ -404,7 +407,17 @@ class SqliteJournal:
         return self.append_sealed(events, ())
 
     def append_sealed(self, events: Sequence[Event], seals: Sequence[tuple[str, int, bytes]]) -> list[Record]:
-        """``append``, plus seals of runs this batch closes, in the same transaction (``effectlog.seal``).
+        """``append``, plus seals of runs this batch closes, in the same transaction (``effectlog.seal``)."""
+        return self.append_checkpointed(events, seals, ())
+
+    def append_checkpointed(
+        self,
+        events: Sequence[Event],
+        seals: Sequence[tuple[str, int, bytes]],
+        checkpoints: Sequence[checkpoint.CheckpointRow],
+    ) -> list[Record]:
+        """``append``, plus seals of runs this batch closes and checkpoint segments of runs it
+        advances (``effectlog.journal.checkpoint``), in the same transaction.
 
         A run this object holds a claim on is appended as its owner; any other run gets a
         one-shot claim for this transaction (an operator's decision), refused while a live
@@ -427,7 +440,7 @@ class SqliteJournal:
                             run_id=run_id,
                         )
                     one_shot.append(run_id)
-            return self._transact(events, seals, one_shot=one_shot)
+            return self._transact(events, seals, one_shot=one_shot, checkpoints=checkpoints)
         finally:
             for run_id in one_shot:
                 self._file.end_pass(run_id)
@@ -445,6 +458,7 @@ class SqliteJournal:
         *,
         one_shot: Sequence[str] = (),
         fence: Fence | None = None,
+        checkpoints: Sequence[checkpoint.CheckpointRow] = (),
     ) -> list[Record]:
         if not self.writer:
             raise StorageError(f"{self.location}: journal opened read-only")
@@ -486,6 +500,8 @@ class SqliteJournal:
                         out.append(Record(run_id, seq, body, digest))
                     for run_id, seq, seal in seals:
                         self._insert_seal(run_id, seq, seal, heads.get(run_id) or self.head(run_id))
+                    for row in checkpoints:
+                        self._insert_checkpoint(row, heads.get(row[0]) or self.head(row[0]))
                     if fence is not None:
                         fence.written(db, events, encoded)
                     if self.before_commit is not None:
@@ -528,6 +544,43 @@ class SqliteJournal:
             row = self._db.execute("SELECT body FROM seals WHERE run_id = ?", (run_id,)).fetchone()
             if row is None or bytes(row[0]) != seal:
                 raise EventConflict("the run is already sealed with another seal", run_id=run_id, seq=seq) from None
+
+    def _insert_checkpoint(self, row: checkpoint.CheckpointRow, head: tuple[int, bytes]) -> None:
+        if row[1] != head[0]:
+            raise SequenceGap(
+                f"a checkpoint must follow the run's last event (seq {head[0]}), not seq {row[1]}",
+                run_id=row[0],
+                seq=row[1],
+            )
+        cursor = self._cursor
+        checkpoint.insert(
+            lambda sql, params: cursor.execute(sql, params).fetchall(),
+            "checkpoints",
+            "?",
+            chain=self.chain,
+            row=row,
+            event_hash=head[1],
+        )
+
+    def checkpoint_rows(self, run_id: str) -> list[tuple[int, bytes, bytes, bytes, bytes | None]]:
+        """The run's checkpoint segments with their events' hashes, for ``checkpoint.load``; unchecked."""
+        sql = checkpoint.select_sql("checkpoints", "events", "?")
+        return self._checkpoints(sql, (run_id,))
+
+    def stored_checkpoints(self, run_id: str) -> list[checkpoint.StoredSegment]:
+        """The run's checkpoint rows as stored, ``(run id, seq, prev, body, hash)``; unchecked."""
+        sql = "SELECT run_id, seq, prev, body, hash FROM checkpoints WHERE run_id = ? ORDER BY seq"
+        return [(r[0], r[1], bytes(r[2]), bytes(r[3]), bytes(r[4])) for r in self._checkpoints(sql, (run_id,))]
+
+    def _checkpoints(self, sql: str, params: tuple[str, ...]) -> list[tuple[Any, ...]]:
+        try:
+            return self._db.execute(sql, params).fetchall()
+        except sqlite3.OperationalError as exc:
+            if "no such table" in str(exc):  # a journal no writer has opened since checkpoints exist
+                return []
+            raise translate(exc, self.location) from None
+        except sqlite3.Error as exc:
+            raise translate(exc, self.location) from None
 
     def sealed(self, run_id: str) -> tuple[bytes, bytes] | None:
         """``(seal, chain head)`` when the run's seal is bound to its last event; ``None`` otherwise."""
@@ -588,11 +641,10 @@ class SqliteJournal:
                 rows = self._db.execute(READ_PAGE, (run_id, after_seq, READ_PAGE_ROWS)).fetchall()
             except sqlite3.Error as exc:
                 raise translate(exc, self.location) from None
-            for seq, body, digest, step_id, phase, attempt in rows:
-                yield Record(run_id, seq, bytes(body), bytes(digest), step_id, phase, attempt)
+            yield from starmap(Record, rows)  # BLOBs come back as bytes
             if len(rows) < READ_PAGE_ROWS:
                 return
-            after_seq = rows[-1][0]
+            after_seq = rows[-1][1]
 
     def runs(self) -> list[str]:
         try:

@@ -1,0 +1,369 @@
+"""Open-run checkpoints: resume loads a summary bound to the chain plus the events after it.
+
+A run that is still open is resumed from its state; replaying 100k events for it cost
+~1 s of CPU. So, every ``EVERY_EVENTS`` events, the run actor hands the journal a
+*checkpoint segment* with a batch, written in the same transaction as the batch (as a
+seal is for a closed run): the run-level fields of the state after that batch and the
+full state of every step changed since the run's previous segment. Segments are
+append-only rows ``(run_id, seq, prev, body, hash)``:
+
+- ``seq`` is the run's last event in the batch, and ``hash = H(event_hash(seq) + prev, body)``
+  binds the segment to that event of the chain (the run's head when it was written);
+- ``prev`` is the hash of the run's previous segment (``GENESIS`` for the first), so the
+  segments form their own chain and a removed or reordered segment is seen.
+
+Resume (``load``) folds the segments of a run into a state and replays the events after
+the last one (checking their chain from the segment's bound event). A segment that is not
+bound (its event is gone or differs, its hash or ``prev`` does not link, its body does not
+decode) is never used: the run is replayed in full instead, which checks the whole chain
+and stops on real damage. ``verify`` checks every column of every segment against the
+full replay at that seq (``check_segments``).
+
+Derived data, not part of the event schema: writers add the table if it is missing,
+readers of older journals find no segments and replay, the schema version does not change.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, Protocol, runtime_checkable
+
+import immutables
+import msgspec
+
+from effectlog import events as ev
+from effectlog.chain import GENESIS, Chain
+from effectlog.errors import ChainBroken, CorruptEvent, EventConflict, Truncated
+from effectlog.fold import Record, RunState, StepState
+
+
+def _cadence(text: str | None, default: int = 512) -> int:
+    return int(text) if text is not None and text.isdigit() else default
+
+
+# The cadence: a segment with the batch that brings a run EVERY_EVENTS (or more) events past
+# its previous segment. A segment costs O(steps changed since the last one), so the per-step
+# path pays about a microsecond per event; a resume replays at most about this many events.
+# 0: no segments. ``EFFECTLOG_CHECKPOINT_EVERY`` sets it (the tests run the crash cases with 1).
+EVERY_EVENTS = _cadence(os.environ.get("EFFECTLOG_CHECKPOINT_EVERY"))
+
+CheckpointRow = tuple[str, int, bytes]  # (run id, seq of the batch's last event, encoded segment)
+StoredSegment = tuple[str, int, bytes, bytes, bytes]  # (run id, seq, prev, body, hash) as stored
+
+
+class Segment(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """The run-level fields of the state at ``seq`` (all but the plan, its step ids and the head),
+    and the full state of each step changed since the previous segment."""
+
+    run_id: str
+    seq: int
+    state: str
+    kind: str = "plan"
+    plan_digest: str = ""
+    adapters: dict[str, ev.AdapterIdentity] = {}
+    effect_store: ev.EffectStoreIdentity | None = None
+    result: Any = None
+    reason: str = ""
+    blocked_step: str | None = None
+    deadline: int | None = None
+    resumes: int = 0
+    traceparent: str = ""
+    started_ts: int = 0
+    updated_ts: int = 0
+    steps: list[StepState] = []
+
+
+@runtime_checkable
+class CheckpointJournal(Protocol):
+    """A journal that stores checkpoint segments (SQLite and PostgreSQL; a fleet's fenced view replays)."""
+
+    def append_checkpointed(
+        self,
+        events: Sequence[ev.Event],
+        seals: Sequence[tuple[str, int, bytes]],
+        checkpoints: Sequence[CheckpointRow],
+    ) -> list[Record]:
+        """Append ``events``, then ``seals`` and ``checkpoints`` (each at its run's last seq), in one transaction."""
+        ...
+
+    def checkpoint_rows(self, run_id: str) -> list[tuple[int, bytes, bytes, bytes, bytes | None]]:
+        """The run's segments with their events' hashes (``select_sql``), for ``load``; unchecked."""
+        ...
+
+    def stored_checkpoints(self, run_id: str) -> list[StoredSegment]:
+        """The run's segment rows as stored, ``(run id, seq, prev, body, hash)``; unchecked."""
+        ...
+
+
+def _slim_type() -> type[Any]:
+    """A twin of ``StepState`` with the same fields in the same order and ``omit_defaults``: a step is
+    encoded with the fields it has set only (about a third), and decodes back as a ``StepState``
+    (a missing key is its default). Half the bytes to read, hash and decode on every resume."""
+    fields: list[tuple[str, Any] | tuple[str, Any, Any]] = []
+    for f in msgspec.structs.fields(StepState):
+        if f.required:
+            fields.append((f.name, Any))
+        elif f.default is not msgspec.NODEFAULT:
+            fields.append((f.name, Any, f.default))
+        else:
+            fields.append((f.name, Any, msgspec.field(default_factory=f.default_factory)))
+    return msgspec.defstruct("SlimStep", fields, omit_defaults=True, gc=False)
+
+
+_SlimStep = _slim_type()
+_astuple = msgspec.structs.astuple
+_encoder = msgspec.msgpack.Encoder()
+_decoder = msgspec.msgpack.Decoder(Segment)
+
+
+def _decode(body: bytes) -> Segment:
+    return _decoder.decode(body)
+
+
+SQLITE_DDL: tuple[str, ...] = (
+    """CREATE TABLE checkpoints (
+        run_id TEXT NOT NULL,
+        seq INTEGER NOT NULL CHECK (seq > 0),
+        prev BLOB NOT NULL,
+        body BLOB NOT NULL,
+        hash BLOB NOT NULL,
+        PRIMARY KEY (run_id, seq)
+    ) WITHOUT ROWID""",
+    """CREATE TRIGGER checkpoints_append_only_update BEFORE UPDATE ON checkpoints
+       BEGIN SELECT RAISE(ABORT, 'effectlog: checkpoints are append-only'); END""",
+    """CREATE TRIGGER checkpoints_append_only_delete BEFORE DELETE ON checkpoints
+       BEGIN SELECT RAISE(ABORT, 'effectlog: checkpoints are append-only'); END""",
+)
+
+
+def postgres_ddl(schema: str) -> tuple[str, ...]:
+    """The PostgreSQL table (``schema.checkpoints``), append-only by the events' own trigger function."""
+    return (
+        f"""CREATE TABLE IF NOT EXISTS {schema}.checkpoints (
+            run_id TEXT NOT NULL,
+            seq BIGINT NOT NULL CHECK (seq > 0),
+            prev BYTEA NOT NULL,
+            body BYTEA NOT NULL,
+            hash BYTEA NOT NULL CHECK (octet_length(hash) = 32),
+            CONSTRAINT checkpoints_pkey PRIMARY KEY (run_id, seq)
+        )""",
+        f"""CREATE TRIGGER checkpoints_append_only BEFORE UPDATE OR DELETE OR TRUNCATE ON {schema}.checkpoints
+            FOR EACH STATEMENT EXECUTE FUNCTION {schema}.refuse_change()""",
+        f"ALTER TABLE {schema}.checkpoints ENABLE ALWAYS TRIGGER checkpoints_append_only",
+    )
+
+
+def due(state: RunState, last_seq: int) -> bool:
+    """Whether a batch that brings the run to ``state`` should carry a segment."""
+    return EVERY_EVENTS > 0 and not state.closed and state.seq - last_seq >= EVERY_EVENTS
+
+
+def segment_row(state: RunState, changed: Iterable[str]) -> CheckpointRow:
+    """The segment of ``state``: its run-level fields and the steps named in ``changed``."""
+    steps = state.steps
+    segment = Segment(
+        run_id=state.run_id,
+        seq=state.seq,
+        state=state.state,
+        kind=state.kind,
+        plan_digest=state.plan_digest,
+        adapters=state.adapters,
+        effect_store=state.effect_store,
+        result=state.result,
+        reason=state.reason,
+        blocked_step=state.blocked_step,
+        deadline=state.deadline,
+        resumes=state.resumes,
+        traceparent=state.traceparent,
+        started_ts=state.started_ts,
+        updated_ts=state.updated_ts,
+        steps=[_SlimStep(*_astuple(s)) for s in sorted((steps[s] for s in changed if s in steps), key=_index)],
+    )
+    # Not compressed: zlib cut the bytes ~6x, but inflating them cost a resume more CPU (~28 ms at
+    # 100k events) than reading and hashing them uncompressed (~13 ms); resume CPU is what counts.
+    return state.run_id, state.seq, _encoder.encode(segment)
+
+
+def _index(step: StepState) -> int:
+    return step.index
+
+
+def link(chain: Chain, event_hash: bytes, prev: bytes, body: bytes) -> bytes:
+    """A segment's hash: bound to its event's chain hash and to the previous segment."""
+    return chain.link(event_hash + prev, body)
+
+
+# The SQL, with the backend's placeholder and table name; run inside the batch's transaction.
+def insert(
+    query: Callable[[str, tuple[Any, ...]], list[tuple[Any, ...]]],
+    table: str,
+    mark: str,
+    *,
+    chain: Chain,
+    row: CheckpointRow,
+    event_hash: bytes,
+) -> None:
+    """Append one segment after the run's last one (the caller has checked ``seq`` is the run's head).
+
+    The same segment again (a batch re-appended whole) is a no-op, like its events; another
+    segment at that seq is an ``EventConflict``.
+    """
+    run_id, seq, body = row
+    last = query(
+        f"SELECT seq, hash, body = {mark} FROM {table} WHERE run_id = {mark} ORDER BY seq DESC LIMIT 1", (body, run_id)
+    )
+    if last and last[0][0] == seq:
+        if last[0][2]:
+            return
+        raise EventConflict("a different checkpoint is already recorded at this seq", run_id=run_id, seq=seq)
+    prev = bytes(last[0][1]) if last else GENESIS
+    query(
+        f"INSERT INTO {table} (run_id, seq, prev, body, hash) VALUES ({mark}, {mark}, {mark}, {mark}, {mark})",
+        (run_id, seq, prev, body, link(chain, event_hash, prev, body)),
+    )
+
+
+def check_not_cut(rows: Sequence[tuple[Any, ...]], head: tuple[int, bytes], run_id: str) -> None:
+    """A segment is written in the transaction of its event, so one naming a seq past the run's last
+    event is evidence that the run's tail was cut: ``Truncated`` (exit 7), the run is not driven on
+    from what is left (a cut ``step.requested`` would be sent again)."""
+    if rows and rows[-1][0] > head[0]:
+        raise Truncated(
+            f"the run's checkpoint was written with its event seq {rows[-1][0]}, the journal's last is seq "
+            f"{head[0]}: events were cut from the end of the run",
+            run_id=run_id,
+            seq=head[0],
+            column="checkpoints.seq",
+        )
+
+
+def select_sql(table: str, events: str, mark: str) -> str:
+    """A run's segments, each with its event's hash (NULL when that event is gone), in order."""
+    return (
+        f"SELECT c.seq, c.prev, c.body, c.hash, e.hash FROM {table} c LEFT JOIN {events} e "
+        f"ON e.run_id = c.run_id AND e.seq = c.seq WHERE c.run_id = {mark} ORDER BY c.seq"
+    )
+
+
+def load(rows: Sequence[tuple[Any, ...]], chain: Chain, run_id: str) -> RunState | None:
+    """The state at the last segment, from ``rows`` of ``select_sql``; ``None`` when any segment is
+    not bound to its event and its predecessor (the caller then replays in full).
+
+    The state has no ``plan``/``plan_steps`` (the caller fills them from the run's ``Plan`` whose
+    digest matches) and its ``head`` is the bound event's hash, so the events after it are
+    replayed with their chain checked from there.
+    """
+    if not rows:
+        return None
+    prev = GENESIS
+    steps: dict[str, StepState] = {}
+    segment: Segment | None = None
+    head = GENESIS
+    for seq, stored_prev, raw, stored_hash, event_hash in rows:
+        body, digest = bytes(raw), bytes(stored_hash)
+        if event_hash is None or bytes(stored_prev) != prev or link(chain, bytes(event_hash), prev, body) != digest:
+            return None
+        try:
+            segment = _decode(body)
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            return None
+        if segment.run_id != run_id or segment.seq != seq:
+            return None
+        for step in segment.steps:
+            steps[step.step_id] = step
+        prev, head = digest, bytes(event_hash)
+    assert segment is not None
+    return _state(segment, immutables.Map(steps), head)
+
+
+def _state(segment: Segment, steps: immutables.Map[str, StepState], head: bytes) -> RunState:
+    return RunState(
+        run_id=segment.run_id,
+        seq=segment.seq,
+        head=head,
+        state=segment.state,
+        kind=segment.kind,
+        plan_digest=segment.plan_digest,
+        adapters=segment.adapters,
+        effect_store=segment.effect_store,
+        steps=steps,
+        result=segment.result,
+        reason=segment.reason,
+        blocked_step=segment.blocked_step,
+        deadline=segment.deadline,
+        resumes=segment.resumes,
+        traceparent=segment.traceparent,
+        started_ts=segment.started_ts,
+        updated_ts=segment.updated_ts,
+    )
+
+
+def without_plan(state: RunState) -> RunState:
+    """What a segment records of ``state`` (the plan is the run's own ``Plan``, given on resume)."""
+    return msgspec.structs.replace(state, plan=None, plan_steps=frozenset())
+
+
+def check_segments(
+    stored: Sequence[StoredSegment],
+    advance: Callable[[int], tuple[RunState, set[str]] | None],
+    chain: Chain,
+) -> None:
+    """Every column of every segment of one run (for ``verify``).
+
+    ``advance(seq)`` replays the run's events up to ``seq`` and gives the state there and the
+    ids of the steps those events touched (``None`` when the run has no event ``seq``). Each
+    segment's ``prev`` must link to the previous segment, its ``hash`` to the event at ``seq``,
+    its body must decode and name its row, its run-level fields must equal the replay's, its
+    steps must be the replay's, and together with the earlier segments it must hold every step
+    the replay has, each as the replay has it (checked for the steps touched since the last
+    segment: the others are unchanged since they were checked).
+    """
+    prev = GENESIS
+    steps: dict[str, StepState] = {}
+    for run_id, seq, stored_prev, body, digest in stored:
+        where: dict[str, Any] = {"run_id": run_id, "seq": seq}
+        found = advance(seq)
+        if found is None:
+            raise Truncated(
+                f"the run's checkpoint was written with its event seq {seq}, which the journal no longer has: "
+                "events were cut from the end of the run",
+                **where,
+                column="checkpoints.seq",
+            )
+        state, touched = found
+        if stored_prev != prev:
+            raise ChainBroken(
+                "a checkpoint does not follow the run's previous checkpoint (one was removed or edited)",
+                **where,
+                column="checkpoints.prev",
+            )
+        if link(chain, state.head, prev, body) != digest:
+            raise ChainBroken(
+                "a checkpoint's stored hash does not link to its event (the checkpoint or that event was edited)",
+                **where,
+                column="checkpoints.hash",
+            )
+        try:
+            segment = _decode(body)
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            raise CorruptEvent(f"a checkpoint does not decode: {exc}", **where, column="checkpoints.body") from None
+        for column, value, derived in (("run_id", run_id, segment.run_id), ("seq", seq, segment.seq)):
+            if value != derived:
+                raise CorruptEvent(
+                    f"stored column checkpoints.{column} is {value!r}, the checkpoint body says {derived!r}",
+                    **where,
+                    column=f"checkpoints.{column}",
+                )
+        for step in segment.steps:
+            steps[step.step_id] = step
+        empty: immutables.Map[str, StepState] = immutables.Map()
+        agrees = _state(segment, empty, state.head) == msgspec.structs.replace(without_plan(state), steps=empty)
+        agrees = agrees and len(steps) == len(state.steps)
+        agrees = agrees and all(state.steps.get(s.step_id) == s for s in segment.steps)
+        agrees = agrees and all(steps.get(sid) == state.steps.get(sid) for sid in touched if sid)
+        if not agrees:
+            raise CorruptEvent(
+                "a checkpoint disagrees with the replay of its run's events", **where, column="checkpoints.body"
+            )
+        prev = digest

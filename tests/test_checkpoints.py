@@ -1,0 +1,279 @@
+"""Open-run checkpoints: a resume loads the segments bound to the chain plus the events after
+them, into the state a full replay gives; a segment that is not bound is never used, and
+``verify`` checks every column of every segment against the replay."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from effectlog.adapters import EffectStore
+from effectlog.crashmatrix.processes import run_process
+from effectlog.errors import ChainBroken, CorruptEvent, IntegrityError
+from effectlog.integrity import verify_run
+from effectlog.journal import SqliteJournal, checkpoint, load_for_resume, load_run
+from effectlog.plan import AdapterDecl, Plan, StepDecl
+from effectlog.runtime import Runtime, SimulatedCrash
+
+pytest_plugins = ["pg_fixture"]
+
+
+def plan_of(run_id: str, steps: int, adapter: str = "noop") -> Plan:
+    idempotent = adapter != "effects.control"
+    return Plan(
+        run_id=run_id,
+        adapters={"tool": AdapterDecl(type=adapter, idempotent=idempotent)},
+        steps=tuple(StepDecl(id=f"s{i}", adapter="tool", args={"i": i}) for i in range(steps)),
+    )
+
+
+def crash_after(step_id: str, point: str = "after_confirm"):  # type: ignore[no-untyped-def]
+    def hook(where: str, sid: str) -> None:
+        if where == point and sid == step_id:
+            raise SimulatedCrash(where)
+
+    return hook
+
+
+@pytest.fixture
+def every_4(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A segment with every batch that brings a run 4 events past its last one."""
+    monkeypatch.setattr(checkpoint, "EVERY_EVENTS", 4)
+
+
+def half_run(path: Path, steps: int = 10, stop_at: str = "s5", point: str = "after_confirm") -> Plan:
+    plan = plan_of("r", steps)
+    with Runtime(path, crash_hook=crash_after(stop_at, point)) as rt, pytest.raises(SimulatedCrash):
+        rt.run(plan)
+    return plan
+
+
+def segments(path: Path) -> list[tuple[int, bytes, bytes, bytes]]:
+    with sqlite3.connect(path) as db:
+        return [(r[0], r[1], r[2], r[3]) for r in db.execute("SELECT seq, prev, body, hash FROM checkpoints")]
+
+
+@pytest.mark.usefixtures("every_4")
+@pytest.mark.parametrize("point", ["after_request", "after_effect", "after_confirm"])
+def test_resume_from_segments_equals_the_full_replay(tmp_path: Path, point: str) -> None:
+    """A run stopped anywhere resumes from its segments plus the tail into the IDENTICAL state
+    (every step's fields, receipts and the plan included) a full replay gives."""
+    plan = half_run(tmp_path / "j.db", point=point)
+    assert len(segments(tmp_path / "j.db")) >= 3
+    with SqliteJournal(tmp_path / "j.db") as journal:
+        state, segment_seq, touched = load_for_resume(journal, "r", plan)
+        full = load_run(journal, "r")
+    assert full == state
+    assert 0 < segment_seq <= full.seq
+    assert {s.step_id for s in full.steps.values() if s.last_seq > segment_seq} == touched
+
+
+@pytest.mark.usefixtures("every_4")
+def test_resume_reads_only_the_events_after_the_last_segment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The resume does not replay the history: with the full replay made to fail, the run still
+    resumes, finishes, and its journal then verifies and equals what a full replay gives."""
+    plan = half_run(tmp_path / "j.db")
+
+    def no_full_replay(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the open run was replayed in full")
+
+    monkeypatch.setattr("effectlog.journal.load_run", no_full_replay)
+    with Runtime(tmp_path / "j.db") as rt:
+        outcome = rt.run(plan)
+    monkeypatch.undo()
+    assert ("completed", 10 * 3 + 3) == (outcome.state, len(list(SqliteJournal(tmp_path / "j.db").read("r"))))
+    with SqliteJournal(tmp_path / "j.db", writer=False) as journal:
+        assert load_run(journal, "r") == verify_run(journal, "r")
+
+
+@pytest.mark.usefixtures("every_4")
+def test_a_segment_is_written_in_the_transaction_of_its_batch(tmp_path: Path) -> None:
+    """A crash inside the commit that carries a segment (before COMMIT) leaves neither the batch nor
+    the segment: every stored segment names an event the journal has."""
+    plan = plan_of("r", 6)
+    hook = crash_after("s3", "before_commit:step.effected")
+    with Runtime(tmp_path / "j.db", crash_hook=hook) as rt, pytest.raises(SimulatedCrash):
+        rt.run(plan)
+    with SqliteJournal(tmp_path / "j.db") as journal:
+        head = journal.head("r")[0]
+        stored = journal.stored_checkpoints("r")
+    assert stored
+    assert all(seq <= head for _, seq, _, _, _ in stored)
+
+
+@pytest.mark.usefixtures("every_4")
+@pytest.mark.parametrize("damage", ["body", "hash", "delete middle", "event edited"])
+def test_a_segment_not_bound_to_the_chain_is_never_used_and_verify_names_it(tmp_path: Path, damage: str) -> None:
+    """An edited segment body or hash, a removed segment or an edited event under it: the resume
+    ignores the segments and replays in full (which stops on a broken event chain), and ``verify``
+    raises an integrity error naming the checkpoints column (or the event)."""
+    path = tmp_path / "j.db"
+    plan = half_run(path)
+    rows = segments(path)
+    with sqlite3.connect(path) as db:
+        db.execute("DROP TRIGGER checkpoints_append_only_update")
+        db.execute("DROP TRIGGER checkpoints_append_only_delete")
+        db.execute("DROP TRIGGER events_append_only_update")
+        seq = rows[1][0]
+        if damage == "body":
+            db.execute("UPDATE checkpoints SET body = ? WHERE seq = ?", (rows[1][2][:-1] + b"\x00", seq))
+        elif damage == "hash":
+            db.execute("UPDATE checkpoints SET hash = ? WHERE seq = ?", (bytes(32), seq))
+        elif damage == "delete middle":
+            db.execute("DELETE FROM checkpoints WHERE seq = ?", (seq,))
+        else:
+            db.execute("UPDATE events SET hash = ? WHERE seq = ?", (bytes(32), seq))
+    with SqliteJournal(path) as journal:
+        if damage == "event edited":
+            with pytest.raises(ChainBroken):
+                load_for_resume(journal, "r", plan)
+        else:
+            state, segment_seq, _ = load_for_resume(journal, "r", plan)
+            assert (load_run(journal, "r"), 0) == (state, segment_seq)
+        with pytest.raises(IntegrityError) as info:
+            verify_run(journal, "r")
+    if damage != "event edited":
+        expected = {"body": "checkpoints.hash", "hash": "checkpoints.hash", "delete middle": "checkpoints.prev"}
+        assert (expected[damage], seq if damage != "delete middle" else rows[2][0]) == (
+            info.value.fields["column"],
+            info.value.seq,
+        )
+
+
+@pytest.mark.usefixtures("every_4")
+def test_verify_refuses_a_segment_that_links_but_disagrees_with_the_replay(tmp_path: Path) -> None:
+    """A segment re-hashed after its body was changed (an unkeyed chain can be recomputed): it links,
+    but verify compares it with the replay at its seq and names checkpoints.body."""
+    path = tmp_path / "j.db"
+    half_run(path)
+    with SqliteJournal(path) as journal:
+        stored = journal.stored_checkpoints("r")
+        run_id, seq, prev, _, _ = stored[-1]
+        state = load_run(journal, "r")
+        records = {r.seq: r for r in journal.read("r")}
+        lie = msgspec.structs.replace(state, seq=seq, resumes=state.resumes + 1)  # one field that is not so
+        forged = checkpoint.segment_row(lie, [])[2]
+        digest = checkpoint.link(journal.chain, records[seq].hash, prev, forged)
+    with sqlite3.connect(path) as db:
+        db.execute("DROP TRIGGER checkpoints_append_only_update")
+        db.execute("UPDATE checkpoints SET body = ?, hash = ? WHERE seq = ?", (forged, digest, seq))
+    with SqliteJournal(path) as journal, pytest.raises(CorruptEvent) as info:
+        verify_run(journal, run_id)
+    assert ("checkpoints.body", seq) == (info.value.fields["column"], info.value.seq)
+
+
+@pytest.mark.usefixtures("every_4")
+@pytest.mark.parametrize("sql", ["UPDATE checkpoints SET seq = seq + 1000", "DELETE FROM checkpoints"])
+def test_the_database_rejects_update_and_delete_of_segments(tmp_path: Path, sql: str) -> None:
+    """Segments are append-only, like events and seals."""
+    half_run(tmp_path / "j.db")
+    with sqlite3.connect(tmp_path / "j.db") as db, pytest.raises(sqlite3.IntegrityError, match="append-only"):
+        db.execute(sql)
+
+
+@pytest.mark.usefixtures("every_4")
+def test_a_resume_under_another_plan_ignores_the_segments_and_is_refused(tmp_path: Path) -> None:
+    """Segments were written for the run's pinned plan: another plan gets the full replay and the
+    usual PlanMismatch, nothing is written."""
+    path = tmp_path / "j.db"
+    half_run(path)
+    before = len(list(SqliteJournal(path).read("r")))
+    with Runtime(path) as rt, pytest.raises(Exception, match="different plan"):
+        rt.run(plan_of("r", 11))
+    assert before == len(list(SqliteJournal(path).read("r")))
+
+
+def test_a_journal_without_the_checkpoints_table_is_read_and_resumed(tmp_path: Path) -> None:
+    """Older journals have no checkpoints table: a reader finds no segments, a writer adds it."""
+    path = tmp_path / "j.db"
+    plan = half_run(path)
+    with sqlite3.connect(path) as db:
+        db.execute("DROP TABLE checkpoints")
+    with SqliteJournal(path, writer=False) as reader:
+        assert [] == reader.stored_checkpoints("r")
+        assert "running" == verify_run(reader, "r").state
+    with Runtime(path) as rt:
+        assert "completed" == rt.run(plan).state
+
+
+@pytest.mark.parametrize("every", ["1", "2"])
+@pytest.mark.parametrize("point", ["after_request", "after_effect", "after_confirm"])
+def test_killed_runs_resumed_from_segments_apply_each_effect_once(tmp_path: Path, every: str, point: str) -> None:
+    """Real SIGKILL of the crash matrix's worker (``effectlog run``) at a boundary, with a segment in
+    every batch or every 2 events; then ``effectlog run`` resumes from the segments: every step's
+    effect is applied exactly once and ``effectlog verify`` passes."""
+    journal, effects, plan_file = tmp_path / "j.db", tmp_path / "effects.db", tmp_path / "plan.json"
+    plan_file.write_bytes(msgspec.json.encode(plan_of("k", 4, adapter="effects.idempotent")))
+    env = {**os.environ, "EFFECTLOG_CHECKPOINT_EVERY": every}
+    worker = [sys.executable, "-m", "effectlog", "crash-matrix", "worker", "--plan", str(plan_file)]
+    killed = run_process("crash", [*worker, "--journal", str(journal), "--effects", str(effects)], point, env=env)
+    assert (point, 9) == (killed.reached, killed.signal)
+    run = [sys.executable, "-m", "effectlog", "run", str(plan_file), "--journal", str(journal)]
+    done = subprocess.run([*run, "--effects", str(effects), "--quiet"], env=env, capture_output=True, timeout=60)
+    assert 0 == done.returncode, done.stderr
+    store = EffectStore(str(effects))
+    try:
+        assert [1, 1, 1, 1] == [store.count(run_id="k", step_id=f"s{i}") for i in range(4)]
+    finally:
+        store.close()
+    checked = subprocess.run(
+        [sys.executable, "-m", "effectlog", "verify", "--journal", str(journal)], capture_output=True, timeout=60
+    )
+    assert 0 == checked.returncode, checked.stderr
+    with SqliteJournal(journal, writer=False) as reader:
+        assert reader.stored_checkpoints("k")
+
+
+@pytest.mark.postgres
+@pytest.mark.usefixtures("every_4")
+def test_on_postgresql_a_run_resumes_from_its_segments_into_the_full_replay_state(pg_url: str) -> None:
+    """The same mechanism on PostgreSQL: the runtime writes segments with its batches, a resume
+    loads them plus the tail into the state a full replay gives, finishes, and verify passes."""
+    from effectlog.journal.postgres import PostgresJournal
+
+    plan = plan_of("pg", 10)
+    with Runtime(PostgresJournal(pg_url), crash_hook=crash_after("s5")) as rt, pytest.raises(SimulatedCrash):
+        rt.run(plan)
+    with PostgresJournal(pg_url) as journal:
+        assert len(journal.stored_checkpoints("pg")) >= 3
+        state, segment_seq, _ = load_for_resume(journal, "pg", plan)
+        assert (load_run(journal, "pg"), True) == (state, segment_seq > 0)
+    with Runtime(PostgresJournal(pg_url)) as rt:
+        assert "completed" == rt.run(plan).state
+    with PostgresJournal(pg_url, writer=False) as journal:
+        assert load_run(journal, "pg") == verify_run(journal, "pg")
+
+
+@pytest.mark.usefixtures("every_4")
+def test_an_open_run_whose_tail_was_cut_under_a_segment_is_refused(tmp_path: Path) -> None:
+    """Events cut from the end of an open run, past its last segment's event: the segment is evidence
+    (it was written in that event's transaction), so ``run`` refuses with ``truncated`` (exit 7, one
+    line, nothing written, no step sent again) and ``verify`` says the same."""
+    from effectlog.errors import ExitStatus, Truncated
+
+    path = tmp_path / "j.db"
+    plan = half_run(path)
+    last = segments(path)[-1][0]
+    with sqlite3.connect(path) as db:
+        db.execute("DROP TRIGGER events_append_only_delete")
+        db.execute("DELETE FROM events WHERE seq >= ?", (last - 1,))
+        kept = db.execute("SELECT count(*) FROM events").fetchone()[0]
+    (tmp_path / "plan.json").write_bytes(msgspec.json.encode(plan))
+    done = subprocess.run(
+        [sys.executable, "-m", "effectlog", "run", str(tmp_path / "plan.json"), "--journal", str(path), "--quiet"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert (int(ExitStatus.INTEGRITY), 1) == (done.returncode, len(done.stderr.strip().splitlines())), done.stderr
+    assert "cut from the end" in done.stderr
+    with SqliteJournal(path, writer=False) as journal:
+        assert kept == len(list(journal.read("r")))
+        with pytest.raises(Truncated):
+            verify_run(journal, "r")
