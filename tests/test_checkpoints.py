@@ -277,3 +277,20 @@ def test_an_open_run_whose_tail_was_cut_under_a_segment_is_refused(tmp_path: Pat
         assert kept == len(list(journal.read("r")))
         with pytest.raises(Truncated):
             verify_run(journal, "r")
+
+
+@pytest.mark.parametrize("value", ["abc", "-1", "1.5", " 8", "٣"])
+def test_a_malformed_cadence_setting_is_refused_before_anything_is_written(tmp_path: Path, value: str) -> None:
+    """``EFFECTLOG_CHECKPOINT_EVERY`` that is not a whole number is one line and exit 2, and no
+    journal is created (it used to be silently ignored)."""
+    journal, plan_file = tmp_path / "j.db", tmp_path / "plan.json"
+    plan_file.write_bytes(msgspec.json.encode(plan_of("bad", 2)))
+    env = {**os.environ, "EFFECTLOG_CHECKPOINT_EVERY": value}
+    done = subprocess.run(
+        [sys.executable, "-m", "effectlog", "run", str(plan_file), "--journal", str(journal), "--quiet"],
+        env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    lines = done.stderr.strip().splitlines()
+    assert (2, 1) == (done.returncode, len(lines)), done.stderr
+    assert "EFFECTLOG_CHECKPOINT_EVERY" in lines[0] and "whole number" in lines[0]
+    assert not journal.exists()

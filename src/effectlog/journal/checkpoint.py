@@ -38,15 +38,30 @@ from effectlog.errors import ChainBroken, CorruptEvent, EventConflict, Truncated
 from effectlog.fold import Record, RunState, StepState
 
 
-def _cadence(text: str | None, default: int = 512) -> int:
-    return int(text) if text is not None and text.isdigit() else default
+DEFAULT_EVERY = 512
+SETTING = "EFFECTLOG_CHECKPOINT_EVERY"
+
+
+def _cadence(text: str | None, default: int = DEFAULT_EVERY) -> int:
+    return int(text) if text is not None and text.isascii() and text.isdigit() else default
+
+
+def check_setting() -> None:
+    """Refuse a malformed ``EFFECTLOG_CHECKPOINT_EVERY`` before a journal is opened (nothing written)."""
+    text = os.environ.get(SETTING)
+    if text is not None and not (text.isascii() and text.isdigit()):
+        from effectlog.errors import BadInput
+
+        raise BadInput(
+            f"{SETTING}={text!r}: expected a whole number of events (0 turns checkpoint segments off)"
+        )
 
 
 # The cadence: a segment with the batch that brings a run EVERY_EVENTS (or more) events past
 # its previous segment. A segment costs O(steps changed since the last one), so the per-step
 # path pays about a microsecond per event; a resume replays at most about this many events.
 # 0: no segments. ``EFFECTLOG_CHECKPOINT_EVERY`` sets it (the tests run the crash cases with 1).
-EVERY_EVENTS = _cadence(os.environ.get("EFFECTLOG_CHECKPOINT_EVERY"))
+EVERY_EVENTS = _cadence(os.environ.get(SETTING))
 
 CheckpointRow = tuple[str, int, bytes]  # (run id, seq of the batch's last event, encoded segment)
 StoredSegment = tuple[str, int, bytes, bytes, bytes]  # (run id, seq, prev, body, hash) as stored

@@ -107,6 +107,7 @@ class PostgresJournal:
         idle_in_transaction_timeout_s: float = 60.0,
         pool_size: int = 4,
     ) -> None:
+        checkpoint.check_setting()
         self.location = redact(url)
         self.chain = chain or Chain()
         # Test hook: called inside the transaction, after the rows are written, before COMMIT.

@@ -84,6 +84,7 @@ class SqliteJournal:
         durability: Durability = "full",
         busy_timeout_s: float = 60.0,
     ) -> None:
+        checkpoint.check_setting()
         self.location = str(path)
         self.busy_timeout_s = busy_timeout_s
         # Every name of the file leads to one path, so to one WAL and one set of locks.
