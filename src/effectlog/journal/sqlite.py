@@ -454,10 +454,13 @@ class SqliteJournal:
         out: list[Record] = []
         named: list[Claim] = []
         encoded = [encode(e) for e in events]
+        shared = self._file
         try:
-            with self._file.gate(self.location, self.busy_timeout_s):
+            shared.enter(self.location, self.busy_timeout_s)  # the writers' gate (filelocks), left below
+            try:
                 self._refuse_if_moved()
-                db.execute("BEGIN IMMEDIATE")
+                cursor = self._cursor  # BEGIN and COMMIT on the reused cursor: no new cursor per statement
+                cursor.execute("BEGIN IMMEDIATE")
                 try:
                     for run_id in one_shot:
                         self._check_binding(run_id, "operator")
@@ -466,7 +469,7 @@ class SqliteJournal:
                         db.execute("COMMIT")
                         return out
                     named = self._write_owner_rows(events) if self._unnamed else []
-                    link, insert = self.chain.link, self._cursor.execute  # bound once: this loop is the hot path
+                    link, insert = self.chain.link, cursor.execute  # bound once: this loop is the hot path
                     for event, body in zip(events, encoded, strict=True):
                         run_id, seq = event.run_id, event.seq
                         last_seq, last_hash = heads.get(run_id) or self.head(run_id)
@@ -490,7 +493,7 @@ class SqliteJournal:
                         fence.written(db, events, encoded)
                     if self.before_commit is not None:
                         self.before_commit(events)
-                    db.execute("COMMIT")
+                    cursor.execute("COMMIT")
                 except BaseException:
                     if db.in_transaction:
                         db.execute("ROLLBACK")
@@ -498,6 +501,8 @@ class SqliteJournal:
                         claim.token = 0  # the owner row was rolled back with the batch: write it next time
                         self._unnamed.add(claim.run_id)
                     raise
+            finally:
+                shared.leave()
         except sqlite3.Error as exc:
             raise translate(exc, self.location) from None
         for run_id, head in heads.items():
