@@ -149,8 +149,13 @@ class SqliteJournal:
         """SQLite keeps the WAL beside the old name and never checkpoints a moved file on close: the
         history written since the last checkpoint would be lost to the file under its new name. So
         checkpoint it into the file now, and write no more under a name that is gone."""
-        if not self._moved():
-            return
+        assert self._file is not None
+        try:  # _moved, inline: this runs before every commit
+            st = os.stat(self.path)
+            if st.st_ino == self._file.key[1] and st.st_dev == self._file.key[0]:
+                return
+        except OSError:
+            pass
         with contextlib.suppress(sqlite3.Error):
             self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         raise JournalAliased(
@@ -416,6 +421,12 @@ class SqliteJournal:
             return []
         assert self._file is not None
         claims = self._claims
+        for event in events:  # the owner's path (every run of the batch claimed here): no one-shot claims
+            if event.run_id not in claims:
+                break
+        else:
+            if not seals or all(seal[0] in claims for seal in seals):
+                return self._transact(events, seals)
         one_shot: list[str] = []
         try:
             for run_id in sorted({e.run_id for e in events} | {s[0] for s in seals}):
