@@ -129,6 +129,11 @@ def apply(state: RunState, event: ev.Event) -> RunState:
 # run machine's admission answer per (run state, tag), both derived from the specs.
 _TAG_OF: dict[type[ev.Event], str] = {cls: tag for tag, cls in ev.TAGS.items()}
 _ADMITTED: dict[tuple[str, str], bool] = {}
+# The step machine's transitions whose destination needs no field of the event: (state, tag) -> next
+# state, straight from the spec's table (the others still go through ``next_state``).
+_STEP_FIXED: dict[tuple[str, str], str] = {
+    key: dests[None] for key, (by, dests) in _STEP.table.items() if by is None
+}
 
 
 def _admitted(run_state: str, tag: str) -> bool:
@@ -192,7 +197,7 @@ def _step_after(state: RunState, step: StepState | None, count: int, event: ev.S
     """The step's state after ``event`` (``count``: how many steps the run has seen). Reads only the
     run-level fields of ``state``, so the replay-only fold (``replay_fast``) shares it unchanged."""
     sid = event.step_id
-    if not _admitted(state.state, tag):
+    if not (_ADMITTED.get((state.state, tag)) or _admitted(state.state, tag)):  # cached answer first
         raise _illegal(state, event, f"{tag} is not admitted while the run is {state.state}", sid)
     if state.kind == "plan" and sid not in state.plan_steps:
         raise _illegal(state, event, "step is not in the run's plan", sid)
@@ -200,7 +205,7 @@ def _step_after(state: RunState, step: StepState | None, count: int, event: ev.S
         step = StepState(step_id=sid, index=count)
     if event.attempt != step.attempt:
         raise _illegal(state, event, f"{tag} for attempt {event.attempt}, current attempt is {step.attempt}", sid)
-    nxt = _STEP.next_state(step.state, tag, event)
+    nxt = _STEP_FIXED.get((step.state, tag)) or _STEP.next_state(step.state, tag, event)
     if nxt is None:
         raise _illegal(state, event, f"{tag} is not allowed from step state {step.state}", sid)
     seq = event.seq

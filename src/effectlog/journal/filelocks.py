@@ -60,6 +60,11 @@ def name_slot(path: str) -> int:
     return NAME_BASE + int.from_bytes(digest, "big") % NAME_SPAN
 
 
+# The gate's two requests, packed once: they are made around every commit.
+_GATE_WRLCK = struct.pack(_FLOCK, fcntl.F_WRLCK, os.SEEK_SET, GATE, 1, 0)
+_GATE_UNLCK = struct.pack(_FLOCK, fcntl.F_UNLCK, os.SEEK_SET, GATE, 1, 0)
+
+
 def _ofd(fd: int, command: int, lock_type: int, start: int) -> int:
     packed = fcntl.fcntl(fd, command, struct.pack(_FLOCK, lock_type, os.SEEK_SET, start, 1, 0))
     return int(struct.unpack(_FLOCK, packed)[0])
@@ -81,26 +86,51 @@ class SharedFile:
     @contextmanager
     def gate(self, where: str, timeout_s: float) -> Iterator[None]:
         """Wait for this file's writers' turn: this process's first, then the other processes'."""
-        if not self.turn.acquire(timeout=timeout_s):
+        self.enter(where, timeout_s)
+        try:
+            yield
+        finally:
+            self.leave()
+
+    def enter(self, where: str, timeout_s: float) -> None:
+        """``gate`` as a plain call, for the append path (one commit each): pair with ``leave``.
+
+        A generator-based context manager costs several Python frames per commit; the
+        locks taken are the same: this process's turn, then the writers' byte (OFD).
+        """
+        turn = self.turn
+        if not turn.acquire(False) and not turn.acquire(timeout=timeout_s):
             raise JournalLocked(f"{where}: another writer of this process kept the journal for {timeout_s:g}s")
         try:
-            deadline = time.monotonic() + timeout_s
-            pause = 0.0002
-            while True:
-                try:
-                    _ofd(self.fd, fcntl.F_OFD_SETLK, fcntl.F_WRLCK, GATE)
-                    break
-                except OSError as exc:
-                    if exc.errno not in (errno.EAGAIN, errno.EACCES):
-                        raise
-                if time.monotonic() > deadline:
-                    raise JournalLocked(f"{where}: another process kept the journal's write lock for {timeout_s:g}s")
-                time.sleep(pause)
-                pause = min(pause * 2, 0.002)
             try:
-                yield
-            finally:
-                _ofd(self.fd, fcntl.F_OFD_SETLK, fcntl.F_UNLCK, GATE)
+                fcntl.fcntl(self.fd, fcntl.F_OFD_SETLK, _GATE_WRLCK)  # the uncontended case: one call
+            except OSError as exc:
+                if exc.errno not in (errno.EAGAIN, errno.EACCES):
+                    raise
+                self._wait_gate(where, timeout_s)
+        except BaseException:
+            turn.release()
+            raise
+
+    def _wait_gate(self, where: str, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        pause = 0.0002
+        while True:
+            if time.monotonic() > deadline:
+                raise JournalLocked(f"{where}: another process kept the journal's write lock for {timeout_s:g}s")
+            time.sleep(pause)
+            pause = min(pause * 2, 0.002)
+            try:
+                fcntl.fcntl(self.fd, fcntl.F_OFD_SETLK, _GATE_WRLCK)
+                return
+            except OSError as exc:
+                if exc.errno not in (errno.EAGAIN, errno.EACCES):
+                    raise
+
+    def leave(self) -> None:
+        """Give the writers' turn up (after ``enter``): the byte first, then this process's turn."""
+        try:
+            fcntl.fcntl(self.fd, fcntl.F_OFD_SETLK, _GATE_UNLCK)
         finally:
             self.turn.release()
 

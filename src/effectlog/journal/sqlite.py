@@ -153,8 +153,13 @@ class SqliteJournal:
         """SQLite keeps the WAL beside the old name and never checkpoints a moved file on close: the
         history written since the last checkpoint would be lost to the file under its new name. So
         checkpoint it into the file now, and write no more under a name that is gone."""
-        if not self._moved():
-            return
+        assert self._file is not None
+        try:  # _moved, inline: this runs before every commit
+            st = os.stat(self.path)
+            if st.st_ino == self._file.key[1] and st.st_dev == self._file.key[0]:
+                return
+        except OSError:
+            pass
         with contextlib.suppress(sqlite3.Error):
             self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         raise JournalAliased(
@@ -430,6 +435,12 @@ class SqliteJournal:
             return []
         assert self._file is not None
         claims = self._claims
+        for event in events:  # the owner's path (every run of the batch claimed here): no one-shot claims
+            if event.run_id not in claims:
+                break
+        else:
+            if not seals or all(seal[0] in claims for seal in seals):
+                return self._transact(events, seals)
         one_shot: list[str] = []
         try:
             for run_id in sorted({e.run_id for e in events} | {s[0] for s in seals}):
@@ -469,10 +480,13 @@ class SqliteJournal:
         out: list[Record] = []
         named: list[Claim] = []
         encoded = [encode(e) for e in events]
+        shared = self._file
         try:
-            with self._file.gate(self.location, self.busy_timeout_s):
+            shared.enter(self.location, self.busy_timeout_s)  # the writers' gate (filelocks), left below
+            try:
                 self._refuse_if_moved()
-                db.execute("BEGIN IMMEDIATE")
+                cursor = self._cursor  # BEGIN and COMMIT on the reused cursor: no new cursor per statement
+                cursor.execute("BEGIN IMMEDIATE")
                 try:
                     for run_id in one_shot:
                         self._check_binding(run_id, "operator")
@@ -481,7 +495,7 @@ class SqliteJournal:
                         db.execute("COMMIT")
                         return out
                     named = self._write_owner_rows(events) if self._unnamed else []
-                    link, insert = self.chain.link, self._cursor.execute  # bound once: this loop is the hot path
+                    link, insert = self.chain.link, cursor.execute  # bound once: this loop is the hot path
                     for event, body in zip(events, encoded, strict=True):
                         run_id, seq = event.run_id, event.seq
                         last_seq, last_hash = heads.get(run_id) or self.head(run_id)
@@ -507,7 +521,7 @@ class SqliteJournal:
                         fence.written(db, events, encoded)
                     if self.before_commit is not None:
                         self.before_commit(events)
-                    db.execute("COMMIT")
+                    cursor.execute("COMMIT")
                 except BaseException:
                     if db.in_transaction:
                         db.execute("ROLLBACK")
@@ -515,6 +529,8 @@ class SqliteJournal:
                         claim.token = 0  # the owner row was rolled back with the batch: write it next time
                         self._unnamed.add(claim.run_id)
                     raise
+            finally:
+                shared.leave()
         except sqlite3.Error as exc:
             raise translate(exc, self.location) from None
         for run_id, head in heads.items():
