@@ -60,7 +60,7 @@ class TestFleetPostgresJournal(JournalContract):
 
 
 def test_the_fleet_tables_share_the_journals_database(pg_url: str) -> None:
-    """One database: schema effectlog holds the runs and their owners, schema effectlog_fleet the requests."""
+    """One database: schema effectlog holds the runs, their checkpoint segments and their owners, schema effectlog_fleet the requests."""
     with PostgresFleetStore(pg_url) as store:
         store.journal().append([started("run-1")])
     with psycopg.connect(pg_url) as conn:
@@ -68,6 +68,7 @@ def test_the_fleet_tables_share_the_journals_database(pg_url: str) -> None:
             "SELECT schemaname, tablename FROM pg_tables WHERE schemaname LIKE 'effectlog%' ORDER BY 1, 2"
         ).fetchall()
     assert [
+        ("effectlog", "checkpoints"),
         ("effectlog", "events"),
         ("effectlog", "meta"),
         ("effectlog", "owners"),
