@@ -292,5 +292,6 @@ def test_a_malformed_cadence_setting_is_refused_before_anything_is_written(tmp_p
     )  # fmt: skip
     lines = done.stderr.strip().splitlines()
     assert (2, 1) == (done.returncode, len(lines)), done.stderr
-    assert "EFFECTLOG_CHECKPOINT_EVERY" in lines[0] and "whole number" in lines[0]
+    assert "EFFECTLOG_CHECKPOINT_EVERY" in lines[0]
+    assert "whole number" in lines[0]
     assert not journal.exists()

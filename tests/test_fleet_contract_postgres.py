@@ -60,7 +60,8 @@ class TestFleetPostgresJournal(JournalContract):
 
 
 def test_the_fleet_tables_share_the_journals_database(pg_url: str) -> None:
-    """One database: schema effectlog holds the runs, their checkpoint segments and their owners, schema effectlog_fleet the requests."""
+    """One database: schema effectlog holds the runs, their checkpoint segments and their owners;
+    schema effectlog_fleet the requests."""
     with PostgresFleetStore(pg_url) as store:
         store.journal().append([started("run-1")])
     with psycopg.connect(pg_url) as conn:

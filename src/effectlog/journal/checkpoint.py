@@ -37,7 +37,6 @@ from effectlog.chain import GENESIS, Chain
 from effectlog.errors import ChainBroken, CorruptEvent, EventConflict, Truncated
 from effectlog.fold import Record, RunState, StepState
 
-
 DEFAULT_EVERY = 512
 SETTING = "EFFECTLOG_CHECKPOINT_EVERY"
 
