@@ -439,8 +439,8 @@ class SqliteJournal:
             if event.run_id not in claims:
                 break
         else:
-            if not seals or all(seal[0] in claims for seal in seals):
-                return self._transact(events, seals)
+            if all(seal[0] in claims for seal in seals) and all(row[0] in claims for row in checkpoints):
+                return self._transact(events, seals, checkpoints=checkpoints)
         one_shot: list[str] = []
         try:
             for run_id in sorted({e.run_id for e in events} | {s[0] for s in seals}):
