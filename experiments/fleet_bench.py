@@ -297,6 +297,42 @@ def measure_runs(url: str, n: int, count: int, tmp: Path) -> dict[str, float]:
     }
 
 
+IDLE_S = 5.0
+IDLE_HOW = {
+    "postgres": "waits on LISTEN/NOTIFY (a NOTIFY in the transaction that queues an attempt)",
+    "sqlite": "polls PRAGMA data_version every 10 ms in a watcher thread (SQLite's in-memory commit count: no"
+    " transaction, no disk read)",
+}
+
+
+def measure_idle(url: str, backend: str, tmp: Path) -> str:
+    """One traced runner on an empty store for IDLE_S seconds: what it costs while nothing is queued."""
+    open_store(url).close()
+    out, log_path = tmp / f"idle-{backend}.json", tmp / f"idle-{backend}.log"
+    argv = ["--store", url, "--capacity", "1", "--lease-s", "30", *RUNNER_ARGS, "--runner-id", "idle"]
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, __file__, "traced-runner", str(out), *argv],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+        )
+    deadline = time.monotonic() + 120
+    while "ready:" not in log_path.read_text(errors="replace"):
+        if time.monotonic() > deadline or proc.poll() is not None:
+            raise SystemExit(f"idle runner did not start; see {tmp}")
+        time.sleep(0.05)
+    time.sleep(IDLE_S)
+    proc.send_signal(signal.SIGTERM)
+    if proc.wait():
+        raise SystemExit(f"idle runner failed; see {tmp}")
+    c = json.loads(out.read_text())
+    return (
+        f"{IDLE_HOW[backend]}; an idle runner made {c['statements'] / IDLE_S:.1f} SQL statements/s and"
+        f" {c['commits'] / IDLE_S:.1f} commits/s over {IDLE_S:g} s (besides a fallback wake-up every 0.5 s by default)"
+    )
+
+
 T = TypeVar("T")
 
 
@@ -480,9 +516,26 @@ def main() -> int:
     parser.add_argument("--backends", default="sqlite,postgres", help="which stores, comma-separated")
     parser.add_argument("--render", action="store_true", help="only rewrite docs/fleet.md from the saved results")
     parser.add_argument("--runner-args", default="", help="extra `effectlog runner` flags, e.g. '--poll-s 0.01'")
+    parser.add_argument(
+        "--idle-only", action="store_true", help="measure only what an idle runner costs, into the saved results"
+    )
     args = parser.parse_args()
     if args.render:
         write_doc(render(json.loads(RESULTS.read_text())))
+        return 0
+    if args.idle_only:
+        sys.path.insert(0, str(ROOT / "tests"))
+        from pg_cluster import PgCluster
+
+        saved = json.loads(RESULTS.read_text())
+        with tempfile.TemporaryDirectory(prefix="effectlog-fleet-idle-") as tmp_dir, PgCluster(durable=True) as pg:
+            tmp = Path(tmp_dir)
+            saved["idle_wait"] = {
+                "sqlite": measure_idle(str(tmp / "idle.db"), "sqlite", tmp),
+                "postgres": measure_idle(pg.create_database(), "postgres", tmp),
+            }
+        RESULTS.write_text(json.dumps(saved, indent=2) + "\n")
+        print(json.dumps(saved["idle_wait"], indent=1))
         return 0
     processes = tuple(int(n) for n in args.processes.split(","))
     RUNNER_ARGS.extend(args.runner_args.split())
@@ -528,6 +581,15 @@ def main() -> int:
                     repeat=repeat,
                     processes=processes,
                 )
+        results["idle_wait"] = {}
+        if "sqlite" in backends:
+            results["idle_wait"]["sqlite"] = retried(lambda: measure_idle(str(tmp / "idle.db"), "sqlite", tmp))
+        if "postgres" in backends:
+            with PgCluster(durable=True) as pg:
+                results["idle_wait"]["postgres"] = retried(
+                    lambda: measure_idle(pg.create_database(), "postgres", tmp)
+                )
+        print("idle:", json.dumps(results["idle_wait"], indent=1), flush=True)
     results["load_average"]["end"] = round(os.getloadavg()[0], 2)
     results["measured_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     if not args.quick:
