@@ -440,7 +440,7 @@ class SqliteJournal:
                 break
         else:
             if not seals or all(seal[0] in claims for seal in seals):
-                return self._transact(events, seals)
+                return self._transact(events, seals, checkpoints=checkpoints)
         one_shot: list[str] = []
         try:
             for run_id in sorted({e.run_id for e in events} | {s[0] for s in seals}):
