@@ -107,3 +107,48 @@ def _stop_at(step_id: str, point: str = "after_confirm"):  # type: ignore[no-unt
             raise SimulatedCrash(where)
 
     return hook
+
+
+def _cut_after(path: Path, run_id: str, step_id: str, phase: str) -> int:
+    """Cut the run's events after ``step_id``'s last ``phase`` event (a tail lost, its segments kept); the new head."""
+    with sqlite3.connect(path) as db:
+        last = db.execute(
+            "SELECT max(seq) FROM events WHERE run_id = ? AND step_id = ? AND phase = ?", (run_id, step_id, phase)
+        ).fetchone()[0]
+        db.execute("DROP TRIGGER IF EXISTS events_append_only_delete")
+        db.execute("DELETE FROM events WHERE run_id = ? AND seq > ?", (run_id, last))
+    return int(last)
+
+
+@pytest.mark.xfail(strict=True, reason="operator decisions check a seal for a cut tail, not an open run's segments")
+@pytest.mark.usefixtures("every_2")
+@pytest.mark.parametrize("outcome", ["applied", "not-applied"])
+def test_an_operator_decision_on_an_open_run_cut_under_a_segment_is_refused(tmp_path: Path, outcome: str) -> None:
+    """An open run whose tail was cut past a segment (back to s1 ``uncertain``: the operator's
+    reconcile of s1, s1's outcome and s2's request and effect gone): ``effectlog reconcile`` must
+    refuse as ``run`` does (exit 7, one line, nothing written), as it already does for a sealed
+    run. Otherwise the decision is appended over the cut, and once operator events reach the last
+    segment's seq the segment no longer looks cut (its event exists, only different): ``run``
+    then replays in full and sends the cut step again."""
+    path, effects = tmp_path / "j.db", tmp_path / "effects.db"
+    plan = plan_of("op", 4, adapter="effects.control")
+    with Runtime(path, effects=effects, crash_hook=_stop_at("s1", "after_effect")) as rt:
+        with pytest.raises(SimulatedCrash):
+            rt.run(plan)
+    with Runtime(path, effects=effects) as rt:
+        assert "s1" == rt.run(plan).step_id
+    done = cli("reconcile", "--journal", str(path), "--run-id", "op", "--step", "s1", "--outcome", "applied",
+               "--evidence", "ledger row 6", "--operator", "ops")  # fmt: skip
+    assert 0 == done.returncode, done.stderr
+    with Runtime(path, effects=effects, crash_hook=_stop_at("s2", "after_effect")) as rt:
+        with pytest.raises(SimulatedCrash):
+            rt.run(plan)
+    head = _cut_after(path, "op", "s1", "step.uncertain")
+    with SqliteJournal(path, writer=False) as reader:
+        assert reader.stored_checkpoints("op")[-1][1] > head
+    done = cli("reconcile", "--journal", str(path), "--run-id", "op", "--step", "s1", "--outcome", outcome,
+               "--evidence", "ledger row 7", "--operator", "ops")  # fmt: skip
+    assert (int(ExitStatus.INTEGRITY), 1) == (done.returncode, len(done.stderr.strip().splitlines())), done.stderr
+    assert "cut from the end" in done.stderr
+    with SqliteJournal(path, writer=False) as reader:
+        assert head == reader.head("op")[0]
