@@ -16,7 +16,7 @@ import pytest
 from effectlog.adapters import EffectStore
 from effectlog.crashmatrix.processes import run_process
 from effectlog.errors import ExitStatus
-from effectlog.journal import SqliteJournal, checkpoint, load_run
+from effectlog.journal import SqliteJournal, checkpoint, load_for_resume, load_run
 from effectlog.plan import AdapterDecl, Plan, StepDecl
 from effectlog.runtime import Runtime, SimulatedCrash
 
@@ -148,3 +148,52 @@ def test_an_operator_decision_on_an_open_run_cut_under_a_segment_is_refused(tmp_
     assert "cut from the end" in done.stderr
     with SqliteJournal(path, writer=False) as reader:
         assert head == reader.head("op")[0]
+
+
+def test_cadence_changes_operator_decisions_and_a_kill_between_segments_keep_each_effect_once(
+    tmp_path: Path,
+) -> None:
+    """One run driven by four processes with EFFECTLOG_CHECKPOINT_EVERY 1, 0, 3 and 2, two approvals
+    appended between them by ``effectlog approve`` (one-shot writers: no segment, so the decisions
+    are in the tail after the last segment) and a SIGKILL after a step's confirmation: each resume
+    from the segments equals the full replay, each effect is applied exactly once, and ``verify``
+    (every column of every segment against the replay) passes."""
+    journal, effects, plan_file = tmp_path / "j.db", tmp_path / "effects.db", tmp_path / "plan.json"
+    steps = tuple(
+        StepDecl(id=f"s{i}", adapter="tool", args={"i": i}, approval="required" if i in (2, 4) else None)
+        for i in range(6)
+    )
+    plan = Plan(run_id="mix", adapters={"tool": AdapterDecl(type="effects.control", idempotent=False)}, steps=steps)
+    plan_file.write_bytes(msgspec.json.encode(plan))
+    run = ["run", str(plan_file), "--journal", str(journal), "--effects", str(effects), "--quiet"]
+
+    def every(n: str) -> dict[str, str]:
+        return {**os.environ, "EFFECTLOG_CHECKPOINT_EVERY": n}
+
+    def resumed_equals_replayed() -> None:
+        with SqliteJournal(journal, writer=False) as reader:
+            state, _, _ = load_for_resume(reader, "mix", plan)
+            assert load_run(reader, "mix") == state
+
+    assert int(ExitStatus.SUSPENDED) == cli(*run, env=every("1")).returncode
+    assert 0 == cli("approve", "--journal", str(journal), "--run-id", "mix", "--step", "s2", "--by", "ops").returncode
+    resumed_equals_replayed()
+    assert int(ExitStatus.SUSPENDED) == cli(*run, env=every("0")).returncode
+    assert 0 == cli("approve", "--journal", str(journal), "--run-id", "mix", "--step", "s4", "--by", "ops").returncode
+    resumed_equals_replayed()
+    worker = [sys.executable, "-m", "effectlog", "crash-matrix", "worker", "--plan", str(plan_file)]
+    killed = run_process(
+        "crash", [*worker, "--journal", str(journal), "--effects", str(effects)], "after_confirm", env=every("3")
+    )
+    assert ("after_confirm", 9) == (killed.reached, killed.signal)
+    resumed_equals_replayed()
+    done = cli(*run, env=every("2"))
+    assert 0 == done.returncode, done.stderr
+    store = EffectStore(str(effects))
+    try:
+        assert [1] * 6 == [store.count(run_id="mix", step_id=f"s{i}") for i in range(6)]
+    finally:
+        store.close()
+    assert 0 == cli("verify", "--journal", str(journal)).returncode
+    with SqliteJournal(journal, writer=False) as reader:
+        assert len(reader.stored_checkpoints("mix")) >= 4
