@@ -197,3 +197,25 @@ def test_cadence_changes_operator_decisions_and_a_kill_between_segments_keep_eac
     assert 0 == cli("verify", "--journal", str(journal)).returncode
     with SqliteJournal(journal, writer=False) as reader:
         assert len(reader.stored_checkpoints("mix")) >= 4
+
+
+@pytest.mark.xfail(strict=True, reason="verify checks orphan seals but not orphan checkpoint segments")
+@pytest.mark.usefixtures("every_2")
+@pytest.mark.parametrize("one_run", [False, True])
+def test_verify_refuses_an_open_run_deleted_whole_with_its_segments_left(tmp_path: Path, one_run: bool) -> None:
+    """Every event of an open run deleted, its checkpoint segments left (written each in the
+    transaction of its event, they are evidence the run existed): ``verify`` must say truncated
+    (exit 7, one line naming the run), as it does for a seal left without its run, and as ``run``
+    of that plan does. It said "ok" for the journal."""
+    path = tmp_path / "j.db"
+    with Runtime(path, crash_hook=_stop_at("s2")) as rt, pytest.raises(SimulatedCrash):
+        rt.run(plan_of("gone", 4))
+    with Runtime(path) as rt:
+        assert "completed" == rt.run(plan_of("kept", 2)).state
+    with sqlite3.connect(path) as db:
+        db.execute("DROP TRIGGER events_append_only_delete")
+        db.execute("DELETE FROM events WHERE run_id = 'gone'")
+        assert db.execute("SELECT count(*) FROM checkpoints WHERE run_id = 'gone'").fetchone()[0] > 0
+    done = cli("verify", "--journal", str(path), *(["--run-id", "gone"] if one_run else []))
+    assert (int(ExitStatus.INTEGRITY), 1) == (done.returncode, len(done.stderr.strip().splitlines())), done.stderr
+    assert "'gone'" in done.stderr
