@@ -109,6 +109,10 @@ class CheckpointJournal(Protocol):
         """The run's segment rows as stored, ``(run id, seq, prev, body, hash)``; unchecked."""
         ...
 
+    def checkpointed_runs(self) -> list[tuple[str, int]]:
+        """Each run that has segments, with its last segment's seq (for ``verify``: a run whose events are all gone)."""
+        ...
+
 
 def _slim_type() -> type[Any]:
     """A twin of ``StepState`` with the same fields in the same order and ``omit_defaults``: a step is
