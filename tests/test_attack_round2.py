@@ -253,7 +253,6 @@ class _BytesTool:
         return Receipt(data={"blob": b"\x00\x01\xfe", "n": 1})
 
 
-@pytest.mark.xfail(strict=True, reason="segments are built from the live state, whose receipts were never JSON-encoded")
 @pytest.mark.usefixtures("every_2")
 def test_a_segment_holds_what_the_journal_replays_not_the_live_receipt(tmp_path: Path) -> None:
     """A tool answers with bytes, which the journal records as base64 text (JSON). The actor's live
