@@ -8,6 +8,7 @@ import os
 import sqlite3
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import msgspec
@@ -271,3 +272,33 @@ def test_a_segment_holds_what_the_journal_replays_not_the_live_receipt(tmp_path:
     with Runtime(path, adapters=tools) as rt:
         assert "completed" == rt.run(plan).state
     assert 0 == cli("verify", "--journal", str(path)).returncode
+
+
+@pytest.mark.parametrize("error", [RuntimeError("boom"), SimulatedCrash("before_commit")])
+def test_an_error_inside_the_writers_gate_gives_the_turn_back(tmp_path: Path, error: BaseException) -> None:
+    """A commit that raises inside the writers' gate (an Exception, or a BaseException such as a
+    simulated crash) rolls back and leaves the gate: the same journal object's next append and
+    another journal object's append on the same file, from another thread, go through at once
+    (within a 2 s lock timeout, instead of timing out on a turn never given back)."""
+    from effectlog.testing import sample_run
+
+    path = tmp_path / "j.db"
+    first, second = sample_run("a", steps=1), sample_run("b", steps=1)
+    with SqliteJournal(path, busy_timeout_s=2.0) as one, SqliteJournal(path, busy_timeout_s=2.0) as other:
+        claim = one.claim("a")
+
+        def fail(events: object) -> None:
+            raise error
+
+        one.before_commit = fail
+        with pytest.raises(type(error)):
+            one.append(first[:1])
+        one.before_commit = None
+        outcome: list[object] = []
+        worker = threading.Thread(target=lambda: outcome.append(len(other.append(second))))
+        worker.start()
+        worker.join(timeout=10)
+        assert [len(second)] == outcome
+        assert len(first) == len(one.append(first))
+        one.release(claim)
+        assert [len(first), len(second)] == [verify_run(one, run_id).seq for run_id in ("a", "b")]
