@@ -4,6 +4,7 @@ regression test. Real SQLite files, real processes and SIGKILL where a crash is 
 
 from __future__ import annotations
 
+import json
 import os
 import sqlite3
 import subprocess
@@ -302,3 +303,111 @@ def test_an_error_inside_the_writers_gate_gives_the_turn_back(tmp_path: Path, er
         assert len(first) == len(one.append(first))
         one.release(claim)
         assert [len(first), len(second)] == [verify_run(one, run_id).seq for run_id in ("a", "b")]
+
+
+# Holds twenty leases; appends each run's run.started at once (carrying prepare and start: the
+# attempt row is locked for update), then step.requested ALONE (no transition carried: on
+# PostgreSQL no row lock at all, only the run's advisory lock) from 30 ms before its lease runs out
+# to 3 ms after, while another process runs recovery passes.
+PLAIN_APPENDER = """
+import json, sys
+from effectlog.errors import StaleLease
+from effectlog.fleet import open_store
+from effectlog.fleet.contract import requested, started
+from effectlog.fleet.model import Lease
+import msgspec
+store = open_store(sys.argv[1])
+print("ready", flush=True)
+leases = [msgspec.convert(x, Lease) for x in json.loads(sys.stdin.readline())]
+journals = {}
+for lease in leases:
+    journal = journals[lease.request_id] = store.leased_journal(lease)
+    journal.defer("prepare", "prepare")
+    journal.defer("start", "start")
+    journal.append([started(lease.run_id)])
+print("started", flush=True)
+sys.stdin.readline()
+out = {}
+for i, lease in enumerate(sorted(leases, key=lambda l: l.expires_at)):
+    while store.now() < lease.expires_at - 0.03 + 0.003 * (i % 12):
+        pass
+    try:
+        journals[lease.request_id].append([requested(lease.run_id, 2, idempotent=True)])
+        out[lease.request_id] = "appended"
+    except StaleLease:
+        out[lease.request_id] = "refused"
+store.close()
+print(json.dumps(out), flush=True)
+"""
+
+RECOVERER = """
+import sys, time
+from effectlog.fleet import open_store
+from effectlog.fleet.recovery import recover_once
+store = open_store(sys.argv[1])
+print("ready", flush=True)
+sys.stdin.readline()
+end = time.monotonic() + float(sys.argv[2])
+while time.monotonic() < end:
+    recover_once(store)
+store.close()
+print("{}", flush=True)
+"""
+
+
+def _started(code: str, *args: str) -> subprocess.Popen[str]:
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code, *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    assert proc.stdout is not None
+    assert "ready" == proc.stdout.readline().strip()
+    return proc
+
+
+def _say(proc: subprocess.Popen[str], line: str) -> None:
+    assert proc.stdin is not None
+    proc.stdin.write(line + "\n")
+    proc.stdin.flush()
+
+
+@pytest.mark.parametrize("backend", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def test_a_plain_fenced_append_and_a_recovery_racing_never_both_win(
+    tmp_path: Path, request: pytest.FixtureRequest, backend: str
+) -> None:
+    """The fenced append that carries no transition (on PostgreSQL it locks no attempt row, relying on
+    the run's advisory lock, which recovery takes first) against recovery, in two processes, for 20
+    leases: either the step.requested append won (recovery then saw a step requested and sent the
+    attempt to an operator), or recovery won (the attempt lost and re-queued, the append refused and
+    nothing written). Never both: a re-queue after a committed request would send the step again."""
+    from effectlog.fleet import open_store
+    from effectlog.fleet.contract import noop_plan
+
+    url = str(tmp_path / "fleet.db") if backend == "sqlite" else str(request.getfixturevalue("pg_url"))
+    store = open_store(url)
+    try:
+        appender, recoverer = _started(PLAIN_APPENDER, url), _started(RECOVERER, url, "4.0")
+        leases = []
+        for i in range(20):
+            submitted = store.submit("race", f"k{i}", noop_plan(f"run-{i}"), requeue_backoff_s=0.0).request
+            lease = store.claim(submitted.request_id, "appender", 1.0 + 0.05 * i)
+            assert lease is not None
+            leases.append(lease)
+        _say(appender, json.dumps([{f: getattr(x, f) for f in x.__struct_fields__} for x in leases]))
+        assert appender.stdout is not None
+        assert "started" == appender.stdout.readline().strip()
+        _say(recoverer, "go")
+        _say(appender, "go")
+        lines = appender.communicate(timeout=120)[0].strip().splitlines()
+        outcome = {int(k): v for k, v in json.loads(lines[-1]).items()}
+        recoverer.communicate(timeout=120)
+        assert (0, 0, 20) == (appender.returncode, recoverer.returncode, len(outcome))
+        for lease in leases:
+            first = next(a for a in store.attempts(lease.request_id) if a.attempt_no == 1)
+            moved = [h.transition for h in store.history(lease.request_id) if h.attempt_id == first.attempt_id]
+            head = store.journal().head(lease.run_id)[0]
+            if outcome[lease.request_id] == "appended":
+                assert (2, ["lease", "prepare", "start", "expire"], "needs_operator") == (head, moved, first.state)
+            else:
+                assert (1, ["lease", "prepare", "start", "lose"], "lost") == (head, moved, first.state)
+    finally:
+        store.close()
