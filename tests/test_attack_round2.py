@@ -411,3 +411,27 @@ def test_a_plain_fenced_append_and_a_recovery_racing_never_both_win(
                 assert (1, ["lease", "prepare", "start", "lose"], "lost") == (head, moved, first.state)
     finally:
         store.close()
+
+
+@pytest.mark.usefixtures("every_2")
+def test_a_fork_stopped_midway_resumes_from_its_own_segments_into_the_replay_state(tmp_path: Path) -> None:
+    """A fork carries a closed run's first steps in one batch (``step.carried``, with a segment) and
+    runs the rest; stopped midway and resumed under its pinned plan, the fork's segments plus the tail
+    give the state a full replay gives, it finishes, and the journal verifies (parent, fork, segments)."""
+    path = tmp_path / "j.db"
+    plan = plan_of("p", 6)
+    with Runtime(path) as rt:
+        assert "completed" == rt.run(plan).state
+    with Runtime(path, crash_hook=_stop_at("s4")) as rt, pytest.raises(SimulatedCrash):
+        rt.fork("p", "p2", by="ops", reason="again from s2", from_step="s2")
+    with SqliteJournal(path, writer=False) as reader:
+        child = load_run(reader, "p2")
+        child_plan = Plan(run_id="p2", adapters=plan.adapters, steps=plan.steps)
+        state, segment_seq, _ = load_for_resume(reader, "p2", child_plan)
+        segments = [seq for _, seq, _, _, _ in reader.stored_checkpoints("p2")]
+    assert (True, child) == (segment_seq > 0, state)
+    assert segments[0] <= 3  # the segment of run.started (seq 1) and the carried batch (s0 and s1)
+    done = cli("recover", "--journal", str(path))
+    assert 0 == done.returncode, done.stderr
+    with SqliteJournal(path, writer=False) as reader:
+        assert ("completed", "completed") == (verify_run(reader, "p").state, verify_run(reader, "p2").state)
