@@ -435,3 +435,41 @@ def test_a_fork_stopped_midway_resumes_from_its_own_segments_into_the_replay_sta
     assert 0 == done.returncode, done.stderr
     with SqliteJournal(path, writer=False) as reader:
         assert ("completed", "completed") == (verify_run(reader, "p").state, verify_run(reader, "p2").state)
+
+
+@pytest.mark.usefixtures("every_2")
+def test_with_a_key_a_forged_segment_relinked_without_it_is_ignored_by_resume_and_named_by_verify(
+    tmp_path: Path,
+) -> None:
+    """A keyed journal (HMAC chain). Someone without the key rewrites the last segment so that the
+    last confirmed step looks never started (a resume from it would send that step again) and
+    re-links it the only way they can, with plain SHA-256: the resume does not use it (its state is
+    the full replay's, the step stays confirmed) and ``verify`` names ``checkpoints.hash`` (exit 7)."""
+    import hashlib
+
+    from effectlog.chain import Chain
+    from effectlog.errors import ChainBroken
+
+    path, key = tmp_path / "j.db", b"the-operators-key"
+    plan = plan_of("k", 6)
+    keyed = SqliteJournal(path, chain=Chain(key))
+    with Runtime(keyed, crash_hook=_stop_at("s3")) as rt, pytest.raises(SimulatedCrash):
+        rt.run(plan)
+    with sqlite3.connect(path) as db:
+        seq, prev, body = db.execute(
+            "SELECT seq, prev, body FROM checkpoints WHERE run_id = 'k' ORDER BY seq DESC LIMIT 1"
+        ).fetchone()
+        event_hash = db.execute("SELECT hash FROM events WHERE run_id = 'k' AND seq = ?", (seq,)).fetchone()[0]
+        segment = msgspec.msgpack.decode(body)
+        segment["steps"] = [s for s in segment["steps"] if s["step_id"] != "s3"]
+        forged = msgspec.msgpack.encode(segment)
+        relinked = hashlib.sha256(bytes(event_hash) + bytes(prev) + forged).digest()
+        db.execute("DROP TRIGGER checkpoints_append_only_update")
+        db.execute("UPDATE checkpoints SET body = ?, hash = ? WHERE run_id = 'k' AND seq = ?", (forged, relinked, seq))
+    with SqliteJournal(path, writer=False, chain=Chain(key)) as reader:
+        state, segment_seq, _ = load_for_resume(reader, "k", plan)
+        full = load_run(reader, "k")
+        assert (0, full, "confirmed") == (segment_seq, state, state.steps["s3"].state)
+        with pytest.raises(ChainBroken) as broken:
+            verify_run(reader, "k")
+    assert "checkpoints.hash" == broken.value.fields["column"]
