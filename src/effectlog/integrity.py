@@ -55,15 +55,25 @@ def _replay_checking_segments(journal: Journal, run_id: str, segments: list[Stor
 
 
 def check_orphan_seals(journal: Journal, run_ids: list[str], only: str | None = None) -> None:
-    """A seal whose run has no event left (of all runs, or of ``only``): the whole run was cut."""
-    if not isinstance(journal, SealingJournal):
-        return
-    seals = journal.stored_seals(only)
-    # Runs listed after the seals were read (see verify_run): a run started and sealed by a writer
-    # after ``run_ids`` was listed is no orphan.
-    known = set(run_ids) | (set(journal.runs()) if seals else set())
+    """A seal or a checkpoint segment whose run has no event left (of all runs, or of ``only``): the
+    whole run was cut (each is written in the transaction of the event it names)."""
+    seals = journal.stored_seals(only) if isinstance(journal, SealingJournal) else []
+    segmented = journal.checkpointed_runs() if isinstance(journal, CheckpointJournal) else []
+    segmented = [(run_id, seq) for run_id, seq in segmented if only is None or run_id == only]
+    # Runs listed after the seals and segments were read (see verify_run): a run started and
+    # sealed (or checkpointed) by a writer after ``run_ids`` was listed is no orphan.
+    known = set(run_ids) | (set(journal.runs()) if seals or segmented else set())
     for run_id, seq, _, _ in seals:
         if run_id not in known:
             raise Truncated(
                 f"the run is sealed at seq {seq} but the journal holds none of its events", run_id=run_id, seq=0
+            )
+    for run_id, seq in segmented:
+        if run_id not in known:
+            raise Truncated(
+                f"the run has a checkpoint written with its event seq {seq} but the journal holds none of its "
+                "events: the whole run was cut",
+                run_id=run_id,
+                seq=0,
+                column="checkpoints.seq",
             )

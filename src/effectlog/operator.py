@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 from effectlog.errors import NotReconcilable, RunOwned, UnknownRun, UnknownStep
 from effectlog.fold import RunState, StepState
-from effectlog.journal import Journal, load_run, load_sealed
+from effectlog.journal import Journal, load_run, refuse_cut
 from effectlog.journal.ownership import describe
 from effectlog.recorder import Clock, EventSpec, record_now
 from effectlog.trace import Trace
@@ -29,7 +29,7 @@ def load_step(
             run_id=run_id,
             step_id=step_id,
         )
-    load_sealed(journal, run_id)  # a closed run whose tail was cut takes no decision: Truncated (exit 7)
+    refuse_cut(journal, run_id)  # a run whose tail was cut (under its seal or a segment) takes no decision: exit 7
     state = load_run(journal, run_id)
     if state.seq == 0:
         raise UnknownRun(f"no run {run_id!r} in {journal.location}", run_id=run_id)

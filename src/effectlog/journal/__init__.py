@@ -31,6 +31,7 @@ __all__ = [
     "load_run",
     "load_sealed",
     "open_journal",
+    "refuse_cut",
 ]
 
 
@@ -92,8 +93,7 @@ def load_for_resume(journal: Journal, run_id: str, plan: Plan) -> tuple[RunState
     actor's next segment must carry)."""
     if isinstance(journal, CheckpointJournal):
         rows = journal.checkpoint_rows(run_id)
-        if rows and rows[-1][4] is None:  # the last segment's event is gone: cut from the end?
-            checkpoint.check_not_cut(rows, journal.head(run_id), run_id)
+        _check_segments_not_cut(journal, rows, run_id)
         with _no_cyclic_gc():
             base = checkpoint.load(rows, journal.chain, run_id)
         if base is not None and base.kind == "plan" and base.plan_digest == plan.digest:
@@ -111,6 +111,24 @@ def load_for_resume(journal: Journal, run_id: str, plan: Plan) -> tuple[RunState
             return state, base.seq, touched
     state = load_run(journal, run_id)
     return state, 0, set(state.steps.keys())
+
+
+def refuse_cut(journal: Journal, run_id: str) -> None:
+    """``Truncated`` (exit 7) when the run's tail was cut under its seal or its last checkpoint
+    segment (each written in the transaction of the event it names): what a writer other than the
+    run's actor (an operator's decision, a repin) checks before it appends, so that nothing is
+    written over a cut. A decision appended there would also hide the cut from the next resume:
+    the segment's seq would exist again, as another event."""
+    load_sealed(journal, run_id)
+    if isinstance(journal, CheckpointJournal):
+        _check_segments_not_cut(journal, journal.checkpoint_rows(run_id), run_id)
+
+
+def _check_segments_not_cut(
+    journal: Journal, rows: list[tuple[int, bytes, bytes, bytes, bytes | None]], run_id: str
+) -> None:
+    if rows and rows[-1][4] is None:  # the last segment's event is gone: cut from the end?
+        checkpoint.check_not_cut(rows, journal.head(run_id), run_id)
 
 
 def load_resumable(journal: Journal, run_id: str) -> RunState:

@@ -109,6 +109,10 @@ class CheckpointJournal(Protocol):
         """The run's segment rows as stored, ``(run id, seq, prev, body, hash)``; unchecked."""
         ...
 
+    def checkpointed_runs(self) -> list[tuple[str, int]]:
+        """Each run that has segments, with its last segment's seq (for ``verify``: a run whose events are all gone)."""
+        ...
+
 
 def _slim_type() -> type[Any]:
     """A twin of ``StepState`` with the same fields in the same order and ``omit_defaults``: a step is
@@ -129,6 +133,8 @@ _SlimStep = _slim_type()
 _astuple = msgspec.structs.astuple
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(Segment)
+_json_encoder = msgspec.json.Encoder()
+_json_decoder = msgspec.json.Decoder(Segment)
 
 
 def _decode(body: bytes) -> Segment:
@@ -192,8 +198,13 @@ def segment_row(state: RunState, changed: Iterable[str]) -> CheckpointRow:
         traceparent=state.traceparent,
         started_ts=state.started_ts,
         updated_ts=state.updated_ts,
-        steps=[_SlimStep(*_astuple(s)) for s in sorted((steps[s] for s in changed if s in steps), key=_index)],
+        steps=sorted((steps[s] for s in changed if s in steps), key=_index),
     )
+    # The live state was built from the event objects before the journal encoded them as JSON, which
+    # keeps some values otherwise (bytes in a receipt become base64 text): the segment must hold what
+    # the replay of the journal gives, so it takes the same way through JSON first.
+    segment = _json_decoder.decode(_json_encoder.encode(segment))
+    segment = msgspec.structs.replace(segment, steps=[_SlimStep(*_astuple(s)) for s in segment.steps])
     # Not compressed: zlib cut the bytes ~6x, but inflating them cost a resume more CPU (~28 ms at
     # 100k events) than reading and hashing them uncompressed (~13 ms); resume CPU is what counts.
     return state.run_id, state.seq, _encoder.encode(segment)

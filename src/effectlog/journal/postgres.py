@@ -507,12 +507,17 @@ class PostgresJournal:
             (str(r[0]), int(r[1]), bytes(r[2]), bytes(r[3]), bytes(r[4])) for r in self._checkpoint_query(sql, run_id)
         ]
 
-    def _checkpoint_query(self, sql: str, run_id: str) -> list[tuple[Any, ...]]:
+    def checkpointed_runs(self) -> list[tuple[str, int]]:
+        """Each run that has segments, with its last segment's seq; unchecked."""
+        sql = f"SELECT run_id, max(seq) FROM {SCHEMA}.checkpoints GROUP BY run_id ORDER BY run_id"
+        return [(str(r[0]), int(r[1])) for r in self._checkpoint_query(sql, None)]
+
+    def _checkpoint_query(self, sql: str, run_id: str | None) -> list[tuple[Any, ...]]:
         try:
             with self._pool.connection() as conn:
                 if not self._has_table(conn, "checkpoints"):  # a journal no writer has opened since they exist
                     return []
-                return list(conn.execute(sql, (run_id,)).fetchall())
+                return list(conn.execute(sql, (run_id,) if run_id is not None else ()).fetchall())
         except (psycopg.Error, PoolTimeout) as exc:
             raise translate(exc, self.location) from None
 

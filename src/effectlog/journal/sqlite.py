@@ -589,6 +589,11 @@ class SqliteJournal:
         sql = "SELECT run_id, seq, prev, body, hash FROM checkpoints WHERE run_id = ? ORDER BY seq"
         return [(r[0], r[1], bytes(r[2]), bytes(r[3]), bytes(r[4])) for r in self._checkpoints(sql, (run_id,))]
 
+    def checkpointed_runs(self) -> list[tuple[str, int]]:
+        """Each run that has segments, with its last segment's seq; unchecked."""
+        sql = "SELECT run_id, max(seq) FROM checkpoints GROUP BY run_id ORDER BY run_id"
+        return [(str(r[0]), int(r[1])) for r in self._checkpoints(sql, ())]
+
     def _checkpoints(self, sql: str, params: tuple[str, ...]) -> list[tuple[Any, ...]]:
         try:
             return self._db.execute(sql, params).fetchall()
