@@ -59,7 +59,7 @@ def check_setting() -> None:
 # The cadence: a segment with the batch that brings a run EVERY_EVENTS (or more) events past
 # its previous segment. A segment costs O(steps changed since the last one), so the per-step
 # path pays about a microsecond per event; a resume replays at most about this many events.
-# 0: no segments. ``EFFECTLOG_CHECKPOINT_EVERY`` sets it (the tests run the crash cases with 1).
+# 0: no segments. ``EFFECTLOG_CHECKPOINT_EVERY`` sets it (tests/test_checkpoints.py kills real runs with 1 and 2).
 EVERY_EVENTS = _cadence(os.environ.get(SETTING))
 
 CheckpointRow = tuple[str, int, bytes]  # (run id, seq of the batch's last event, encoded segment)
