@@ -104,6 +104,20 @@ class RunState(msgspec.Struct, frozen=True, kw_only=True, gc=False):
         return sorted(self.steps.values(), key=lambda s: s.index)
 
 
+
+
+# Fields a stored summary (a seal, a checkpoint segment) cannot hold: the plan comes from the
+# run's own Plan, the head from the chain, the steps from the summary's own per-step records.
+_NOT_SUMMARISED = frozenset({"head", "steps", "plan", "plan_steps"})
+
+
+def state_from_summary(summary: Any, *, head: bytes, steps: immutables.Map[str, StepState]) -> RunState:
+    """A ``RunState`` from a summary struct carrying its run-level fields under the same names
+    (those it lacks keep their defaults): one place, so a new run-level field reaches every summary."""
+    kept = {name: getattr(summary, name) for name in RunState.__struct_fields__ if name not in _NOT_SUMMARISED
+            and hasattr(summary, name)}
+    return RunState(**kept, head=head, steps=steps)
+
 def initial(run_id: str) -> RunState:
     return RunState(run_id=run_id)
 

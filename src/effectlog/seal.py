@@ -26,7 +26,7 @@ import msgspec
 from effectlog import events as ev
 from effectlog.chain import Chain
 from effectlog.errors import ChainBroken, CorruptEvent, Truncated
-from effectlog.fold import Record, RunState, StepState
+from effectlog.fold import Record, RunState, StepState, state_from_summary
 from effectlog.outcome import StepSummary
 
 SealRow = tuple[str, int, bytes]  # (run id, seq of the closing event, encoded seal)
@@ -139,24 +139,7 @@ def _seal_steps(seal: RunSeal) -> immutables.Map[str, StepState]:
 
 
 def _run_fields(seal: RunSeal | _SummarySeal, head: bytes, steps: immutables.Map[str, StepState]) -> RunState:
-    return RunState(
-        run_id=seal.run_id,
-        seq=seal.seq,
-        head=head,
-        state=seal.state,
-        kind=seal.kind,
-        plan_digest=seal.plan_digest,
-        adapters=seal.adapters,
-        steps=steps,
-        result=seal.result,
-        reason=seal.reason,
-        blocked_step=seal.blocked_step,
-        resumes=seal.resumes,
-        started_ts=seal.started_ts,
-        updated_ts=seal.updated_ts,
-        effect_store=seal.effect_store,
-        deadline=seal.deadline,
-    )
+    return state_from_summary(seal, head=head, steps=steps)
 
 
 def sealed_view(state: RunState) -> RunState:

@@ -35,7 +35,7 @@ import msgspec
 from effectlog import events as ev
 from effectlog.chain import GENESIS, Chain
 from effectlog.errors import ChainBroken, CorruptEvent, EventConflict, Truncated
-from effectlog.fold import Record, RunState, StepState
+from effectlog.fold import Record, RunState, StepState, state_from_summary
 
 DEFAULT_EVERY = 512
 SETTING = "EFFECTLOG_CHECKPOINT_EVERY"
@@ -303,25 +303,7 @@ def load(rows: Sequence[tuple[Any, ...]], chain: Chain, run_id: str) -> RunState
 
 
 def _state(segment: Segment, steps: immutables.Map[str, StepState], head: bytes) -> RunState:
-    return RunState(
-        run_id=segment.run_id,
-        seq=segment.seq,
-        head=head,
-        state=segment.state,
-        kind=segment.kind,
-        plan_digest=segment.plan_digest,
-        adapters=segment.adapters,
-        effect_store=segment.effect_store,
-        steps=steps,
-        result=segment.result,
-        reason=segment.reason,
-        blocked_step=segment.blocked_step,
-        deadline=segment.deadline,
-        resumes=segment.resumes,
-        traceparent=segment.traceparent,
-        started_ts=segment.started_ts,
-        updated_ts=segment.updated_ts,
-    )
+    return state_from_summary(segment, head=head, steps=steps)
 
 
 def without_plan(state: RunState) -> RunState:

@@ -426,22 +426,7 @@ class PostgresJournal:
     # -- appends ------------------------------------------------------------------
 
     def append(self, events: Sequence[Event]) -> list[Record]:
-        if not self.writer:
-            raise StorageError(f"{self.location}: journal opened read-only")
-        if not events:
-            return []
-        try:
-            with self._pool.connection() as conn:
-                try:
-                    with conn.transaction():
-                        self._lock_runs(conn, events)
-                        self._check_owners(conn, events)
-                        return self._append_locked(conn, events)
-                except pg_errors.UniqueViolation as exc:
-                    # The transaction is rolled back; explain the conflict from committed rows.
-                    raise self._unique_conflict(conn, events, exc) from None
-        except (psycopg.Error, PoolTimeout) as exc:
-            raise translate(exc, self.location) from None
+        return self.append_checkpointed(events, (), ())
 
     def append_checkpointed(
         self,
@@ -463,9 +448,11 @@ class PostgresJournal:
                         self._lock_runs(conn, events)
                         self._check_owners(conn, events)
                         records = self._append_locked(conn, events)
-                        self._insert_checkpoints(conn, records, checkpoints)
+                        if checkpoints:
+                            self._insert_checkpoints(conn, records, checkpoints)
                         return records
                 except pg_errors.UniqueViolation as exc:
+                    # The transaction is rolled back; explain the conflict from committed rows.
                     raise self._unique_conflict(conn, events, exc) from None
         except (psycopg.Error, PoolTimeout) as exc:
             raise translate(exc, self.location) from None
