@@ -372,3 +372,51 @@ def test_crash_matrix_run_progress_and_problems_as_json_lines_and_quiet(tmp_path
     assert {"error"} == {r["level"] for r in problems}
     assert 1 <= sum("user-after-effect" in r["event"] for r in problems)  # the duplicated effect is named
     assert [r["event"] for r in problems] == quiet.stderr.splitlines()
+
+
+def test_retry_and_recover_write_progress_lines_and_quiet_silences_them(tmp_path: Path) -> None:
+    """`retry` (and so `fork`, the same drive) and `recover` write the same per-step lines as `run`;
+    --quiet silences them and stdout is unchanged (issue 16's left-over: they printed none)."""
+    steps = [
+        {"id": "a", "adapter": "t", "args": {"argv": ["true"]}},
+        {"id": "b", "adapter": "t", "args": {"argv": ["test", "-e", str(tmp_path / "open")]}},
+    ]
+    plan = write_plan(tmp_path / "plan.json", steps, SHELL)
+    for name in ("loud", "quiet"):
+        assert 1 == effectlog("run", str(plan), "--journal", str(tmp_path / f"{name}.db"), "--quiet").returncode
+    (tmp_path / "open").touch()
+    audit = ("--run-id", "r", "--by", "ops", "--reason", "door open")
+    loud = effectlog("retry", "--journal", str(tmp_path / "loud.db"), *audit)
+    quiet = effectlog("retry", "--journal", str(tmp_path / "quiet.db"), *audit, "--quiet")
+    assert (0, 0) == (loud.returncode, quiet.returncode), loud.stderr + quiet.stderr
+    expected = [
+        "effectlog: run r.retry1 started (forked from r at step b)",
+        "effectlog: run r.retry1 step a carried (from r, not run again)",
+        "effectlog: run r.retry1 resumed",  # a fork is written, then driven like a resumed run
+        "effectlog: run r.retry1 step b confirmed",
+        "effectlog: run r.retry1 completed",
+    ]
+    lines = [
+        line if "carried" in line or "forked" in line else line.split(" (")[0] for line in loud.stderr.splitlines()
+    ]
+    assert (expected, "", loud.stdout) == (lines, quiet.stderr, quiet.stdout)
+
+    # recover: a run SIGKILLed inside its non-idempotent step b is resumed by `recover`, which says
+    # step by step what it found: b's outcome is unknown, so the run stops for reconciliation.
+    kill_plan = write_plan(
+        tmp_path / "kill.json",
+        [
+            {"id": "a", "adapter": "t", "args": {"argv": ["true"]}},
+            {"id": "b", "adapter": "t", "args": {"argv": ["sh", "-c", "kill -9 $PPID"]}},
+        ],
+        SHELL,
+    )
+    for name in ("killed", "killed-quiet"):
+        killed = effectlog("run", str(kill_plan), "--journal", str(tmp_path / f"{name}.db"), "--quiet")
+        assert -signal.SIGKILL == killed.returncode, killed.stderr
+    recovered = effectlog("recover", "--journal", str(tmp_path / "killed.db"))
+    quiet_recovered = effectlog("recover", "--journal", str(tmp_path / "killed-quiet.db"), "--quiet")
+    lines = [line.split(" (")[0] for line in recovered.stderr.splitlines()]
+    expected = ["effectlog: run r resumed", "effectlog: run r step b uncertain", "effectlog: run r stopped"]
+    assert (expected, "") == (lines, quiet_recovered.stderr)
+    assert [True, True] == ["r    resumed  stopped" in out.stdout for out in (recovered, quiet_recovered)]

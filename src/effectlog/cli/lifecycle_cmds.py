@@ -13,6 +13,7 @@ from effectlog.cli.inspect_cmds import add_journal_args
 from effectlog.cli.notify_args import add_notify_args
 from effectlog.cli.notify_args import hooks as notify_hooks
 from effectlog.cli.output import emit_json, table
+from effectlog.cli.progress import add_progress_args, apply_progress_args, error_line
 from effectlog.errors import BadInput
 from effectlog.notify import marks, notify_new_waits
 
@@ -49,6 +50,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     _add_secrets_arg(p)
     p.add_argument("--json", action="store_true", help="one JSON object per run, in a list")
     add_notify_args(p)
+    add_progress_args(p)
     p.set_defaults(handler=cmd_recover)
 
     for name, helptext in (
@@ -74,6 +76,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         _add_runtime_args(p)
         _add_secrets_arg(p)
         p.add_argument("--json", action="store_true", help="print the new run's outcome as JSON")
+        add_progress_args(p)
         p.set_defaults(handler=cmd_fork if name == "fork" else cmd_retry)
 
     p = sub.add_parser("repin", help="accept upgraded adapter implementations for an open run (audited)")
@@ -126,6 +129,7 @@ def cmd_recover(args: argparse.Namespace) -> int:
     secrets = _secrets(args)
     runtime = _runtime(args)
     notifiers = notify_hooks(args)
+    apply_progress_args(args)  # a line per step on stderr unless --quiet, once the input is checked
     with runtime, stop_on_signals(runtime):
         since = marks(runtime.journal, runtime.journal.runs()) if notifiers else {}
         report = runtime.recover(secrets=secrets)
@@ -149,8 +153,10 @@ def _emit_outcome(args: argparse.Namespace, outcome: Any) -> int:
     else:
         rows = [(s.id, s.state, s.attempt) for s in outcome.steps]
         sys.stdout.write(table(("step", "state", "attempt"), rows) + "\n")
-        stream = sys.stdout if outcome.exit_status == 0 else sys.stderr
-        stream.write(f"{outcome.message}\n")
+        if outcome.exit_status == 0:
+            sys.stdout.write(f"{outcome.message}\n")
+        else:
+            sys.stderr.write(error_line(outcome.message, logger="effectlog.run", exit_status=outcome.exit_status))
     return int(outcome.exit_status)
 
 
@@ -159,6 +165,7 @@ def cmd_fork(args: argparse.Namespace) -> int:
 
     secrets = _secrets(args)
     runtime = _runtime(args)
+    apply_progress_args(args)
     with runtime, stop_on_signals(runtime):
         outcome = runtime.fork(
             args.run_id, args.new_run_id, by=args.by, reason=args.reason, from_step=args.from_step, secrets=secrets
@@ -171,6 +178,7 @@ def cmd_retry(args: argparse.Namespace) -> int:
 
     secrets = _secrets(args)
     runtime = _runtime(args)
+    apply_progress_args(args)
     with runtime, stop_on_signals(runtime):
         outcome = runtime.retry(
             args.run_id, new_run_id=args.new_run_id, by=args.by, reason=args.reason, secrets=secrets

@@ -67,7 +67,18 @@ class StepLog:
         for event in events:
             if isinstance(event, ev.RunStarted | ev.RunResumed):  # only once it is durable: checks come first
                 how = "started" if isinstance(event, ev.RunStarted) else "resumed"
-                self._log(logging.INFO, f"run {self.run_id} {how}", effectlog_event=f"run.{how}")
+                fork = isinstance(event, ev.RunStarted) and event.forked_from
+                note = f" (forked from {event.forked_from} at step {event.from_step})" if fork else ""
+                self._log(logging.INFO, f"run {self.run_id} {how}{note}", effectlog_event=f"run.{how}")
+                continue
+            if isinstance(event, ev.StepCarried):
+                self._log(
+                    logging.INFO,
+                    f"run {self.run_id} step {event.step_id} carried (from {event.from_run}, not run again)",
+                    effectlog_event="step.carried",
+                    step_id=event.step_id,
+                    outcome="carried",
+                )
                 continue
             if isinstance(event, ev.StepRequested):
                 self.began[event.step_id] = now
