@@ -67,8 +67,9 @@ class StepLog:
         for event in events:
             if isinstance(event, ev.RunStarted | ev.RunResumed):  # only once it is durable: checks come first
                 how = "started" if isinstance(event, ev.RunStarted) else "resumed"
-                fork = isinstance(event, ev.RunStarted) and event.forked_from
-                note = f" (forked from {event.forked_from} at step {event.from_step})" if fork else ""
+                note = ""
+                if isinstance(event, ev.RunStarted) and event.forked_from:
+                    note = f" (forked from {event.forked_from} at step {event.from_step})"
                 self._log(logging.INFO, f"run {self.run_id} {how}{note}", effectlog_event=f"run.{how}")
                 continue
             if isinstance(event, ev.StepCarried):
