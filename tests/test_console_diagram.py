@@ -1,7 +1,8 @@
-"""The run page's step diagram: an SVG drawn on the server from specs/step.toml, the step's state marked (issue 15)."""
+"""The console's step diagram: an SVG drawn on the server from specs/step.toml, the step's state marked (issue 15)."""
 
 from __future__ import annotations
 
+import re
 import xml.etree.ElementTree as ET
 
 import pytest
@@ -83,3 +84,66 @@ def test_the_arrows_leaving_the_current_state_are_marked_as_what_can_happen_next
     assert expected == marked
     if current == "uncertain":
         assert {("uncertain", "reconciled"), ("uncertain", "pending")} == marked
+
+
+def _runs(d: str) -> list[tuple[float, float, float, float]]:
+    """The straight runs of a path made of M, H and V commands, as (x1, y1, x2, y2)."""
+    runs, x, y = [], 0.0, 0.0
+    for op, value in re.findall(r"([MHV])([-\d.,]+)", d):
+        if op == "M":
+            x, y = (float(v) for v in value.split(","))
+            continue
+        nx, ny = (float(value), y) if op == "H" else (x, float(value))
+        runs.append((x, y, nx, ny))
+        x, y = nx, ny
+    return runs
+
+
+def _boxes(root: ET.Element) -> dict[str, tuple[float, float, float, float]]:
+    found = {}
+    for g in root.findall("svg:g[@data-state]", NS):
+        rect = g.find("svg:rect", NS)
+        assert rect is not None
+        x, y, w, h = (float(rect.get(k, "0")) for k in ("x", "y", "width", "height"))
+        found[g.get("data-state", "")] = (x, y, x + w, y + h)
+    return found
+
+
+def test_no_long_arrow_runs_through_a_box_or_along_another_arrows_run() -> None:
+    """The arrows that skip columns or lead back run in lanes and gaps: none of their straight runs
+    passes through a state's box other than its own two ends, and no two of them share a
+    horizontal lane (which made the labels pile up on each other)."""
+    root = parsed(None)
+    boxes = _boxes(root)
+    through, lanes = [], []
+    for g in root.findall("svg:g[@data-from]", NS):
+        path = g.find("svg:path", NS)
+        d = path.get("d", "") if path is not None else ""
+        if path is None or "C" in d:  # straight lines between neighbours and curves are drawn otherwise
+            continue
+        ends = {g.get("data-from"), g.get("data-to")}
+        for x1, y1, x2, y2 in _runs(d):
+            if y1 == y2 and abs(x2 - x1) > 1:
+                lanes.append(round(y1, 3))
+            for state, (bx1, by1, bx2, by2) in boxes.items():
+                inside = min(x1, x2) < bx2 and max(x1, x2) > bx1 and min(y1, y2) < by2 and max(y1, y2) > by1
+                if inside and state not in ends:
+                    through.append((g.get("data-from"), g.get("data-to"), state))
+    horizontal_long = [y for y in lanes if y < min(b[1] for b in boxes.values())]  # the lanes above the boxes
+    assert ([], len(horizontal_long)) == (through, len(set(horizontal_long)))
+    assert len(horizontal_long) >= 5  # the step machine has that many arrows skipping columns
+
+
+@pytest.mark.parametrize("current", STEP.states)
+def test_with_a_state_marked_only_the_arrows_that_can_happen_next_are_loud(current: str) -> None:
+    """Every arrow not leaving the current state is ``quiet`` (faint, its label in its tooltip), so the
+    step's possible next moves read at a glance; they are drawn after the boxes, labels on top."""
+    root = parsed(current)
+    children = list(root)
+    arrows = root.findall("svg:g[@data-from]", NS)
+    loud = [g for g in arrows if "quiet" not in (g.get("class") or "").split()]
+    last_box = max(i for i, el in enumerate(children) if el.get("data-state") is not None)
+
+    assert all("next" in (g.get("class") or "").split() for g in loud)
+    assert all(children.index(g) > last_box for g in loud)
+    assert len(arrows) - len(loud) == len([g for g in arrows if "quiet" in (g.get("class") or "")])
