@@ -376,15 +376,16 @@ def replay_records_fast(
     decode, sha256, keyed = ev._decoder.decode, hashlib.sha256, chain.key is not None
     step_tag_of, fixed_phase, fixed, step_after = _STEP_TAG_OF, _FIXED_PHASE, _STEP_FIXED, _step_after
     step_event, requested, effected, confirmed = ev.StepEvent, ev.StepRequested, ev.StepEffected, ev.StepConfirmed
-    pending, replace = _STEP.spec.initial, _replace
-    run, seq, ts = state, state.seq, state.updated_ts
+    replace = _replace
+    first = fixed.get((_STEP.spec.initial, _TAG_OF[requested]))  # a new step's state after its first request
+    run, seq, ts, rid = state, state.seq, state.updated_ts, state.run_id
     admits, members = _step_admission(run)
     base = state.steps
     changed: dict[str, StepState] = {}
     added = 0  # steps seen that are not in ``base``
     for rec in records:
-        body = rec.body
-        if (link(head, body) if keyed else sha256(head + body).digest()) != rec.hash:
+        body, digest = rec.body, rec.hash
+        if (link(head, body) if keyed else sha256(head + body).digest()) != digest:
             _raise_if_moved(rec, run_id)
             raise ChainBroken("stored hash does not match the chain over the stored bytes", run_id=run_id, seq=rec.seq)
         try:
@@ -392,47 +393,39 @@ def replay_records_fast(
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             raise CorruptEvent(f"event does not decode: {exc}", run_id=run_id, seq=rec.seq) from None
         if isinstance(event, step_event):
-            tag = step_tag_of[type(event)]
-            sid = event.step_id
-            if rec.run_id != event.run_id or rec.seq != event.seq or (
-                rec.step_id is not None  # ``_moved``, inline for the step events whose phase is their tag
-                and (
-                    rec.step_id != sid
-                    or rec.attempt != event.attempt
-                    or rec.phase != (fixed_phase.get(type(event)) or event.phase)
-                )
+            typ, sid, at, attempt = type(event), event.step_id, event.seq, event.attempt
+            tag, stored = step_tag_of[typ], rec.step_id
+            if rec.seq != at or rec.run_id != event.run_id or (
+                stored is not None  # ``_moved``, inline
+                and (stored != sid or rec.attempt != attempt or rec.phase != (fixed_phase.get(typ) or event.phase))
             ):
                 _check_columns(rec, event, run_id)
-            if event.run_id != run.run_id or event.seq != seq + 1:
+            if at != seq + 1 or event.run_id != rid:
                 apply(_replace(run, seq=seq), event)  # raises exactly what the pure fold raises
-            step = changed.get(sid)
-            if step is None:
-                step = base.get(sid)
+            step = changed.get(sid) or base.get(sid)
             if tag in admits and (members is None or sid in members):  # else ``_step_after`` refuses it
                 if step is None:
-                    if isinstance(event, requested) and event.attempt == 1 and (pending, tag) in fixed:
+                    if typ is requested and attempt == 1 and first is not None and isinstance(event, requested):
                         # ``_step_after``'s new step and its ``step.requested`` change, as one struct
                         changed[sid] = StepState(
-                            step_id=sid, index=len(base) + added, state=fixed[pending, tag], last_seq=event.seq,
+                            step_id=sid, index=len(base) + added, state=first, last_seq=at,
                             adapter=event.adapter, kind=event.kind, idempotency_key=event.idempotency_key,
                             idempotent=event.idempotent, args_digest=event.args_digest,
-                            fingerprint=event.fingerprint, args=event.args, requested_seq=event.seq,
+                            fingerprint=event.fingerprint, args=event.args, requested_seq=at,
                         )  # fmt: skip
                         added += 1
-                        seq, ts, head = event.seq, event.ts, rec.hash
+                        seq, ts, head = at, event.ts, digest
                         continue
-                elif event.attempt == step.attempt:
+                elif attempt == step.attempt:
                     nxt = fixed.get((step.state, tag))
                     if nxt is not None:
-                        if isinstance(event, confirmed):
-                            changed[sid] = replace(step, state=nxt, last_seq=event.seq, rebuilt=event.rebuilt)
-                            seq, ts, head = event.seq, event.ts, rec.hash
+                        if typ is confirmed and isinstance(event, confirmed):
+                            changed[sid] = replace(step, state=nxt, last_seq=at, rebuilt=event.rebuilt)
+                            seq, ts, head = at, event.ts, digest
                             continue
-                        if isinstance(event, effected):
-                            changed[sid] = replace(
-                                step, state=nxt, last_seq=event.seq, receipt=event.receipt, ok=event.ok
-                            )
-                            seq, ts, head = event.seq, event.ts, rec.hash
+                        if typ is effected and isinstance(event, effected):
+                            changed[sid] = replace(step, state=nxt, last_seq=at, receipt=event.receipt, ok=event.ok)
+                            seq, ts, head = at, event.ts, digest
                             continue
             if step is None:
                 changed[sid] = step_after(run, None, len(base) + added, event, tag)
@@ -444,7 +437,7 @@ def replay_records_fast(
                 rec.step_id is not None and _moved(rec, event)
             ):
                 _check_columns(rec, event, run_id)
-            if event.run_id != run.run_id or event.seq != seq + 1:
+            if event.run_id != rid or event.seq != seq + 1:
                 apply(_replace(run, seq=seq), event)  # raises exactly what the pure fold raises
             if type(event) is ev.RunCompleted and changed:  # the only run transition that reads the steps
                 base, changed, added = base.update(changed), {}, 0
@@ -452,7 +445,7 @@ def replay_records_fast(
             run = _apply_run(run, event, _TAG_OF.get(type(event)) or ev.tag_of(event))
             admits, members = _step_admission(run)
         seq, ts = event.seq, event.ts
-        head = rec.hash
+        head = digest
     return _replace(run, seq=seq, updated_ts=ts, steps=base.update(changed) if changed else base, head=head)
 
 
