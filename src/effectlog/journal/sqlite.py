@@ -25,6 +25,7 @@ import os
 import sqlite3
 import time
 from collections.abc import Callable, Iterator, Sequence
+from functools import partial
 from itertools import starmap
 from pathlib import Path
 from typing import Any
@@ -658,15 +659,16 @@ class SqliteJournal:
         # young instead of filling the GC's old generation). Each page is a finished statement,
         # so nothing stays open on the writer's connection between pages; the log is
         # append-only and gap-free per run, so the pages are the history as of the last one.
+        record = partial(Record, run_id)
         while True:
             try:
                 rows = self._db.execute(READ_PAGE, (run_id, after_seq, READ_PAGE_ROWS)).fetchall()
             except sqlite3.Error as exc:
                 raise translate(exc, self.location) from None
-            yield from starmap(Record, rows)  # BLOBs come back as bytes
+            yield from starmap(record, rows)  # BLOBs come back as bytes
             if len(rows) < READ_PAGE_ROWS:
                 return
-            after_seq = rows[-1][1]
+            after_seq = rows[-1][0]
 
     def runs(self) -> list[str]:
         try:
