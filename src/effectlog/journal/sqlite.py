@@ -59,6 +59,7 @@ from effectlog.journal.protocol import SCHEMA_VERSION
 from effectlog.journal.sqlite_schema import (
     INSERT,
     INSERT_SEAL,
+    LIST_RUNS,
     MIGRATIONS,
     OWNERS_DDL,
     READ_PAGE,
@@ -672,7 +673,7 @@ class SqliteJournal:
 
     def runs(self) -> list[str]:
         try:
-            return [r[0] for r in self._db.execute("SELECT DISTINCT run_id FROM events ORDER BY run_id")]
+            return [r[0] for r in self._db.execute(LIST_RUNS)]
         except sqlite3.Error as exc:
             raise translate(exc, self.location) from None
 

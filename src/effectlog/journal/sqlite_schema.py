@@ -60,6 +60,14 @@ UPSERT_OWNER = (
     "INSERT INTO owners (run_id, token, holder) VALUES (?, 1, ?) "
     "ON CONFLICT (run_id) DO UPDATE SET token = token + 1, holder = excluded.holder RETURNING token"
 )
+# ``SELECT DISTINCT run_id FROM events ORDER BY run_id`` without reading every event: one seek in the
+# primary key per run (SQLite's DISTINCT scans the whole table, ~0.1 us per event on every ``verify``).
+# The same ids in the same order (min and > order values as ORDER BY does).
+LIST_RUNS = (
+    "WITH RECURSIVE r(id) AS (SELECT min(run_id) FROM events UNION ALL "
+    "SELECT (SELECT min(run_id) FROM events WHERE run_id > r.id) FROM r WHERE r.id IS NOT NULL) "
+    "SELECT id FROM r WHERE id IS NOT NULL"
+)
 READ_PAGE_ROWS = 2000
 # Columns in ``Record``'s field order after ``run_id``, so a page becomes records without a Python loop
 # (``starmap`` over ``partial(Record, run_id)``). The run_id column is not read back: ``WHERE run_id = ?``
