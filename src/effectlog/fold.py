@@ -374,7 +374,7 @@ def replay_records_fast(
     head, link = state.head, chain.link
     # Locals, and no Python frame per event for the decoder or an unkeyed link: this loop is the hot path.
     decode, sha256, keyed = ev._decoder.decode, hashlib.sha256, chain.key is not None
-    step_tag_of, fixed_phase, fixed, step_after = _STEP_TAG_OF, _FIXED_PHASE, _STEP_FIXED, _step_after
+    step_tag_of, fixed, step_after = _STEP_TAGS, _STEP_FIXED, _step_after
     step_event, requested, effected, confirmed = ev.StepEvent, ev.StepRequested, ev.StepEffected, ev.StepConfirmed
     replace = _replace
     first = fixed.get((_STEP.spec.initial, _TAG_OF[requested]))  # a new step's state after its first request
@@ -394,10 +394,11 @@ def replay_records_fast(
             raise CorruptEvent(f"event does not decode: {exc}", run_id=run_id, seq=rec.seq) from None
         if isinstance(event, step_event):
             typ, sid, at, attempt = type(event), event.step_id, event.seq, event.attempt
-            tag, stored = step_tag_of[typ], rec.step_id
+            tag, phase = step_tag_of[typ]
+            stored = rec.step_id
             if rec.seq != at or rec.run_id != event.run_id or (
                 stored is not None  # ``_moved``, inline
-                and (stored != sid or rec.attempt != attempt or rec.phase != (fixed_phase.get(typ) or event.phase))
+                and (stored != sid or rec.attempt != attempt or rec.phase != (phase or event.phase))
             ):
                 _check_columns(rec, event, run_id)
             if at != seq + 1 or event.run_id != rid:
@@ -449,8 +450,9 @@ def replay_records_fast(
     return _replace(run, seq=seq, updated_ts=ts, steps=base.update(changed) if changed else base, head=head)
 
 
-# Step event types and their tags, and per run state the step tags the run machine admits there
-# (from the specs, as ``_admitted``): what the replay-only fold's short path asks.
+# Step event types with their tag and their fixed phase (``None``: the event's ``phase`` says), and per
+# run state the step tags the run machine admits there (from the specs, as ``_admitted``): what the
+# replay-only fold's short path asks.
 _STEP_TAG_OF: dict[type[ev.Event], str] = {cls: tag for cls, tag in _TAG_OF.items() if issubclass(cls, ev.StepEvent)}
 _STEP_ADMITS: dict[str, frozenset[str]] = {}
 
@@ -466,6 +468,9 @@ def _step_admission(run: RunState) -> tuple[frozenset[str], frozenset[str] | Non
 # The phase of most event types is their tag: compared without the property's work.
 _FIXED_PHASE: dict[type[ev.Event], str] = {
     cls: tag for tag, cls in ev.TAGS.items() if not cls.repeatable and cls.phase is ev.Event.phase
+}
+_STEP_TAGS: dict[type[ev.Event], tuple[str, str | None]] = {
+    cls: (tag, _FIXED_PHASE.get(cls)) for cls, tag in _STEP_TAG_OF.items()
 }
 
 
