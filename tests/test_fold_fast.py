@@ -149,3 +149,52 @@ def test_the_replay_only_fold_equals_the_pure_fold_on_crash_matrix_journals(
             compare()
             rt.run(plan)
     compare()
+
+
+# -- records as a journal reads them back: with their index columns -------------------------------
+
+
+def read_back_records_of(events: list[ev.Event], chain: Chain) -> list[Record]:
+    """``records_of`` with the index columns a journal's ``read`` returns (step_id, phase, attempt)."""
+    return [
+        msgspec.structs.replace(rec, step_id=event.step_key, phase=event.phase, attempt=event.attempt_no)
+        for rec, event in zip(records_of(events, chain), events, strict=True)
+    ]
+
+
+@given(history=legal_histories(max_events=60), data=st.data())
+def test_the_replay_only_fold_equals_the_pure_fold_over_records_read_back(
+    history: list[ev.Event], data: st.DataObject
+) -> None:
+    """With the index columns a journal reads back (which the replay-only fold compares inline for the
+    step events whose phase is their tag), both folds end in the identical state, from any prefix."""
+    chain = Chain()
+    records = read_back_records_of(history, chain)
+    run_id = history[0].run_id
+    cut = data.draw(st.integers(0, len(records)), label="cut")
+    prefix = replay_records(records[:cut], chain, run_id=run_id)
+    assert replay_records(records, chain, run_id=run_id) == replay_records_fast(
+        records[cut:], chain, prefix, run_id=run_id
+    )
+
+
+@given(history=legal_histories(max_events=40), data=st.data())
+def test_the_replay_only_fold_names_a_moved_index_column_as_the_pure_fold_does(
+    history: list[ev.Event], data: st.DataObject
+) -> None:
+    """One row's step_id, phase or attempt column changed (the body and chain intact): both folds raise
+    the same error naming the same column, seq and step."""
+    chain = Chain()
+    records = read_back_records_of(history, chain)
+    i = data.draw(st.integers(0, len(records) - 1), label="record")
+    column = data.draw(st.sampled_from(["step_id", "phase", "attempt"]), label="column")
+    stored = getattr(records[i], column)
+    changed = stored + 1 if column == "attempt" else data.draw(st.sampled_from(["", "x", "step.confirmed"]))
+    if changed == stored:
+        changed = "y"
+    records[i] = msgspec.structs.replace(records[i], **{column: changed})
+    run_id = history[0].run_id
+    expected = outcome(replay_records, records, chain, run_id=run_id)
+    assert isinstance(expected, tuple)
+    assert expected[2][3].get("column") == column
+    assert expected == outcome(replay_records_fast, records, chain, run_id=run_id)

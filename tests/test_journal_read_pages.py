@@ -28,3 +28,37 @@ def test_paged_reads_return_every_row_once_in_order(
         assert [ev.encode(e) for e in history[after_seq:]] == [r.body for r in got]
         assert list(range(after_seq + 1, len(history) + 1)) == [r.seq for r in got]
         assert len(history) == load_run(journal, "paged").seq
+
+
+def test_a_read_record_carries_every_index_column_as_stored(tmp_path: Path) -> None:
+    """The run_id column is not read back (the query fixes it): a record still carries the run id asked
+    for, and the step_id, phase and attempt columns as stored, which the replay compares with the body."""
+    history = sample_run("cols", steps=2)
+    with SqliteJournal(tmp_path / "j.db") as journal:
+        journal.append(history)
+        stored = journal._db.execute(
+            "SELECT run_id, seq, step_id, phase, attempt FROM events WHERE run_id = 'cols' ORDER BY seq"
+        ).fetchall()
+        got = [(r.run_id, r.seq, r.step_id, r.phase, r.attempt) for r in journal.read("cols")]
+    assert stored == got
+
+
+@pytest.mark.parametrize(
+    "run_ids",
+    [
+        [],
+        ["only"],
+        ["b", "a", "c"],
+        ["run-10", "run-9", "run-1", "Run", "rün", "r", "r-"],
+        [f"r{i}" for i in range(50)],
+    ],
+)
+def test_runs_lists_what_select_distinct_lists_in_the_same_order(tmp_path: Path, run_ids: list[str]) -> None:
+    """``runs()`` (one seek per run instead of a scan of every event) gives the ids ``SELECT DISTINCT
+    run_id ... ORDER BY run_id`` gives, in the same order, whatever the ids and their count."""
+    with SqliteJournal(tmp_path / "j.db") as journal:
+        for run_id in run_ids:
+            journal.append(sample_run(run_id, steps=1))
+        expected = [r[0] for r in journal._db.execute("SELECT DISTINCT run_id FROM events ORDER BY run_id")]
+        assert sorted(run_ids) == expected
+        assert expected == journal.runs()

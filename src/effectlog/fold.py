@@ -361,60 +361,116 @@ def replay_records_fast(
     """``replay_records`` for a reader: the same checks, the same errors and the same state, cheaper.
 
     The pure fold builds a new run state and a new map path for every event; this loop keeps
-    the run-level state apart and collects changed steps in a dict over the starting map,
-    applying each event with the pure fold's own step transition (``_step_after``) and run
-    transition (``_apply_run``), and builds the map once at the end. ``replay_records`` stays
-    the reference: tests check both give identical states (and raise the same errors) over
-    random legal histories and the crash matrix's journals.
+    the run-level state apart, collects changed steps in a dict over the starting map, and builds
+    the map once at the end. The three events of a step's happy path (its first ``step.requested``,
+    ``step.effected``, ``step.confirmed``) take a short path once every check ``_step_after`` makes
+    of them has passed (run admission, plan membership, attempt, the spec's fixed destination) and
+    make the same change; every other event, and every refusal, goes through the pure fold's own
+    ``_step_after`` and ``_apply_run``, so the errors are theirs. ``replay_records`` stays the
+    reference: tests check both give identical states (and raise the same errors) over random legal
+    histories, journals read back with their index columns, and the crash matrix's journals.
     """
     state = state if state is not None else initial(run_id)
-    head, link, tag_of = state.head, chain.link, _TAG_OF
+    head, link = state.head, chain.link
     # Locals, and no Python frame per event for the decoder or an unkeyed link: this loop is the hot path.
     decode, sha256, keyed = ev._decoder.decode, hashlib.sha256, chain.key is not None
-    step_event, step_after, moved = ev.StepEvent, _step_after, _moved
-    run, seq, ts = state, state.seq, state.updated_ts
+    step_tag_of, fixed, step_after = _STEP_TAGS, _STEP_FIXED, _step_after
+    step_event, requested, effected, confirmed = ev.StepEvent, ev.StepRequested, ev.StepEffected, ev.StepConfirmed
+    replace = _replace
+    first = fixed.get((_STEP.spec.initial, _TAG_OF[requested]))  # a new step's state after its first request
+    run, seq, ts, rid = state, state.seq, state.updated_ts, state.run_id
+    admits, members = _step_admission(run)
     base = state.steps
     changed: dict[str, StepState] = {}
     added = 0  # steps seen that are not in ``base``
     for rec in records:
-        body = rec.body
-        if (link(head, body) if keyed else sha256(head + body).digest()) != rec.hash:
+        body, digest = rec.body, rec.hash
+        if (link(head, body) if keyed else sha256(head + body).digest()) != digest:
             _raise_if_moved(rec, run_id)
             raise ChainBroken("stored hash does not match the chain over the stored bytes", run_id=run_id, seq=rec.seq)
         try:
             event = decode(body)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             raise CorruptEvent(f"event does not decode: {exc}", run_id=run_id, seq=rec.seq) from None
-        if rec.run_id != event.run_id or rec.seq != event.seq or (rec.step_id is not None and moved(rec, event)):
-            _check_columns(rec, event, run_id)
-        if event.run_id != run.run_id or event.seq != seq + 1:
-            apply(_replace(run, seq=seq), event)  # raises exactly what the pure fold raises
-        tag = tag_of.get(type(event)) or ev.tag_of(event)
         if isinstance(event, step_event):
-            sid = event.step_id
-            step = changed.get(sid)
-            if step is None:
-                step = base.get(sid)
+            typ, sid, at, attempt = type(event), event.step_id, event.seq, event.attempt
+            tag, phase = step_tag_of[typ]
+            stored = rec.step_id
+            if rec.seq != at or rec.run_id != event.run_id or (
+                stored is not None  # ``_moved``, inline
+                and (stored != sid or rec.attempt != attempt or rec.phase != (phase or event.phase))
+            ):
+                _check_columns(rec, event, run_id)
+            if at != seq + 1 or event.run_id != rid:
+                apply(_replace(run, seq=seq), event)  # raises exactly what the pure fold raises
+            step = changed.get(sid) or base.get(sid)
+            if tag in admits and (members is None or sid in members):  # else ``_step_after`` refuses it
                 if step is None:
-                    changed[sid] = step_after(run, None, len(base) + added, event, tag)
-                    added += 1
-                else:
-                    changed[sid] = step_after(run, step, 0, event, tag)
+                    if typ is requested and attempt == 1 and first is not None and isinstance(event, requested):
+                        # ``_step_after``'s new step and its ``step.requested`` change, as one struct
+                        changed[sid] = StepState(
+                            step_id=sid, index=len(base) + added, state=first, last_seq=at,
+                            adapter=event.adapter, kind=event.kind, idempotency_key=event.idempotency_key,
+                            idempotent=event.idempotent, args_digest=event.args_digest,
+                            fingerprint=event.fingerprint, args=event.args, requested_seq=at,
+                        )  # fmt: skip
+                        added += 1
+                        seq, ts, head = at, event.ts, digest
+                        continue
+                elif attempt == step.attempt:
+                    nxt = fixed.get((step.state, tag))
+                    if nxt is not None:
+                        if typ is confirmed and isinstance(event, confirmed):
+                            changed[sid] = replace(step, state=nxt, last_seq=at, rebuilt=event.rebuilt)
+                            seq, ts, head = at, event.ts, digest
+                            continue
+                        if typ is effected and isinstance(event, effected):
+                            changed[sid] = replace(step, state=nxt, last_seq=at, receipt=event.receipt, ok=event.ok)
+                            seq, ts, head = at, event.ts, digest
+                            continue
+            if step is None:
+                changed[sid] = step_after(run, None, len(base) + added, event, tag)
+                added += 1
             else:
                 changed[sid] = step_after(run, step, 0, event, tag)
         else:
+            if rec.run_id != event.run_id or rec.seq != event.seq or (
+                rec.step_id is not None and _moved(rec, event)
+            ):
+                _check_columns(rec, event, run_id)
+            if event.run_id != rid or event.seq != seq + 1:
+                apply(_replace(run, seq=seq), event)  # raises exactly what the pure fold raises
             if type(event) is ev.RunCompleted and changed:  # the only run transition that reads the steps
                 base, changed, added = base.update(changed), {}, 0
                 run = _replace(run, steps=base)
-            run = _apply_run(run, event, tag)
+            run = _apply_run(run, event, _TAG_OF.get(type(event)) or ev.tag_of(event))
+            admits, members = _step_admission(run)
         seq, ts = event.seq, event.ts
-        head = rec.hash
+        head = digest
     return _replace(run, seq=seq, updated_ts=ts, steps=base.update(changed) if changed else base, head=head)
+
+
+# Step event types with their tag and their fixed phase (``None``: the event's ``phase`` says), and per
+# run state the step tags the run machine admits there (from the specs, as ``_admitted``): what the
+# replay-only fold's short path asks.
+_STEP_TAG_OF: dict[type[ev.Event], str] = {cls: tag for cls, tag in _TAG_OF.items() if issubclass(cls, ev.StepEvent)}
+_STEP_ADMITS: dict[str, frozenset[str]] = {}
+
+
+def _step_admission(run: RunState) -> tuple[frozenset[str], frozenset[str] | None]:
+    """The step tags admitted while the run is in its state, and the step ids it may have (``None``: any)."""
+    admits = _STEP_ADMITS.get(run.state)
+    if admits is None:
+        admits = _STEP_ADMITS[run.state] = frozenset(t for t in _STEP_TAG_OF.values() if _admitted(run.state, t))
+    return admits, run.plan_steps if run.kind == "plan" else None
 
 
 # The phase of most event types is their tag: compared without the property's work.
 _FIXED_PHASE: dict[type[ev.Event], str] = {
     cls: tag for tag, cls in ev.TAGS.items() if not cls.repeatable and cls.phase is ev.Event.phase
+}
+_STEP_TAGS: dict[type[ev.Event], tuple[str, str | None]] = {
+    cls: (tag, _FIXED_PHASE.get(cls)) for cls, tag in _STEP_TAG_OF.items()
 }
 
 

@@ -25,6 +25,7 @@ import os
 import sqlite3
 import time
 from collections.abc import Callable, Iterator, Sequence
+from functools import partial
 from itertools import starmap
 from pathlib import Path
 from typing import Any
@@ -58,6 +59,7 @@ from effectlog.journal.protocol import SCHEMA_VERSION
 from effectlog.journal.sqlite_schema import (
     INSERT,
     INSERT_SEAL,
+    LIST_RUNS,
     MIGRATIONS,
     OWNERS_DDL,
     READ_PAGE,
@@ -658,19 +660,20 @@ class SqliteJournal:
         # young instead of filling the GC's old generation). Each page is a finished statement,
         # so nothing stays open on the writer's connection between pages; the log is
         # append-only and gap-free per run, so the pages are the history as of the last one.
+        record = partial(Record, run_id)
         while True:
             try:
                 rows = self._db.execute(READ_PAGE, (run_id, after_seq, READ_PAGE_ROWS)).fetchall()
             except sqlite3.Error as exc:
                 raise translate(exc, self.location) from None
-            yield from starmap(Record, rows)  # BLOBs come back as bytes
+            yield from starmap(record, rows)  # BLOBs come back as bytes
             if len(rows) < READ_PAGE_ROWS:
                 return
-            after_seq = rows[-1][1]
+            after_seq = rows[-1][0]
 
     def runs(self) -> list[str]:
         try:
-            return [r[0] for r in self._db.execute("SELECT DISTINCT run_id FROM events ORDER BY run_id")]
+            return [r[0] for r in self._db.execute(LIST_RUNS)]
         except sqlite3.Error as exc:
             raise translate(exc, self.location) from None
 
