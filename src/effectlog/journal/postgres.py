@@ -14,8 +14,12 @@ so two batches cannot deadlock), and only then reads the run's head. A second
 writer that raced for the same seq therefore sees the first one's committed event
 and gets ``EventConflict`` (other bytes) or a no-op (same bytes), or
 ``SequenceGap``; the primary key stops any writer that skips the lock. The chain
-cannot fork. Heads are never cached across appends, since another host may have
-moved them.
+cannot fork. A plain append never trusts a cached head, since another host may have
+moved it. A fenced append (``append_under``) may chain onto the head this journal last
+committed, in one statement with its fence's check (``_fenced_in_one``): that head is
+a lower bound with the right hash (events are never changed), and when it is stale the
+first row hits the primary key, the transaction rolls back whole, and the append is
+redone with the head read under the lock.
 
 Owners. A run's owner (``effectlog.journal.ownership``) holds a *session* advisory lock
 ``(OWNER_LOCK_CLASS, hashtext(run_id))`` on a connection of its own, which the server
