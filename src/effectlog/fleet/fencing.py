@@ -75,13 +75,13 @@ _CHECK = (
     " LEFT JOIN {operations} o ON o.attempt_id = a.attempt_id AND o.op_key = ?"
     " WHERE a.attempt_id = ?"
 )
-# The same check that also records the operation when it passes (and was not made before); a
-# check that then fails in Python raises, and the transaction takes the record back with it.
 # The lease is current (unexpired, no further than MAX_LEASE_S ahead) and the operation was not made before.
 _ADMITTED = (
     "c.digest IS NULL AND c.runner_id = ? AND c.fencing_token = ?"
     f" AND c.state IN {_LIVE} AND c.lease_expires_at > c.t AND c.lease_expires_at <= c.t + ?"
 )
+# The same check that also records the operation when it passes (and was not made before); a
+# check that then fails in Python raises, and the transaction takes the record back with it.
 _CHECK_AND_RECORD = (
     "WITH c AS (" + _CHECK + "{lock}),"
     " r AS (INSERT INTO {operations} (attempt_id, op_key, digest, result, at)"
