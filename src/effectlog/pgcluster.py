@@ -221,6 +221,10 @@ class PgCluster:
             output = " | ".join((done.stdout + done.stderr).strip().splitlines()[-10:])
             raise ClusterUnavailable(f"{what} exited {done.returncode}: {output}")
 
+    def server_pid(self) -> int | None:
+        """The running server's postmaster process id (benchmarks read its CPU time), if any."""
+        return self._postmaster_pid()
+
     def _postmaster_pid(self) -> int | None:
         try:
             first = (self.data / "postmaster.pid").read_text().splitlines()[0]

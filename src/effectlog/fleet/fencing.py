@@ -75,19 +75,30 @@ _CHECK = (
     " LEFT JOIN {operations} o ON o.attempt_id = a.attempt_id AND o.op_key = ?"
     " WHERE a.attempt_id = ?"
 )
+# The lease is current (unexpired, no further than MAX_LEASE_S ahead) and the operation was not made before.
+_ADMITTED = (
+    "c.digest IS NULL AND c.runner_id = ? AND c.fencing_token = ?"
+    f" AND c.state IN {_LIVE} AND c.lease_expires_at > c.t AND c.lease_expires_at <= c.t + ?"
+)
 # The same check that also records the operation when it passes (and was not made before); a
 # check that then fails in Python raises, and the transaction takes the record back with it.
 _CHECK_AND_RECORD = (
     "WITH c AS (" + _CHECK + "{lock}),"
     " r AS (INSERT INTO {operations} (attempt_id, op_key, digest, result, at)"
-    " SELECT ?, ?, ?, ?, c.t FROM c WHERE c.digest IS NULL AND c.runner_id = ? AND c.fencing_token = ?"
-    f" AND c.state IN {_LIVE} AND c.lease_expires_at > c.t AND c.lease_expires_at <= c.t + ?)"
-    " SELECT * FROM c"
+    " SELECT ?, ?, ?, ?, c.t FROM c WHERE " + _ADMITTED + ")"
 )
 
 
 def check_op(
-    tx: Tx, d: Dialect, lease: Lease, op_key: str, body_digest: str, *, lock: Lock, record: str | None = None
+    tx: Tx,
+    d: Dialect,
+    lease: Lease,
+    op_key: str,
+    body_digest: str,
+    *,
+    lock: Lock,
+    record: str | None = None,
+    insert: tuple[str, Sequence[Any]] | None = None,
 ) -> Checked:
     """``replayed`` and ``check_lease`` in ONE statement (with the database's clock on PostgreSQL).
 
@@ -96,18 +107,25 @@ def check_op(
     Otherwise the lease must be current and unexpired (else ``StaleLease``), and ``lock``
     holds the attempt row until the transaction ends, as in ``check_lease``. ``record``: on
     a dialect with writable CTEs, also record the operation with this result in the same
-    statement (``Checked.recorded``); the caller records it otherwise.
+    statement (``Checked.recorded``); the caller records it otherwise. ``insert``: with
+    ``record``, an ``INSERT ... SELECT ... FROM (VALUES ...) v`` (and its parameters) that
+    the same statement runs only when it records the operation, i.e. only for a current
+    lease and a batch not written before (a fenced append in one statement).
     """
     clause = {"share": " {share}", "update": " {update}", "none": ""}[lock]
     if record is not None and d.writable_cte:
-        row = tx.one(
-            d.sql(_CHECK_AND_RECORD.replace("{lock}", clause)),
-            (
-                op_key, lease.attempt_id,
-                lease.attempt_id, op_key, body_digest, record, lease.runner_id, lease.token, limits.MAX_LEASE_S,
-            ),
-        )  # fmt: skip
+        params: list[Any] = [
+            op_key, lease.attempt_id,
+            lease.attempt_id, op_key, body_digest, record, lease.runner_id, lease.token, limits.MAX_LEASE_S,
+        ]  # fmt: skip
+        sql = d.sql(_CHECK_AND_RECORD.replace("{lock}", clause))
+        if insert is not None:
+            # The batch's rows, inserted by the same statement only when the same check admits them.
+            sql += f", w AS ({insert[0]}, c WHERE {d.sql(_ADMITTED)})"
+            params += [*insert[1], lease.runner_id, lease.token, limits.MAX_LEASE_S]
+        row = tx.one(sql + " SELECT * FROM c", params)
     else:
+        assert insert is None, "rows ride in the check only on a dialect with writable CTEs"
         row = tx.one(d.sql(_CHECK + clause), (op_key, lease.attempt_id))
     now = tx.now() if row is None or row[7] is None else float(row[7])
     if row is None:
@@ -274,12 +292,28 @@ class LeaseFence:
         self._checked = Checked("", False, 0.0, None)
 
     def admit(self, conn: Any, events: Sequence[Event], encoded: Sequence[bytes]) -> bool:
+        return self.admit_inserting(conn, events, encoded, None)
+
+    def admit_inserting(
+        self, conn: Any, events: Sequence[Event], encoded: Sequence[bytes], insert: tuple[str, Sequence[Any]] | None
+    ) -> bool:
+        """``admit``; with ``insert`` (writable CTEs only), the batch's rows go in with the same statement.
+
+        True: admitted, and the rows of ``insert`` were written. False: this very batch was
+        already written under this lease (nothing inserted). Else it raises, and the
+        transaction takes back whatever the statement wrote.
+        """
         check_batch_runs(events, self.lease)
         tx = self.tx_of(conn)
         self._op = op_key, body = batch_identity(events, encoded)
         lock: Lock = "update" if self.carry is not None and self.carry.wants(events) else "share"
-        self._checked = check_op(tx, self.dialect, self.lease, op_key, body, lock=lock, record="")
+        self._checked = check_op(tx, self.dialect, self.lease, op_key, body, lock=lock, record="", insert=insert)
         return self._checked.replayed is None
+
+    @property
+    def inserts(self) -> bool:
+        """Whether ``admit_inserting`` can take the batch's rows (a dialect with writable CTEs)."""
+        return self.dialect.writable_cte
 
     def written(self, conn: Any, events: Sequence[Event], encoded: Sequence[bytes]) -> None:
         op_key, body = self._op

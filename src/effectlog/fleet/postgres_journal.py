@@ -2,11 +2,13 @@
 
 The runs' journal lives in the same database as the fleet tables, so a fenced append
 is ONE transaction (``PostgresJournal.append_under`` with a ``LeaseFence``): the run's
-advisory lock, the lease checked (one statement, with the idempotency look-up and the
-database's clock), the journal's own append (head, chain, insert), then the operation
-record. The recovery service takes the same run lock before it locks the attempt row
-``FOR UPDATE`` and reads the journal, so it either sees the append or the append sees
-the lease gone; never half of each.
+advisory lock, then ONE statement that checks the lease (with the idempotency look-up
+and the database's clock), records the operation and inserts the events chained onto
+the head the journal last committed (a stale head fails on the primary key and the
+append is redone with the head read under the lock), then any carried transitions.
+The recovery service takes the same run lock before it locks the attempt row ``FOR
+UPDATE`` and reads the journal, so it either sees the append or the append sees the
+lease gone; never half of each.
 """
 
 from __future__ import annotations

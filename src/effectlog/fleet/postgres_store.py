@@ -403,8 +403,19 @@ class PostgresFleetStore(SqlFleetStore):
             self._watcher = wakeups.listen_postgres(self._url, self._kwargs, wake)
 
     def _tx(self, *, write: bool = True) -> AbstractContextManager[Tx]:
-        del write  # row locks, not a database lock: reads and writes open the same kind of transaction
-        return self._transaction()
+        # A read (``write=False``) is its statements alone, no BEGIN/COMMIT: under READ
+        # COMMITTED each statement takes its own snapshot inside a transaction too, and
+        # reads lock no rows, so a transaction would add two round trips and a commit to
+        # every recovery pass and listing, and nothing else.
+        return self._transaction() if write else self._reading()
+
+    @contextmanager
+    def _reading(self) -> Iterator[Tx]:
+        try:
+            with self._pool.connection() as conn:
+                yield _ReadTx(conn)
+        except (psycopg.Error, PoolTimeout) as exc:
+            raise translate(exc, self.location) from None
 
     def journal(self) -> FleetPostgresJournal:
         return self._journal
@@ -426,3 +437,10 @@ class PostgresFleetStore(SqlFleetStore):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class _ReadTx(PgTx):
+    """``PgTx`` outside a transaction (autocommit), for reads only: a write through it is a bug."""
+
+    def run(self, sql: str, params: Sequence[Any] = ()) -> int:
+        raise AssertionError(f"a write in a read ({sql[:60]}...)")

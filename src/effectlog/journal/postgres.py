@@ -14,8 +14,12 @@ so two batches cannot deadlock), and only then reads the run's head. A second
 writer that raced for the same seq therefore sees the first one's committed event
 and gets ``EventConflict`` (other bytes) or a no-op (same bytes), or
 ``SequenceGap``; the primary key stops any writer that skips the lock. The chain
-cannot fork. Heads are never cached across appends, since another host may have
-moved them.
+cannot fork. A plain append never trusts a cached head, since another host may have
+moved it. A fenced append (``append_under``) may chain onto the head this journal last
+committed, in one statement with its fence's check (``_fenced_in_one``): that head is
+a lower bound with the right hash (events are never changed), and when it is stale the
+first row hits the primary key, the transaction rolls back whole, and the append is
+redone with the head read under the lock.
 
 Owners. A run's owner (``effectlog.journal.ownership``) holds a *session* advisory lock
 ``(OWNER_LOCK_CLASS, hashtext(run_id))`` on a connection of its own, which the server
@@ -36,7 +40,7 @@ import contextlib
 import functools
 import time
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import psycopg
 from psycopg import errors as pg_errors
@@ -87,6 +91,30 @@ from effectlog.journal.protocol import SCHEMA_VERSION
 
 _MORE_ROWS = ", (%s, %s, %s, %s, %s, %s, %s)"  # INSERT's VALUES list, one more row
 _CHUNK = 1000  # rows per INSERT statement
+_SEEN_MAX = 10_000  # runs whose last seen head a journal keeps (``_fenced_in_one``)
+_TYPED_ROW = "(%s::text, %s::bigint, %s::text, %s::text, %s::integer, %s::bytea, %s::bytea)"
+
+
+@functools.cache
+def _insert_select(rows: int) -> str:
+    """``INSERT ... SELECT v.* FROM (VALUES ...) v``: the rows as a query a fence can join its check to."""
+    return (
+        f"INSERT INTO {SCHEMA}.events (run_id, seq, step_id, phase, attempt, body, hash) SELECT v.* FROM (VALUES "
+        + ", ".join([_TYPED_ROW] * rows)
+        + ") AS v (run_id, seq, step_id, phase, attempt, body, hash)"
+    )
+
+
+@runtime_checkable
+class InsertingFence(Fence, Protocol):
+    """A fence whose check can also insert the batch's rows, in the same statement (``LeaseFence``)."""
+
+    @property
+    def inserts(self) -> bool: ...
+
+    def admit_inserting(
+        self, conn: Any, events: Sequence[Event], encoded: Sequence[bytes], insert: tuple[str, Sequence[Any]] | None
+    ) -> bool: ...
 
 
 class PostgresJournal:
@@ -115,6 +143,7 @@ class PostgresJournal:
         self.writer = writer
         self._url = url
         self._claims: dict[str, Claim] = {}
+        self._seen: dict[str, tuple[int, bytes]] = {}  # run -> last head this journal committed (fenced appends)
         self._owner_conn: psycopg.Connection[Any] | None = None  # holds the claims' session locks
         self._settings = {
             "lock_timeout": f"{int(lock_timeout_s * 1000)}ms",
@@ -509,7 +538,13 @@ class PostgresJournal:
             raise translate(exc, self.location) from None
 
     def append_under(self, events: Sequence[Event], fence: Fence) -> list[Record]:
-        """Append under another proof of ownership (a fleet lease), checked in the same transaction."""
+        """Append under another proof of ownership (a fleet lease), checked in the same transaction.
+
+        A fence that can take the rows into its own check (``InsertingFence``) gets them when
+        the batch follows the head this journal last saw for the run (``_fenced_in_one``):
+        BEGIN, the run's lock, ONE statement (check, record, insert), COMMIT. Otherwise, or
+        when that head turns out stale, the head is read under the lock as for any append.
+        """
         if not self.writer:
             raise StorageError(f"{self.location}: journal opened read-only")
         if not events:
@@ -517,18 +552,72 @@ class PostgresJournal:
         encoded = [encode(e) for e in events]
         try:
             with self._pool.connection() as conn:
+                if isinstance(fence, InsertingFence) and fence.inserts:
+                    done = self._fenced_in_one(conn, events, encoded, fence)
+                    if done is not None:
+                        return done
                 try:
                     with conn.transaction():
                         self._lock_runs(conn, events)
                         if not fence.admit(conn, events, encoded):
-                            return [self._same(conn, e, b) for e, b in zip(events, encoded, strict=True)]
-                        records = self._append_locked(conn, events)
-                        fence.written(conn, events, encoded)
-                        return records
+                            records = [self._same(conn, e, b) for e, b in zip(events, encoded, strict=True)]
+                        else:
+                            records = self._append_locked(conn, events)
+                            fence.written(conn, events, encoded)
                 except pg_errors.UniqueViolation as exc:
                     raise self._unique_conflict(conn, events, exc) from None
+                self._saw(records)
+                return records
         except (psycopg.Error, PoolTimeout) as exc:
             raise translate(exc, self.location) from None
+
+    def _fenced_in_one(
+        self, conn: psycopg.Connection[Any], events: Sequence[Event], encoded: Sequence[bytes], fence: InsertingFence
+    ) -> list[Record] | None:
+        """The batch inserted by the fence's own check, chained onto the run's last seen head; None: go the long way.
+
+        The last seen head is (0, genesis) for a run this journal never wrote, else the last
+        event this journal committed or read back under the run's lock. Events are never
+        updated or deleted, so that head is a lower bound of the real one with the right hash.
+        If the real head moved on (another writer, another process), the insert's first row
+        collides with the primary key ``(run_id, seq)``: the statement fails, the transaction
+        is rolled back whole (lease check and operation record included), and the caller
+        reads the head under the lock as for any append. The chain cannot fork.
+        """
+        run_id = events[0].run_id
+        last_seq, last_hash = self._seen.get(run_id, (0, GENESIS))
+        if len(events) > _CHUNK or any(
+            e.run_id != run_id or e.seq != last_seq + 1 + i for i, e in enumerate(events)
+        ):
+            return None  # a resumed run's first append, a retried batch, a gap: the head read decides
+        records: list[Record] = []
+        params: list[Any] = []
+        for event, body in zip(events, encoded, strict=True):
+            last_hash = self.chain.link(last_hash, body)
+            records.append(Record(run_id, event.seq, body, last_hash))
+            params += (run_id, event.seq, event.step_key, event.phase, event.attempt_no, body, last_hash)
+        try:
+            with conn.transaction():
+                self._lock_runs(conn, events)  # its own statement: the next one's snapshot is taken after it
+                if not fence.admit_inserting(conn, events, encoded, (_insert_select(len(events)), params)):
+                    records = [self._same(conn, e, b) for e, b in zip(events, encoded, strict=True)]
+                else:
+                    if self.before_commit is not None:
+                        self.before_commit(events)
+                    fence.written(conn, events, encoded)
+        except pg_errors.UniqueViolation:
+            self._seen.pop(run_id, None)  # stale (or a dedup conflict): the long way says which
+            return None
+        self._saw(records)
+        return records
+
+    def _saw(self, records: Sequence[Record]) -> None:
+        """Remember each run's last committed record (a lower bound of its head, for ``_fenced_in_one``)."""
+        if len(self._seen) > _SEEN_MAX:
+            self._seen.clear()  # a long-lived runner: forgetting only costs a head read
+        for record in records:
+            if record.seq > self._seen.get(record.run_id, (0, b""))[0]:
+                self._seen[record.run_id] = (record.seq, record.hash)
 
     def _same(self, conn: psycopg.Connection[Any], event: Event, body: bytes) -> Record:
         known = self._stored(conn, event.run_id, event.seq)
