@@ -5,10 +5,12 @@
 CPU time (``time.process_time()``) measured in this one process, on cached pages:
 
 1. resume of a half-finished run (S confirmed steps of a 2S-step plan; 1 + 3S events) to the
-   first effect of its next step: load (checkpoint + tail, or full replay), ``run.resumed``
+   first effect of its next step: load (the last checkpoint segment's frontier + the tail, or
+   every segment + the tail, or the full replay: ``journal.resume_point``), ``run.resumed``
    and ``step.requested`` durable; at about 1k, 10k and 100k events. The ``Plan`` object is
-   loaded and digested before the clock starts: parsing a 66k-step plan and its digest
-   (computed once per ``Plan`` object, ~60 ms CPU at 66k steps) are the plan's own costs,
+   loaded and digested before the clock starts: parsing a 66k-step plan and its digest (with
+   its pinned form, step ids and step positions, computed once per ``Plan`` object, ~60 ms CPU
+   at 66k steps) are the plan's own costs,
    paid by a first run too, and reported apart (``plan_digest_ms``);
 2. re-run of a sealed (closed) run of 333 / 3,333 / 33,333 steps: it answers from its seal;
 3. full replay + verify (``integrity.verify_run``: chain, decode, columns, fold, seal and
