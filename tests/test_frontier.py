@@ -98,6 +98,12 @@ def test_the_lazy_state_equals_the_full_replay_for_every_step_and_field(
     assert all(full.steps[sid].done for sid in ids[: front.prefix])
     assert full == resumed()
     assert full == fr.loaded(resumed())
+    # The resumed actor's next segment: its tracker, started from the stored frontier and given the
+    # steps the tail touched, writes what a tracker that saw the whole history writes.
+    if cut > seg_seq and not full.closed:
+        touched = {e.step_id for e in history[seg_seq:cut] if isinstance(e, ev.StepEvent)}
+        _, resumed_front = fr.Tracker.of(ids, front).advance(resumed(), touched)
+        assert _written(history, [*points, cut], ids)[-1][1] == resumed_front
 
 
 @settings(max_examples=100, deadline=None)
