@@ -223,3 +223,46 @@ def test_the_lazy_resume_equals_the_full_replay_on_crash_matrix_journals(
             assert "completed" == rt.run(plan).state
     with SqliteJournal(journal_path, writer=False) as journal:
         assert load_run(journal, "crash") == verify_run(journal, "crash")
+
+
+def test_a_journal_whose_segments_have_no_frontier_resumes_from_every_segment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Segments written before frontiers existed (none in their body): the resume folds every segment
+    as before (a full step map, not a lazy one) into the full replay's state; the segments the
+    resumed run then writes carry a frontier, the next resume is lazy, and everything verifies."""
+    monkeypatch.setattr(checkpoint, "EVERY_EVENTS", 2)
+    plan = Plan(
+        run_id="r",
+        adapters={"t": AdapterDecl(type="noop", idempotent=True)},
+        steps=tuple(StepDecl(id=f"s{i}", adapter="t") for i in range(10)),
+    )
+    path = tmp_path / "j.db"
+
+    def stop_at(step: str) -> Any:
+        def hook(where: str, sid: str) -> None:
+            if where == "after_confirm" and sid == step:
+                raise SimulatedCrash(where)
+
+        return hook
+
+    with monkeypatch.context() as old:
+        old.setattr(fr.Tracker, "advance", lambda self, state, changed: (self, None))
+        with Runtime(path, crash_hook=stop_at("s3")) as rt, pytest.raises(SimulatedCrash):
+            rt.run(plan)
+    with SqliteJournal(path) as journal:
+        assert all(checkpoint._decode(row[3]).frontier is None for row in journal.stored_checkpoints("r"))
+        resumed = resume_point(journal, "r", plan)
+        assert not isinstance(resumed.state.steps, fr.LazySteps)
+        assert 0 < resumed.segment_seq
+        assert load_run(journal, "r") == resumed.state
+    with Runtime(path, crash_hook=stop_at("s6")) as rt, pytest.raises(SimulatedCrash):
+        rt.run(plan)
+    with SqliteJournal(path) as journal:
+        resumed = resume_point(journal, "r", plan)
+        assert isinstance(resumed.state.steps, fr.LazySteps)
+        assert load_run(journal, "r") == resumed.state
+    with Runtime(path) as rt:
+        assert "completed" == rt.run(plan).state
+    with SqliteJournal(path, writer=False) as journal:
+        assert load_run(journal, "r") == verify_run(journal, "r")
