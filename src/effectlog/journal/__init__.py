@@ -156,9 +156,7 @@ def _with_full_tracker(point: ResumePoint, ids: fr.PlanIds) -> ResumePoint:
     return msgspec.structs.replace(point, tracker=tracker, skip=tracker.prefix)
 
 
-def _tail(
-    journal: Journal, run_id: str, plan: Plan, base: RunState, *, tracker: fr.Tracker, skip: int
-) -> ResumePoint:
+def _tail(journal: Journal, run_id: str, plan: Plan, base: RunState, *, tracker: fr.Tracker, skip: int) -> ResumePoint:
     """``base`` (a segment's state) with ``plan`` and the events after it replayed."""
     base = msgspec.structs.replace(base, plan=plan.pinned(), plan_steps=plan.step_ids)
     touched: set[str] = set()
