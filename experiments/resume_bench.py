@@ -5,10 +5,12 @@
 CPU time (``time.process_time()``) measured in this one process, on cached pages:
 
 1. resume of a half-finished run (S confirmed steps of a 2S-step plan; 1 + 3S events) to the
-   first effect of its next step: load (checkpoint + tail, or full replay), ``run.resumed``
+   first effect of its next step: load (the last checkpoint segment's frontier + the tail, or
+   every segment + the tail, or the full replay: ``journal.resume_point``), ``run.resumed``
    and ``step.requested`` durable; at about 1k, 10k and 100k events. The ``Plan`` object is
-   loaded and digested before the clock starts: parsing a 66k-step plan and its digest
-   (computed once per ``Plan`` object, ~60 ms CPU at 66k steps) are the plan's own costs,
+   loaded and digested before the clock starts: parsing a 66k-step plan and its digest (with
+   its pinned form, step ids and step positions, computed once per ``Plan`` object, ~60 ms CPU
+   at 66k steps) are the plan's own costs,
    paid by a first run too, and reported apart (``plan_digest_ms``);
 2. re-run of a sealed (closed) run of 333 / 3,333 / 33,333 steps: it answers from its seal;
 3. full replay + verify (``integrity.verify_run``: chain, decode, columns, fold, seal and
@@ -144,18 +146,31 @@ def verify_us_per_event(path: Path) -> dict[str, float]:
 
 
 def segment_cost(workdir: Path) -> dict[str, float]:
-    """What one checkpoint segment costs to build (encode + compress), measured directly: a segment of
-    a 1,000-step run carrying the 170 steps its last 512 events changed (best of 20)."""
+    """What one checkpoint segment costs to build (the frontier's update, encode), measured directly: a
+    segment of a 1,000-step run carrying the 170 steps its last 512 events changed (best of 20)."""
     from effectlog.journal import checkpoint
+
+    try:
+        from effectlog.journal.frontier import PlanIds, Tracker
+    except ImportError:  # a baseline without frontiers
+        PlanIds = Tracker = None
 
     with Runtime(SqliteJournal(workdir / "segment.db", durability="normal")) as rt:
         rt.run(noop_plan("seg", 1000))
         state = load_run(rt.journal, "seg")
     changed = [f"step-{i}" for i in range(830, 1000)]
+    plan = noop_plan("seg", 1000)
+    before = None
+    if Tracker is not None:  # the tracker as it stood at the previous segment (steps 0-829 done)
+        before, _ = Tracker(PlanIds(plan.steps)).advance(state, {f"step-{i}" for i in range(830)})
     best = float("inf")
     for _ in range(20):
         cpu = time.process_time()
-        row = checkpoint.segment_row(state, changed)
+        if before is not None:
+            _, front = before.advance(state, set(changed))
+            row = checkpoint.segment_row(state, changed, front)
+        else:
+            row = checkpoint.segment_row(state, changed)
         best = min(best, time.process_time() - cpu)
     return {
         "segment_ms": best * 1e3,

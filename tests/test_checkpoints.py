@@ -17,7 +17,7 @@ from effectlog.adapters import EffectStore
 from effectlog.crashmatrix.processes import run_process
 from effectlog.errors import ChainBroken, CorruptEvent, IntegrityError
 from effectlog.integrity import verify_run
-from effectlog.journal import SqliteJournal, checkpoint, load_for_resume, load_run
+from effectlog.journal import SqliteJournal, checkpoint, load_for_resume, load_run, resume_point
 from effectlog.plan import AdapterDecl, Plan, StepDecl
 from effectlog.runtime import Runtime, SimulatedCrash
 
@@ -108,42 +108,59 @@ def test_a_segment_is_written_in_the_transaction_of_its_batch(tmp_path: Path) ->
 
 
 @pytest.mark.usefixtures("every_4")
-@pytest.mark.parametrize("damage", ["body", "hash", "delete middle", "event edited"])
-def test_a_segment_not_bound_to_the_chain_is_never_used_and_verify_names_it(tmp_path: Path, damage: str) -> None:
-    """An edited segment body or hash, a removed segment or an edited event under it: the resume
-    ignores the segments and replays in full (which stops on a broken event chain), and ``verify``
-    raises an integrity error naming the checkpoints column (or the event)."""
+@pytest.mark.parametrize("which", ["middle", "last"])
+@pytest.mark.parametrize("damage", ["body", "hash", "delete", "event edited"])
+def test_a_segment_not_bound_to_the_chain_is_never_used_and_verify_names_it(
+    tmp_path: Path, damage: str, which: str
+) -> None:
+    """An edited segment body or hash, a removed segment or an edited event under it.
+
+    The last segment damaged: the resume ignores the segments and replays in full (which stops on a
+    broken event chain). A segment before the last damaged: the resume uses only the last one (bound
+    to its event; full verification stays in ``verify``, as for seals), and when the done steps are
+    loaded the damaged segment is not used either (full replay: the right states, or ``ChainBroken``
+    for an edited event). ``verify`` raises an integrity error naming the checkpoints column (or the event)."""
     path = tmp_path / "j.db"
     plan = half_run(path)
     rows = segments(path)
+    at = 1 if which == "middle" else len(rows) - 1
     with sqlite3.connect(path) as db:
         db.execute("DROP TRIGGER checkpoints_append_only_update")
         db.execute("DROP TRIGGER checkpoints_append_only_delete")
         db.execute("DROP TRIGGER events_append_only_update")
-        seq = rows[1][0]
+        seq = rows[at][0]
         if damage == "body":
-            db.execute("UPDATE checkpoints SET body = ? WHERE seq = ?", (rows[1][2][:-1] + b"\x00", seq))
+            db.execute("UPDATE checkpoints SET body = ? WHERE seq = ?", (rows[at][2][:-1] + b"\x00", seq))
         elif damage == "hash":
             db.execute("UPDATE checkpoints SET hash = ? WHERE seq = ?", (bytes(32), seq))
-        elif damage == "delete middle":
+        elif damage == "delete":
             db.execute("DELETE FROM checkpoints WHERE seq = ?", (seq,))
         else:
             db.execute("UPDATE events SET hash = ? WHERE seq = ?", (bytes(32), seq))
     with SqliteJournal(path) as journal:
         if damage == "event edited":
             with pytest.raises(ChainBroken):
-                load_for_resume(journal, "r", plan)
+                load_for_resume(journal, "r", plan)  # (which loads every step)
         else:
+            point = resume_point(journal, "r", plan)
             state, segment_seq, _ = load_for_resume(journal, "r", plan)
-            assert (load_run(journal, "r"), 0) == (state, segment_seq)
+            used = {
+                ("middle", "delete"): rows[-1][0],
+                ("last", "delete"): rows[-2][0],
+                ("middle", "body"): rows[-1][0],
+                ("middle", "hash"): rows[-1][0],
+            }.get((which, damage), 0)
+            assert (load_run(journal, "r"), used, used) == (state, segment_seq, point.segment_seq)
+        if (which, damage) == ("last", "delete"):
+            assert load_run(journal, "r") == verify_run(journal, "r")  # a shorter chain of segments, as written
+            return
         with pytest.raises(IntegrityError) as info:
             verify_run(journal, "r")
-    if damage != "event edited":
-        expected = {"body": "checkpoints.hash", "hash": "checkpoints.hash", "delete middle": "checkpoints.prev"}
-        assert (expected[damage], seq if damage != "delete middle" else rows[2][0]) == (
-            info.value.fields["column"],
-            info.value.seq,
-        )
+    if damage == "event edited":
+        return  # the event's own column
+    column = {"body": "checkpoints.hash", "hash": "checkpoints.hash", "delete": "checkpoints.prev"}[damage]
+    named = rows[at + 1][0] if damage == "delete" else seq
+    assert (column, named) == (info.value.fields["column"], info.value.seq)
 
 
 @pytest.mark.usefixtures("every_4")

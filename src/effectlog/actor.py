@@ -23,7 +23,8 @@ import msgspec
 from effectlog import events as ev
 from effectlog.adapters.protocol import Receipt, Request, idempotency_key
 from effectlog.errors import IdempotencyConflict, LedgerMismatch, NotApplied, PlanMismatch, ToolAborted, UnusableResult
-from effectlog.journal import checkpoint, load_closed, load_for_resume
+from effectlog.journal import checkpoint, load_closed, resume_point
+from effectlog.journal.frontier import Tracker, is_done
 from effectlog.observe import run_observer
 from effectlog.outcome import (
     Decision,
@@ -55,11 +56,15 @@ class RunActor:
         closed = load_closed(runtime.journal, plan.run_id)
         self._closed_steps: list[StepSummary] | None = None
         self._segment_seq, self._changed = 0, set[str]()  # the run's last checkpoint segment, steps changed since
+        self._tracker: Tracker | None = None  # the frontier its segments carry (journal/frontier.py)
+        self._skip = 0  # the plan's first steps known done: the walk starts after them
         if closed is not None:
             self.state, self._closed_steps = closed
         else:
-            # An open run: its checkpoint segments plus the events after them (journal/checkpoint.py).
-            self.state, self._segment_seq, self._changed = load_for_resume(runtime.journal, plan.run_id, plan)
+            # An open run: its last checkpoint segment plus the events after it (journal/frontier.py).
+            point = resume_point(runtime.journal, plan.run_id, plan)
+            self.state, self._segment_seq, self._changed = point.state, point.segment_seq, point.touched
+            self._tracker, self._skip = point.tracker, point.skip
         self.events_written = 0
         self.adapter_calls = 0
         # Spans, metrics, log records (docs/observability.md): None unless an OpenTelemetry SDK is
@@ -76,15 +81,16 @@ class RunActor:
         changed = self._changed
         changed.update(e.step_id for e in events if isinstance(e, ev.StepEvent))
         # Every checkpoint.EVERY_EVENTS events an open run's batch carries a checkpoint segment.
-        segment = (
-            checkpoint.segment_row(new_state, changed)
-            if self.rt.writer.checkpointing and checkpoint.due(new_state, self._segment_seq)
-            else None
-        )
+        segment, tracker = None, self._tracker
+        if self.rt.writer.checkpointing and checkpoint.due(new_state, self._segment_seq):
+            front = None
+            if tracker is not None and new_state.kind == "plan":
+                tracker, front = tracker.advance(new_state, changed)
+            segment = checkpoint.segment_row(new_state, changed, front)
         began = time.perf_counter() if self.obs is not None else 0.0
         await self.rt.writer.append(events, seal, segment)
         if segment is not None:
-            self._segment_seq, self._changed = new_state.seq, set()
+            self._segment_seq, self._changed, self._tracker = new_state.seq, set(), tracker
         self.state = new_state
         self.events_written += len(events)
         if self.obs is not None:
@@ -140,12 +146,14 @@ class RunActor:
             if blocked is not None:
                 return self._blocked_outcome(blocked, self.state.blocked_step or "")
             await self._record((ev.RunResumed, {"pid": os.getpid(), **(self.obs.fields() if self.obs else {})}))
-        for decl in plan.steps:
+        decls = plan.steps
+        # The plan's first ``_skip`` steps are done (confirmed or reconciled, terminal): skipped unread.
+        for i in range(self._skip, len(decls)):
+            decl = decls[i]
             if self.rt.stop_signal is not None:
                 return self._interrupted(self.rt.stop_signal)
-            done = self.state.steps.get(decl.id)
-            if done is not None and decide(done) is Action.SKIP:
-                continue  # what _drive_step would decide, without a coroutine per finished step
+            if is_done(self.state.steps, decl.id):
+                continue  # decide() would SKIP it: what _drive_step would do, without a coroutine per finished step
             stop = await self._drive_step(decl)
             if stop is not None:
                 return stop

@@ -29,7 +29,7 @@ class SimulatedCrash(BaseException):
     """Raised by an in-process crash hook: the run actor stops dead, writing nothing more."""
 
 
-class StepSummary(msgspec.Struct, frozen=True, kw_only=True):
+class StepSummary(msgspec.Struct, frozen=True, kw_only=True, gc=False):  # two strings and an int: never a cycle
     id: str
     state: str
     attempt: int

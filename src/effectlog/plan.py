@@ -82,6 +82,11 @@ class Plan(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True
         return _derived(self).pinned
 
     @property
+    def positions(self) -> dict[str, int]:
+        """Each step id's position in ``steps``, once per ``Plan`` object (treat it as read-only)."""
+        return _derived(self).positions
+
+    @property
     def step_ids(self) -> frozenset[str]:
         """The ids of the plan's steps (what the fold's ``plan_steps`` holds), once per ``Plan`` object."""
         return _derived(self).step_ids
@@ -91,7 +96,7 @@ class _Derived:
     """What a ``Plan`` object derives from itself (a 66k-step plan's digest costs ~60 ms CPU): kept
     beside it for as long as it lives, keyed by identity (a plan holds dicts, so it is not hashable)."""
 
-    __slots__ = ("digest", "pinned", "step_ids")
+    __slots__ = ("digest", "pinned", "positions", "step_ids")
 
     def __init__(self, plan: Plan) -> None:
         raw: dict[str, Any] = msgspec.to_builtins(plan)
@@ -105,6 +110,7 @@ class _Derived:
         self.pinned = raw
         self.digest = digest(raw)
         self.step_ids = frozenset(s.id for s in plan.steps)
+        self.positions = {s.id: i for i, s in enumerate(plan.steps)}
 
 
 _DERIVED: dict[int, tuple[weakref.ref[Plan], _Derived]] = {}

@@ -61,10 +61,18 @@ class RunSeal(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     steps: list[SealedStep] = []
 
 
-class _SummarySeal(RunSeal, frozen=True, kw_only=True, omit_defaults=True):
-    """A seal read for a re-run's report: each step as a plain ``[id, state, attempt]``."""
+class _SummaryRow(msgspec.Struct, frozen=True, array_like=True, gc=False):
+    """A sealed step read for a report (``gc=False``: strings and an int cannot form a cycle)."""
 
-    steps: list[tuple[str, str, int]] = []  # type: ignore[assignment]
+    step_id: str
+    state: str
+    attempt: int
+
+
+class _SummarySeal(RunSeal, frozen=True, kw_only=True, omit_defaults=True):
+    """A seal read for a re-run's report: each step as ``[id, state, attempt]``."""
+
+    steps: list[_SummaryRow] = []  # type: ignore[assignment]
 
 
 _encoder = msgspec.json.Encoder(order="sorted")
@@ -125,7 +133,7 @@ def closed_summary(body: bytes, head: bytes) -> tuple[RunState, list[StepSummary
     33k step states and their map (most of a re-run's time) are not needed.
     """
     seal = _summary_decoder.decode(zlib.decompress(body))
-    rows = [StepSummary(id=s[0], state=s[1], attempt=s[2]) for s in seal.steps]
+    rows = [StepSummary(id=s.step_id, state=s.state, attempt=s.attempt) for s in seal.steps]
     return _run_fields(seal, head, immutables.Map()), rows
 
 

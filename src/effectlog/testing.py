@@ -238,6 +238,16 @@ class JournalContract:
         base = msgspec.structs.replace(base, plan=full.plan, plan_steps=full.plan_steps)
         assert full == replay_records_fast(store.read("ck", base.seq), store.chain, base, run_id="ck")
 
+    def test_the_last_checkpoint_row_is_the_last_of_the_runs_rows(self, journal: Journal) -> None:
+        """``last_checkpoint_row`` (what a resume reads) is exactly the last row ``checkpoint_rows``
+        gives, its event's hash included; none for a run without segments."""
+        store, _ = self._segmented(journal)
+        last = getattr(store, "last_checkpoint_row", None)
+        if last is None:
+            pytest.skip("this backend reads every segment on resume")
+        assert store.checkpoint_rows("ck")[-1:] == last("ck")
+        assert [] == last("nobody")
+
     def test_a_checkpoint_must_follow_its_runs_last_event(self, journal: Journal) -> None:
         """A segment names its run's head after the batch; any other seq refuses the whole batch."""
         from effectlog.fold import initial, replay

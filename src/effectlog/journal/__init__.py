@@ -8,11 +8,13 @@ import os
 import zlib
 from collections.abc import Iterator
 
+import immutables
 import msgspec
 
 from effectlog.chain import Chain
-from effectlog.fold import Record, RunState, replay_records_fast
+from effectlog.fold import Record, RunState, StepState, replay_records_fast
 from effectlog.journal import checkpoint
+from effectlog.journal import frontier as fr
 from effectlog.journal.checkpoint import CheckpointJournal
 from effectlog.journal.protocol import SCHEMA_VERSION, Journal
 from effectlog.journal.sqlite import SqliteJournal
@@ -32,6 +34,7 @@ __all__ = [
     "load_sealed",
     "open_journal",
     "refuse_cut",
+    "resume_point",
 ]
 
 
@@ -86,31 +89,96 @@ def _no_cyclic_gc() -> Iterator[None]:
         gc.enable()
 
 
+class ResumePoint(msgspec.Struct, frozen=True, kw_only=True):
+    """Where an open run's actor starts: its state, the seq of its last checkpoint segment, the steps
+    changed since (what its next segment must carry), the frontier tracker its segments continue,
+    and ``skip``: how many of the plan's first steps are done (the actor starts its walk there)."""
+
+    state: RunState
+    segment_seq: int
+    touched: set[str]
+    tracker: fr.Tracker
+    skip: int = 0
+
+
 def load_for_resume(journal: Journal, run_id: str, plan: Plan) -> tuple[RunState, int, set[str]]:
-    """An open run's state for its actor: its checkpoint segments (``journal.checkpoint``) plus the
-    events after the last one, when they are bound to the chain and were written for ``plan``;
-    else ``load_run``. Also the seq of the last segment and the steps touched since (what the
-    actor's next segment must carry)."""
+    """An open run's state (``resume_point``, its step map loaded in full so that it outlives the
+    journal), its last segment's seq and the steps touched since."""
+    point = resume_point(journal, run_id, plan)
+    return fr.loaded(point.state), point.segment_seq, point.touched
+
+
+def resume_point(journal: Journal, run_id: str, plan: Plan) -> ResumePoint:
+    """An open run's state for its actor, from the cheapest sound source:
+
+    1. its last checkpoint segment, when it carries a frontier (``journal/frontier.py``), is bound
+       to its event and was written for ``plan``: the state there with a lazy step map, plus the
+       events after it (their chain checked from the segment's event);
+    2. else all its segments (``checkpoint.load``) plus the events after the last one;
+    3. else ``load_run`` (the full replay, which checks the whole chain).
+    """
+    ids = fr.PlanIds(plan.steps)
     if isinstance(journal, CheckpointJournal):
+        last_row = getattr(journal, "last_checkpoint_row", None)
+        if last_row is not None:
+            row = last_row(run_id)
+            _check_segments_not_cut(journal, row, run_id)
+            found = checkpoint.load_last(row, journal.chain, run_id)
+            if found is not None:
+                segment, head = found
+                front = segment.frontier
+                if (
+                    front is not None
+                    and segment.kind == "plan"
+                    and segment.plan_digest == plan.digest
+                    and front.prefix <= len(ids)
+                    and front.consistent()
+                ):
+                    steps = fr.LazySteps.at(front, ids, plan.positions, lambda: _all_steps(journal, run_id))
+                    start = checkpoint.state_at(segment, head, steps)
+                    return _tail(journal, run_id, plan, start, tracker=fr.Tracker.of(ids, front), skip=front.prefix)
         rows = journal.checkpoint_rows(run_id)
         _check_segments_not_cut(journal, rows, run_id)
         with _no_cyclic_gc():
             base = checkpoint.load(rows, journal.chain, run_id)
         if base is not None and base.kind == "plan" and base.plan_digest == plan.digest:
-            base = msgspec.structs.replace(base, plan=plan.pinned(), plan_steps=plan.step_ids)
-            touched: set[str] = set()
-
-            def tail() -> Iterator[Record]:
-                for rec in journal.read(run_id, base.seq):
-                    touched.add(rec.step_id or "")
-                    yield rec
-
-            with _no_cyclic_gc():
-                state = replay_records_fast(tail(), journal.chain, base, run_id=run_id)
-            touched.discard("")
-            return state, base.seq, touched
+            point = _tail(journal, run_id, plan, base, tracker=fr.Tracker(ids), skip=0)
+            return _with_full_tracker(point, ids)
     state = load_run(journal, run_id)
-    return state, 0, set(state.steps.keys())
+    point = ResumePoint(state=state, segment_seq=0, touched=set(state.steps.keys()), tracker=fr.Tracker(ids))
+    return _with_full_tracker(point, ids)
+
+
+def _with_full_tracker(point: ResumePoint, ids: fr.PlanIds) -> ResumePoint:
+    """A state loaded in full (no frontier to start from): the tracker learns every step once, here."""
+    state = point.state
+    tracker, _ = fr.Tracker(ids).advance(state, set(state.steps.keys()))
+    return msgspec.structs.replace(point, tracker=tracker, skip=tracker.prefix)
+
+
+def _tail(journal: Journal, run_id: str, plan: Plan, base: RunState, *, tracker: fr.Tracker, skip: int) -> ResumePoint:
+    """``base`` (a segment's state) with ``plan`` and the events after it replayed."""
+    base = msgspec.structs.replace(base, plan=plan.pinned(), plan_steps=plan.step_ids)
+    touched: set[str] = set()
+
+    def tail() -> Iterator[Record]:
+        for rec in journal.read(run_id, base.seq):
+            touched.add(rec.step_id or "")
+            yield rec
+
+    with _no_cyclic_gc():
+        state = replay_records_fast(tail(), journal.chain, base, run_id=run_id)
+    touched.discard("")
+    return ResumePoint(state=state, segment_seq=base.seq, touched=touched, tracker=tracker, skip=skip)
+
+
+def _all_steps(journal: Journal, run_id: str) -> immutables.Map[str, StepState]:
+    """Every step of the run as its segments record them, or its full replay when a segment does not
+    link (which raises on a damaged journal): what a lazy step map loads its done steps from."""
+    assert isinstance(journal, CheckpointJournal)
+    with _no_cyclic_gc():
+        state = checkpoint.load(journal.checkpoint_rows(run_id), journal.chain, run_id)
+    return state.steps if state is not None else load_run(journal, run_id).steps
 
 
 def refuse_cut(journal: Journal, run_id: str) -> None:
@@ -151,7 +219,8 @@ def load_closed(journal: Journal, run_id: str) -> tuple[RunState, list[StepSumma
     found = journal.sealed(run_id)
     if found is not None:
         try:
-            return closed_summary(*found)
+            with _no_cyclic_gc():  # 33k rows: a full collection over the caller's heap cost ~7 ms
+                return closed_summary(*found)
         except (zlib.error, msgspec.DecodeError, msgspec.ValidationError):
             return None
     for stored in journal.stored_seals(run_id):

@@ -36,6 +36,7 @@ from effectlog import events as ev
 from effectlog.chain import GENESIS, Chain
 from effectlog.errors import ChainBroken, CorruptEvent, EventConflict, Truncated
 from effectlog.fold import Record, RunState, StepState, state_from_summary
+from effectlog.journal import frontier as fr
 
 DEFAULT_EVERY = 512
 SETTING = "EFFECTLOG_CHECKPOINT_EVERY"
@@ -86,6 +87,9 @@ class Segment(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     started_ts: int = 0
     updated_ts: int = 0
     steps: list[StepState] = []
+    # What a resume needs up front (journal/frontier.py); absent in segments written before it and
+    # in those of a run that is not driven from a plan by its actor: those resume from every segment.
+    frontier: fr.Frontier | None = None
 
 
 @runtime_checkable
@@ -179,8 +183,8 @@ def due(state: RunState, last_seq: int) -> bool:
     return EVERY_EVENTS > 0 and not state.closed and state.seq - last_seq >= EVERY_EVENTS
 
 
-def segment_row(state: RunState, changed: Iterable[str]) -> CheckpointRow:
-    """The segment of ``state``: its run-level fields and the steps named in ``changed``."""
+def segment_row(state: RunState, changed: Iterable[str], frontier: fr.Frontier | None = None) -> CheckpointRow:
+    """The segment of ``state``: its run-level fields, the steps named in ``changed`` and ``frontier``."""
     steps = state.steps
     segment = Segment(
         run_id=state.run_id,
@@ -199,12 +203,16 @@ def segment_row(state: RunState, changed: Iterable[str]) -> CheckpointRow:
         started_ts=state.started_ts,
         updated_ts=state.updated_ts,
         steps=sorted((steps[s] for s in changed if s in steps), key=_index),
+        frontier=frontier,
     )
     # The live state was built from the event objects before the journal encoded them as JSON, which
     # keeps some values otherwise (bytes in a receipt become base64 text): the segment must hold what
     # the replay of the journal gives, so it takes the same way through JSON first.
     segment = _json_decoder.decode(_json_encoder.encode(segment))
     segment = msgspec.structs.replace(segment, steps=[_SlimStep(*_astuple(s)) for s in segment.steps])
+    if segment.frontier is not None:
+        slim = [_SlimStep(*_astuple(s)) for s in segment.frontier.open]
+        segment = msgspec.structs.replace(segment, frontier=msgspec.structs.replace(segment.frontier, open=slim))
     # Not compressed: zlib cut the bytes ~6x, but inflating them cost a resume more CPU (~28 ms at
     # 100k events) than reading and hashing them uncompressed (~13 ms); resume CPU is what counts.
     return state.run_id, state.seq, _encoder.encode(segment)
@@ -263,12 +271,36 @@ def check_not_cut(rows: Sequence[tuple[Any, ...]], head: tuple[int, bytes], run_
         )
 
 
-def select_sql(table: str, events: str, mark: str) -> str:
-    """A run's segments, each with its event's hash (NULL when that event is gone), in order."""
+def select_sql(table: str, events: str, mark: str, *, last: bool = False) -> str:
+    """A run's segments (or only its ``last``), each with its event's hash (NULL when that event is gone), in order."""
     return (
         f"SELECT c.seq, c.prev, c.body, c.hash, e.hash FROM {table} c LEFT JOIN {events} e "
         f"ON e.run_id = c.run_id AND e.seq = c.seq WHERE c.run_id = {mark} ORDER BY c.seq"
+        + (" DESC LIMIT 1" if last else "")
     )
+
+
+def load_last(rows: Sequence[tuple[Any, ...]], chain: Chain, run_id: str) -> tuple[Segment, bytes] | None:
+    """The run's last segment and its event's hash, from ``rows`` (``select_sql(last=True)``), when it
+    is bound to its event (its hash links that event's hash, its stored ``prev`` and its body) and
+    decodes; else ``None``. The segments before it are checked when a step is loaded from them."""
+    if not rows:
+        return None
+    seq, stored_prev, raw, stored_hash, event_hash = rows[-1]
+    if event_hash is None or link(chain, bytes(event_hash), bytes(stored_prev), bytes(raw)) != bytes(stored_hash):
+        return None
+    try:
+        segment = _decode(bytes(raw))
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return None
+    if segment.run_id != run_id or segment.seq != seq:
+        return None
+    return segment, bytes(event_hash)
+
+
+def state_at(segment: Segment, head: bytes, steps: Any) -> RunState:
+    """The state at ``segment`` (no plan) with ``steps`` (a ``frontier.LazySteps`` or a map)."""
+    return state_from_summary(segment, head=head, steps=steps)
 
 
 def load(rows: Sequence[tuple[Any, ...]], chain: Chain, run_id: str) -> RunState | None:
@@ -328,6 +360,9 @@ def check_segments(
     """
     prev = GENESIS
     steps: dict[str, StepState] = {}
+    plan_ids: list[str] | None = None
+    positions: dict[str, int] = {}
+    proved = 0  # the plan's first ``proved`` steps are done (a frontier's prefix, checked once)
     for run_id, seq, stored_prev, body, digest in stored:
         where: dict[str, Any] = {"run_id": run_id, "seq": seq}
         found = advance(seq)
@@ -373,4 +408,15 @@ def check_segments(
             raise CorruptEvent(
                 "a checkpoint disagrees with the replay of its run's events", **where, column="checkpoints.body"
             )
+        if segment.frontier is not None:
+            if plan_ids is None:
+                plan_ids = _plan_ids(state)
+                positions = {sid: i for i, sid in enumerate(plan_ids)}
+            proved = fr.check(segment.frontier, state, plan_ids, positions, proved)
         prev = digest
+
+
+def _plan_ids(state: RunState) -> list[str]:
+    """The step ids of the run's pinned plan, in order (a session has none)."""
+    raw = (state.plan or {}).get("steps", []) if state.kind == "plan" else []
+    return [s["id"] for s in raw if isinstance(s, dict) and isinstance(s.get("id"), str)]

@@ -516,6 +516,14 @@ class PostgresJournal:
             for r in self._checkpoint_query(sql, run_id)
         ]
 
+    def last_checkpoint_row(self, run_id: str) -> list[tuple[int, bytes, bytes, bytes, bytes | None]]:
+        """The run's last checkpoint segment (``checkpoint_rows``' last row, or none), for a resume; unchecked."""
+        sql = checkpoint.select_sql(f"{SCHEMA}.checkpoints", f"{SCHEMA}.events", "%s", last=True)
+        return [
+            (int(r[0]), bytes(r[1]), bytes(r[2]), bytes(r[3]), None if r[4] is None else bytes(r[4]))
+            for r in self._checkpoint_query(sql, run_id)
+        ]
+
     def stored_checkpoints(self, run_id: str) -> list[checkpoint.StoredSegment]:
         """The run's checkpoint rows as stored, ``(run id, seq, prev, body, hash)``; unchecked."""
         sql = f"SELECT run_id, seq, prev, body, hash FROM {SCHEMA}.checkpoints WHERE run_id = %s ORDER BY seq"

@@ -586,6 +586,11 @@ class SqliteJournal:
         sql = checkpoint.select_sql("checkpoints", "events", "?")
         return self._checkpoints(sql, (run_id,))
 
+    def last_checkpoint_row(self, run_id: str) -> list[tuple[int, bytes, bytes, bytes, bytes | None]]:
+        """The run's last checkpoint segment (``checkpoint_rows``' last row, or none), for a resume; unchecked."""
+        sql = checkpoint.select_sql("checkpoints", "events", "?", last=True)
+        return self._checkpoints(sql, (run_id,))
+
     def stored_checkpoints(self, run_id: str) -> list[checkpoint.StoredSegment]:
         """The run's checkpoint rows as stored, ``(run id, seq, prev, body, hash)``; unchecked."""
         sql = "SELECT run_id, seq, prev, body, hash FROM checkpoints WHERE run_id = ? ORDER BY seq"
