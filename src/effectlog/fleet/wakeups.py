@@ -12,14 +12,14 @@ connection is noticed anyway: the signal only makes an idle runner faster and qu
 * SQLite (one host): the store's ``meta`` row ``fleet_queued`` is bumped with each
   queued attempt. The watcher sleeps in the kernel on an inotify watch of the store's
   directory (``effectlog.fleet.inotify``): every commit, by any process, writes the
-  store's ``-wal`` file (a checkpoint, the store file), and that write wakes it. It
-  then reads ``PRAGMA data_version`` (SQLite's in-memory count of other connections'
-  commits) and the row only when that moved, and wakes the runner only when the row
-  did. The WAL is written before the commit is published (its fsync, then the
-  wal-index), so a check that finds nothing new yet looks again a few times over
-  ``SQLITE_SETTLE_S`` with growing pauses before it goes back to sleep. While nothing is written to the store an idle runner's watcher runs no
-  statement at all; a commit that queued nothing (a heartbeat, another run's step, the
-  runner's own writes) costs it one or two reads, never a loop. Where inotify is not
+  store's ``-wal`` file, and that write wakes it. It then reads ``PRAGMA data_version``
+  (SQLite's in-memory count of other connections' commits) and the row only when that
+  moved, and wakes the runner only when the row did. The WAL is written before the
+  commit is published (its fsync, then the wal-index), so a check that finds nothing
+  new yet looks again with growing pauses for up to ``SQLITE_SETTLE_S``. While nothing
+  is written to the store an idle runner's watcher runs no statement at all; a commit
+  that queued nothing (a heartbeat, another run's step, the runner's own writes) costs
+  it a few reads, never a loop (its reads write no file). Where inotify is not
   available (not Linux), or the watch is lost (the directory moved or deleted), the
   watcher falls back to reading ``PRAGMA data_version`` every ``SQLITE_TICK_S``.
 """
