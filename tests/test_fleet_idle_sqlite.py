@@ -5,12 +5,18 @@ from __future__ import annotations
 
 import json
 import signal
+import sqlite3
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
+from typing import Any
 
-from effectlog.fleet import open_store
+import pytest
+
+from effectlog.fleet import open_store, wakeups
+from effectlog.fleet.contract import noop_plan
 from fleet_kit import SAFETY_S, RunnerProcess, effectlog, wait_until, write_plan
 
 pytest_plugins = ["fleet_kit"]
@@ -80,3 +86,42 @@ def test_an_idle_runner_picks_up_work_queued_after_the_wal_was_truncated(
             wait_until(lambda n=i + 1: len(store.requests(["succeeded"])) == n or None, f"request {i + 1} to succeed")
     finally:
         store.close()
+
+
+def test_the_watcher_reads_only_after_a_commit_and_wakes_only_for_queued_work(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """In one process: the watcher's connection runs no statement while nothing is written, a few after each
+    commit that queued nothing (a claim, heartbeats: no wake-up, and quiet again after them, so its own reads do
+    not wake it), and a submit wakes it."""
+    statements: list[str] = []
+    real_connect = sqlite3.connect
+
+    def counted(*args: Any, **kwargs: Any) -> sqlite3.Connection:  # the watcher's connection, statements counted
+        db = real_connect(*args, **kwargs)
+        db.set_trace_callback(statements.append)
+        return db
+
+    path = str(tmp_path / "fleet.db")
+    writer = open_store(path)
+    watching = open_store(path)
+    woken = threading.Semaphore(0)
+    monkeypatch.setattr(wakeups.sqlite3, "connect", counted)
+    try:
+        watching.watch(woken.release)
+        writer.submit("s", "k0", noop_plan("run-0"))
+        assert woken.acquire(timeout=SAFETY_S)
+        lease = writer.claim_next("r", [], 60.0, 1)[0]
+        for _ in range(5):
+            writer.heartbeat(lease, 60.0)
+        time.sleep(1.0)  # let the watcher go back to sleep
+        before = len(statements)
+        time.sleep(1.0)  # quiet: nothing is written
+        assert before == len(statements), statements[before:]
+        assert not woken.acquire(timeout=0)  # the claim and the heartbeats queued nothing
+        writer.submit("s", "k1", noop_plan("run-1"))
+        assert woken.acquire(timeout=SAFETY_S)
+    finally:
+        writer.close()
+        watching.close()
+    assert 0 < before <= 2 + 8 * 20, statements  # reads after 8 commits, each settling in at most ~20 reads
