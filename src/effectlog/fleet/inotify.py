@@ -59,6 +59,10 @@ class Changes:
         self.overflowed = False  # the kernel's queue was full and dropped events: any file may have changed
         self.lost = False  # the watched directory went (moved or deleted): the watch sees nothing more
 
+    def written(self, name: str) -> bool:
+        """Whether ``name`` may have been written (it was, or the queue overflowed and nobody knows)."""
+        return self.overflowed or name in self.names
+
 
 class Inotify:
     """One inotify descriptor watching one directory for written, created or renamed-in files."""

@@ -15,11 +15,14 @@ connection is noticed anyway: the signal only makes an idle runner faster and qu
   store's ``-wal`` file, and that write wakes it. It then reads ``PRAGMA data_version``
   (SQLite's in-memory count of other connections' commits) and the row only when that
   moved, and wakes the runner only when the row did. The WAL is written before the
-  commit is published (its fsync, then the wal-index), so a check that finds nothing
-  new yet looks again with growing pauses for up to ``SQLITE_SETTLE_S``. While nothing
-  is written to the store an idle runner's watcher runs no statement at all; a commit
-  that queued nothing (a heartbeat, another run's step, the runner's own writes) costs
-  it a few reads, never a loop (its reads write no file). Where inotify is not
+  commit is published (its fsync, then the wal-index), so the watcher checks
+  ``SQLITE_SETTLE_S`` after the write, and once more ``SQLITE_LATE_S`` later if nothing
+  was published yet; while writes keep coming it checks at most once per
+  ``SQLITE_TICK_S`` (the old poll's rate, now only while the store is written). While
+  nothing is written to the store an idle runner's watcher runs no statement at all; a
+  commit that queued nothing (a heartbeat, another run's step, the runner's own writes)
+  costs it two reads at most, never a loop (its reads write no file). A commit
+  published later than that is seen at the next write or the runner's ``--poll-s``. Where inotify is not
   available (not Linux), or the watch is lost (the directory moved or deleted), the
   watcher falls back to reading ``PRAGMA data_version`` every ``SQLITE_TICK_S``.
 """
@@ -44,7 +47,8 @@ SQLITE_BUMP = (
     " ON CONFLICT (key) DO UPDATE SET value = CAST(CAST(value AS INTEGER) + 1 AS TEXT)"
 )
 SQLITE_TICK_S = 0.01
-SQLITE_SETTLE_S = 0.25  # how long after a WAL write a check waits for its commit to show (fsync included)
+SQLITE_SETTLE_S = 0.002  # from a WAL write to the check: the commit's fsync and wal-index update
+SQLITE_LATE_S = 0.05  # one more look when a write was not published by the first check
 _LISTEN_TICK_S = 0.25  # how soon a PostgreSQL watcher sees it was stopped
 
 
@@ -116,10 +120,8 @@ def watch_sqlite(path: str, wake: Callable[[], None]) -> Watcher:
             if notify is not None:
                 while notify.wait(stop_r):
                     changes = notify.read()
-                    if changes.lost:
-                        break  # the directory moved or went: poll below
-                    if changes.overflowed or wal in changes.names:
-                        seen.settle(stopped)
+                    if changes.lost or (changes.written(wal) and not _follow(notify, seen, wal, stopped)):
+                        break  # the directory moved or went (poll below), or stopped
             while not stopped.wait(SQLITE_TICK_S):
                 seen.check()
         finally:
@@ -161,13 +163,25 @@ class _Seen:
         self.count = count
         return True
 
-    def settle(self, stopped: threading.Event) -> None:
-        """``check`` after a WAL write, again after pauses of 0.5, 1, 2 ... ms until a commit shows or
-        ``SQLITE_SETTLE_S`` passed (a write that never commits: a rolled-back transaction's spill)."""
-        pause, waited = 0.0005, 0.0
-        while not self.check() and waited < SQLITE_SETTLE_S and not stopped.wait(pause):
-            waited += pause
-            pause = min(2 * pause, 0.05)
+
+def _follow(notify: Inotify, seen: _Seen, wal: str, stopped: threading.Event) -> bool:
+    """After a WAL write: check once it had time to be published; again each ``SQLITE_TICK_S`` while more
+    writes come; once ``SQLITE_LATE_S`` later if the last check found nothing published and nothing newer was
+    written. False when the watch was lost or the watcher stopped."""
+    delay = SQLITE_SETTLE_S
+    while not stopped.wait(delay):
+        changes = notify.read()  # writes made meanwhile: this check covers those already published
+        if changes.lost:
+            return False
+        more = changes.written(wal)
+        published = seen.check()
+        if more:
+            delay = SQLITE_TICK_S
+        elif published or delay == SQLITE_LATE_S:
+            return True
+        else:
+            delay = SQLITE_LATE_S
+    return False
 
 
 def _queued(db: sqlite3.Connection) -> str | None:
