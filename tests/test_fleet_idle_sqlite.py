@@ -125,3 +125,38 @@ def test_the_watcher_reads_only_after_a_commit_and_wakes_only_for_queued_work(
         writer.close()
         watching.close()
     assert 0 < before <= 2 + 7 * 3, statements  # 7 commits: each read once or twice, the counter once
+
+
+def test_without_inotify_the_watcher_polls_and_still_wakes_for_a_submit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where inotify cannot be had (another platform, no descriptors left), the watcher reads PRAGMA
+    data_version on its tick instead, and a submit still wakes it."""
+    monkeypatch.setattr(wakeups.Inotify, "open", classmethod(lambda cls, directory: None))
+    path = str(tmp_path / "fleet.db")
+    writer, watching = open_store(path), open_store(path)
+    woken = threading.Event()
+    try:
+        watching.watch(woken.set)
+        writer.submit("s", "k", noop_plan("run-1"))
+        assert woken.wait(SAFETY_S)
+    finally:
+        writer.close()
+        watching.close()
+
+
+def test_a_watcher_still_wakes_after_the_stores_directory_was_renamed(tmp_path: Path) -> None:
+    """The store's directory is renamed under open stores: the watch follows the directory, so a later submit
+    through an open store still wakes the watcher."""
+    before, after = tmp_path / "a", tmp_path / "b"
+    before.mkdir()
+    writer, watching = open_store(str(before / "fleet.db")), open_store(str(before / "fleet.db"))
+    woken = threading.Event()
+    try:
+        watching.watch(woken.set)
+        before.rename(after)
+        writer.submit("s", "k", noop_plan("run-1"))
+        assert woken.wait(SAFETY_S)
+    finally:
+        writer.close()
+        watching.close()

@@ -26,15 +26,15 @@ IN_CLOSE_WRITE = 0x0008
 IN_MOVED_TO = 0x0080
 IN_CREATE = 0x0100
 IN_DELETE_SELF = 0x0400
-IN_MOVE_SELF = 0x0800
 IN_Q_OVERFLOW = 0x4000
 IN_IGNORED = 0x8000
 IN_NONBLOCK = os.O_NONBLOCK
 IN_CLOEXEC = os.O_CLOEXEC
 # What a commit, a checkpoint, a WAL reset or truncation, or a WAL recreated or renamed into place does.
 CHANGED = IN_MODIFY | IN_CLOSE_WRITE | IN_CREATE | IN_MOVED_TO
-# The watched directory itself went away (moved or deleted): the watch sees nothing more.
-GONE = IN_DELETE_SELF | IN_MOVE_SELF | IN_IGNORED
+# The watch ended: the directory was deleted, or its file system unmounted. (A watch follows the
+# directory's inode: renamed, it goes on reporting its files.)
+GONE = IN_DELETE_SELF | IN_IGNORED
 _EVENT = struct.Struct("iIII")  # struct inotify_event: wd, mask, cookie, len; then len bytes of name
 _READ = 64 * 1024
 
@@ -57,7 +57,7 @@ class Changes:
     def __init__(self) -> None:
         self.names: set[str] = set()
         self.overflowed = False  # the kernel's queue was full and dropped events: any file may have changed
-        self.lost = False  # the watched directory went (moved or deleted): the watch sees nothing more
+        self.lost = False  # the watch ended (directory deleted, file system unmounted): it sees nothing more
 
     def written(self, name: str) -> bool:
         """Whether ``name`` may have been written (it was, or the queue overflowed and nobody knows)."""
@@ -79,7 +79,7 @@ class Inotify:
         fd = int(libc.inotify_init1(IN_NONBLOCK | IN_CLOEXEC))
         if fd < 0:
             return None
-        if int(libc.inotify_add_watch(fd, os.fsencode(directory), CHANGED | IN_DELETE_SELF | IN_MOVE_SELF)) < 0:
+        if int(libc.inotify_add_watch(fd, os.fsencode(directory), CHANGED | IN_DELETE_SELF)) < 0:
             os.close(fd)
             return None
         return cls(fd)

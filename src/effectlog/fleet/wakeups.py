@@ -23,7 +23,7 @@ connection is noticed anyway: the signal only makes an idle runner faster and qu
   commit that queued nothing (a heartbeat, another run's step, the runner's own writes)
   costs it two reads at most, never a loop (its reads write no file). A commit
   published later than that is seen at the next write or the runner's ``--poll-s``. Where inotify is not
-  available (not Linux), or the watch is lost (the directory moved or deleted), the
+  available (not Linux), or the watch ends (the directory deleted), the
   watcher falls back to reading ``PRAGMA data_version`` every ``SQLITE_TICK_S``.
 """
 
@@ -121,7 +121,7 @@ def watch_sqlite(path: str, wake: Callable[[], None]) -> Watcher:
                 while notify.wait(stop_r):
                     changes = notify.read()
                     if changes.lost or (changes.written(wal) and not _follow(notify, seen, wal, stopped)):
-                        break  # the directory moved or went (poll below), or stopped
+                        break  # the watch ended (poll below), or stopped
             while not stopped.wait(SQLITE_TICK_S):
                 seen.check()
         finally:
