@@ -141,6 +141,12 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
 }
 
 
+# The claim's pick walks queued attempts in request order and stops at the first that fits, instead of
+# evaluating every queued row and sorting them inside the file's one write transaction. Not a schema
+# version: a store with it opens in versions without it, so it is made (if missing) at every open.
+QUEUE_INDEX = "CREATE INDEX IF NOT EXISTS fleet_attempts_queue ON fleet_attempts (state, request_id)"
+
+
 class SqliteFleetStore(SqlFleetStore):
     """A fleet store in one SQLite file (created 0600 if missing)."""
 
@@ -176,6 +182,7 @@ class SqliteFleetStore(SqlFleetStore):
             for sql in MIGRATIONS[step]:
                 tx.run(sql)
             tx.run("UPDATE meta SET value = ? WHERE key = 'fleet_schema_version'", (str(step),))
+        tx.run(QUEUE_INDEX)
 
     def _queued(self, tx: Tx) -> None:
         tx.run(wakeups.SQLITE_BUMP)

@@ -10,20 +10,35 @@ connection is noticed anyway: the signal only makes an idle runner faster and qu
 * PostgreSQL: ``NOTIFY effectlog_fleet`` (delivered on commit, to every host) and a
   ``LISTEN`` on a connection of the watcher's own.
 * SQLite (one host): the store's ``meta`` row ``fleet_queued`` is bumped with each
-  queued attempt; the watcher reads ``PRAGMA data_version`` (SQLite's in-memory count of
-  other connections' commits, no disk read) every ``SQLITE_TICK_S`` and the row only
-  when that moved, so an idle runner costs no transaction and no write.
+  queued attempt. The watcher sleeps in the kernel on an inotify watch of the store's
+  directory (``effectlog.fleet.inotify``): every commit, by any process, writes the
+  store's ``-wal`` file, and that write wakes it. It then reads ``PRAGMA data_version``
+  (SQLite's in-memory count of other connections' commits) and the row only when that
+  moved, and wakes the runner only when the row did. The WAL is written before the
+  commit is published (its fsync, then the wal-index), so the watcher checks
+  ``SQLITE_SETTLE_S`` after the write, and once more ``SQLITE_LATE_S`` later if nothing
+  was published yet; while writes keep coming it checks at most once per
+  ``SQLITE_TICK_S`` (the old poll's rate, now only while the store is written). While
+  nothing is written to the store an idle runner's watcher runs no statement at all; a
+  commit that queued nothing (a heartbeat, another run's step, the runner's own writes)
+  costs it two reads at most, never a loop (its reads write no file). A commit
+  published later than that is seen at the next write or the runner's ``--poll-s``. Where inotify is not
+  available (not Linux), or the watch ends (the directory deleted), the
+  watcher falls back to reading ``PRAGMA data_version`` every ``SQLITE_TICK_S``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import sqlite3
 import threading
 from collections.abc import Callable
 from typing import Any
 
 import psycopg
+
+from effectlog.fleet.inotify import Inotify
 
 CHANNEL = "effectlog_fleet"
 NOTIFY = f"NOTIFY {CHANNEL}"
@@ -32,6 +47,8 @@ SQLITE_BUMP = (
     " ON CONFLICT (key) DO UPDATE SET value = CAST(CAST(value AS INTEGER) + 1 AS TEXT)"
 )
 SQLITE_TICK_S = 0.01
+SQLITE_SETTLE_S = 0.002  # from a WAL write to the check: the commit's fsync and wal-index update
+SQLITE_LATE_S = 0.05  # one more look when a write was not published by the first check
 _LISTEN_TICK_S = 0.25  # how soon a PostgreSQL watcher sees it was stopped
 
 
@@ -47,8 +64,9 @@ class Watcher:
 
     READY_S = 10.0
 
-    def __init__(self, loop: Loop, name: str) -> None:
+    def __init__(self, loop: Loop, name: str, on_stop: Callable[[], None] | None = None) -> None:
         self._stopped = threading.Event()
+        self._on_stop = on_stop  # wakes a loop asleep in the kernel, which does not watch ``stopped``
         listening = threading.Event()
         self._thread = threading.Thread(target=self._run, args=(loop, listening), name=name, daemon=True)
         self._thread.start()
@@ -62,6 +80,8 @@ class Watcher:
 
     def stop(self) -> None:
         self._stopped.set()
+        if self._on_stop is not None:
+            self._on_stop()
         self._thread.join(timeout=2 * _LISTEN_TICK_S + 1)
 
 
@@ -80,27 +100,88 @@ def listen_postgres(url: str, kwargs: dict[str, Any], wake: Callable[[], None]) 
 
 
 def watch_sqlite(path: str, wake: Callable[[], None]) -> Watcher:
-    """Watch the store file's ``fleet_queued`` counter through ``PRAGMA data_version``; a change calls ``wake``."""
+    """Watch the store file's ``fleet_queued`` counter; a change calls ``wake``.
+
+    Asleep on inotify between commits to the file (Linux); elsewhere, or if the watch is
+    lost, a ``PRAGMA data_version`` read every ``SQLITE_TICK_S``.
+    """
+    directory, base = os.path.split(path)
+    wal = f"{base}-wal"  # every commit writes it; a checkpoint writing the store file changes no row
+    stop_r, stop_w = os.pipe()
 
     def loop(stopped: threading.Event, listening: threading.Event) -> None:
         # SQLite's own connection: it shares the process's descriptors and locks of the file
         # (SQLite defers closing a descriptor another connection's lock depends on).
+        notify = Inotify.open(directory or ".")  # before the first read: no commit after it goes unseen
         db = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=1.0)
         try:
-            seen_version, seen_count = db.execute("PRAGMA data_version").fetchone()[0], _queued(db)
+            seen = _Seen(db, wake)
             listening.set()
+            if notify is not None:
+                while notify.wait(stop_r):
+                    changes = notify.read()
+                    if changes.lost or (changes.written(wal) and not _follow(notify, seen, wal, stopped)):
+                        break  # the watch ended (poll below), or stopped
             while not stopped.wait(SQLITE_TICK_S):
-                version = db.execute("PRAGMA data_version").fetchone()[0]
-                if version == seen_version:
-                    continue
-                seen_version, count = version, _queued(db)
-                if count != seen_count:
-                    wake()
-                seen_count = count
+                seen.check()
         finally:
             db.close()
+            if notify is not None:
+                notify.close()
+            os.close(stop_r)
 
-    return Watcher(loop, "effectlog-watch")
+    unsent = [stop_w]
+
+    def on_stop() -> None:  # once: a closed descriptor's number may be another file's by now
+        while unsent:
+            fd = unsent.pop()
+            with contextlib.suppress(OSError):
+                os.write(fd, b"x")
+            os.close(fd)
+
+    return Watcher(loop, "effectlog-watch", on_stop)
+
+
+class _Seen:
+    """The last ``data_version`` and queued count a watcher saw; ``check`` wakes the runner when the count moved."""
+
+    def __init__(self, db: sqlite3.Connection, wake: Callable[[], None]) -> None:
+        self.db, self.wake = db, wake
+        self.version, self.count = self._version(), _queued(db)
+
+    def _version(self) -> int:
+        return int(self.db.execute("PRAGMA data_version").fetchone()[0])
+
+    def check(self) -> bool:
+        """Whether another connection committed since the last check (and wake if the count moved)."""
+        version = self._version()
+        if version == self.version:
+            return False
+        self.version, count = version, _queued(self.db)
+        if count != self.count:
+            self.wake()
+        self.count = count
+        return True
+
+
+def _follow(notify: Inotify, seen: _Seen, wal: str, stopped: threading.Event) -> bool:
+    """After a WAL write: check once it had time to be published; again each ``SQLITE_TICK_S`` while more
+    writes come; once ``SQLITE_LATE_S`` later if the last check found nothing published and nothing newer was
+    written. False when the watch was lost or the watcher stopped."""
+    delay = SQLITE_SETTLE_S
+    while not stopped.wait(delay):
+        changes = notify.read()  # writes made meanwhile: this check covers those already published
+        if changes.lost:
+            return False
+        more = changes.written(wal)
+        published = seen.check()
+        if more:
+            delay = SQLITE_TICK_S
+        elif published or delay == SQLITE_LATE_S:
+            return True
+        else:
+            delay = SQLITE_LATE_S
+    return False
 
 
 def _queued(db: sqlite3.Connection) -> str | None:
