@@ -86,7 +86,7 @@ def test_two_processes_appending_the_same_run_under_one_lease_never_both_win_a_s
     """Two processes, each with its own journal (its own cached head), append 1-3 event batches to one run
     under the same lease as fast as they can, each taking the head again after a refusal. Every seq of the
     run is won by exactly one of them, with the bytes it reports; the chain links end to end; nothing
-    reported as written is missing; and both saw refusals (their cached heads went stale)."""
+    reported as written is missing; and refusals happened (a cached head went stale)."""
     lease = _lease(store, "run-race")
     store.journal().append_fenced([started("run-race")], lease)
     total = 150
@@ -114,7 +114,9 @@ def test_two_processes_appending_the_same_run_under_one_lease_never_both_win_a_s
     won = sorted((int(seq), bytes.fromhex(body)) for out in outs for seq, body in out["won"])
     assert total == len(stored)
     assert stored[1:] == won  # each seq after run.started won once, by whoever reports it, with its bytes
-    assert all(out["refused"] > 0 for out in outs), outs
+    # The race happened: some cached head went stale and was refused. Which process wins how many seqs is
+    # up to the scheduler (on a loaded machine one may win them all while the other is refused each time).
+    assert sum(out["refused"] for out in outs) > 0, outs
 
 
 def test_a_stale_cached_head_is_refused_by_the_key_and_the_append_then_reads_the_head(
