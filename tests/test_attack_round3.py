@@ -154,3 +154,106 @@ def test_postgresql_lazy_resume_through_operator_decisions_and_crashes_equals_th
     assert [1] * 7 == counts
     done = cli("verify", "--journal", pg_url)
     assert 0 == done.returncode, done.stderr
+
+
+# -- 2. PostgreSQL fenced append on a cached head --------------------------------------------------
+
+_REFUSE_AT_COMMIT = """
+CREATE FUNCTION effectlog.attack_refuse() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  IF NEW.step_id LIKE 'refused%' THEN RAISE EXCEPTION 'refused at commit'; END IF;
+  RETURN NULL;
+END $$;
+CREATE CONSTRAINT TRIGGER attack_refuse AFTER INSERT ON effectlog.events
+  DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION effectlog.attack_refuse();
+"""
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("batch", [1, 3])
+def test_a_fenced_append_whose_commit_fails_leaves_the_cached_head_where_it_was(pg_url: str, batch: int) -> None:
+    """A fenced batch on the one-statement path passes its statement and fails at COMMIT (a deferred
+    trigger refuses it there, as a server would on a lost connection or a failed WAL write): nothing is
+    written, and the same journal's next batches - other bytes at the same seqs, then more - chain
+    onto the head that is stored, not onto the refused batch (else seq n+1 would link a hash nobody
+    stored: a forked chain that ``verify`` calls broken)."""
+    import psycopg
+
+    from effectlog.chain import GENESIS, Chain
+    from effectlog.errors import EffectlogError
+    from effectlog.fleet import open_store
+    from effectlog.fleet.contract import noop_plan, requested, started
+    from effectlog.fleet.postgres_journal import FleetPostgresJournal
+
+    store = open_store(pg_url)
+    journal = FleetPostgresJournal(pg_url)
+    try:
+        request = store.submit("cache", "run-c", noop_plan("run-c")).request
+        lease = store.claim(request.request_id, "cacher", 60.0)
+        assert lease is not None
+        journal.append_fenced([started("run-c")], lease)
+        journal.append_fenced([requested("run-c", 2, step="a2")], lease)  # the cached head is seq 2 now
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            conn.execute(_REFUSE_AT_COMMIT)
+        refused = [requested("run-c", 3 + i, step=f"refused{i}") for i in range(batch)]
+        with pytest.raises(EffectlogError):
+            journal.append_fenced(refused, lease)
+        assert 2 == store.journal().head("run-c")[0]
+        journal.append_fenced([requested("run-c", 3 + i, step=f"b{i}") for i in range(batch)], lease)
+        journal.append_fenced([requested("run-c", 3 + batch, step="c")], lease)
+        chain, prev, seqs = Chain(), GENESIS, []
+        for record in store.journal().read("run-c"):
+            assert chain.link(prev, record.body) == record.hash, record.seq
+            prev, seqs = record.hash, [*seqs, record.seq]
+        assert list(range(1, 4 + batch)) == seqs
+    finally:
+        journal.close()
+        store.close()
+
+
+# -- 3. SQLite idle runners on inotify ----------------------------------------------------------------
+
+
+def _descriptors() -> set[str]:
+    return set(os.listdir("/proc/self/fd"))
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="inotify and /proc are Linux's")
+def test_more_watchers_than_the_inotify_limit_fall_back_to_the_poll_and_close_every_descriptor(
+    tmp_path: Path,
+) -> None:
+    """One process watches more SQLite stores than the per-user inotify instance limit (often 128):
+    the watchers past it cannot get one and must poll instead, not fail. Every watcher - on inotify or
+    on the poll - wakes for a queued request written by another connection, and once all are stopped
+    no descriptor (inotify, stop pipe, SQLite file) is left open."""
+    from effectlog.fleet import open_store, wakeups
+
+    try:
+        limit = int(Path("/proc/sys/fs/inotify/max_user_instances").read_text())
+    except OSError:
+        limit = 128
+    count = min(limit, 1024) + 4
+    paths = []
+    for i in range(count):
+        (tmp_path / str(i)).mkdir()
+        paths.append(str(tmp_path / str(i) / "fleet.db"))
+        open_store(paths[-1]).close()
+    before = _descriptors()
+    woken = [threading.Event() for _ in paths]
+    watchers = [wakeups.watch_sqlite(p, e.set) for p, e in zip(paths, woken, strict=True)]
+    try:
+        for path in paths:
+            db = sqlite3.connect(path, isolation_level=None)
+            try:
+                db.execute(wakeups.SQLITE_BUMP)
+            finally:
+                db.close()
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not all(e.is_set() for e in woken):
+            time.sleep(0.05)
+        assert [True] * count == [e.is_set() for e in woken]
+    finally:
+        for watcher in watchers:
+            watcher.stop()
+    time.sleep(0.2)  # SQLite closes its descriptors as each watcher thread ends
+    assert set() == _descriptors() - before
