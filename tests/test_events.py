@@ -211,3 +211,15 @@ def test_events_are_frozen(event: ev.Event) -> None:
     with pytest.raises(AttributeError):
         event.seq = event.seq + 1  # type: ignore[misc]
     assert ev.decode(ev.encode(event)) == event
+
+
+@by_type
+@given(data=st.data())
+def test_index_columns_are_the_properties(cls: type[ev.Event], data: st.DataObject) -> None:
+    """The append path's ``index_columns`` gives exactly the row's dedup key the properties give
+    (step key, phase, attempt), for every event type: the shortcut for plain step events never
+    changes what the UNIQUE index sees, so a duplicate is refused as before."""
+    event = data.draw(EVENT_STRATEGIES[cls])
+    expected = (event.step_key, event.phase, event.attempt_no)
+    assert expected == ev.index_columns(event)
+    assert expected == ev.index_columns(event)  # the second call reads the per-type cache

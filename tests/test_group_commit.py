@@ -36,20 +36,18 @@ def plans(adapter_type: str = "noop") -> list[Plan]:
 
 
 def record_commits(journal: SqliteJournal) -> list[set[str]]:
-    """Wrap the journal so each commit notes which runs it carried."""
+    """Wrap the journal so each commit notes which runs it carried. Every SQLite append, inline
+    (a lone run) or grouped, goes through ``append_checkpointed``: each commit is noted once."""
     commits: list[set[str]] = []
-    append, append_sealed = journal.append, journal.append_sealed
+    append_checkpointed = journal.append_checkpointed
 
-    def counted(events: Sequence[ev.Event]) -> list[Record]:
+    def counted(
+        events: Sequence[ev.Event], seals: Sequence[tuple[str, int, bytes]], checkpoints: Sequence[Any]
+    ) -> list[Record]:
         commits.append({e.run_id for e in events})
-        return append(events)
+        return append_checkpointed(events, seals, checkpoints)
 
-    def counted_sealed(events: Sequence[ev.Event], seals: Sequence[tuple[str, int, bytes]]) -> list[Record]:
-        commits.append({e.run_id for e in events})
-        return append_sealed(events, seals)
-
-    journal.append = counted  # type: ignore[method-assign]
-    journal.append_sealed = counted_sealed  # type: ignore[method-assign]
+    journal.append_checkpointed = counted  # type: ignore[method-assign]
     return commits
 
 

@@ -75,20 +75,23 @@ class RunActor:
     # -- recording --------------------------------------------------------------------
 
     async def _record(self, *specs: EventSpec) -> None:
+        writer = self.rt.writer
         events, new_state = prepare(self.state, specs, self.rt.clock())
         # The batch that closes a run carries its seal, in the same transaction.
-        seal = seal_row(new_state) if new_state.closed and self.rt.writer.sealing else None
+        seal = seal_row(new_state) if writer.sealing and new_state.closed else None
         changed = self._changed
-        changed.update(e.step_id for e in events if isinstance(e, ev.StepEvent))
+        for event in events:
+            if isinstance(event, ev.StepEvent):
+                changed.add(event.step_id)
         # Every checkpoint.EVERY_EVENTS events an open run's batch carries a checkpoint segment.
         segment, tracker = None, self._tracker
-        if self.rt.writer.checkpointing and checkpoint.due(new_state, self._segment_seq):
+        if writer.checkpointing and checkpoint.due(new_state, self._segment_seq):
             front = None
             if tracker is not None and new_state.kind == "plan":
                 tracker, front = tracker.advance(new_state, changed)
             segment = checkpoint.segment_row(new_state, changed, front)
         began = time.perf_counter() if self.obs is not None else 0.0
-        await self.rt.writer.append(events, seal, segment)
+        await writer.append(events, seal, segment)
         if segment is not None:
             self._segment_seq, self._changed, self._tracker = new_state.seq, set(), tracker
         self.state = new_state
@@ -238,9 +241,15 @@ class RunActor:
             if action is Action.SKIP:
                 return None
             if action is Action.EXECUTE:
-                held = await self._policy_gate(decl)
-                if held is not None:
-                    return held
+                # No policy, no approval asked for, none given: _policy_gate would allow; skip its coroutine.
+                if (
+                    self.rt.policy is not None
+                    or decl.approval == "required"
+                    or (step is not None and step.state == "approved")
+                ):
+                    held = await self._policy_gate(decl)
+                    if held is not None:
+                        return held
                 if step is not None and step.state == "approved":
                     self._crash_point("after_approval", sid)
                 attempt = step.attempt if step is not None else 1

@@ -43,6 +43,11 @@ class JournalWriter:
         """Append ``events`` atomically, with the seal of the run they close or a checkpoint segment of
         the run they advance if given; returns once durable."""
         if self.active_runs <= 1 and not self._flushing and not self._queue:
+            if self.checkpointing:
+                # A lone run's batch, straight to the journal's widest append (SQLite's and PostgreSQL's
+                # append and append_sealed are this call with nothing extra): two frames fewer per commit.
+                self.commits += 1
+                return self.journal.append_checkpointed(events, _one(seal), _one(checkpoint))  # type: ignore[attr-defined,no-any-return]
             return self._append_now(events, _one(seal), _one(checkpoint))
         future: asyncio.Future[list[Record]] = asyncio.get_running_loop().create_future()
         self._queue.append((events, seal, checkpoint, future))
@@ -100,5 +105,5 @@ class JournalWriter:
             self._flushing = False
 
 
-def _one(row: tuple[str, int, bytes] | None) -> list[tuple[str, int, bytes]]:
-    return [row] if row is not None else []
+def _one(row: tuple[str, int, bytes] | None) -> Sequence[tuple[str, int, bytes]]:
+    return (row,) if row is not None else ()

@@ -39,7 +39,7 @@ from effectlog.errors import (
     SequenceGap,
     StorageError,
 )
-from effectlog.events import Event, encode
+from effectlog.events import Event, encode, index_columns
 from effectlog.fold import Record
 from effectlog.journal import checkpoint, filelocks
 from effectlog.journal.bindings import check_binding, lease_holder
@@ -441,7 +441,9 @@ class SqliteJournal:
             if event.run_id not in claims:
                 break
         else:
-            if all(seal[0] in claims for seal in seals) and all(row[0] in claims for row in checkpoints):
+            if (not seals or all(seal[0] in claims for seal in seals)) and (
+                not checkpoints or all(row[0] in claims for row in checkpoints)
+            ):
                 return self._transact(events, seals, checkpoints=checkpoints)
         one_shot: list[str] = []
         try:
@@ -481,7 +483,7 @@ class SqliteJournal:
         heads: dict[str, tuple[int, bytes]] = {}
         out: list[Record] = []
         named: list[Claim] = []
-        encoded = [encode(e) for e in events]
+        encoded = list(map(encode, events))
         shared = self._file
         try:
             shared.enter(self.location, self.busy_timeout_s)  # the writers' gate (filelocks), left below
@@ -497,7 +499,7 @@ class SqliteJournal:
                         db.execute("COMMIT")
                         return out
                     named = self._write_owner_rows(events) if self._unnamed else []
-                    link, insert = self.chain.link, cursor.execute  # bound once: this loop is the hot path
+                    link, insert, columns = self.chain.link, cursor.execute, index_columns  # the hot path: bound once
                     for event, body in zip(events, encoded, strict=True):
                         run_id, seq = event.run_id, event.seq
                         last_seq, last_hash = heads.get(run_id) or self.head(run_id)
@@ -510,7 +512,8 @@ class SqliteJournal:
                             )
                         digest = link(last_hash, body)
                         try:
-                            insert(INSERT, (run_id, seq, event.step_key, event.phase, event.attempt_no, body, digest))
+                            step_key, phase, attempt = columns(event)
+                            insert(INSERT, (run_id, seq, step_key, phase, attempt, body, digest))
                         except sqlite3.IntegrityError:
                             raise self._dedup_conflict(event) from None
                         heads[run_id] = (seq, digest)
