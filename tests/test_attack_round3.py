@@ -11,16 +11,13 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import msgspec
 import pytest
 
-from effectlog import events as ev
 from effectlog.adapters import EffectStore
-from effectlog.errors import ExitStatus
 from effectlog.journal import Journal, SqliteJournal, checkpoint, load_run, resume_point
 from effectlog.journal import frontier as fr
 from effectlog.plan import AdapterDecl, Plan, StepDecl
@@ -35,7 +32,7 @@ def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedPr
     )
 
 
-def _stop_at(step_id: str, point: str, times: list[int] | None = None):  # type: ignore[no-untyped-def]
+def _stop_at(step_id: str, point: str):  # type: ignore[no-untyped-def]
     def hook(where: str, sid: str) -> None:
         if where == point and sid == step_id:
             raise SimulatedCrash(where)
@@ -57,21 +54,16 @@ def _mixed_plan(run_id: str) -> Plan:
     return Plan(run_id=run_id, adapters={"tool": AdapterDecl(type="effects.control", idempotent=False)}, steps=steps)
 
 
-def _lazy_equals_replay(open_journal: Callable[[], Journal], plan: Plan) -> RunStateish:
+def _lazy_equals_replay(open_journal: Callable[[], Journal], plan: Plan) -> None:
+    """The resume point from the last segment answers every step as the full replay does: first
+    whether it is done (which loads nothing), then its state, then the whole loaded state."""
     with open_journal() as reader:  # type: ignore[attr-defined]
         point = resume_point(reader, plan.run_id, plan)
         full = load_run(reader, plan.run_id)
-        # Answers before anything is loaded, then the loaded state.
-        for decl in plan.steps:
-            assert (full.steps.get(decl.id) is not None and full.steps[decl.id].done) == fr.is_done(
-                point.state.steps, decl.id
-            ), decl.id
-            assert full.steps.get(decl.id) == point.state.steps.get(decl.id), decl.id
+        done = [s.id for s in plan.steps if full.steps.get(s.id) is not None and full.steps[s.id].done]
+        assert done == [s.id for s in plan.steps if fr.is_done(point.state.steps, s.id)]
+        assert [full.steps.get(s.id) for s in plan.steps] == [point.state.steps.get(s.id) for s in plan.steps]
         assert full == fr.loaded(point.state)
-        return full
-
-
-RunStateish = Any
 
 
 def _drive_mixed(
@@ -82,6 +74,7 @@ def _drive_mixed(
     segment), and a resume from the segments after each; the effect count per step at the end."""
     plan = _mixed_plan("mix")
     ops = ("--journal", where, "--run-id", "mix")
+    evidence = ("--evidence", "ledger", "--operator", "ops")
 
     def run(hook: Any = None) -> Any:
         with Runtime(journal(), effects=effects, crash_hook=hook) as rt:
@@ -95,14 +88,14 @@ def _drive_mixed(
     _lazy_equals_replay(open_reader, plan)
     assert "stopped" == run().state
     _lazy_equals_replay(open_reader, plan)
-    done = cli("reconcile", *ops, "--step", "s3", "--outcome", "not-applied", "--evidence", "ledger", "--operator", "ops")
+    done = cli("reconcile", *ops, "--step", "s3", "--outcome", "not-applied", *evidence)
     assert 0 == done.returncode, done.stderr
     _lazy_equals_replay(open_reader, plan)
     with pytest.raises(SimulatedCrash):
         run(_stop_at("s3", "after_effect"))  # attempt 2 applied, its receipt not durable: uncertain again
     _lazy_equals_replay(open_reader, plan)
     assert "stopped" == run().state
-    done = cli("reconcile", *ops, "--step", "s3", "--outcome", "applied", "--evidence", "ledger", "--operator", "ops")
+    done = cli("reconcile", *ops, "--step", "s3", "--outcome", "applied", *evidence)
     assert 0 == done.returncode, done.stderr
     _lazy_equals_replay(open_reader, plan)
     with pytest.raises(SimulatedCrash):
@@ -114,7 +107,7 @@ def _drive_mixed(
         run(_stop_at("s6", "after_request"))
     _lazy_equals_replay(open_reader, plan)
     assert "stopped" == run().state
-    done = cli("reconcile", *ops, "--step", "s6", "--outcome", "not-applied", "--evidence", "ledger", "--operator", "ops")
+    done = cli("reconcile", *ops, "--step", "s6", "--outcome", "not-applied", *evidence)
     assert 0 == done.returncode, done.stderr
     _lazy_equals_replay(open_reader, plan)
     outcome = run()
@@ -257,3 +250,57 @@ def test_more_watchers_than_the_inotify_limit_fall_back_to_the_poll_and_close_ev
             watcher.stop()
     time.sleep(0.2)  # SQLite closes its descriptors as each watcher thread ends
     assert set() == _descriptors() - before
+
+
+# -- 5. SQLite fleet claims on the queue index ---------------------------------------------------------
+
+_OPEN_AND_CLAIM = """
+import os, sys, time
+from effectlog.fleet import open_store
+path, go, name = sys.argv[1], sys.argv[2], sys.argv[3]
+while not os.path.exists(go):
+    time.sleep(0.001)
+with open_store(path) as store:
+    got = store.claim_next(name, ["gpu"] if name.endswith("gpu") else [], 60.0, 1)
+    print(",".join(str(lease.request_id) for lease in got))
+"""
+
+
+def test_an_old_store_without_the_queue_index_opened_by_many_processes_at_once(tmp_path: Path) -> None:
+    """A store made before the queue index (dropped here) opened by six processes at the same instant,
+    each making the index if missing and claiming one request: none fails (no "database is locked",
+    no "index already exists"), no request is claimed twice, the requests needing a capability go
+    only to the runners offering it, and every plain request is claimed."""
+    from effectlog.fleet import open_store
+    from effectlog.fleet.contract import noop_plan
+
+    path, go = tmp_path / "fleet.db", tmp_path / "go"
+    with open_store(str(path)) as store:
+        for i in range(6):
+            store.submit("s", f"k{i}", noop_plan(f"run-{i}"), requires=["gpu"] if i in (1, 4) else [])
+    with sqlite3.connect(path) as db:
+        db.execute("DROP INDEX fleet_attempts_queue")
+    names = ["a", "b", "c", "d", "e-gpu", "f-gpu"]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _OPEN_AND_CLAIM, str(path), str(go), name],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for name in names
+    ]
+    time.sleep(1.0)  # every process imported and waiting
+    go.touch()
+    outs = [proc.communicate(timeout=120) for proc in procs]
+    assert [0] * 6 == [proc.returncode for proc in procs], [err for _, err in outs]
+    got = {name: out.strip() for name, (out, _) in zip(names, outs, strict=True)}
+    plain = sorted(int(got[n]) for n in names[:4] if got[n])
+    gpu = sorted(int(got[n]) for n in names[4:] if got[n])
+    # Plain runners never take a gpu request; between them the six requests are each claimed once.
+    assert [] == [r for r in plain if r in (2, 5)]  # request ids 2 and 5 need gpu
+    assert sorted(plain + gpu) == sorted(set(plain + gpu))
+    # A plain runner finds nothing only when every request left needs the capability.
+    assert set() == {1, 3, 4, 6} - set(plain + gpu)
+    with sqlite3.connect(path) as db:
+        assert db.execute("SELECT 1 FROM sqlite_master WHERE name = 'fleet_attempts_queue'").fetchone()
