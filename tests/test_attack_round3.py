@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from effectlog.adapters import EffectStore
+from effectlog.errors import ExitStatus
 from effectlog.journal import Journal, SqliteJournal, checkpoint, load_run, resume_point
 from effectlog.journal import frontier as fr
 from effectlog.plan import AdapterDecl, Plan, StepDecl
@@ -304,3 +305,53 @@ def test_an_old_store_without_the_queue_index_opened_by_many_processes_at_once(t
     assert set() == {1, 3, 4, 6} - set(plain + gpu)
     with sqlite3.connect(path) as db:
         assert db.execute("SELECT 1 FROM sqlite_master WHERE name = 'fleet_attempts_queue'").fetchone()
+
+
+# -- 1. the lazy resume on a cut tail (PostgreSQL) ------------------------------------------------------
+
+
+@pytest.mark.postgres
+@pytest.mark.usefixtures("every_1")
+@pytest.mark.parametrize("keep", ["before_request", "request_only"])
+def test_on_postgresql_a_tail_cut_under_the_last_segment_is_refused_not_sent_again(
+    pg_url: str, tmp_path: Path, keep: str
+) -> None:
+    """PostgreSQL, a segment with every batch, a non-idempotent step whose effect was applied while the
+    process died before its receipt was recorded. The run's last events are then cut: back to before
+    that step's request (the segment of the request batch is left past the head), or to its request
+    alone when that batch carried no later event. The next resume must refuse (exit 7 from ``effectlog
+    run``, one line) or stop on the uncertain step - never send the step a second time."""
+    import psycopg
+
+    from effectlog.journal.postgres import PostgresJournal
+
+    effects, plan_file = tmp_path / "e.db", tmp_path / "plan.json"
+    plan = Plan(
+        run_id="cut",
+        adapters={"tool": AdapterDecl(type="effects.control", idempotent=False)},
+        steps=tuple(StepDecl(id=f"s{i}", adapter="tool", args={"i": i}) for i in range(4)),
+    )
+    plan_file.write_bytes(__import__("msgspec").json.encode(plan))
+    with (
+        Runtime(PostgresJournal(pg_url), effects=effects, crash_hook=_stop_at("s2", "after_effect")) as rt,
+        pytest.raises(SimulatedCrash),
+    ):
+        rt.run(plan)
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        request = conn.execute(
+            "SELECT seq FROM effectlog.events WHERE run_id = 'cut' AND step_id = 's2' AND phase = 'step.requested'"
+        ).fetchone()[0]
+        conn.execute("ALTER TABLE effectlog.events DISABLE TRIGGER events_append_only")
+        cut_from = request if keep == "before_request" else request + 1
+        conn.execute("DELETE FROM effectlog.events WHERE run_id = 'cut' AND seq >= %s", (cut_from,))
+        conn.execute("ALTER TABLE effectlog.events ENABLE ALWAYS TRIGGER events_append_only")
+    done = cli("run", str(plan_file), "--journal", pg_url, "--effects", str(effects), "--quiet")
+    store = EffectStore(str(effects))
+    try:
+        assert [1, 1, 1, 0] == [store.count(run_id="cut", step_id=f"s{i}") for i in range(4)], done.stderr
+    finally:
+        store.close()
+    if keep == "before_request":
+        assert (int(ExitStatus.INTEGRITY), 1) == (done.returncode, len(done.stderr.strip().splitlines())), done.stderr
+    else:
+        assert int(ExitStatus.STOPPED_UNCERTAIN) == done.returncode, done.stderr
