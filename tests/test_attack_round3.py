@@ -5,6 +5,7 @@ suspicion, kept as a regression test. Real SQLite files, real PostgreSQL, real p
 
 from __future__ import annotations
 
+import json
 import os
 import sqlite3
 import subprocess
@@ -15,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
 from effectlog.adapters import EffectStore
@@ -331,7 +333,7 @@ def test_on_postgresql_a_tail_cut_under_the_last_segment_is_refused_not_sent_aga
         adapters={"tool": AdapterDecl(type="effects.control", idempotent=False)},
         steps=tuple(StepDecl(id=f"s{i}", adapter="tool", args={"i": i}) for i in range(4)),
     )
-    plan_file.write_bytes(__import__("msgspec").json.encode(plan))
+    plan_file.write_bytes(msgspec.json.encode(plan))
     with (
         Runtime(PostgresJournal(pg_url), effects=effects, crash_hook=_stop_at("s2", "after_effect")) as rt,
         pytest.raises(SimulatedCrash),
@@ -355,3 +357,50 @@ def test_on_postgresql_a_tail_cut_under_the_last_segment_is_refused_not_sent_aga
         assert (int(ExitStatus.INTEGRITY), 1) == (done.returncode, len(done.stderr.strip().splitlines())), done.stderr
     else:
         assert int(ExitStatus.STOPPED_UNCERTAIN) == done.returncode, done.stderr
+
+
+def _many_open_runs(journal: Callable[[], Journal], effects: Path, runs: int, steps: int) -> None:
+    """``runs`` runs of ``steps`` idempotent steps, each stopped after its middle step's confirmation."""
+    stop = f"s{steps // 2}"
+    for r in range(runs):
+        plan = Plan(
+            run_id=f"r{r}",
+            adapters={"tool": AdapterDecl(type="effects.idempotent", idempotent=True)},
+            steps=tuple(StepDecl(id=f"s{i}", adapter="tool", args={"i": i}) for i in range(steps)),
+        )
+        hook = _stop_at(stop, "after_confirm")
+        with Runtime(journal(), effects=effects, crash_hook=hook) as rt, pytest.raises(SimulatedCrash):
+            rt.run(plan)
+
+
+@pytest.mark.parametrize("backend", ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+def test_many_runs_recovered_at_once_load_their_done_steps_while_others_commit(
+    request: pytest.FixtureRequest, tmp_path: Path, backend: str
+) -> None:
+    """Many open runs, each resumed lazily from its last segment, driven together by one ``effectlog
+    recover`` (their batches group-committed): each run loads its done steps (for its seal or report)
+    while the others' commits are in flight on the same journal. Every run completes, every step's
+    effect is applied exactly once, and ``verify`` passes."""
+    from effectlog.journal.postgres import PostgresJournal
+
+    runs, steps = 12, 10
+    where = str(tmp_path / "j.db") if backend == "sqlite" else request.getfixturevalue("pg_url")
+    effects = tmp_path / "e.db"
+    env = {**os.environ, "EFFECTLOG_CHECKPOINT_EVERY": "2"}
+    opener: Callable[[], Journal] = (
+        (lambda: SqliteJournal(where)) if backend == "sqlite" else (lambda: PostgresJournal(where))
+    )
+    original = checkpoint.EVERY_EVENTS
+    checkpoint.EVERY_EVENTS = 2
+    try:
+        _many_open_runs(opener, effects, runs, steps)
+    finally:
+        checkpoint.EVERY_EVENTS = original
+    done = cli("recover", "--journal", where, "--effects", str(effects), "--json", env=env)
+    assert 0 == done.returncode, done.stderr
+    assert ["completed"] * runs == [r["state"] for r in json.loads(done.stdout)]
+    with sqlite3.connect(effects) as db:
+        counts = db.execute("SELECT count(*), count(DISTINCT run_id || '/' || step_id) FROM effects").fetchone()
+    assert (runs * steps, runs * steps) == counts
+    verified = cli("verify", "--journal", where)
+    assert 0 == verified.returncode, verified.stderr
