@@ -404,3 +404,33 @@ def test_many_runs_recovered_at_once_load_their_done_steps_while_others_commit(
     assert (runs * steps, runs * steps) == counts
     verified = cli("verify", "--journal", where)
     assert 0 == verified.returncode, verified.stderr
+
+
+# -- 4. SQLite runs() as a recursive skip-scan, read() without the run id ------------------------------
+
+ODD_RUN_IDS = [
+    "a", "a\x00b", "ab", "a b", "A", "é", "e\u0301", "\U0001f600", "z" * 5000, "a-", "a.", "0", "00", "1e3",
+    " ", "\t", "ﬀ", "a" * 4999 + "b", "",
+]  # fmt: skip
+
+
+def test_runs_lists_odd_run_ids_as_distinct_did_and_read_gives_each_its_own_events(tmp_path: Path) -> None:
+    """Run ids that sort oddly (an embedded NUL, one a prefix of another, combining characters, an
+    emoji, 5,000 characters, digits, whitespace, the empty string): ``runs()`` lists exactly what
+    ``SELECT DISTINCT run_id ... ORDER BY run_id`` lists, in its order, and ``read()`` of each gives
+    that run's one event with its own run id (the column is no longer read back)."""
+    from effectlog import events as ev
+
+    path = tmp_path / "j.db"
+    with SqliteJournal(path) as journal:
+        for rid in ODD_RUN_IDS:
+            journal.append([ev.RunStarted(run_id=rid, seq=1, ts=1, plan={"steps": []}, plan_digest="x")])
+        listed = journal.runs()
+    with sqlite3.connect(path) as db:
+        expected = [r[0] for r in db.execute("SELECT DISTINCT run_id FROM events ORDER BY run_id")]
+    assert expected == listed
+    assert sorted(ODD_RUN_IDS) == sorted(listed)
+    with SqliteJournal(path, writer=False) as reader:
+        for rid in listed:
+            records = list(reader.read(rid))
+            assert [(rid, rid)] == [(r.run_id, ev.decode(r.body).run_id) for r in records]
