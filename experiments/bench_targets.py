@@ -493,9 +493,8 @@ def _bytes_why(fp: dict[str, Any]) -> str:
         why += (
             f" The open-run checkpoint segments add {segments:.0f} B per event "
             f"({fp['bytes_per_event'] - segments:.0f} B without them): each step's state is written once more, in the "
-            "segment of the window it changed in, so a resume reads the segments instead of replaying the events. "
-            "Compressing them (zlib, level 1) made them about 25x smaller but cost a resume more CPU than it saved, "
-            "so the bytes were traded for resume time."
+            "segment of the window it changed in (zlib-compressed: a resume inflates only the last one), "
+            "so a resume need not replay the events."
         )
     return why
 

@@ -14,6 +14,7 @@ import msgspec
 import pytest
 
 from effectlog.adapters import EffectStore
+from effectlog.chain import GENESIS, Chain
 from effectlog.crashmatrix.processes import run_process
 from effectlog.errors import ChainBroken, CorruptEvent, IntegrityError
 from effectlog.integrity import verify_run
@@ -312,3 +313,42 @@ def test_a_malformed_cadence_setting_is_refused_before_anything_is_written(tmp_p
     assert "EFFECTLOG_CHECKPOINT_EVERY" in lines[0]
     assert "whole number" in lines[0]
     assert not journal.exists()
+
+
+@pytest.mark.usefixtures("every_4")
+def test_segments_are_stored_compressed_and_plain_ones_of_earlier_journals_still_resume_and_verify(
+    tmp_path: Path,
+) -> None:
+    """New segment bodies are zlib over msgpack (a resume inflates only the last one); a journal whose
+    segments an earlier version wrote as plain msgpack, each hash-bound over those plain bytes,
+    still resumes lazily from them into the full replay's state, verifies, and finishes its run."""
+    import zlib
+
+    path = tmp_path / "j.db"
+    plan = half_run(path)
+    stored = segments(path)
+    assert len(stored) >= 3
+    assert all(body[:1] == b"\x78" for _, _, body, _ in stored)
+    # The same journal as an earlier version wrote it: each body plain, each hash re-bound to it.
+    with sqlite3.connect(path) as db:
+        db.execute("DROP TRIGGER checkpoints_append_only_delete")
+        db.execute("DELETE FROM checkpoints")
+        prev, chain = GENESIS, Chain()
+        for seq, _, body, _ in stored:
+            (event_hash,) = db.execute("SELECT hash FROM events WHERE run_id = 'r' AND seq = ?", (seq,)).fetchone()
+            plain = zlib.decompress(body)
+            digest = checkpoint.link(chain, event_hash, prev, plain)
+            db.execute("INSERT INTO checkpoints VALUES ('r', ?, ?, ?, ?)", (seq, prev, plain, digest))
+            prev = digest
+        db.execute(checkpoint.SQLITE_DDL[2])
+    assert all(body[:1] != b"\x78" for _, _, body, _ in segments(path))
+    with SqliteJournal(path) as journal:
+        point = resume_point(journal, "r", plan)
+        full = load_run(journal, "r")
+        assert point.segment_seq == stored[-1][0]  # resumed from the last (plain) segment, not replayed
+        assert full == verify_run(journal, "r")
+        assert [full.steps[s] for s in sorted(full.steps)] == [point.state.steps[s] for s in sorted(full.steps)]
+    with Runtime(path) as rt:
+        assert "completed" == rt.run(plan).state
+    with SqliteJournal(path, writer=False) as journal:
+        assert "completed" == verify_run(journal, "r").state
