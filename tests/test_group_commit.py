@@ -144,3 +144,29 @@ def test_few_runs_still_complete_with_grouping(tmp_path: Path, runs: int) -> Non
         outcomes = asyncio.run(rt.arun_many(plans()[:runs]))
         assert ["completed"] * runs == [o.state for o in outcomes]
         assert [STEPS] * runs == [len(o.steps) for o in outcomes]
+
+
+class NotingJournal(SqliteJournal):
+    """A journal subclass that does something in ``append`` (here: notes each batch's event types)."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path)
+        self.noted: list[list[str]] = []
+
+    def append(self, events: Sequence[ev.Event]) -> list[Record]:
+        self.noted.append([type(e).__name__ for e in events])
+        return super().append(events)
+
+
+def test_a_journal_whose_append_does_more_is_called_through_it_for_a_lone_run(tmp_path: Path) -> None:
+    """The writer's direct path to ``append_checkpointed`` (a lone run, two frames fewer) is taken only
+    for SQLite's and PostgreSQL's own ``append``: a subclass that overrides it sees every batch of a
+    run driven alone (the review found such an override silently skipped)."""
+    journal = NotingJournal(tmp_path / "j.db")
+    plan = plans()[0]
+    with Runtime(journal) as rt:
+        assert "completed" == rt.run(plan).state
+    step = [["StepRequested"], ["StepEffected", "StepConfirmed"]]
+    # Every batch but the last, which carries the run's seal and so goes through append_sealed.
+    assert [["RunStarted"], *step * STEPS] == journal.noted
+    assert (True, False) == (JournalWriter(SqliteJournal(tmp_path / "k.db"))._direct, JournalWriter(journal)._direct)

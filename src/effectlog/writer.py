@@ -20,7 +20,7 @@ from collections.abc import Sequence
 
 from effectlog.events import Event
 from effectlog.fold import Record
-from effectlog.journal.checkpoint import CheckpointJournal, CheckpointRow
+from effectlog.journal.checkpoint import CheckpointJournal, CheckpointRow, forwarding
 from effectlog.journal.protocol import Journal
 from effectlog.seal import SealingJournal, SealRow
 
@@ -36,6 +36,9 @@ class JournalWriter:
         self.commits = 0
         self.sealing = isinstance(journal, SealingJournal)
         self.checkpointing = isinstance(journal, CheckpointJournal)
+        # A lone run's batch may go straight to append_checkpointed only where append and
+        # append_sealed are known to be that call with nothing extra (SQLite's and PostgreSQL's own).
+        self._direct = self.checkpointing and forwarding(journal)
 
     async def append(
         self, events: Sequence[Event], seal: SealRow | None = None, checkpoint: CheckpointRow | None = None
@@ -43,9 +46,8 @@ class JournalWriter:
         """Append ``events`` atomically, with the seal of the run they close or a checkpoint segment of
         the run they advance if given; returns once durable."""
         if self.active_runs <= 1 and not self._flushing and not self._queue:
-            if self.checkpointing:
-                # A lone run's batch, straight to the journal's widest append (SQLite's and PostgreSQL's
-                # append and append_sealed are this call with nothing extra): two frames fewer per commit.
+            if self._direct:
+                # A lone run's batch, straight to the journal's widest append: two frames fewer per commit.
                 self.commits += 1
                 return self.journal.append_checkpointed(events, _one(seal), _one(checkpoint))  # type: ignore[attr-defined,no-any-return]
             return self._append_now(events, _one(seal), _one(checkpoint))

@@ -28,7 +28,7 @@ from __future__ import annotations
 import os
 import zlib
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 import immutables
 import msgspec
@@ -115,6 +115,24 @@ class CheckpointJournal(Protocol):
     def checkpointed_runs(self) -> list[tuple[str, int]]:
         """Each run that has segments, with its last segment's seq (for ``verify``: a run whose events are all gone)."""
         ...
+
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def forwards(method: _F) -> _F:
+    """Marks a journal's ``append`` or ``append_sealed`` that is ``append_checkpointed`` with nothing
+    extra, so the journal writer may call ``append_checkpointed`` for it directly (``forwarding``)."""
+    method.__effectlog_forwards__ = True  # type: ignore[attr-defined]
+    return method
+
+
+def forwarding(journal: object) -> bool:
+    """Whether ``journal``'s own ``append`` (and ``append_sealed``, when it has one) are marked
+    ``forwards``: a subclass or another backend that does more in them is always called through them."""
+    cls = type(journal)
+    names = ("append", "append_sealed") if hasattr(cls, "append_sealed") else ("append",)
+    return all(getattr(getattr(cls, name, None), "__effectlog_forwards__", False) for name in names)
 
 
 def _slim_type() -> type[Any]:

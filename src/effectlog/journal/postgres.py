@@ -454,6 +454,7 @@ class PostgresJournal:
 
     # -- appends ------------------------------------------------------------------
 
+    @checkpoint.forwards
     def append(self, events: Sequence[Event]) -> list[Record]:
         return self.append_checkpointed(events, (), ())
 

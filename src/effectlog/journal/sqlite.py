@@ -411,9 +411,11 @@ class SqliteJournal:
 
     # -- appends ------------------------------------------------------------------
 
+    @checkpoint.forwards
     def append(self, events: Sequence[Event]) -> list[Record]:
         return self.append_sealed(events, ())
 
+    @checkpoint.forwards
     def append_sealed(self, events: Sequence[Event], seals: Sequence[tuple[str, int, bytes]]) -> list[Record]:
         """``append``, plus seals of runs this batch closes, in the same transaction (``effectlog.seal``)."""
         return self.append_checkpointed(events, seals, ())
