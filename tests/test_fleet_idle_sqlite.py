@@ -160,3 +160,17 @@ def test_a_watcher_still_wakes_after_the_stores_directory_was_renamed(tmp_path: 
     finally:
         writer.close()
         watching.close()
+
+
+def test_a_watcher_whose_store_cannot_be_opened_leaves_no_descriptor_open(tmp_path: Path) -> None:
+    """The watcher thread's own connection fails (the store's path is a directory now): the thread ends,
+    the runner keeps its --poll-s fallback, and the inotify watch and both ends of the stop pipe are
+    closed (the review found the inotify descriptor and a pipe end left open when the connect failed)."""
+    import os
+
+    (tmp_path / "store.db").mkdir()
+    before = sorted(os.listdir("/proc/self/fd"))
+    for _ in range(3):
+        watcher = wakeups.watch_sqlite(str(tmp_path / "store.db"), lambda: None)
+        watcher.stop()
+    assert before == sorted(os.listdir("/proc/self/fd"))

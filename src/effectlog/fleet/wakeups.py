@@ -113,19 +113,21 @@ def watch_sqlite(path: str, wake: Callable[[], None]) -> Watcher:
         # SQLite's own connection: it shares the process's descriptors and locks of the file
         # (SQLite defers closing a descriptor another connection's lock depends on).
         notify = Inotify.open(directory or ".")  # before the first read: no commit after it goes unseen
-        db = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=1.0)
-        try:
-            seen = _Seen(db, wake)
-            listening.set()
-            if notify is not None:
-                while notify.wait(stop_r):
-                    changes = notify.read()
-                    if changes.lost or (changes.written(wal) and not _follow(notify, seen, wal, stopped)):
-                        break  # the watch ended (poll below), or stopped
-            while not stopped.wait(SQLITE_TICK_S):
-                seen.check()
+        try:  # the watch and the pipe's end are closed however this ends (the store may be gone already)
+            db = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=1.0)
+            try:
+                seen = _Seen(db, wake)
+                listening.set()
+                if notify is not None:
+                    while notify.wait(stop_r):
+                        changes = notify.read()
+                        if changes.lost or (changes.written(wal) and not _follow(notify, seen, wal, stopped)):
+                            break  # the watch ended (poll below), or stopped
+                while not stopped.wait(SQLITE_TICK_S):
+                    seen.check()
+            finally:
+                db.close()
         finally:
-            db.close()
             if notify is not None:
                 notify.close()
             os.close(stop_r)
