@@ -174,3 +174,39 @@ def test_a_watcher_whose_store_cannot_be_opened_leaves_no_descriptor_open(tmp_pa
         watcher = wakeups.watch_sqlite(str(tmp_path / "store.db"), lambda: None)
         watcher.stop()
     assert before == sorted(os.listdir("/proc/self/fd"))
+
+
+def test_a_watcher_whose_runner_has_no_free_slot_reads_nothing_and_looks_again_once_one_frees(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While ``wanted`` says the runner cannot take work (every slot busy), commits to the store (its own
+    appends, a submit) cost the watcher no statement and no wake-up; once a slot is free, a submit wakes
+    it again. (A busy runner's own 7 commits per run each cost its watcher reads before.)"""
+    statements: list[str] = []
+    real_connect = sqlite3.connect
+
+    def counted(*args: Any, **kwargs: Any) -> sqlite3.Connection:
+        db = real_connect(*args, **kwargs)
+        db.set_trace_callback(statements.append)
+        return db
+
+    path = str(tmp_path / "fleet.db")
+    writer, watching = open_store(path), open_store(path)
+    woken = threading.Semaphore(0)
+    free = threading.Event()
+    monkeypatch.setattr(wakeups.sqlite3, "connect", counted)
+    try:
+        watching.watch(woken.release, free.is_set)
+        time.sleep(0.2)
+        before = len(statements)
+        for i in range(5):
+            writer.submit("s", f"busy-{i}", noop_plan(f"run-busy-{i}"))
+        time.sleep(0.5)  # longer than the watcher's settle and late checks
+        busy = statements[before:]
+        assert (False, []) == (woken.acquire(timeout=0), busy)
+        free.set()
+        writer.submit("s", "free", noop_plan("run-free"))
+        assert woken.acquire(timeout=SAFETY_S)
+    finally:
+        writer.close()
+        watching.close()

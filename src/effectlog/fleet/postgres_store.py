@@ -398,7 +398,8 @@ class PostgresFleetStore(SqlFleetStore):
     def _queued(self, tx: Tx) -> None:
         tx.run(wakeups.NOTIFY)
 
-    def watch(self, wake: Callable[[], None]) -> None:
+    def watch(self, wake: Callable[[], None], wanted: Callable[[], bool] | None = None) -> None:
+        del wanted  # a notification costs nothing until something is queued
         if self._watcher is None:
             self._watcher = wakeups.listen_postgres(self._url, self._kwargs, wake)
 

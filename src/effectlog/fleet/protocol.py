@@ -68,8 +68,9 @@ class FleetStore(Protocol):
         transaction that skips rows other claimers hold: one attempt per claim, however many runners race."""
         ...
 
-    def watch(self, wake: Callable[[], None]) -> None:
-        """Call ``wake`` whenever an attempt may have been queued (a hint; poll on a timeout as well)."""
+    def watch(self, wake: Callable[[], None], wanted: Callable[[], bool] | None = None) -> None:
+        """Call ``wake`` whenever an attempt may have been queued (a hint; poll on a timeout as well);
+        ``wanted``: whether the caller could take work now (a store may skip looking while it cannot)."""
         ...
 
     def heartbeat(self, lease: Lease, lease_s: float) -> Heartbeat:

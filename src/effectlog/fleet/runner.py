@@ -155,7 +155,9 @@ class Runner:
         self._install_signals()
         beat = threading.Thread(target=self._heartbeats, name="effectlog-heartbeat", daemon=True)
         beat.start()
-        self.store.watch(self._wake.set)  # queued work wakes the loop at once; --poll-s is the fallback
+        # Queued work wakes the loop at once (--poll-s is the fallback); with every slot busy the store need
+        # not look: a slot that frees up wakes the loop, which claims.
+        self.store.watch(self._wake.set, lambda: len(self.slots) < self.config.capacity)
         self.log(f"ready: capabilities {sorted(self.config.capabilities)}, capacity {self.config.capacity}")
         next_recovery = 0.0  # a pass per heartbeat interval: often enough for leases, cheap when idle
         try:

@@ -187,9 +187,9 @@ class SqliteFleetStore(SqlFleetStore):
     def _queued(self, tx: Tx) -> None:
         tx.run(wakeups.SQLITE_BUMP)
 
-    def watch(self, wake: Callable[[], None]) -> None:
+    def watch(self, wake: Callable[[], None], wanted: Callable[[], bool] | None = None) -> None:
         if self._watcher is None:
-            self._watcher = wakeups.watch_sqlite(os.path.realpath(self.location), wake)
+            self._watcher = wakeups.watch_sqlite(os.path.realpath(self.location), wake, wanted)
 
     def _tx(self, *, write: bool = True) -> AbstractContextManager[Tx]:
         return transaction(self._handle, write=write)

@@ -251,10 +251,11 @@ class SqlFleetStore:
     def _queued(self, tx: Tx) -> None:
         """Signal idle runners' watchers (``effectlog.fleet.wakeups``) that an attempt is queued, on commit."""
 
-    def watch(self, wake: Callable[[], None]) -> None:
+    def watch(self, wake: Callable[[], None], wanted: Callable[[], bool] | None = None) -> None:
         """Call ``wake`` (from a thread of the store's) whenever an attempt may have been queued, until ``close``.
 
-        A hint, never a promise: callers still look for work on a timeout of their own.
+        A hint, never a promise: callers still look for work on a timeout of their own, and look
+        again whenever ``wanted`` turns true (a runner whose slots free up claims at once).
         """
 
     def _request(self, tx: Tx, request_id: int) -> RequestView:

@@ -99,12 +99,16 @@ def listen_postgres(url: str, kwargs: dict[str, Any], wake: Callable[[], None]) 
     return Watcher(loop, "effectlog-listen")
 
 
-def watch_sqlite(path: str, wake: Callable[[], None]) -> Watcher:
+def watch_sqlite(path: str, wake: Callable[[], None], wanted: Callable[[], bool] | None = None) -> Watcher:
     """Watch the store file's ``fleet_queued`` counter; a change calls ``wake``.
 
     Asleep on inotify between commits to the file (Linux); elsewhere, or if the watch is
-    lost, a ``PRAGMA data_version`` read every ``SQLITE_TICK_S``.
+    lost, a ``PRAGMA data_version`` read every ``SQLITE_TICK_S``. While ``wanted()`` is false
+    (a runner with every slot busy: its own commits are most of what it would see) a write
+    is passed over without a read; the runner claims once a slot frees, so nothing queued
+    meanwhile waits for the watcher.
     """
+    want = wanted or (lambda: True)
     directory, base = os.path.split(path)
     wal = f"{base}-wal"  # every commit writes it; a checkpoint writing the store file changes no row
     stop_r, stop_w = os.pipe()
@@ -121,10 +125,13 @@ def watch_sqlite(path: str, wake: Callable[[], None]) -> Watcher:
                 if notify is not None:
                     while notify.wait(stop_r):
                         changes = notify.read()
-                        if changes.lost or (changes.written(wal) and not _follow(notify, seen, wal, stopped)):
+                        if changes.lost:
+                            break  # the watch ended: poll below
+                        if changes.written(wal) and want() and not _follow(notify, seen, wal, stopped):
                             break  # the watch ended (poll below), or stopped
                 while not stopped.wait(SQLITE_TICK_S):
-                    seen.check()
+                    if want():
+                        seen.check()
             finally:
                 db.close()
         finally:
