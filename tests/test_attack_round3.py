@@ -25,6 +25,7 @@ from effectlog.journal import Journal, SqliteJournal, checkpoint, load_run, resu
 from effectlog.journal import frontier as fr
 from effectlog.plan import AdapterDecl, Plan, StepDecl
 from effectlog.runtime import Runtime, SimulatedCrash
+from test_checkpoints import crash_after
 
 pytest_plugins = ["pg_fixture"]
 
@@ -33,14 +34,6 @@ def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedPr
     return subprocess.run(
         [sys.executable, "-m", "effectlog", *args], env=env, capture_output=True, text=True, timeout=120
     )
-
-
-def _stop_at(step_id: str, point: str):  # type: ignore[no-untyped-def]
-    def hook(where: str, sid: str) -> None:
-        if where == point and sid == step_id:
-            raise SimulatedCrash(where)
-
-    return hook
 
 
 @pytest.fixture
@@ -87,7 +80,7 @@ def _drive_mixed(
     assert 0 == cli("approve", *ops, "--step", "s2", "--by", "ops").returncode
     _lazy_equals_replay(open_reader, plan)
     with pytest.raises(SimulatedCrash):
-        run(_stop_at("s3", "after_request"))  # requested, never sent: uncertain on resume
+        run(crash_after("s3", "after_request"))  # requested, never sent: uncertain on resume
     _lazy_equals_replay(open_reader, plan)
     assert "stopped" == run().state
     _lazy_equals_replay(open_reader, plan)
@@ -95,19 +88,19 @@ def _drive_mixed(
     assert 0 == done.returncode, done.stderr
     _lazy_equals_replay(open_reader, plan)
     with pytest.raises(SimulatedCrash):
-        run(_stop_at("s3", "after_effect"))  # attempt 2 applied, its receipt not durable: uncertain again
+        run(crash_after("s3", "after_effect"))  # attempt 2 applied, its receipt not durable: uncertain again
     _lazy_equals_replay(open_reader, plan)
     assert "stopped" == run().state
     done = cli("reconcile", *ops, "--step", "s3", "--outcome", "applied", *evidence)
     assert 0 == done.returncode, done.stderr
     _lazy_equals_replay(open_reader, plan)
     with pytest.raises(SimulatedCrash):
-        run(_stop_at("s4", "after_confirm"))
+        run(crash_after("s4", "after_confirm"))
     _lazy_equals_replay(open_reader, plan)
     assert "suspended" == run().state  # s5 waits
     assert 0 == cli("approve", *ops, "--step", "s5", "--by", "ops").returncode
     with pytest.raises(SimulatedCrash):
-        run(_stop_at("s6", "after_request"))
+        run(crash_after("s6", "after_request"))
     _lazy_equals_replay(open_reader, plan)
     assert "stopped" == run().state
     done = cli("reconcile", *ops, "--step", "s6", "--outcome", "not-applied", *evidence)
@@ -335,7 +328,7 @@ def test_on_postgresql_a_tail_cut_under_the_last_segment_is_refused_not_sent_aga
     )
     plan_file.write_bytes(msgspec.json.encode(plan))
     with (
-        Runtime(PostgresJournal(pg_url), effects=effects, crash_hook=_stop_at("s2", "after_effect")) as rt,
+        Runtime(PostgresJournal(pg_url), effects=effects, crash_hook=crash_after("s2", "after_effect")) as rt,
         pytest.raises(SimulatedCrash),
     ):
         rt.run(plan)
@@ -368,7 +361,7 @@ def _many_open_runs(journal: Callable[[], Journal], effects: Path, runs: int, st
             adapters={"tool": AdapterDecl(type="effects.idempotent", idempotent=True)},
             steps=tuple(StepDecl(id=f"s{i}", adapter="tool", args={"i": i}) for i in range(steps)),
         )
-        hook = _stop_at(stop, "after_confirm")
+        hook = crash_after(stop, "after_confirm")
         with Runtime(journal(), effects=effects, crash_hook=hook) as rt, pytest.raises(SimulatedCrash):
             rt.run(plan)
 

@@ -54,8 +54,11 @@ def test_the_replay_only_fold_continues_from_any_prefix_state(history: list[ev.E
     """From the pure state of any prefix, the replay-only fold of the rest equals the pure fold of all
     (this is how a resume continues from a checkpoint)."""
     chain = Chain()
-    records = records_of(history, chain)
-    run_id = history[0].run_id
+    assert_fast_continues_from_any_cut(records_of(history, chain), chain, history[0].run_id, data)
+
+
+def assert_fast_continues_from_any_cut(records: list[Record], chain: Chain, run_id: str, data: st.DataObject) -> None:
+    """The pure fold of a drawn prefix, then the replay-only fold of the rest, equals the pure fold of all."""
     cut = data.draw(st.integers(0, len(records)), label="cut")
     prefix = replay_records(records[:cut], chain, run_id=run_id)
     assert replay_records(records, chain, run_id=run_id) == replay_records_fast(
@@ -125,6 +128,19 @@ def test_the_replay_only_fold_equals_the_pure_fold_on_crash_matrix_journals(
 ) -> None:
     """The journals the crash matrix leaves (crashed at each boundary, then resumed; a stopped run
     reconciled from the ledger and resumed again) replay identically through both folds, at every stage."""
+    def compare(journal_path: Path, plan: Plan) -> None:
+        with SqliteJournal(journal_path, writer=False) as journal:
+            records = list(journal.read("crash"))
+            assert replay_records(records, journal.chain, run_id="crash") == load_run(journal, "crash")
+
+    through_crash_stages(tmp_path, point, adapter_type, compare)
+
+
+def through_crash_stages(
+    tmp_path: Path, point: str, adapter_type: str, compare: Callable[[Path, Plan], None]
+) -> Path:
+    """The crash matrix's stages in process: crash ``charge`` at ``point``, resume; a stopped run is
+    reconciled from the ledger and resumed to completion. ``compare(journal, plan)`` after each stage."""
     journal_path, effects = tmp_path / "j.db", str(tmp_path / "effects.db")
     plan = crash_plan("crash", adapter_type)
     EffectStore(effects).close()
@@ -133,22 +149,18 @@ def test_the_replay_only_fold_equals_the_pure_fold_on_crash_matrix_journals(
         if step_id == "charge" and where.startswith(point):
             raise SimulatedCrash(where)
 
-    def compare() -> None:
-        with SqliteJournal(journal_path, writer=False) as journal:
-            records = list(journal.read("crash"))
-            assert replay_records(records, journal.chain, run_id="crash") == load_run(journal, "crash")
-
     with Runtime(journal_path, effects=effects, crash_hook=hook) as rt, pytest.raises(SimulatedCrash):
         rt.run(plan)
-    compare()
+    compare(journal_path, plan)
     with Runtime(journal_path, effects=effects) as rt:
         first = rt.run(plan)
-        compare()
+        compare(journal_path, plan)
         if first.state == "stopped":
             rt.reconcile_from_ledger("crash", "charge")
-            compare()
-            rt.run(plan)
-    compare()
+            compare(journal_path, plan)
+            assert "completed" == rt.run(plan).state
+    compare(journal_path, plan)
+    return journal_path
 
 
 # -- records as a journal reads them back: with their index columns -------------------------------
@@ -169,13 +181,7 @@ def test_the_replay_only_fold_equals_the_pure_fold_over_records_read_back(
     """With the index columns a journal reads back (which the replay-only fold compares inline for the
     step events whose phase is their tag), both folds end in the identical state, from any prefix."""
     chain = Chain()
-    records = read_back_records_of(history, chain)
-    run_id = history[0].run_id
-    cut = data.draw(st.integers(0, len(records)), label="cut")
-    prefix = replay_records(records[:cut], chain, run_id=run_id)
-    assert replay_records(records, chain, run_id=run_id) == replay_records_fast(
-        records[cut:], chain, prefix, run_id=run_id
-    )
+    assert_fast_continues_from_any_cut(read_back_records_of(history, chain), chain, history[0].run_id, data)
 
 
 @given(history=legal_histories(max_events=40), data=st.data())

@@ -14,7 +14,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from effectlog import events as ev
-from effectlog.adapters import EffectStore
 from effectlog.chain import Chain
 from effectlog.errors import CorruptEvent
 from effectlog.fold import RunState, StepState, replay, replay_records, replay_records_fast
@@ -24,7 +23,7 @@ from effectlog.journal import frontier as fr
 from effectlog.plan import AdapterDecl, Plan, StepDecl
 from effectlog.runtime import Runtime, SimulatedCrash
 from strategies import legal_histories
-from test_fold_fast import crash_plan, records_of
+from test_fold_fast import records_of, through_crash_stages
 
 
 def _plan_ids(history: list[ev.Event]) -> list[str]:
@@ -194,15 +193,7 @@ def test_the_lazy_resume_equals_the_full_replay_on_crash_matrix_journals(
     reconciled from the ledger and resumed again), with a segment in every batch: at every stage an
     open run resumes from its last segment's frontier (lazy map) into the full replay's state."""
     monkeypatch.setattr(checkpoint, "EVERY_EVENTS", 1)
-    journal_path, effects = tmp_path / "j.db", str(tmp_path / "effects.db")
-    plan = crash_plan("crash", adapter_type)
-    EffectStore(effects).close()
-
-    def hook(where: str, step_id: str) -> None:
-        if step_id == "charge" and where.startswith(point):
-            raise SimulatedCrash(where)
-
-    def compare() -> None:
+    def compare(journal_path: Path, plan: Plan) -> None:
         with SqliteJournal(journal_path) as journal:
             full = load_run(journal, "crash")
             if full.closed:
@@ -211,16 +202,7 @@ def test_the_lazy_resume_equals_the_full_replay_on_crash_matrix_journals(
             assert isinstance(resumed.state.steps, fr.LazySteps)
             assert full == resumed.state
 
-    with Runtime(journal_path, effects=effects, crash_hook=hook) as rt, pytest.raises(SimulatedCrash):
-        rt.run(plan)
-    compare()
-    with Runtime(journal_path, effects=effects) as rt:
-        first = rt.run(plan)
-        compare()
-        if first.state == "stopped":
-            rt.reconcile_from_ledger("crash", "charge")
-            compare()
-            assert "completed" == rt.run(plan).state
+    journal_path = through_crash_stages(tmp_path, point, adapter_type, compare)
     with SqliteJournal(journal_path, writer=False) as journal:
         assert load_run(journal, "crash") == verify_run(journal, "crash")
 
