@@ -446,6 +446,7 @@ def test_with_a_key_a_forged_segment_relinked_without_it_is_ignored_by_resume_an
     re-links it the only way they can, with plain SHA-256: the resume does not use it (its state is
     the full replay's, the step stays confirmed) and ``verify`` names ``checkpoints.hash`` (exit 7)."""
     import hashlib
+    import zlib
 
     from effectlog.chain import Chain
     from effectlog.errors import ChainBroken
@@ -460,9 +461,9 @@ def test_with_a_key_a_forged_segment_relinked_without_it_is_ignored_by_resume_an
             "SELECT seq, prev, body FROM checkpoints WHERE run_id = 'k' ORDER BY seq DESC LIMIT 1"
         ).fetchone()
         event_hash = db.execute("SELECT hash FROM events WHERE run_id = 'k' AND seq = ?", (seq,)).fetchone()[0]
-        segment = msgspec.msgpack.decode(body)
+        segment = msgspec.msgpack.decode(zlib.decompress(body))  # segments are zlib over msgpack
         segment["steps"] = [s for s in segment["steps"] if s["step_id"] != "s3"]
-        forged = msgspec.msgpack.encode(segment)
+        forged = zlib.compress(msgspec.msgpack.encode(segment))
         relinked = hashlib.sha256(bytes(event_hash) + bytes(prev) + forged).digest()
         db.execute("DROP TRIGGER checkpoints_append_only_update")
         db.execute("UPDATE checkpoints SET body = ?, hash = ? WHERE run_id = 'k' AND seq = ?", (forged, relinked, seq))
