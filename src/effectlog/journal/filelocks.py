@@ -238,6 +238,10 @@ def acquire(path: str, *, write: bool = True) -> SharedFile:
             shared = _files.get(key)
             if shared is None:
                 shared = _files[key] = SharedFile(key, fd, writable=write)
+                # The name's byte before IN_USE: a process seen holding IN_USE always holds its name's
+                # byte already, so another process opening by the same name at that moment does not
+                # take it for another name (two `recover` started at once were refused as aliased).
+                _ofd(fd, fcntl.F_OFD_SETLK, fcntl.F_RDLCK, name_slot(path))
                 _ofd(fd, fcntl.F_OFD_SETLK, fcntl.F_RDLCK, IN_USE)
                 fd = -1  # kept: it is the shared one now
             elif write and not shared.writable:
