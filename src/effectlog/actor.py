@@ -23,6 +23,7 @@ import msgspec
 from effectlog import events as ev
 from effectlog.adapters.protocol import Receipt, Request, idempotency_key
 from effectlog.errors import IdempotencyConflict, LedgerMismatch, NotApplied, PlanMismatch, ToolAborted, UnusableResult
+from effectlog.fold import StepState
 from effectlog.journal import checkpoint, load_closed, resume_point
 from effectlog.journal.frontier import Tracker, is_done
 from effectlog.observe import run_observer
@@ -241,12 +242,7 @@ class RunActor:
             if action is Action.SKIP:
                 return None
             if action is Action.EXECUTE:
-                # No policy, no approval asked for, none given: _policy_gate would allow; skip its coroutine.
-                if (
-                    self.rt.policy is not None
-                    or decl.approval == "required"
-                    or (step is not None and step.state == "approved")
-                ):
+                if self._gate_may_hold(decl, step):
                     held = await self._policy_gate(decl)
                     if held is not None:
                         return held
@@ -315,6 +311,12 @@ class RunActor:
             if not self.state.closed:
                 await self._record((ev.RunFailed, {"step_id": sid, "reason": step.reason or step.state}))
             return self._outcome()
+
+    def _gate_may_hold(self, decl: StepDecl, step: StepState | None) -> bool:
+        """Whether ``_policy_gate`` can decide anything but allow: a policy, an approval the plan asks for,
+        or one given (which may have expired). Otherwise the hot path skips the gate's coroutine."""
+        approved = step is not None and step.state == "approved"
+        return self.rt.policy is not None or decl.approval == "required" or approved
 
     async def _policy_gate(self, decl: StepDecl) -> RunOutcome | None:
         step = self.state.step(decl.id)
