@@ -342,3 +342,31 @@ def test_run_table_of_a_sealed_rerun_lists_every_row(tmp_path: Path) -> None:
     lines = again.stdout.splitlines()
     listed = [line.split()[0] for line in lines if line.startswith("s") and not line.startswith("step")]
     assert [f"s{i}" for i in range(12)] == listed
+
+
+@pytest.mark.parametrize("json_flag", [False, True])
+def test_run_of_a_seal_relinked_over_rows_that_do_not_decode_exits_7_in_one_line(
+    tmp_path: Path, json_flag: bool
+) -> None:
+    """Without a key anyone can re-link a seal: rows that do not decode surface when ``run`` prints them,
+    as ``corrupt_event`` (exit 7) in one line naming the run, no traceback, nothing written."""
+    plan = noop_plan(6)
+    plan_file = write_plan(tmp_path / "plan.json", plan)
+    path = tmp_path / "j.db"
+    with Runtime(path) as rt:
+        rt.run(plan)
+    body = stored_body(path)
+    first = zlib.decompressobj()
+    first.decompress(body)
+    replace_seal_body(path, body[: len(body) - len(first.unused_data)] + zlib.compress(b"[1,2]"), relink=True)
+    db = sqlite3.connect(path)
+    before = db.execute("SELECT COUNT(*), MAX(seq) FROM events").fetchone()
+    db.close()
+    argv = [sys.executable, "-m", "effectlog", "run", str(plan_file), "--journal", str(path), "--quiet"]
+    done = subprocess.run(argv + (["--json"] if json_flag else []), capture_output=True, text=True, timeout=120)
+    assert "Traceback" not in done.stderr
+    assert (7, 1, "") == (done.returncode, len(done.stderr.splitlines()), done.stdout)
+    assert done.stderr.startswith(f"effectlog: corrupt_event: run '{RUN}', seq 20: the run's seal's step rows do not")
+    db = sqlite3.connect(path)
+    assert before == db.execute("SELECT COUNT(*), MAX(seq) FROM events").fetchone()
+    db.close()
