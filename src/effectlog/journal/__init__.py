@@ -212,8 +212,8 @@ def load_resumable(journal: Journal, run_id: str) -> RunState:
 
 
 def load_closed(journal: Journal, run_id: str) -> tuple[RunState, Sequence[StepSummary]] | None:
-    """A closed run's report from its seal (``seal.closed_summary``: run-level fields, step rows,
-    no step states); ``None`` without a usable seal. Raises as ``load_sealed`` does."""
+    """A closed run's report from its seal (``seal.closed_summary``: run-level fields, and step rows
+    built when first read, no step states); ``None`` without a usable seal. Raises as ``load_sealed`` does."""
     if not isinstance(journal, SealingJournal):
         return None
     found = journal.sealed(run_id)
