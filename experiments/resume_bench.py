@@ -115,8 +115,10 @@ def rerun_cpu_ms(path: Path, steps: int) -> tuple[float, float | None]:
         cpu = time.process_time() - cpu
     if outcome.state != "completed" or outcome.events_written:
         raise RuntimeError("a closed run's re-run wrote events")
-    if getattr(outcome.steps, "loaded", True):  # a list (baseline), or rows built inside the measure
+    if isinstance(outcome.steps, list):  # a baseline: its rows were built inside the run
         return cpu * 1e3, None
+    if getattr(outcome.steps, "loaded", False):
+        raise RuntimeError("the re-run built its rows inside the measure")
     built = time.process_time()
     rows = list(outcome.steps)
     built = time.process_time() - built
