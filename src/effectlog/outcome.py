@@ -50,7 +50,7 @@ class StepRows(Sequence[StepSummary]):
     __hash__ = None  # type: ignore[assignment]  # as a list: rows compare by value
 
     def __init__(self, load: Callable[[], list[StepSummary]], count: int | None = None) -> None:
-        self._load: Callable[[], list[StepSummary]] | None = load
+        self._load = load
         self._count = count
         self._rows: list[StepSummary] | None = None
 
@@ -66,9 +66,9 @@ class StepRows(Sequence[StepSummary]):
     def _all(self) -> list[StepSummary]:
         rows = self._rows
         if rows is None:
-            assert self._load is not None
-            rows = self._load()  # raises (CorruptEvent) without caching when the held bytes do not decode
-            self._rows, self._load = rows, None
+            # Raises (CorruptEvent) without caching when the held bytes do not decode. Two threads
+            # reading at once may both build the rows: equal lists, either one kept.
+            rows = self._rows = self._load()
         return rows
 
     def __len__(self) -> int:
