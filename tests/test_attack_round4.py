@@ -11,8 +11,6 @@ import sys
 import textwrap
 from pathlib import Path
 
-import pytest
-
 
 def python(script: str, *args: str) -> subprocess.CompletedProcess[str]:
     """``script`` run by a fresh interpreter (this tree's sources through the inherited PYTHONPATH)."""

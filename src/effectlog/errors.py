@@ -403,3 +403,13 @@ class ModelRefused(EffectlogError):
     """
 
     code = "model_refused"
+
+
+# -- branch attack4 (round-4 attacks) ------------------------------------------------
+
+
+class JournalInherited(JournalLocked):
+    """A journal opened before ``fork()``, used in the child: the child shares the parent's open
+    file description, and so its run locks; it must open the journal again itself (exit 6)."""
+
+    code = "journal_inherited"
