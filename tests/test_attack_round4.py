@@ -6,10 +6,15 @@ Real SQLite files, real processes (``os.fork`` in a child interpreter, never in 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
+
+from effectlog.adapters import EffectStore
+from effectlog.errors import ExitStatus
 
 
 def python(script: str, *args: str) -> subprocess.CompletedProcess[str]:
@@ -77,3 +82,90 @@ def test_a_forked_child_and_its_parent_never_both_own_one_run(tmp_path: Path) ->
         "outsider": "run_owned",
     }
     assert expected == said
+
+
+# -- 4. evidence: an answer about one attempt recorded on another ---------------------------
+
+# A user's adapter: attempt 1 fails before its effect, attempt 2 applies it and loses the reply,
+# later attempts apply it and answer. Its lookup waits for a file before it answers (a slow API).
+_SLOW_LOOKUP_MODULE = """
+import os, time
+from effectlog.adapters import Evidence
+
+
+class Flaky:
+    def __init__(self, store):
+        self.store = store
+
+    def invoke(self, request):
+        if request.attempt == 1:
+            raise ConnectionError("refused before the effect")
+        receipt = self.store.apply_control(request)
+        if request.attempt == 2:
+            raise ConnectionError("connection reset after the effect")
+        return receipt
+
+    def lookup(self, request):
+        open(os.environ["EL_ASKED"], "w").close()
+        while not os.path.exists(os.environ["EL_GO"]):
+            time.sleep(0.02)
+        return self.store.lookup(request)
+
+
+ADAPTERS = {"test.flaky": lambda decl, ctx: Flaky(ctx.effect_store())}
+"""
+
+
+def test_a_slow_lookups_answer_is_never_recorded_on_a_later_attempt(tmp_path: Path) -> None:
+    """``reconcile --lookup`` asks the adapter about the uncertain attempt (1) and records the answer
+    on the step as it is *when the answer comes*: while a slow lookup ran, a person reconciled attempt
+    1 and the next run's attempt 2 applied its effect and lost the reply, so the lookup's "attempt 1:
+    not applied" was recorded as attempt 2's outcome, and the next run sent attempt 3: two effects,
+    and verify passes. Proves: evidence about one attempt is refused (exit 5, one line, nothing
+    written) once the step has moved on, and the effect happens once."""
+    (tmp_path / "el_slow_lookup.py").write_text(_SLOW_LOOKUP_MODULE)
+    path = ":".join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, "PYTHONPATH": path, "EL_ASKED": str(tmp_path / "asked"), "EL_GO": str(tmp_path / "go")}
+    plan = {
+        "run_id": "mail-1",
+        "adapters": {"mail": {"type": "test.flaky", "idempotent": False}},
+        "steps": [{"id": "email", "adapter": "mail", "args": {"to": "customer@example.com"}}],
+    }
+    (tmp_path / "plan.json").write_text(json.dumps(plan))
+    where = ("--journal", str(tmp_path / "j.db"))
+    tools = ("--adapters", "el_slow_lookup:ADAPTERS")
+    run = ("run", str(tmp_path / "plan.json"), *where, "--effects", str(tmp_path / "fx.db"), *tools)
+    step = ("--run-id", "mail-1", "--step", "email")
+
+    def el(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "effectlog", *args], env=env, capture_output=True, text=True, timeout=120
+        )
+
+    assert 3 == el(*run).returncode  # attempt 1: uncertain
+    slow = subprocess.Popen(
+        [sys.executable, "-m", "effectlog", "reconcile", *where, *step, "--lookup", *tools],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 60
+    while not (tmp_path / "asked").exists():
+        assert slow.poll() is None, slow.communicate()
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    by_hand = el("reconcile", *where, *step, "--outcome", "not-applied", "--evidence", "checked", "--operator", "ops")
+    assert 0 == by_hand.returncode, by_hand.stderr
+    assert 3 == el(*run).returncode  # attempt 2: applied, reply lost
+    (tmp_path / "go").touch()
+    _, stale_err = slow.communicate(timeout=120)
+    rest = el(*run)  # attempt 2 still uncertain: the run stops again, nothing sent
+    store = EffectStore(str(tmp_path / "fx.db"), read_only=True)
+    effects = [row.attempt for row in store.rows(run_id="mail-1")]
+    store.close()
+
+    assert (ExitStatus.CONFLICT, 1) == (slow.returncode, len(stale_err.strip().splitlines())), stale_err
+    assert "Traceback" not in stale_err
+    assert (3, [2]) == (rest.returncode, effects)
+    assert 0 == el("verify", *where).returncode
