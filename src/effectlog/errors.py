@@ -413,3 +413,10 @@ class JournalInherited(JournalLocked):
     file description, and so its run locks; it must open the journal again itself (exit 6)."""
 
     code = "journal_inherited"
+
+
+class EvidenceStale(Conflict):
+    """Evidence gathered about one attempt of a step that moved on while it was gathered (exit 5):
+    recorded on the step as it is now, it would decide an attempt it says nothing about."""
+
+    code = "evidence_stale"

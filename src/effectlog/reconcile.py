@@ -27,7 +27,7 @@ from effectlog import events as ev
 from effectlog.adapters.effects import EffectStore
 from effectlog.adapters.protocol import Evidence, Request
 from effectlog.adapters.registry import AdapterContext, Registry
-from effectlog.errors import BadInput, LedgerMismatch, LookupUndecided, PlanMismatch
+from effectlog.errors import BadInput, EvidenceStale, LedgerMismatch, LookupUndecided, PlanMismatch
 from effectlog.fold import RunState, StepState
 from effectlog.journal import Journal
 from effectlog.observe import decision
@@ -53,9 +53,12 @@ def reconcile(
     operator: str,
     automated: bool = False,
     adapter: ev.AdapterIdentity | None = None,
+    about: int | None = None,
     clock: Clock = time.time_ns,
     trace: Trace | None = None,
 ) -> RunState:
+    """Record ``outcome`` for the step's uncertain attempt; ``about``: the attempt the evidence was
+    gathered for (a lookup, a ledger), refused with ``EvidenceStale`` if the step has moved on since."""
     if outcome not in ("applied", "not_applied"):
         raise BadInput(f"--outcome must be applied or not-applied, not {outcome!r}")
     if not evidence.strip():
@@ -63,6 +66,13 @@ def reconcile(
     if not operator.strip():
         raise BadInput("reconcile needs --operator: who asserts it")
     state, step = load_step(journal, run_id, step_id, needs=("uncertain",), action="reconcile")
+    if about is not None and step.attempt != about:
+        raise EvidenceStale(
+            f"the evidence is about attempt {about}, but the step moved on to attempt {step.attempt} while it "
+            "was gathered (another decision and run came in between); nothing was recorded: reconcile again",
+            run_id=run_id,
+            step_id=step_id,
+        )
     fields: dict[str, object] = {
         "step_id": step_id,
         "attempt": step.attempt,
@@ -167,6 +177,7 @@ def reconcile_by_lookup(
         operator=f"{LOOKUP_OPERATOR}:{name}",
         automated=True,
         adapter=identity,
+        about=request.attempt,
         clock=clock,
         trace=trace,
     )
@@ -259,6 +270,7 @@ def reconcile_from_ledger(
         evidence=f"automated ledger inspection, not a person: {found.detail}{pinned}",
         operator=LEDGER_OPERATOR,
         automated=True,
+        about=request.attempt,
         clock=clock,
         trace=trace,
     )
