@@ -169,3 +169,49 @@ def test_a_slow_lookups_answer_is_never_recorded_on_a_later_attempt(tmp_path: Pa
     assert "Traceback" not in stale_err
     assert (3, [2]) == (rest.returncode, effects)
     assert 0 == el("verify", *where).returncode
+
+
+# -- 5. tools that misbehave: a tool that closes the process's stdout and stderr --------------
+
+_CLOSER_MODULE = """
+import os
+
+
+class Closer:
+    def __init__(self, store):
+        self.store = store
+
+    def invoke(self, request):
+        receipt = self.store.apply_control(request)
+        if request.step_id == "s1":
+            os.close(1)
+            os.close(2)
+        return receipt
+
+
+ADAPTERS = {"test.closer": lambda decl, ctx: Closer(ctx.effect_store())}
+"""
+
+
+def test_a_tool_that_closes_stdout_and_stderr_loses_no_result_and_repeats_no_effect(tmp_path: Path) -> None:
+    """A tool that closes fds 1 and 2 after its effect (a library that "daemonizes", a careless
+    cleanup): the progress lines and the JSON outcome written after it must not fail between the
+    effect and its recorded result. Proves: the run completes (exit 0) with the outcome on stdout,
+    each step confirmed once, one effect per step, and a second run sends nothing (found nothing:
+    kept as a regression test)."""
+    (tmp_path / "el_closer.py").write_text(_CLOSER_MODULE)
+    env = {**os.environ, "PYTHONPATH": ":".join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))}
+    steps = [{"id": f"s{i}", "adapter": "c", "args": {"i": i}} for i in (1, 2, 3)]
+    plan = {"run_id": "r", "adapters": {"c": {"type": "test.closer", "idempotent": False}}, "steps": steps}
+    (tmp_path / "plan.json").write_text(json.dumps(plan))
+    run = [sys.executable, "-m", "effectlog", "run", str(tmp_path / "plan.json"), "--journal", str(tmp_path / "j.db")]
+    run += ["--effects", str(tmp_path / "fx.db"), "--adapters", "el_closer:ADAPTERS", "--json"]
+
+    first = subprocess.run(run, env=env, capture_output=True, text=True, timeout=120)
+    again = subprocess.run(run, env=env, capture_output=True, text=True, timeout=120)
+    store = EffectStore(str(tmp_path / "fx.db"), read_only=True)
+    effects = sorted(row.step_id for row in store.rows(run_id="r"))
+    store.close()
+
+    assert (0, "completed") == (first.returncode, json.loads(first.stdout)["state"]), first.stderr
+    assert (0, ["s1", "s2", "s3"]) == (again.returncode, effects)
