@@ -16,6 +16,8 @@ from pathlib import Path
 from effectlog.adapters import EffectStore
 from effectlog.errors import ExitStatus
 
+pytest_plugins = ["pg_fixture"]
+
 
 def python(script: str, *args: str) -> subprocess.CompletedProcess[str]:
     """``script`` run by a fresh interpreter (this tree's sources through the inherited PYTHONPATH)."""
@@ -82,6 +84,59 @@ def test_a_forked_child_and_its_parent_never_both_own_one_run(tmp_path: Path) ->
         "outsider": "run_owned",
     }
     assert expected == said
+
+
+_PG_FORK_SCRIPT = """
+    import json, os, signal, sys
+    from effectlog.errors import EffectlogError
+    from effectlog.journal.postgres import PostgresJournal
+
+    url = sys.argv[1]
+    journal = PostgresJournal(url)
+    journal.claim("x")  # the parent owns a run: its owner connection exists before the fork
+
+    def attempt(claim):
+        try:
+            claim()
+            return "claimed"
+        except EffectlogError as exc:
+            return exc.code
+
+    go, child_said = os.pipe()
+    done, parent_said = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        signal.alarm(60)
+        said = {"inherited": attempt(lambda: journal.claim("r"))}
+        journal.close()  # the parent's claim of x and its sessions must outlive this
+        if said["inherited"] != "claimed":
+            said["own"] = attempt(lambda: PostgresJournal(url).claim("r"))
+        os.write(child_said, json.dumps(said).encode() + b"\\n")
+        os.read(done, 1)
+        os._exit(0)
+    child = json.loads(os.read(go, 1000))
+    parent = attempt(lambda: journal.claim("r"))
+    outsider = attempt(lambda: PostgresJournal(url).claim("x"))
+    os.write(parent_said, b"x")
+    os.waitpid(pid, 0)
+    print(json.dumps({"child": child, "parent": parent, "outsider": outsider}))
+"""
+
+
+def test_on_postgresql_a_forked_child_and_its_parent_never_both_own_one_run(pg_url: str) -> None:
+    """The PostgreSQL journal after fork(): the child's copy shares the parent's server sessions, so a
+    claim through it took a session advisory lock the parent's session already could (locks of one
+    session stack), and parent and child both claimed run r; the child's close unlocked the parent's
+    runs on that session. Proves: the inherited journal refuses to claim in the child (exit 6) and its
+    close leaves the parent's claim of x held, the child's own journal claims r, and the parent cannot."""
+    proc = python(_PG_FORK_SCRIPT, pg_url)
+    assert "" == proc.stderr
+    expected = {
+        "child": {"inherited": "journal_inherited", "own": "claimed"},
+        "parent": "run_owned",
+        "outsider": "run_owned",
+    }
+    assert expected == json.loads(proc.stdout)
 
 
 # -- 4. evidence: an answer about one attempt recorded on another ---------------------------
