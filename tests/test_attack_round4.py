@@ -7,14 +7,18 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Callable
 from pathlib import Path
 
+from console_kit import Setup, console, effects_rows, login, uncertain_plan
 from effectlog.adapters import EffectStore
 from effectlog.errors import ExitStatus
+from hardening_kit import effectlog, one_line
 
 pytest_plugins = ["pg_fixture"]
 
@@ -270,3 +274,70 @@ def test_a_tool_that_closes_stdout_and_stderr_loses_no_result_and_repeats_no_eff
 
     assert (0, "completed") == (first.returncode, json.loads(first.stdout)["state"]), first.stderr
     assert (0, ["s1", "s2", "s3"]) == (again.returncode, effects)
+
+
+# -- 4. evidence: a person's decision about one attempt recorded on another --------------------
+
+
+def _stale_person_setup(tmp_path: Path) -> tuple[Setup, Callable[..., subprocess.CompletedProcess[str]]]:
+    """charge-1 stopped on attempt 1 (the lost-reply tool applies its effect, then raises)."""
+    setup = Setup(tmp_path)
+    setup.uncertain("charge-1")
+
+    def el(*args: str) -> subprocess.CompletedProcess[str]:
+        return effectlog(*args, cwd=setup.dir, env={"PYTHONPATH": str(setup.dir)})
+
+    return setup, el
+
+
+def _next_attempt_uncertain(setup: Setup, el: Callable[..., subprocess.CompletedProcess[str]]) -> None:
+    """Another operator says attempt 1 did not apply, and the next run's attempt 2 stops uncertain too."""
+    ops = ("--journal", setup.journal, "--run-id", "charge-1", "--step", "charge")
+    done = el("reconcile", *ops, "--outcome", "not-applied", "--evidence", "psp: none", "--operator", "ann")
+    assert 0 == done.returncode, done.stderr
+    setup.run(uncertain_plan("charge-1"), 3)
+
+
+def test_a_persons_reconcile_bound_to_an_attempt_is_refused_once_the_step_moved_on(tmp_path: Path) -> None:
+    """``reconcile --attempt N``: a person's decision names the attempt their evidence is about (as
+    ``status`` prints it); after another operator's decision and a run moved the step to attempt 2,
+    ``--attempt 1 --outcome not-applied`` would start attempt 3 over attempt 2's effect. Proves: it
+    is refused (exit 5, one line naming both attempts, nothing written), and ``--attempt 2`` is taken."""
+    setup, el = _stale_person_setup(tmp_path)
+    _next_attempt_uncertain(setup, el)
+    before = setup.timeline("charge-1")
+    ops = ("--journal", setup.journal, "--run-id", "charge-1", "--step", "charge")
+    says = ("--outcome", "not-applied", "--evidence", "psp: none for attempt 1", "--operator", "bob")
+
+    stale = el("reconcile", *ops, "--attempt", "1", *says)
+    after = setup.timeline("charge-1")
+    current = el("reconcile", *ops, "--attempt", "2", "--outcome", "applied", "--evidence", "psp", "--operator", "bob")
+
+    assert (ExitStatus.CONFLICT, before) == (stale.returncode, after)
+    assert "attempt 1" in one_line(stale)
+    assert "attempt 2" in one_line(stale)
+    assert 0 == current.returncode, current.stderr
+
+
+def test_a_console_reconcile_posted_from_a_page_of_an_earlier_attempt_is_refused(tmp_path: Path) -> None:
+    """The console's reconcile form is bound to the attempt the page showed: an operator who loaded
+    the page at attempt 1 and posts "not applied" after the step moved on to attempt 2 (applied,
+    reply lost) would start attempt 3, a second effect. Proves: the post is refused (409) and
+    nothing is written, and the next run sends nothing (one effect per applied attempt)."""
+    setup, el = _stale_person_setup(tmp_path)
+    with console(setup) as base:
+        client, token = login(base, "olga")
+        page = client.get("/runs/charge-1").text
+        _next_attempt_uncertain(setup, el)
+        before = setup.timeline("charge-1")
+        form = {"csrf": token, "outcome": "not_applied", "evidence": "psp: nothing for this key"}
+        shown = re.search(r'name="attempt" value="(\d+)"', page)
+        if shown is not None:
+            form["attempt"] = shown.group(1)
+        done = client.post("/runs/charge-1/steps/charge/reconcile", data=form)
+        client.close()
+    after = setup.timeline("charge-1")
+    setup.run(uncertain_plan("charge-1"), 3)  # still uncertain: stops again, sends nothing
+
+    assert (409, before) == (done.status_code, after)
+    assert [1, 2] == [row["attempt"] for row in effects_rows(setup)]
