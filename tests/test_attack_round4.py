@@ -314,8 +314,8 @@ def test_a_persons_reconcile_bound_to_an_attempt_is_refused_once_the_step_moved_
     current = el("reconcile", *ops, "--attempt", "2", "--outcome", "applied", "--evidence", "psp", "--operator", "bob")
 
     assert (ExitStatus.CONFLICT, before) == (stale.returncode, after)
-    assert "attempt 1" in one_line(stale)
-    assert "attempt 2" in one_line(stale)
+    assert "attempt 1" in one_line(stale.stderr)
+    assert "attempt 2" in one_line(stale.stderr)
     assert 0 == current.returncode, current.stderr
 
 

@@ -66,13 +66,7 @@ def reconcile(
     if not operator.strip():
         raise BadInput("reconcile needs --operator: who asserts it")
     state, step = load_step(journal, run_id, step_id, needs=("uncertain",), action="reconcile")
-    if about is not None and step.attempt != about:
-        raise EvidenceStale(
-            f"the evidence is about attempt {about}, but the step moved on to attempt {step.attempt} while it "
-            "was gathered (another decision and run came in between); nothing was recorded: reconcile again",
-            run_id=run_id,
-            step_id=step_id,
-        )
+    _check_attempt(state, step, about)
     fields: dict[str, object] = {
         "step_id": step_id,
         "attempt": step.attempt,
@@ -84,6 +78,18 @@ def reconcile(
     if adapter is not None:
         fields["adapter_identity"] = adapter
     return append(journal, state, [(ev.StepReconciled, fields)], clock, trace)
+
+
+def _check_attempt(state: RunState, step: StepState, about: int | None) -> None:
+    """``EvidenceStale`` unless the step's uncertain attempt is the one the evidence is ``about``."""
+    if about is not None and step.attempt != about:
+        raise EvidenceStale(
+            f"the evidence is about attempt {about}, but the step is at attempt {step.attempt} now (another "
+            "decision and run came in between); nothing was recorded: look again, then reconcile attempt "
+            f"{step.attempt}",
+            run_id=state.run_id,
+            step_id=step.step_id,
+        )
 
 
 # -- the recorded request ---------------------------------------------------------------
@@ -131,10 +137,12 @@ def reconcile_by_lookup(
     *,
     effects: str | None = None,
     plan: Plan | None = None,
+    attempt: int | None = None,
     clock: Clock = time.time_ns,
     trace: Trace | None = None,
 ) -> RunState:
-    """Build the step's adapter as the run pinned it, ask its ``lookup`` and record the answer.
+    """Build the step's adapter as the run pinned it, ask its ``lookup`` and record the answer
+    (about the step's current attempt; ``attempt``: only if that is this one, else ``EvidenceStale``).
 
     Refused with nothing written: an adapter whose identity differs from the pinned one
     (``PlanMismatch``), an effect store that is not the run's (``LedgerMismatch``), an
@@ -142,6 +150,7 @@ def reconcile_by_lookup(
     is ``LookupUndecided`` (exit 3): the step stays uncertain.
     """
     state, step = load_step(journal, run_id, step_id, needs=("uncertain",), action="reconcile")
+    _check_attempt(state, step, attempt)
     request, decl = recorded_request(state, step, plan)
     name = step.adapter
     adapter_decl = pinned_plan(state).adapters[name]
@@ -250,11 +259,13 @@ def reconcile_from_ledger(
     step_id: str,
     path: str,
     *,
+    attempt: int | None = None,
     clock: Clock = time.time_ns,
     trace: Trace | None = None,
 ) -> RunState:
     """Automated reconciliation: ask the run's own effect store whether this attempt's effect exists."""
     state, step = load_step(journal, run_id, step_id, needs=("uncertain",), action="reconcile")
+    _check_attempt(state, step, attempt)
     request, _ = recorded_request(state, step)
     store = open_run_store(state, path)
     try:
