@@ -427,3 +427,64 @@ def test_run_json_is_only_effectlogs_output_when_a_tools_thread_outlives_it(tmp_
 
     assert 0 == done.returncode, done.stderr
     assert "completed" == json.loads(done.stdout)["state"]
+
+
+# -- 1. aliases: the effect store under a second name --------------------------------------------
+
+# An idempotent tool over the built-in effect store that logs whether each call applied the effect
+# or was answered from the stored key, and SIGKILLs its own process after the effect when EL_KILL is
+# set (the effect committed in the store's WAL, the journal's result not written).
+_KILLER_MODULE = """
+import os, signal
+
+
+class Killer:
+    def __init__(self, store):
+        self.store = store
+
+    def invoke(self, request):
+        receipt = self.store.apply_idempotent(request)
+        with open(os.environ["EL_LOG"], "a") as log:
+            log.write("replayed\\n" if receipt.data.get("replayed") else "applied\\n")
+        if os.environ.get("EL_KILL"):
+            os.kill(os.getpid(), signal.SIGKILL)
+        return receipt
+
+
+ADAPTERS = {"test.killer": lambda decl, ctx: Killer(ctx.effect_store())}
+"""
+
+
+def test_an_effect_store_reached_by_a_hard_link_never_applies_a_key_twice(tmp_path: Path) -> None:
+    """The effect store is SQLite too, and SQLite keeps its WAL beside the name it was opened by: a run
+    SIGKILLed after its idempotent effect (committed in ``fx.db-wal``) resumed with ``--effects`` naming
+    a hard link of the store read the file without that WAL, did not find the key, and applied the
+    effect again (two effects for one key, verify ok), as the journal's own hard-link refusal exists to
+    prevent. Proves: the store under a second name is refused (exit 6, one line, nothing sent), and
+    resumed under its own name the key is answered from the store: one effect."""
+    (tmp_path / "el_killer.py").write_text(_KILLER_MODULE)
+    log = tmp_path / "calls.log"
+    path = ":".join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, "PYTHONPATH": path, "EL_LOG": str(log)}
+    plan = {
+        "run_id": "pay-1",
+        "adapters": {"psp": {"type": "test.killer", "idempotent": True}},
+        "steps": [{"id": "charge", "adapter": "psp", "args": {"cents": 500}}],
+    }
+    (tmp_path / "plan.json").write_text(json.dumps(plan))
+
+    def run(effects: str, **extra: str) -> subprocess.CompletedProcess[str]:
+        argv = [sys.executable, "-m", "effectlog", "run", str(tmp_path / "plan.json"), "--journal"]
+        argv += [str(tmp_path / "j.db"), "--effects", str(tmp_path / effects), "--adapters", "el_killer:ADAPTERS"]
+        return subprocess.run(argv, env={**env, **extra}, capture_output=True, text=True, timeout=120)
+
+    EffectStore(str(tmp_path / "fx.db")).close()  # created and checkpointed: its id is in the file itself
+    assert -9 == run("fx.db", EL_KILL="1").returncode
+    os.link(tmp_path / "fx.db", tmp_path / "alias.db")
+    aliased = run("alias.db")
+    os.unlink(tmp_path / "alias.db")
+    own = run("fx.db")
+
+    assert ExitStatus.LOCKED == aliased.returncode, aliased.stderr
+    assert "alias.db" in one_line(aliased.stderr)
+    assert (0, ["applied", "replayed"]) == (own.returncode, log.read_text().split())
