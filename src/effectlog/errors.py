@@ -420,3 +420,10 @@ class EvidenceStale(Conflict):
     recorded on the step as it is now, it would decide an attempt it says nothing about."""
 
     code = "evidence_stale"
+
+
+class StoreAliased(JournalLocked):
+    """The effect store's file has another name (a hard link): SQLite keeps its WAL beside the name it
+    is opened by, so effects committed under the other name would be missed (exit 6)."""
+
+    code = "store_aliased"

@@ -28,7 +28,7 @@ import msgspec
 
 from effectlog.adapters.protocol import Evidence, Receipt, Request, check_same_body
 from effectlog.canonical import digest
-from effectlog.errors import BadInput, StorageError
+from effectlog.errors import BadInput, StorageError, StoreAliased
 from effectlog.events import EffectStoreIdentity
 
 _SCHEMA = (
@@ -70,6 +70,7 @@ class EffectStore:
         self.read_only = read_only
         # One connection, shared by the adapter threads of concurrent runs: one transaction at a time.
         self._lock = threading.Lock()
+        self._refuse_aliases()
         if read_only:
             self._db = self._open_read_only()
             self.store_id = self._read_store_id()
@@ -92,6 +93,24 @@ class EffectStore:
             self.store_id = self._read_store_id()
         except sqlite3.Error as exc:
             raise StorageError(f"{self.path}: cannot open the effect store ({exc})") from None
+
+    def _refuse_aliases(self) -> None:
+        """A store file with a second name (a hard link) is refused before anything is read or written.
+
+        SQLite keeps the WAL beside the name it was given: an effect committed through one name and not
+        yet checkpointed (its writer killed) is not seen through the other, so an idempotency key would
+        be applied again, and a ledger inspection would say "not applied" for an effect that exists.
+        """
+        try:
+            links = os.stat(self.path).st_nlink
+        except OSError:
+            return  # not there yet (created below), or refused below with the reason
+        if links > 1:
+            raise StoreAliased(
+                f"{self.path}: the effect store file has {links} names (hard links); SQLite keeps its WAL beside "
+                "the name it is opened by, so effects committed under another name would be missed. Remove the "
+                "extra link(s) and open it by one name (a symlink is fine); nothing was written"
+            )
 
     def _open_read_only(self) -> sqlite3.Connection:
         """Open without writing a byte: no PRAGMA, no schema; refuse a file that is not an effect store."""
