@@ -41,6 +41,7 @@ _FORK_SCRIPT = """
 
     where = sys.argv[1]
     journal = SqliteJournal(where)  # opened before fork(): the child inherits its descriptor
+    journal.claim("x")  # a run the parent drives across the fork
 
     def attempt(claim):
         try:
@@ -54,6 +55,7 @@ _FORK_SCRIPT = """
     pid = os.fork()
     if pid == 0:  # the child drives run r with what it has: the inherited journal, else its own
         said = {"inherited": attempt(lambda: journal.claim("r"))}
+        journal.close()  # the parent's claim of x, copied into the child, must outlive this
         if said["inherited"] != "claimed":
             said["own"] = attempt(lambda: SqliteJournal(where).claim("r"))
         os.write(child_said, json.dumps(said).encode() + b"\\n")
@@ -61,12 +63,14 @@ _FORK_SCRIPT = """
         os._exit(0)
     child = json.loads(os.read(go, 1000))
     parent = attempt(lambda: journal.claim("r"))
-    outsider = subprocess.run(
-        [sys.executable, "-c", "import sys; from effectlog.journal import SqliteJournal; "
-         "from effectlog.errors import RunOwned\\n"
-         "try:\\n SqliteJournal(sys.argv[1]).claim('r'); print('claimed')\\n"
-         "except RunOwned as e: print(e.code)", where],
-        capture_output=True, text=True).stdout.strip()
+    def outside(run_id):
+        return subprocess.run(
+            [sys.executable, "-c", "import sys; from effectlog.journal import SqliteJournal; "
+             "from effectlog.errors import RunOwned\\n"
+             "try:\\n SqliteJournal(sys.argv[1]).claim(sys.argv[2]); print('claimed')\\n"
+             "except RunOwned as e: print(e.code)", where, run_id],
+            capture_output=True, text=True).stdout.strip()
+    outsider = [outside("r"), outside("x")]
     os.write(parent_said, b"x")
     os.waitpid(pid, 0)
     print(json.dumps({"child": child, "parent": parent, "outsider": outsider}))
@@ -79,15 +83,15 @@ def test_a_forked_child_and_its_parent_never_both_own_one_run(tmp_path: Path) ->
     the child claimed through the inherited journal was claimed again by the parent at once (two live
     owners of one run, G9 broken; the parent's release would even drop the child's lock, letting a
     third process in). Proves: the inherited journal refuses to claim in the child (exit 6, naming the
-    fork), the child's own journal claims the run, and while it holds it neither the parent nor any
-    other process can."""
+    fork), and closing it there leaves the parent's run x held; the child's own journal claims run r,
+    and while it holds it neither the parent nor any other process can."""
     proc = python(_FORK_SCRIPT, str(tmp_path / "j.db"))
     assert "" == proc.stderr
     said = json.loads(proc.stdout)
     expected = {
         "child": {"inherited": "journal_inherited", "own": "claimed"},
         "parent": "run_owned",
-        "outsider": "run_owned",
+        "outsider": ["run_owned", "run_owned"],
     }
     assert expected == said
 
