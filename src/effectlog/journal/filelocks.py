@@ -198,6 +198,8 @@ class SharedFile:
         return True
 
     def _release_slot(self, run_id: str) -> None:
+        if self.inherited:
+            return  # the parent's lock on the shared description: closing a journal in the child keeps it
         byte = slot(run_id)
         if any(slot(other) == byte for other in [*self.held, *self.passing]):
             return  # another run of this process shares the byte: keep it locked
