@@ -492,3 +492,65 @@ def test_an_effect_store_reached_by_a_hard_link_never_applies_a_key_twice(tmp_pa
     assert ExitStatus.LOCKED == aliased.returncode, aliased.stderr
     assert "alias.db" in one_line(aliased.stderr)
     assert (0, ["applied", "replayed"]) == (own.returncode, log.read_text().split())
+
+
+# -- 4. evidence: another request's effect under the same run, step and attempt ---------------------
+
+_REFUSING_MODULE = """
+import os
+
+
+class MaybeRefused:
+    def __init__(self, store):
+        self.store = store
+
+    def invoke(self, request):
+        if os.environ.get("EL_FAIL"):
+            raise ConnectionError("connection reset before the request was sent")
+        return self.store.apply_control(request)
+
+    def lookup(self, request):
+        return self.store.lookup(request)
+
+
+ADAPTERS = {"test.maybe-refused": lambda decl, ctx: MaybeRefused(ctx.effect_store())}
+"""
+
+
+def test_a_ledger_row_of_another_request_is_no_evidence_for_this_one(tmp_path: Path) -> None:
+    """Run id pay-1 in two journals sharing one effect store (G2's "run id reused in another journal"):
+    A charged 5 cents; B's request for 50,000 cents failed before it was sent and stopped uncertain.
+    ``reconcile --from-ledger`` on B found A's row under (pay-1, charge, attempt 1) and recorded B's
+    charge as applied: an effect that never happened, silently lost, although the store keeps each
+    row's body digest (the idempotent path refuses another body under a key). Proves: a row whose
+    body is not the request's is no evidence: refused (exit 5, one line, nothing written), B stays
+    uncertain, and a person's reconcile is still possible."""
+    (tmp_path / "el_refusing.py").write_text(_REFUSING_MODULE)
+    path = ":".join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, "PYTHONPATH": path}
+    tools = ("--adapters", "el_refusing:ADAPTERS")
+
+    def plan(name: str, cents: int) -> str:
+        steps = [{"id": "charge", "adapter": "psp", "args": {"cents": cents}}]
+        raw = {"run_id": "pay-1", "adapters": {"psp": {"type": "test.maybe-refused", "idempotent": False}}}
+        (tmp_path / name).write_text(json.dumps({**raw, "steps": steps}))
+        return str(tmp_path / name)
+
+    def el(*args: str, **extra: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "effectlog", *args], env={**env, **extra}, capture_output=True, text=True,
+            timeout=120,
+        )  # fmt: skip
+
+    fx = str(tmp_path / "fx.db")
+    assert 0 == el("run", plan("a.json", 5), "--journal", str(tmp_path / "a.db"), "--effects", fx, *tools).returncode
+    b = ("--journal", str(tmp_path / "b.db"))
+    assert 3 == el("run", plan("b.json", 50000), *b, "--effects", fx, *tools, EL_FAIL="1").returncode
+    before = el("timeline", *b, "--run-id", "pay-1", "--json").stdout
+
+    done = el("reconcile", *b, "--run-id", "pay-1", "--step", "charge", "--from-ledger", fx)
+    after = el("timeline", *b, "--run-id", "pay-1", "--json").stdout
+
+    assert ExitStatus.CONFLICT == done.returncode, done.stderr
+    assert "pay-1" in one_line(done.stderr)
+    assert before == after
