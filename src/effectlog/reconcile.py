@@ -269,7 +269,7 @@ def reconcile_from_ledger(
     request, _ = recorded_request(state, step)
     store = open_run_store(state, path)
     try:
-        found = store.lookup(request)
+        found = store.lookup(request, body=step.args_digest or None)  # the journal's digest of the real args
         pinned = "" if state.effect_store is None else f" (store id {store.store_id}, pinned by the run)"
     finally:
         store.close()

@@ -28,7 +28,7 @@ import msgspec
 
 from effectlog.adapters.protocol import Evidence, Receipt, Request, check_same_body
 from effectlog.canonical import digest
-from effectlog.errors import BadInput, StorageError, StoreAliased
+from effectlog.errors import BadInput, IdempotencyConflict, StorageError, StoreAliased
 from effectlog.events import EffectStoreIdentity
 
 _SCHEMA = (
@@ -48,6 +48,12 @@ _SCHEMA = (
     "CREATE TABLE IF NOT EXISTS effect_store (store_id TEXT NOT NULL, created_ns INTEGER NOT NULL)",
 )
 _COLUMNS = {"effect_id", "kind", "run_id", "step_id", "attempt", "idempotency_key", "args_digest", "receipt"}
+
+
+def _has_placeholders(args: Any) -> bool:
+    """Whether ``args`` hold a secret arg as the journal keeps it (``{"$secret_sha256": ...}``, ``Plan.pinned``):
+    their digest is not the one the store computed from the real value."""
+    return isinstance(args, dict) and any(isinstance(v, dict) and "$secret_sha256" in v for v in args.values())
 
 
 class EffectRow(msgspec.Struct, frozen=True, kw_only=True):
@@ -194,10 +200,26 @@ class EffectStore:
         self._db.execute("UPDATE effects SET receipt = ? WHERE effect_id = ?", (msgspec.json.encode(data), effect_id))
         return data
 
-    def lookup(self, request: Request) -> Evidence:
+    def lookup(self, request: Request, *, body: str | None = None) -> Evidence:
+        """Whether this attempt's effect is in the ledger. A row of another body under the same run,
+        step and attempt (the run id reused in another journal with other args) is another request's
+        effect, no evidence for this one: ``IdempotencyConflict``. ``body``: the request's args digest
+        when ``request.args`` hold secret placeholders (the journal's ``args_digest``); without it,
+        such a request's body is not compared."""
         rows = self.rows(run_id=request.run_id, step_id=request.step_id, attempt=request.attempt)
-        if rows:
-            ids = ", ".join(f"#{r.effect_id}" for r in rows)
+        wanted = body if body is not None else (None if _has_placeholders(request.args) else digest(request.args))
+        mine = [r for r in rows if wanted is None or not r.args_digest or r.args_digest == wanted]
+        if rows and not mine:
+            assert wanted is not None
+            raise IdempotencyConflict(
+                f"ledger {self.path}: the effect recorded for this run, step and attempt has another body (args "
+                f"digest {rows[0].args_digest[:12]}, this request {wanted[:12]}): another request under the same "
+                "run id (another journal?), no evidence for this one; nothing was recorded: reconcile by hand",
+                run_id=request.run_id,
+                step_id=request.step_id,
+            )
+        if mine:
+            ids = ", ".join(f"#{r.effect_id}" for r in mine)
             return Evidence(applied=True, detail=f"ledger {self.path}: effect {ids} recorded for this attempt")
         return Evidence(applied=False, detail=f"ledger {self.path}: no effect recorded for this attempt")
 
