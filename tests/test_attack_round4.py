@@ -554,3 +554,39 @@ def test_a_ledger_row_of_another_request_is_no_evidence_for_this_one(tmp_path: P
     assert ExitStatus.CONFLICT == done.returncode, done.stderr
     assert "pay-1" in one_line(done.stderr)
     assert before == after
+
+
+# -- 1. aliases: other spellings of one journal in one process -------------------------------------
+
+
+def test_proc_fd_paths_and_a_relative_path_after_chdir_meet_the_same_run_lock(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One journal reached as an absolute path, as ``/proc/self/fd/N`` of a descriptor open on it, and
+    as a relative path after ``chdir``: each must be the same file to the run locks (a second name
+    would mean a second WAL). Proves: all three open (one name after ``realpath``), a claim through one
+    refuses the others (exit 6), and verify passes (found nothing: kept as a regression test)."""
+    from effectlog.errors import RunOwned
+    from effectlog.journal import SqliteJournal
+
+    where = tmp_path / "sub" / "j.db"
+    where.parent.mkdir()
+    first = SqliteJournal(str(where))
+    fd = os.open(where, os.O_RDONLY)
+    try:
+        via_proc = SqliteJournal(f"/proc/self/fd/{fd}")
+        monkeypatch.chdir(tmp_path)
+        relative = SqliteJournal("sub/../sub/./j.db")
+        first.claim("r")
+        refused = []
+        for other in (via_proc, relative):
+            with pytest.raises(RunOwned):
+                other.claim("r")
+            refused.append(other.path == first.path)
+        for journal in (relative, via_proc, first):
+            journal.close()
+    finally:
+        os.close(fd)  # after the journals: this process's descriptors of the file close together
+
+    assert [True, True] == refused
+    assert 0 == effectlog("verify", "--journal", str(where), cwd=tmp_path).returncode
