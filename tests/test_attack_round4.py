@@ -1,7 +1,7 @@
 """Round-4 attacks where the user's world touches ours (aliases and second writers, second actors,
-keys, evidence, misbehaving tools, stored bytes outside the chain): each test is one suspicion, a
-failing reproduction first where it found a defect, kept as a regression test where it found none.
-Real SQLite files, real processes (``os.fork`` in a child interpreter, never in pytest's own)."""
+evidence, misbehaving tools): each test is one suspicion, a failing reproduction first where it found
+a defect, kept as a regression test where it found none. Real SQLite files, real PostgreSQL, real
+processes and SIGKILL (``os.fork`` only in a child interpreter, never in pytest's own)."""
 
 from __future__ import annotations
 
