@@ -590,3 +590,88 @@ def test_proc_fd_paths_and_a_relative_path_after_chdir_meet_the_same_run_lock(
 
     assert [True, True] == refused
     assert 0 == effectlog("verify", "--journal", str(where), cwd=tmp_path).returncode
+
+
+# -- 1. second writers: a tool that opens and closes the journal file in the run's own process ------
+
+# An in-process tool that reads the journal file (a report attaching its header, a backup, a checksum):
+# closing its descriptor drops every POSIX lock this process holds on the file, SQLite's included.
+_READER_TOOL_MODULE = """
+import os, time
+
+
+class ReadsTheJournal:
+    def __init__(self, store):
+        self.store = store
+
+    def invoke(self, request):
+        if request.args.get("read_journal"):
+            with open(os.environ["EL_JOURNAL"], "rb") as f:
+                f.read(100)
+            open(os.environ["EL_ASKED"], "w").close()
+            while not os.path.exists(os.environ["EL_GO"]):
+                time.sleep(0.02)
+        return self.store.apply_control(request)
+
+
+ADAPTERS = {"test.reads-journal": lambda decl, ctx: ReadsTheJournal(ctx.effect_store())}
+"""
+
+_HOLDER = """
+import sys, time
+from effectlog.journal import SqliteJournal
+journal = SqliteJournal(sys.argv[1])
+print("open", flush=True)
+sys.stdin.readline()
+journal.close()
+"""
+
+
+def test_a_tool_reading_the_journal_file_in_process_loses_no_acknowledged_step(tmp_path: Path) -> None:
+    """Run r's first step is an in-process tool that reads the journal file, as a report or backup step
+    might: closing its descriptor dropped SQLite's own locks of the run's process on the file. Another
+    process driving another run of the journal (one owner per run, not per file) then deleted the WAL
+    at its close, r went on committing into the deleted WAL and reported "completed" (exit 0), and with
+    a third process holding the journal open (a console, a runner) until r ended, every commit after
+    the deletion was lost: s1's result, s2 and s3 (effects applied, verify ok). Proves: r stops at its
+    next commit instead (exit 6, one line, nothing more written), and running the plan again finds s1
+    uncertain (exit 3), with one effect and no step applied twice."""
+    (tmp_path / "el_reader_tool.py").write_text(_READER_TOOL_MODULE)
+    journal, fx = str(tmp_path / "j.db"), str(tmp_path / "fx.db")
+    path = ":".join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, "PYTHONPATH": path, "EL_JOURNAL": journal}
+    env |= {"EL_ASKED": str(tmp_path / "asked"), "EL_GO": str(tmp_path / "go")}
+    adapters = {"t": {"type": "test.reads-journal", "idempotent": False}}
+    steps = [{"id": f"s{i}", "adapter": "t", "args": {"read_journal": i == 1, "i": i}} for i in (1, 2, 3)]
+    (tmp_path / "r.json").write_text(json.dumps({"run_id": "r", "adapters": adapters, "steps": steps}))
+    other = [{"id": "o1", "adapter": "t", "args": {"i": 0}}]
+    (tmp_path / "o.json").write_text(json.dumps({"run_id": "o", "adapters": adapters, "steps": other}))
+    tools = ("--journal", journal, "--effects", fx, "--adapters", "el_reader_tool:ADAPTERS")
+
+    def run(plan: str) -> list[str]:
+        return [sys.executable, "-m", "effectlog", "run", str(tmp_path / plan), *tools]
+
+    a = subprocess.Popen(run("r.json"), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not (tmp_path / "asked").exists():
+        assert a.poll() is None, a.communicate()
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    assert 0 == subprocess.run(run("o.json"), env=env, capture_output=True, timeout=120).returncode
+    holder = subprocess.Popen(
+        [sys.executable, "-c", _HOLDER, journal], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    assert holder.stdout is not None
+    assert "open" == holder.stdout.readline().strip()
+    (tmp_path / "go").touch()
+    first = a.communicate(timeout=120)
+    holder.communicate("\n", timeout=60)
+    again = subprocess.run(run("r.json"), env=env, capture_output=True, text=True, timeout=120)
+    store = EffectStore(fx, read_only=True)
+    effects = sorted(row.step_id for row in store.rows(run_id="r"))
+    store.close()
+
+    assert ExitStatus.LOCKED == a.returncode, first[1]
+    assert "journal_wal_lost" in first[1].strip().splitlines()[-1]
+    assert (ExitStatus.STOPPED_UNCERTAIN, ["s1"]) == (again.returncode, effects), again.stderr
+    assert 0 == subprocess.run([sys.executable, "-m", "effectlog", "verify", "--journal", journal], env=env).returncode
