@@ -427,3 +427,11 @@ class StoreAliased(JournalLocked):
     is opened by, so effects committed under the other name would be missed (exit 6)."""
 
     code = "store_aliased"
+
+
+class JournalWalLost(JournalLocked):
+    """The WAL this process writes the journal through was removed or replaced by another process: this
+    process's SQLite locks on the file were dropped (something in it closed a descriptor of the file), so
+    its later commits would be lost; nothing more is written by it (exit 6)."""
+
+    code = "journal_wal_lost"
