@@ -675,3 +675,32 @@ def test_a_tool_reading_the_journal_file_in_process_loses_no_acknowledged_step(t
     assert "journal_wal_lost" in first[1].strip().splitlines()[-1]
     assert (ExitStatus.STOPPED_UNCERTAIN, ["s1"]) == (again.returncode, effects), again.stderr
     assert 0 == subprocess.run([sys.executable, "-m", "effectlog", "verify", "--journal", journal], env=env).returncode
+
+
+# -- 3. keys: arguments JSON cannot tell apart ---------------------------------------------------
+
+
+@pytest.mark.parametrize("value", [float("inf"), float("-inf"), float("nan")], ids=["inf", "-inf", "nan"])
+def test_a_durable_call_with_a_non_finite_float_is_refused_not_taken_for_none(tmp_path: Path, value: float) -> None:
+    """Canonical JSON writes NaN and both infinities as ``null``: ``pay(inf)`` and ``pay(None)`` had one
+    fingerprint, one approval hash and one body digest, so a later pass calling ``pay(None)`` was given
+    ``pay(inf)``'s recorded result (a call that never ran reported as done) instead of a divergence.
+    Proves: such a call is refused before anything is recorded or run (BadInput naming the value), as a
+    plan's NaN or Infinity is, and ``pay(None)`` in the same run then runs for real."""
+    from effectlog import durable
+    from effectlog.errors import BadInput
+
+    calls: list[object] = []
+
+    @durable.tool(idempotent=True)
+    def pay(amount: float | None, idempotency_key: str = "") -> str:
+        calls.append(amount)
+        return f"paid {amount}"
+
+    journal = str(tmp_path / "d.db")
+    with durable.run("n1", journal=journal):
+        with pytest.raises(BadInput, match="finite"):
+            pay(value)
+        second = pay(None)
+
+    assert ("paid None", [None]) == (second, calls)
