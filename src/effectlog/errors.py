@@ -403,3 +403,35 @@ class ModelRefused(EffectlogError):
     """
 
     code = "model_refused"
+
+
+# -- branch attack4 (round-4 attacks) ------------------------------------------------
+
+
+class JournalInherited(JournalLocked):
+    """A journal opened before ``fork()``, used in the child: the child shares the parent's open
+    file description, and so its run locks; it must open the journal again itself (exit 6)."""
+
+    code = "journal_inherited"
+
+
+class EvidenceStale(Conflict):
+    """Evidence gathered about one attempt of a step that moved on while it was gathered (exit 5):
+    recorded on the step as it is now, it would decide an attempt it says nothing about."""
+
+    code = "evidence_stale"
+
+
+class StoreAliased(JournalLocked):
+    """The effect store's file has another name (a hard link): SQLite keeps its WAL beside the name it
+    is opened by, so effects committed under the other name would be missed (exit 6)."""
+
+    code = "store_aliased"
+
+
+class JournalWalLost(JournalLocked):
+    """The WAL this process writes the journal through was removed or replaced by another process: this
+    process's SQLite locks on the file were dropped (something in it closed a descriptor of the file), so
+    its later commits would be lost; nothing more is written by it (exit 6)."""
+
+    code = "journal_wal_lost"

@@ -27,7 +27,7 @@ from effectlog import events as ev
 from effectlog.adapters.effects import EffectStore
 from effectlog.adapters.protocol import Evidence, Request
 from effectlog.adapters.registry import AdapterContext, Registry
-from effectlog.errors import BadInput, LedgerMismatch, LookupUndecided, PlanMismatch
+from effectlog.errors import BadInput, EvidenceStale, LedgerMismatch, LookupUndecided, PlanMismatch
 from effectlog.fold import RunState, StepState
 from effectlog.journal import Journal
 from effectlog.observe import decision
@@ -53,9 +53,12 @@ def reconcile(
     operator: str,
     automated: bool = False,
     adapter: ev.AdapterIdentity | None = None,
+    about: int | None = None,
     clock: Clock = time.time_ns,
     trace: Trace | None = None,
 ) -> RunState:
+    """Record ``outcome`` for the step's uncertain attempt; ``about``: the attempt the evidence was
+    gathered for (a lookup, a ledger), refused with ``EvidenceStale`` if the step has moved on since."""
     if outcome not in ("applied", "not_applied"):
         raise BadInput(f"--outcome must be applied or not-applied, not {outcome!r}")
     if not evidence.strip():
@@ -63,6 +66,7 @@ def reconcile(
     if not operator.strip():
         raise BadInput("reconcile needs --operator: who asserts it")
     state, step = load_step(journal, run_id, step_id, needs=("uncertain",), action="reconcile")
+    _check_attempt(state, step, about)
     fields: dict[str, object] = {
         "step_id": step_id,
         "attempt": step.attempt,
@@ -74,6 +78,18 @@ def reconcile(
     if adapter is not None:
         fields["adapter_identity"] = adapter
     return append(journal, state, [(ev.StepReconciled, fields)], clock, trace)
+
+
+def _check_attempt(state: RunState, step: StepState, about: int | None) -> None:
+    """``EvidenceStale`` unless the step's uncertain attempt is the one the evidence is ``about``."""
+    if about is not None and step.attempt != about:
+        raise EvidenceStale(
+            f"the evidence is about attempt {about}, but the step is at attempt {step.attempt} now (another "
+            "decision and run came in between); nothing was recorded: look again, then reconcile attempt "
+            f"{step.attempt}",
+            run_id=state.run_id,
+            step_id=step.step_id,
+        )
 
 
 # -- the recorded request ---------------------------------------------------------------
@@ -121,10 +137,12 @@ def reconcile_by_lookup(
     *,
     effects: str | None = None,
     plan: Plan | None = None,
+    attempt: int | None = None,
     clock: Clock = time.time_ns,
     trace: Trace | None = None,
 ) -> RunState:
-    """Build the step's adapter as the run pinned it, ask its ``lookup`` and record the answer.
+    """Build the step's adapter as the run pinned it, ask its ``lookup`` and record the answer
+    (about the step's current attempt; ``attempt``: only if that is this one, else ``EvidenceStale``).
 
     Refused with nothing written: an adapter whose identity differs from the pinned one
     (``PlanMismatch``), an effect store that is not the run's (``LedgerMismatch``), an
@@ -132,6 +150,7 @@ def reconcile_by_lookup(
     is ``LookupUndecided`` (exit 3): the step stays uncertain.
     """
     state, step = load_step(journal, run_id, step_id, needs=("uncertain",), action="reconcile")
+    _check_attempt(state, step, attempt)
     request, decl = recorded_request(state, step, plan)
     name = step.adapter
     adapter_decl = pinned_plan(state).adapters[name]
@@ -167,6 +186,7 @@ def reconcile_by_lookup(
         operator=f"{LOOKUP_OPERATOR}:{name}",
         automated=True,
         adapter=identity,
+        about=request.attempt,
         clock=clock,
         trace=trace,
     )
@@ -239,15 +259,17 @@ def reconcile_from_ledger(
     step_id: str,
     path: str,
     *,
+    attempt: int | None = None,
     clock: Clock = time.time_ns,
     trace: Trace | None = None,
 ) -> RunState:
     """Automated reconciliation: ask the run's own effect store whether this attempt's effect exists."""
     state, step = load_step(journal, run_id, step_id, needs=("uncertain",), action="reconcile")
+    _check_attempt(state, step, attempt)
     request, _ = recorded_request(state, step)
     store = open_run_store(state, path)
     try:
-        found = store.lookup(request)
+        found = store.lookup(request, body=step.args_digest or None)  # the journal's digest of the real args
         pinned = "" if state.effect_store is None else f" (store id {store.store_id}, pinned by the run)"
     finally:
         store.close()
@@ -259,6 +281,7 @@ def reconcile_from_ledger(
         evidence=f"automated ledger inspection, not a person: {found.detail}{pinned}",
         operator=LEDGER_OPERATOR,
         automated=True,
+        about=request.attempt,
         clock=clock,
         trace=trace,
     )

@@ -28,7 +28,7 @@ import msgspec
 
 from effectlog.adapters.protocol import Evidence, Receipt, Request, check_same_body
 from effectlog.canonical import digest
-from effectlog.errors import BadInput, StorageError
+from effectlog.errors import BadInput, IdempotencyConflict, StorageError, StoreAliased
 from effectlog.events import EffectStoreIdentity
 
 _SCHEMA = (
@@ -48,6 +48,12 @@ _SCHEMA = (
     "CREATE TABLE IF NOT EXISTS effect_store (store_id TEXT NOT NULL, created_ns INTEGER NOT NULL)",
 )
 _COLUMNS = {"effect_id", "kind", "run_id", "step_id", "attempt", "idempotency_key", "args_digest", "receipt"}
+
+
+def _has_placeholders(args: Any) -> bool:
+    """Whether ``args`` hold a secret arg as the journal keeps it (``{"$secret_sha256": ...}``, ``Plan.pinned``):
+    their digest is not the one the store computed from the real value."""
+    return isinstance(args, dict) and any(isinstance(v, dict) and "$secret_sha256" in v for v in args.values())
 
 
 class EffectRow(msgspec.Struct, frozen=True, kw_only=True):
@@ -70,6 +76,7 @@ class EffectStore:
         self.read_only = read_only
         # One connection, shared by the adapter threads of concurrent runs: one transaction at a time.
         self._lock = threading.Lock()
+        self._refuse_aliases()
         if read_only:
             self._db = self._open_read_only()
             self.store_id = self._read_store_id()
@@ -92,6 +99,24 @@ class EffectStore:
             self.store_id = self._read_store_id()
         except sqlite3.Error as exc:
             raise StorageError(f"{self.path}: cannot open the effect store ({exc})") from None
+
+    def _refuse_aliases(self) -> None:
+        """A store file with a second name (a hard link) is refused before anything is read or written.
+
+        SQLite keeps the WAL beside the name it was given: an effect committed through one name and not
+        yet checkpointed (its writer killed) is not seen through the other, so an idempotency key would
+        be applied again, and a ledger inspection would say "not applied" for an effect that exists.
+        """
+        try:
+            links = os.stat(self.path).st_nlink
+        except OSError:
+            return  # not there yet (created below), or refused below with the reason
+        if links > 1:
+            raise StoreAliased(
+                f"{self.path}: the effect store file has {links} names (hard links); SQLite keeps its WAL beside "
+                "the name it is opened by, so effects committed under another name would be missed. Remove the "
+                "extra link(s) and open it by one name (a symlink is fine); nothing was written"
+            )
 
     def _open_read_only(self) -> sqlite3.Connection:
         """Open without writing a byte: no PRAGMA, no schema; refuse a file that is not an effect store."""
@@ -175,10 +200,26 @@ class EffectStore:
         self._db.execute("UPDATE effects SET receipt = ? WHERE effect_id = ?", (msgspec.json.encode(data), effect_id))
         return data
 
-    def lookup(self, request: Request) -> Evidence:
+    def lookup(self, request: Request, *, body: str | None = None) -> Evidence:
+        """Whether this attempt's effect is in the ledger. A row of another body under the same run,
+        step and attempt (the run id reused in another journal with other args) is another request's
+        effect, no evidence for this one: ``IdempotencyConflict``. ``body``: the request's args digest
+        when ``request.args`` hold secret placeholders (the journal's ``args_digest``); without it,
+        such a request's body is not compared."""
         rows = self.rows(run_id=request.run_id, step_id=request.step_id, attempt=request.attempt)
-        if rows:
-            ids = ", ".join(f"#{r.effect_id}" for r in rows)
+        wanted = body if body is not None else (None if _has_placeholders(request.args) else digest(request.args))
+        mine = [r for r in rows if wanted is None or not r.args_digest or r.args_digest == wanted]
+        if rows and not mine:
+            assert wanted is not None
+            raise IdempotencyConflict(
+                f"ledger {self.path}: the effect recorded for this run, step and attempt has another body (args "
+                f"digest {rows[0].args_digest[:12]}, this request {wanted[:12]}): another request under the same "
+                "run id (another journal?), no evidence for this one; nothing was recorded: reconcile by hand",
+                run_id=request.run_id,
+                step_id=request.step_id,
+            )
+        if mine:
+            ids = ", ".join(f"#{r.effect_id}" for r in mine)
             return Evidence(applied=True, detail=f"ledger {self.path}: effect {ids} recorded for this attempt")
         return Evidence(applied=False, detail=f"ledger {self.path}: no effect recorded for this attempt")
 

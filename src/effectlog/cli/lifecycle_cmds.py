@@ -12,7 +12,7 @@ import msgspec
 from effectlog.cli.inspect_cmds import add_journal_args
 from effectlog.cli.notify_args import add_notify_args
 from effectlog.cli.notify_args import hooks as notify_hooks
-from effectlog.cli.output import emit_json, table
+from effectlog.cli.output import emit_json, out, table, tools_write_to_stderr
 from effectlog.cli.progress import add_progress_args, apply_progress_args, error_line
 from effectlog.errors import BadInput
 from effectlog.notify import marks, notify_new_waits
@@ -130,7 +130,8 @@ def cmd_recover(args: argparse.Namespace) -> int:
     runtime = _runtime(args)
     notifiers = notify_hooks(args)
     apply_progress_args(args)  # a line per step on stderr unless --quiet, once the input is checked
-    with runtime, stop_on_signals(runtime):
+    # Tools' stdout goes to stderr, as for `run`: --json is effectlog's alone.
+    with runtime, stop_on_signals(runtime), tools_write_to_stderr():
         since = marks(runtime.journal, runtime.journal.runs()) if notifiers else {}
         report = runtime.recover(secrets=secrets)
         notify_new_waits(notifiers, runtime.journal, args.journal, since)
@@ -138,9 +139,9 @@ def cmd_recover(args: argparse.Namespace) -> int:
         emit_json(report)
     elif report:
         rows = [(r.run_id, r.action, r.state, r.message) for r in report]
-        sys.stdout.write(table(("run", "action", "state", "detail"), rows) + "\n")
+        out(table(("run", "action", "state", "detail"), rows) + "\n")
     else:
-        sys.stdout.write("no open run waits for recovery\n")
+        out("no open run waits for recovery\n")
     if runtime.stop_signal is not None:  # stopped by SIGINT/SIGTERM after the runs' last commits: resumable
         return 128 + int(runtime.stop_signal)
     refused = [r for r in report if r.action == "refused"]
@@ -152,9 +153,9 @@ def _emit_outcome(args: argparse.Namespace, outcome: Any) -> int:
         emit_json(outcome)
     else:
         rows = [(s.id, s.state, s.attempt) for s in outcome.steps]
-        sys.stdout.write(table(("step", "state", "attempt"), rows) + "\n")
+        out(table(("step", "state", "attempt"), rows) + "\n")
         if outcome.exit_status == 0:
-            sys.stdout.write(f"{outcome.message}\n")
+            out(f"{outcome.message}\n")
         else:
             sys.stderr.write(error_line(outcome.message, logger="effectlog.run", exit_status=outcome.exit_status))
     return int(outcome.exit_status)
@@ -166,7 +167,7 @@ def cmd_fork(args: argparse.Namespace) -> int:
     secrets = _secrets(args)
     runtime = _runtime(args)
     apply_progress_args(args)
-    with runtime, stop_on_signals(runtime):
+    with runtime, stop_on_signals(runtime), tools_write_to_stderr():
         outcome = runtime.fork(
             args.run_id, args.new_run_id, by=args.by, reason=args.reason, from_step=args.from_step, secrets=secrets
         )
@@ -179,7 +180,7 @@ def cmd_retry(args: argparse.Namespace) -> int:
     secrets = _secrets(args)
     runtime = _runtime(args)
     apply_progress_args(args)
-    with runtime, stop_on_signals(runtime):
+    with runtime, stop_on_signals(runtime), tools_write_to_stderr():
         outcome = runtime.retry(
             args.run_id, new_run_id=args.new_run_id, by=args.by, reason=args.reason, secrets=secrets
         )

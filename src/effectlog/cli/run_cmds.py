@@ -94,6 +94,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     p.add_argument("--effects", metavar="E", help="with --lookup: the run's effect store (default: the pinned path)")
     p.add_argument("--plan", metavar="PLAN", help="with --lookup: the run's plan file, for secret args' real values")
+    p.add_argument(
+        "--attempt",
+        metavar="N",
+        type=_positive_int,
+        help="only if the uncertain attempt is N (as status shows it), the one your evidence is about; else exit 5",
+    )
     add_json_arg(p, "the reconciled step as JSON")
     p.set_defaults(handler=cmd_reconcile)
 
@@ -350,9 +356,11 @@ def cmd_reconcile(args: argparse.Namespace) -> int:
     journal = _existing_writer(args)
     try:
         if args.from_ledger:
-            state = reconcile_from_ledger(journal, args.run_id, args.step, args.from_ledger)
+            state = reconcile_from_ledger(journal, args.run_id, args.step, args.from_ledger, attempt=args.attempt)
         elif registry is not None:
-            state = reconcile_by_lookup(journal, args.run_id, args.step, registry, effects=args.effects, plan=plan)
+            state = reconcile_by_lookup(
+                journal, args.run_id, args.step, registry, effects=args.effects, plan=plan, attempt=args.attempt
+            )
         else:
             state = reconcile(
                 journal,
@@ -361,6 +369,7 @@ def cmd_reconcile(args: argparse.Namespace) -> int:
                 outcome=args.outcome.replace("-", "_"),
                 evidence=args.evidence,
                 operator=args.operator,
+                about=args.attempt,
             )
     finally:
         journal.close()

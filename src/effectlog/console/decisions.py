@@ -12,7 +12,7 @@ from __future__ import annotations
 import secrets
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from effectlog.console.users import User
 from effectlog.errors import BadInput
@@ -105,9 +105,20 @@ def decide(config: Config, action: str, run_id: str, step_id: str, *, by: str, f
                 outcome=outcome,  # type: ignore[arg-type]  # reconcile refuses anything else
                 evidence=form.get("evidence", ""),
                 operator=by,
+                about=_attempt(form),
             )
     finally:
         journal.close()
+
+
+def _attempt(form: Mapping[str, Any]) -> int | None:
+    """The attempt the page showed (its reconcile form's hidden field): the one the person's evidence is about."""
+    given = str(form.get("attempt", "")).strip()
+    if not given:
+        return None
+    if not given.isdigit() or not 0 < int(given) < 2**31:
+        raise BadInput(f"attempt: a whole number above 0, not {given[:20]!r}")
+    return int(given)
 
 
 def adapter_registry(specs: tuple[str, ...]) -> Registry:

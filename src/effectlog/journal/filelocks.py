@@ -28,7 +28,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from effectlog.errors import JournalLocked
+from effectlog.errors import JournalInherited, JournalLocked
 
 # 256 MiB .. 384 MiB: far from SQLite's lock bytes (PENDING_BYTE is at 1 GiB), and a
 # range wide enough (2**27 slots) that two run ids sharing a byte is a curiosity.
@@ -82,6 +82,7 @@ class SharedFile:
         self.passing: dict[str, int] = {}  # run id -> one-shot writers of this process inside a transaction
         self.names: set[str] = set()  # the names this process opened the file by (each holds its byte)
         self.turn = threading.Lock()  # this process's writers of the file (OFD locks of one descriptor do not exclude)
+        self.inherited = False  # in a child of fork(): the parent's description, not this one's (_forget_inherited)
 
     @contextmanager
     def gate(self, where: str, timeout_s: float) -> Iterator[None]:
@@ -98,6 +99,8 @@ class SharedFile:
         A generator-based context manager costs several Python frames per commit; the
         locks taken are the same: this process's turn, then the writers' byte (OFD).
         """
+        if self.inherited:
+            raise self._inherited(where)
         turn = self.turn
         if not turn.acquire(False) and not turn.acquire(timeout=timeout_s):
             raise JournalLocked(f"{where}: another writer of this process kept the journal for {timeout_s:g}s")
@@ -111,6 +114,13 @@ class SharedFile:
         except BaseException:
             turn.release()
             raise
+
+    @staticmethod
+    def _inherited(where: str) -> JournalInherited:
+        return JournalInherited(
+            f"{where}: this journal was opened before fork() by the parent process, whose run locks the child "
+            "shares (one open file description): open the journal again in this process; nothing was written"
+        )
 
     def _wait_gate(self, where: str, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
@@ -136,6 +146,8 @@ class SharedFile:
 
     def try_lock(self, run_id: str, holder: int) -> bool:
         """Take the run's lock for an owner (exclusive); False while another owner or a one-shot writer has it."""
+        if self.inherited:
+            raise self._inherited("the journal")
         with _registry_lock:
             if run_id in self.held or self.passing.get(run_id):
                 return False
@@ -150,6 +162,8 @@ class SharedFile:
         Shared, so writers passing through never refuse each other (their transactions queue at
         the gate); only a live owner's exclusive lock refuses them.
         """
+        if self.inherited:
+            raise self._inherited("the journal")
         with _registry_lock:
             if run_id in self.held:
                 return False
@@ -184,6 +198,8 @@ class SharedFile:
         return True
 
     def _release_slot(self, run_id: str) -> None:
+        if self.inherited:
+            return  # the parent's lock on the shared description: closing a journal in the child keeps it
         byte = slot(run_id)
         if any(slot(other) == byte for other in [*self.held, *self.passing]):
             return  # another run of this process shares the byte: keep it locked
@@ -267,6 +283,28 @@ def release(shared: SharedFile) -> None:
         shared.refs -= 1
         if shared.refs > 0:
             return
+        if shared.inherited:
+            return  # the parent's descriptors: closing one would drop this process's POSIX locks (SQLite's)
         _files.pop(shared.key, None)
         for fd in [shared.fd, *_spare.pop(shared.key, [])]:
             os.close(fd)
+
+
+def _forget_inherited() -> None:
+    """In a child of ``fork()``: the inherited descriptors share their open file descriptions, and
+    so every OFD lock, with the parent. A run lock taken through one in the child would be the
+    parent's too (both would own the run), and either one's unlock would drop the other's. So the
+    child never locks through them (``JournalInherited``), and a journal it opens itself gets a
+    description of its own, whose locks exclude the parent's. The inherited descriptors stay open
+    until the child exits (closing one would drop the child's own POSIX locks on the file), and so
+    do the parent's locks on them.
+    """
+    global _registry_lock  # noqa: PLW0603 - a new lock: another thread of the parent may have held it at fork()
+    _registry_lock = threading.RLock()
+    for shared in _files.values():
+        shared.inherited = True
+    _files.clear()
+    _spare.clear()
+
+
+os.register_at_fork(after_in_child=_forget_inherited)

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Protocol, runtime_checkable
@@ -51,6 +52,7 @@ from effectlog.chain import GENESIS, Chain
 from effectlog.errors import (
     BadInput,
     EventConflict,
+    JournalInherited,
     JournalUnreadable,
     RunOwned,
     SequenceGap,
@@ -145,6 +147,7 @@ class PostgresJournal:
         self._claims: dict[str, Claim] = {}
         self._seen: dict[str, tuple[int, bytes]] = {}  # run -> last head this journal committed (fenced appends)
         self._owner_conn: psycopg.Connection[Any] | None = None  # holds the claims' session locks
+        self._pid = os.getpid()  # a child of fork() shares these server sessions: see _refuse_inherited
         self._settings = {
             "lock_timeout": f"{int(lock_timeout_s * 1000)}ms",
             "idle_in_transaction_session_timeout": f"{int(idle_in_transaction_timeout_s * 1000)}ms",
@@ -312,6 +315,7 @@ class PostgresJournal:
         """Take ``run_id`` until ``release``; ``RunOwned`` (exit 6) if a live owner (any host) has it."""
         if not self.writer:
             raise StorageError(f"{self.location}: journal opened read-only")
+        self._refuse_inherited()
         if run_id in self._claims:
             raise RunOwned("the run is driven by another actor in this process; nothing was written", run_id=run_id)
         claim = Claim(run_id=run_id, owner=new_owner(kind, runner))
@@ -350,8 +354,8 @@ class PostgresJournal:
         claim.released = True
         del self._claims[claim.run_id]
         conn = self._owner_conn
-        if conn is None:
-            return
+        if conn is None or os.getpid() != self._pid:
+            return  # in a child of fork(): the session and its lock are the parent's
         try:
             conn.execute("SELECT pg_advisory_unlock(%s, hashtext(%s))", (OWNER_LOCK_CLASS, claim.run_id))
         except psycopg.Error:
@@ -469,6 +473,7 @@ class PostgresJournal:
             raise StorageError(f"{self.location}: this journal keeps no seals (closed runs are replayed)")
         if not self.writer:
             raise StorageError(f"{self.location}: journal opened read-only")
+        self._refuse_inherited()
         if not events:
             return []
         try:
@@ -556,6 +561,7 @@ class PostgresJournal:
         """
         if not self.writer:
             raise StorageError(f"{self.location}: journal opened read-only")
+        self._refuse_inherited()
         if not events:
             return []
         encoded = [encode(e) for e in events]
@@ -741,9 +747,25 @@ class PostgresJournal:
             raise translate(exc, self.location) from None
         return [str(r[0]) for r in rows]
 
+    def _refuse_inherited(self) -> None:
+        """A journal opened before ``fork()`` is the parent's in the child: its connections are the
+        parent's server sessions, whose advisory locks stack, so a claim through one would succeed
+        while the parent holds the run, and its unlock would drop the parent's."""
+        if os.getpid() != self._pid:
+            raise JournalInherited(
+                f"{self.location}: this journal was opened before fork() by the parent process, whose server "
+                "sessions (and the run locks they hold) the child shares: open the journal again in this "
+                "process; nothing was written"
+            )
+
     def close(self) -> None:
         for claim in list(self._claims.values()):
             self.release(claim)
+        if os.getpid() != self._pid:
+            # Closing would end the parent's sessions (and drop its runs' locks); psycopg does not
+            # close a connection it collects in another process than the one that opened it.
+            self._owner_conn = None
+            return
         if self._owner_conn is not None:
             with contextlib.suppress(psycopg.Error):
                 self._owner_conn.close()

@@ -35,6 +35,7 @@ from effectlog.errors import (
     EventConflict,
     JournalAliased,
     JournalUnreadable,
+    JournalWalLost,
     RunOwned,
     SequenceGap,
     StorageError,
@@ -99,6 +100,7 @@ class SqliteJournal:
         # Test hook: called inside the transaction, after the rows are written, before COMMIT.
         self.before_commit: Callable[[Sequence[Event]], None] | None = None
         self._file: filelocks.SharedFile | None = None
+        self._wal: tuple[int, int] | None = None
         if not writer and not Path(self.path).is_file():
             raise JournalUnreadable(f"{self.location}: no journal file there")
         if writer:
@@ -119,6 +121,7 @@ class SqliteJournal:
                 self._ensure_table("seals", SEALS_DDL)
                 self._ensure_table("owners", OWNERS_DDL)
                 self._ensure_table("checkpoints", checkpoint.SQLITE_DDL)
+                self._wal = self._wal_identity()  # checked before each commit: _refuse_if_wal_lost
         except BaseException:
             with contextlib.suppress(Exception):
                 self._db.close()
@@ -159,6 +162,7 @@ class SqliteJournal:
         try:  # _moved, inline: this runs before every commit
             st = os.stat(self.path)
             if st.st_ino == self._file.key[1] and st.st_dev == self._file.key[0]:
+                self._refuse_if_wal_lost()
                 return
         except OSError:
             pass
@@ -167,6 +171,32 @@ class SqliteJournal:
         raise JournalAliased(
             f"{self.location}: the journal file was renamed or removed while this process had it open; what "
             "was written is kept in the file (checkpointed), and nothing more is written: open it by its new name"
+        )
+
+    def _wal_identity(self) -> tuple[int, int] | None:
+        try:
+            st = os.stat(self.path + "-wal")
+        except OSError:
+            return None
+        return st.st_dev, st.st_ino
+
+    def _refuse_if_wal_lost(self) -> None:
+        """While this connection is open, SQLite's shared lock on the file keeps any other process from
+        deleting the WAL beside it. Closing any descriptor of the file in this process drops that lock
+        (a tool that reads the journal file, say); another process's last close then checkpoints and
+        deletes the WAL, and this connection would go on committing into the deleted one: commits
+        nobody else sees, lost when this process ends while others have the file open. So a WAL that
+        is gone or another file refuses every later commit."""
+        found = self._wal_identity()
+        if self._wal is None:  # none yet when this journal was opened: the first one is this connection's
+            self._wal = found
+            return
+        if found == self._wal:
+            return
+        raise JournalWalLost(
+            f"{self.location}: the journal's WAL was removed or replaced by another process while this one had "
+            "it open (this process's SQLite locks on the file were dropped: something in it opened and closed "
+            "the journal file); nothing more is written by this process: run the command again"
         )
 
     @staticmethod

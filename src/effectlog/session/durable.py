@@ -462,7 +462,8 @@ class Session:
         if not replaying:
             self._check_open("a tool call")
         info = self.gateway.tool(name)
-        call_args: dict[str, Any] = ids.normalized(dict(args or {}), f"tool {name!r} args")
+        what = f"tool {name!r} args"
+        call_args: dict[str, Any] = ids.normalized(ids.finite(dict(args or {}), what), what)
         sid = self._next_id(key)
         fp = ids.fingerprint("tool", name, call_args)
         call_hash = ids.tool_call_hash(sid, name, call_args)

@@ -6,6 +6,7 @@ new process computes the same ids and keys without reading anything but the jour
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Any, Literal
 from urllib.parse import quote
@@ -45,6 +46,25 @@ def canonical(value: Any, what: str) -> bytes:
 def normalized(value: Any, what: str) -> Any:
     """``value`` as the journal gives it back (JSON types only), so a live pass sees what a replay sees."""
     return msgspec.json.decode(canonical(value, what))
+
+
+def finite(value: Any, what: str) -> Any:
+    """``value``, or ``BadInput`` if it holds a NaN or an infinity anywhere: canonical JSON writes them as
+    ``null``, so ``f(inf)``, ``f(nan)`` and ``f(None)`` would be one step to the journal (one fingerprint,
+    one approval, one key's body), and a later pass would be given another call's result."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, float) and not math.isfinite(item):
+            raise BadInput(
+                f"{what}: {item!r} is not a finite number; JSON has no NaN or infinity (the journal would "
+                "record it as null, the same as None): pass None or a string instead"
+            )
+        if isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, list | tuple):
+            stack.extend(item)
+    return value
 
 
 def fingerprint(kind: StepKind, name: str, args: Any) -> str:
