@@ -325,6 +325,32 @@ def test_a_persons_reconcile_bound_to_an_attempt_is_refused_once_the_step_moved_
     assert 0 == current.returncode, current.stderr
 
 
+def test_the_reconcile_command_effectlog_prints_is_bound_to_the_attempt_it_was_printed_for(tmp_path: Path) -> None:
+    """The command ``status`` prints for an uncertain step carries ``--attempt N``: an operator who
+    copies it at attempt 1 and runs it (filled in with "not applied") after the step moved on to
+    attempt 2 is refused (exit 5, nothing written) instead of starting attempt 3 over attempt 2's
+    effect; the command printed at attempt 2 is taken."""
+    setup, el = _stale_person_setup(tmp_path)
+
+    def printed() -> list[str]:
+        done = el("status", "--journal", setup.journal, "--run-id", "charge-1", "--json")
+        assert 0 == done.returncode, done.stderr
+        (item,) = json.loads(done.stdout)["at_stake"]
+        fill = {"applied|not-applied": "not-applied", "TEXT": "psp: none", "NAME": "bob"}
+        return [fill.get(a, a) for a in str(item["command"]).split()[1:]]
+
+    at_attempt_1 = printed()
+    _next_attempt_uncertain(setup, el)
+    before = setup.timeline("charge-1")
+    stale = el(*at_attempt_1)
+    after = setup.timeline("charge-1")
+    current = el(*printed())
+
+    assert ["--attempt", "1"] == at_attempt_1[at_attempt_1.index("--attempt") :][:2]
+    assert (ExitStatus.CONFLICT, before) == (stale.returncode, after)
+    assert 0 == current.returncode, current.stderr
+
+
 def test_a_console_reconcile_posted_from_a_page_of_an_earlier_attempt_is_refused(tmp_path: Path) -> None:
     """The console's reconcile form is bound to the attempt the page showed: an operator who loaded
     the page at attempt 1 and posts "not applied" after the step moved on to attempt 2 (applied,

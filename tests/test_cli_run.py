@@ -309,7 +309,7 @@ def test_an_uncertain_step_stops_the_run_and_reconcile_lets_it_finish(
     assert 3 == stopped.returncode
     assert "step 'pay' was requested and its outcome is unknown" in stopped.stderr
     assert (
-        f"effectlog reconcile --journal {cli.journal} --run-id {run_id} --step pay "
+        f"effectlog reconcile --journal {cli.journal} --run-id {run_id} --step pay --attempt 1 "
         "--outcome applied|not-applied --evidence TEXT --operator NAME"
     ) in stopped.stderr
     assert "stopped" == cli.status(run_id)["state"]

@@ -206,7 +206,7 @@ def test_control_after_request_stops_with_zero_effects_and_names_the_reconcile_c
         outcome.step_id,
     )
     assert f"step {STEP!r}" in outcome.message
-    assert reconcile_hint(paths.journal, plan.run_id, STEP) in outcome.message
+    assert reconcile_hint(paths.journal, plan.run_id, STEP, 1) in outcome.message
     assert [("charge", "uncertain", 1)] == [(s.id, s.state, s.attempt) for s in outcome.steps]
     assert ["step.uncertain", "run.stopped"] == tags_of(paths, plan.run_id)[-2:]
 

@@ -85,7 +85,7 @@ def test_killed_inside_a_non_idempotent_tool_stops_uncertain_and_is_reconciled_f
     status, out = child(tmp_path, "live")
     assert (int(ExitStatus.STOPPED_UNCERTAIN), "uncertain_effect", "step-1") == (status, out["error"], out["step"])
     expected_command = (
-        f"effectlog reconcile --journal {tmp_path / 'runs.db'} --run-id {RUN} --step step-1 "
+        f"effectlog reconcile --journal {tmp_path / 'runs.db'} --run-id {RUN} --step step-1 --attempt 1 "
         "--outcome applied|not-applied --evidence TEXT --operator NAME"
     )
     assert expected_command == out["command"]

@@ -281,7 +281,7 @@ def test_run_json_of_a_stopped_run_carries_the_reconcile_command(tools: Tools) -
     argv = [{"applied|not-applied": "applied", "TEXT": "ledger.txt", "NAME": "ana"}.get(a, a) for a in argv]
     reconciled = tools.effectlog(*argv)
 
-    expected = "effectlog reconcile --journal j.db --run-id r --step pay "
+    expected = "effectlog reconcile --journal j.db --run-id r --step pay --attempt 1 "
     assert (3, True) == (done.returncode, command.startswith(expected)), command
     assert 0 == reconciled.returncode, reconciled.stderr
     assert [("pay", "reconciled")] == _steps(tools.status())

@@ -69,7 +69,7 @@ def test_killed_inside_a_non_idempotent_tool_stops_uncertain_then_reconciled_com
     assert ExitStatus.STOPPED_UNCERTAIN == resumed.returncode, resumed.stderr
     assert resumed.stderr.startswith("UncertainEffect: ")
     command = resumed.stderr.split("Reconcile it with evidence: ", 1)[1].strip()
-    expected = f"effectlog reconcile --journal {tmp_path / 'runs.db'} --run-id {RUN} --step tool-1-call-1 "
+    expected = f"effectlog reconcile --journal {tmp_path / 'runs.db'} --run-id {RUN} --step tool-1-call-1 --attempt 1 "
     assert command.startswith(expected)
     assert 1 == len(keys(calls, "effect"))
     reconciled = cli(

@@ -221,12 +221,14 @@ class RunActor:
 
     def _blocked_outcome(self, action: Action, step_id: str, why: str = "") -> RunOutcome:
         if action is Action.STOP_UNCERTAIN:
+            step = self.state.step(step_id)
+            attempt = step.attempt if step is not None else None
             return self._outcome(
                 f"run {self.plan.run_id} stopped: step {step_id!r} was requested and its outcome is unknown"
                 + (f" ({why})" if why else "")
                 + "; "
                 "its tool is not idempotent, so effectlog will not guess. Reconcile it with evidence: "
-                + reconcile_hint(self.rt.journal.location, self.plan.run_id, step_id)
+                + reconcile_hint(self.rt.journal.location, self.plan.run_id, step_id, attempt)
             )
         return self._outcome(
             f"run {self.plan.run_id} suspended: step {step_id!r} waits for approval "

@@ -9,6 +9,7 @@ import msgspec
 
 from effectlog.errors import ExitStatus
 from effectlog.fold import RunState
+from effectlog.stake import reconcile_command
 
 Decision = Literal["allow", "deny", "require_approval"]
 CrashHook = Callable[[str, str], None]
@@ -172,11 +173,7 @@ def outcome_of(
     )
 
 
-def reconcile_hint(journal: str, run_id: str, step_id: str) -> str:
-    return (
-        f"effectlog reconcile --journal {journal} --run-id {run_id} --step {step_id} "
-        "--outcome applied|not-applied --evidence TEXT --operator NAME"
-    )
+reconcile_hint = reconcile_command  # the name the runtime has exported since issue 1
 
 
 def _describe(state: RunState) -> str:

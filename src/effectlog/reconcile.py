@@ -193,7 +193,7 @@ def reconcile_by_lookup(
 
 
 def _ask(lookup: Any, request: Request, decl: StepDecl, who: str, journal: str) -> Evidence:
-    hint = reconcile_hint(journal, request.run_id, request.step_id)
+    hint = reconcile_hint(journal, request.run_id, request.step_id, request.attempt)
     try:
         found = lookup(request)
     except Exception as exc:

@@ -71,10 +71,13 @@ def _forms(value: Any, forms: set[str]) -> None:
     forms.update(f for f in (str(value), repr(value), canonical_json(value).decode()) if f)
 
 
-def reconcile_command(location: str, run_id: str, step_id: str) -> str:
+def reconcile_command(location: str, run_id: str, step_id: str, attempt: int | None = None) -> str:
+    """The reconcile command a stopped step needs; with ``attempt``, it is bound to that attempt, so a
+    decision typed from this line is refused (exit 5) once the step has moved on to another one."""
     q = shlex.quote
+    bound = f" --attempt {attempt}" if attempt is not None else ""
     return (
-        f"effectlog reconcile --journal {q(location)} --run-id {q(run_id)} --step {q(step_id)} "
+        f"effectlog reconcile --journal {q(location)} --run-id {q(run_id)} --step {q(step_id)}{bound} "
         "--outcome applied|not-applied --evidence TEXT --operator NAME"
     )
 
@@ -102,7 +105,7 @@ def _one(state: RunState, step: StepState, location: str) -> AtStake:
         args = dict(decl.get("args") or {})
     if step.state == "uncertain":
         action: Literal["reconcile", "approve"] = "reconcile"
-        command = reconcile_command(location, state.run_id, step.step_id)
+        command = reconcile_command(location, state.run_id, step.step_id, step.attempt)
     else:
         action = "approve"
         command = approve_command(location, state.run_id, step.step_id, step.args_digest)

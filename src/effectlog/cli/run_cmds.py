@@ -210,7 +210,8 @@ def run_json(outcome: Any, journal: str) -> dict[str, Any]:
     step = outcome.step_id
     stopped = outcome.state == "stopped" and step is not None
     suspended = outcome.state == "suspended" and step is not None
-    data["reconcile_command"] = reconcile_hint(journal, outcome.run_id, step) if stopped else None
+    attempt = next((s.attempt for s in outcome.steps if s.id == step), None) if stopped else None
+    data["reconcile_command"] = reconcile_hint(journal, outcome.run_id, step, attempt) if stopped else None
     data["approve_command"] = (
         f"effectlog approve --journal {journal} --run-id {outcome.run_id} --step {step} --by NAME"
         if suspended

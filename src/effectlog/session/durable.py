@@ -180,7 +180,8 @@ class Session:
             step = self._state.step(sid)
             command = approve_command(location, self.run_id, sid, step.args_digest if step is not None else "")
         else:
-            command = reconcile_command(location, self.run_id, sid)
+            step = self._state.step(sid)
+            command = reconcile_command(location, self.run_id, sid, step.attempt if step is not None else None)
         kind: Kind = "suspended" if isinstance(event, ev.RunSuspended) else "stopped"
         return Notification(
             kind=kind,

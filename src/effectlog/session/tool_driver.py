@@ -219,7 +219,8 @@ class ToolDriver:
 
     def _uncertain(self) -> UncertainEffect:
         s = self.s
-        command = reconcile_command(s.store.location, s.run_id, self.sid)
+        step = s.state.step(self.sid)
+        command = reconcile_command(s.store.location, s.run_id, self.sid, step.attempt if step is not None else None)
         return UncertainEffect(
             f"tool {self.info.name!r} was requested and its outcome is unknown; it is not idempotent, so "
             f"effectlog will not guess. Reconcile it with evidence: {command}",
