@@ -499,9 +499,10 @@ def fold_rows(
                 _check_columns(Record(run_id, *row), event, run_id)
             if event.run_id != rid or event.seq != seq + 1:
                 apply(_replace(run, seq=seq), event)  # raises exactly what the pure fold raises
-            if typ is ev.RunCompleted and changed:  # the only run transition that reads the steps
-                flushed |= changed.keys()
-                base, changed, added = base.update(changed), {}, 0
+            if typ is ev.RunCompleted:  # the only run transition that reads the steps
+                if changed:
+                    flushed |= changed.keys()
+                    base, changed, added = base.update(changed), {}, 0
                 run = _replace(run, steps=base)
             run = _apply_run(run, event, _TAG_OF.get(typ) or ev.tag_of(event))
             admits, members = _step_admission(run)
