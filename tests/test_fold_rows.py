@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import msgspec
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -15,11 +16,13 @@ from effectlog import events as ev
 from effectlog.chain import Chain
 from effectlog.fold import Record, Row, RunState, fold_rows, replay_records, replay_records_fast
 from effectlog.integrity import verify_run
-from effectlog.journal import SqliteJournal, load_run
+from effectlog.journal import SqliteJournal, load_run, stored_rows
 from effectlog.plan import AdapterDecl, Plan, StepDecl
 from effectlog.runtime import Runtime
 from strategies import legal_histories
 from test_fold_fast import outcome, read_back_records_of, records_of
+
+pytest_plugins = ["pg_fixture"]
 
 
 def row_of(rec: Record) -> Row:
@@ -128,18 +131,42 @@ def test_a_record_of_another_run_is_refused_as_the_pure_fold_refuses_it(
     assert expected == outcome(replay_records_fast, records, chain, run_id=run_id)
 
 
+def noop_plan(run_id: str, steps: int) -> Plan:
+    return Plan(
+        run_id=run_id,
+        adapters={"noop": AdapterDecl(type="noop", idempotent=True)},
+        steps=tuple(StepDecl(id=f"step-{i}", adapter="noop") for i in range(steps)),
+    )
+
+
 def test_verify_and_load_run_over_sqlite_rows_equal_the_pure_fold_of_its_records(tmp_path: Path) -> None:
     """On a real SQLite journal with checkpoint segments (read as rows, no records), ``verify_run`` and
     ``load_run`` give the state the pure fold gives over ``read``'s records."""
     path = tmp_path / "j.db"
-    plan = Plan(
-        run_id="rows",
-        adapters={"noop": AdapterDecl(type="noop", idempotent=True)},
-        steps=tuple(StepDecl(id=f"step-{i}", adapter="noop") for i in range(400)),
-    )
     with Runtime(SqliteJournal(path, durability="normal")) as rt:
-        rt.run(plan)
+        rt.run(noop_plan("rows", 400))
     with SqliteJournal(path, writer=False) as journal:
+        assert stored_rows(journal, "rows") is not None
+        assert len(journal.stored_checkpoints("rows")) > 1
+        expected = replay_records(list(journal.read("rows")), journal.chain, run_id="rows")
+        assert expected == verify_run(journal, "rows")
+        assert expected == load_run(journal, "rows")
+
+
+@pytest.mark.postgres
+def test_verify_and_load_run_over_postgres_rows_equal_the_pure_fold_of_its_records(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same on PostgreSQL (its ``read_rows``), a segment every 16 events."""
+    from effectlog.journal import checkpoint
+    from effectlog.journal.postgres import PostgresJournal
+
+    monkeypatch.setattr(checkpoint, "EVERY_EVENTS", 16)
+
+    with Runtime(PostgresJournal(pg_url)) as rt:
+        rt.run(noop_plan("rows", 40))
+    with PostgresJournal(pg_url, writer=False) as journal:
+        assert stored_rows(journal, "rows") is not None
         assert len(journal.stored_checkpoints("rows")) > 1
         expected = replay_records(list(journal.read("rows")), journal.chain, run_id="rows")
         assert expected == verify_run(journal, "rows")

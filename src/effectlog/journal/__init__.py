@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
+import sys
 import zlib
 from collections.abc import Iterator
 
@@ -76,10 +77,14 @@ def load_run(journal: Journal, run_id: str) -> RunState:
 
 def stored_rows(journal: Journal, run_id: str) -> Iterator[Row] | None:
     """The run's rows as ``fold.fold_rows`` takes them, from a journal that reads them without a
-    ``Record`` each (SQLite's ``read_rows``), when its ``read`` is that journal's own (a subclass
-    that changes ``read`` is read through it); ``None`` otherwise: read its records."""
+    ``Record`` each (SQLite's and PostgreSQL's ``read_rows``), when its ``read`` is that journal's
+    own (a subclass that changes ``read`` is read through it); ``None`` otherwise: read its records."""
     if isinstance(journal, SqliteJournal) and type(journal).read is SqliteJournal.read:
         return journal.read_rows(run_id)
+    postgres = sys.modules.get("effectlog.journal.postgres")  # the optional backend: loaded once one is open
+    if postgres is not None and type(journal) is postgres.PostgresJournal:
+        rows: Iterator[Row] = journal.read_rows(run_id)  # type: ignore[attr-defined]
+        return rows
     return None
 
 
