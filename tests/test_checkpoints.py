@@ -17,8 +17,10 @@ from effectlog.adapters import EffectStore
 from effectlog.chain import GENESIS, Chain
 from effectlog.crashmatrix.processes import run_process
 from effectlog.errors import ChainBroken, CorruptEvent, IntegrityError
+from effectlog.fold import RunState
 from effectlog.integrity import verify_run
 from effectlog.journal import SqliteJournal, checkpoint, load_for_resume, load_run, resume_point
+from effectlog.journal.frontier import Frontier
 from effectlog.plan import AdapterDecl, Plan, StepDecl
 from effectlog.runtime import Runtime, SimulatedCrash
 
@@ -352,3 +354,55 @@ def test_segments_are_stored_compressed_and_plain_ones_of_earlier_journals_still
         assert "completed" == rt.run(plan).state
     with SqliteJournal(path, writer=False) as journal:
         assert "completed" == verify_run(journal, "r").state
+
+
+def _segment_row_as_before(state: RunState, changed: list[str], frontier: Frontier | None) -> bytes:
+    """``segment_row``'s body as it was built before it decoded its JSON into the slim twins: through
+    ``Segment`` (each step a ``StepState``), then each step rebuilt as a ``_SlimStep``."""
+    import zlib
+
+    segment = checkpoint.Segment(
+        **{f: getattr(state, f) for f in checkpoint.Segment.__struct_fields__ if f not in ("steps", "frontier")},
+        steps=sorted((state.steps[s] for s in changed if s in state.steps), key=lambda s: s.index),
+        frontier=frontier,
+    )
+    segment = msgspec.json.decode(msgspec.json.encode(segment), type=checkpoint.Segment)
+    slim = checkpoint._SlimStep
+    segment = msgspec.structs.replace(segment, steps=[slim(*msgspec.structs.astuple(s)) for s in segment.steps])
+    if segment.frontier is not None:
+        opened = [slim(*msgspec.structs.astuple(s)) for s in segment.frontier.open]
+        segment = msgspec.structs.replace(segment, frontier=msgspec.structs.replace(segment.frontier, open=opened))
+    return zlib.compress(msgspec.msgpack.encode(segment), 1)
+
+
+def test_a_segment_body_is_byte_for_byte_what_it_was_before_the_slim_decode() -> None:
+    """``segment_row`` decodes the state's JSON straight into slim twins of ``Segment``, ``Frontier``
+    and ``StepState`` instead of building each step as a ``StepState`` first (issue 18, hot path):
+    the stored bytes are unchanged, for steps with bytes and nested receipts, args, approvals,
+    failures, open steps in the frontier and run-level fields set, and for no frontier at all."""
+    from effectlog import events as ev
+    from effectlog.fold import replay
+
+    ids = [f"s{i}" for i in range(5)]
+    plan = {"steps": [{"id": s} for s in ids]}
+    adapters = {"t": ev.AdapterIdentity(type="t", version="1", idempotent=True)}
+    events: list[ev.Event] = [ev.RunStarted(run_id="r", seq=1, ts=1, plan=plan, plan_digest="d", adapters=adapters)]
+
+    def add(cls: type[ev.Event], **fields: object) -> None:
+        events.append(cls(run_id="r", seq=len(events) + 1, ts=len(events) * 10, **fields))
+
+    receipts = [b"\x00\xffraw", {"nested": [1, 2.5, None, {"b": b"x"}], "text": "é"}, None]
+    for i, receipt in enumerate(receipts):
+        add(ev.StepRequested, step_id=ids[i], adapter="t", idempotency_key=f"k{i}", args_digest="a", idempotent=True)
+        add(ev.StepEffected, step_id=ids[i], receipt=receipt, ok=i != 2)
+        if i != 2:
+            add(ev.StepConfirmed, step_id=ids[i])
+    add(ev.StepDenied, step_id=ids[3], decision="require_approval", by="policy", reason="held", args_digest="a")
+    add(ev.StepApproved, step_id=ids[3], by="alice", args_digest="a", expires_at=99)
+    add(ev.StepFailed, step_id=ids[2], reason="no", applied=None)
+    add(ev.RunFailed, step_id=ids[2], reason="no")
+    state = replay(events)
+    frontier = Frontier(prefix=2, count=4, done_after=[], open=[state.steps[ids[2]], state.steps[ids[3]]])
+    for changed, front in ((ids, frontier), (ids[1:3], None), ([], frontier)):
+        expected = _segment_row_as_before(state, changed, front)
+        assert expected == checkpoint.segment_row(state, changed, front)[2]

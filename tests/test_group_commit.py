@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -135,6 +136,46 @@ def test_a_crash_inside_a_shared_commit_reaches_every_run_in_it(tmp_path: Path) 
         results = asyncio.run(all_runs())
         assert [SimulatedCrash] * RUNS == [type(r) for r in results]
         assert [] == rt.journal.runs()
+
+
+@pytest.mark.parametrize(("active", "on_loop_thread"), [(2, True), (3, False)])
+def test_a_shared_commit_runs_inline_only_when_every_active_run_waits_for_it(
+    tmp_path: Path, active: int, on_loop_thread: bool
+) -> None:
+    """Two batches share a commit. With two active runs, both wait for it, so it runs on the event
+    loop's thread (no hop to a worker); with a third run active elsewhere (say, its tool on a thread)
+    it runs on a worker thread, so the loop stays free for that run. Both store both batches."""
+    threads: list[int] = []
+    with SqliteJournal(tmp_path / "j.db") as journal:
+        journal.before_commit = lambda events: threads.append(threading.get_ident())
+        writer = JournalWriter(journal)
+        writer.active_runs = active
+
+        async def two() -> list[list[Record]]:
+            return list(await asyncio.gather(writer.append(sample_run("a", 1)), writer.append(sample_run("b", 1))))
+
+        a, b = asyncio.run(two())
+        assert [len(sample_run("a", 1))] * 2 == [len(a), len(b)]
+        assert ["a", "b"] == journal.runs()
+    assert [on_loop_thread] == [t == threading.get_ident() for t in threads]  # one commit for both
+
+
+def test_concurrent_runs_with_nothing_else_to_do_commit_on_the_loop_thread(tmp_path: Path) -> None:
+    """Eight no-op runs: every commit they share carries a batch of every active run, so each runs
+    inline on the event loop's thread, and the runs complete every step."""
+    shared: list[bool] = []
+    with Runtime(tmp_path / "j.db") as rt:
+
+        def note(events: Sequence[ev.Event]) -> None:
+            if len({e.run_id for e in events}) > 1:
+                shared.append(threading.get_ident() == main)
+
+        main = threading.get_ident()
+        rt.journal.before_commit = note  # type: ignore[attr-defined]
+        outcomes = asyncio.run(rt.arun_many(plans()))
+    assert ["completed"] * RUNS == [o.state for o in outcomes]
+    assert shared
+    assert [True] * len(shared) == shared
 
 
 @pytest.mark.parametrize("runs", [1, 2])

@@ -15,7 +15,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -55,7 +55,7 @@ class RunActor:
         self.adapters, self.identities = runtime.registry.build(plan, runtime.context)
         # A closed run is reported from its seal (no step states built); an open one resumes.
         closed = load_closed(runtime.journal, plan.run_id)
-        self._closed_steps: list[StepSummary] | None = None
+        self._closed_steps: Sequence[StepSummary] | None = None
         self._segment_seq, self._changed = 0, set[str]()  # the run's last checkpoint segment, steps changed since
         self._tracker: Tracker | None = None  # the frontier its segments carry (journal/frontier.py)
         self._skip = 0  # the plan's first steps known done: the walk starts after them

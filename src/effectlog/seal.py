@@ -12,12 +12,22 @@ Re-running a closed run then costs one seal instead of a replay of its whole his
 seal is replayed in full. A seal that is no longer bound to the head is evidence, not a
 cache miss: the run's tail was cut or its last event (or the seal) edited, so
 ``check_bound`` raises ``Truncated`` or ``ChainBroken`` and nothing runs.
+
+A seal's body is two zlib streams, one after the other: the run-level fields, with ``steps``
+the number of steps, then the steps as ``[id, state, attempt]`` rows. A re-run inflates the
+first alone and hands the second, still compressed, to the outcome's ``StepRows``, which
+builds the rows if and when they are read: a re-run's cost does not grow with the run's
+length. (The whole body is still hashed against the chain head before anything is read.)
+A seal written before this layout is one stream whose ``steps`` is the list of rows; it is
+read as before. An older effectlog reading a two-stream seal finds ``steps`` a number where it
+expects a list, so it treats the seal as unusable and replays the run in full.
 """
 
 from __future__ import annotations
 
 import zlib
 from collections.abc import Sequence
+from functools import partial
 from typing import Any, Protocol, runtime_checkable
 
 import immutables
@@ -27,7 +37,7 @@ from effectlog import events as ev
 from effectlog.chain import Chain
 from effectlog.errors import ChainBroken, CorruptEvent, Truncated
 from effectlog.fold import Record, RunState, StepState, state_from_summary
-from effectlog.outcome import StepSummary
+from effectlog.outcome import StepRows, StepSummary
 
 SealRow = tuple[str, int, bytes]  # (run id, seq of the closing event, encoded seal)
 StoredSeal = tuple[str, int, bytes, bytes]  # a seals row: (run id, seq, encoded seal, hash)
@@ -69,15 +79,24 @@ class _SummaryRow(msgspec.Struct, frozen=True, array_like=True, gc=False):
     attempt: int
 
 
-class _SummarySeal(RunSeal, frozen=True, kw_only=True, omit_defaults=True):
-    """A seal read for a re-run's report: each step as ``[id, state, attempt]``."""
+class _SealHeader(RunSeal, frozen=True, kw_only=True, omit_defaults=True):
+    """A seal's first stream as written: the run-level fields, and how many rows the second holds."""
 
-    steps: list[_SummaryRow] = []  # type: ignore[assignment]
+    steps: int = 0  # type: ignore[assignment]
 
 
+class _SealHead(RunSeal, frozen=True, kw_only=True, omit_defaults=True):
+    """A seal's first stream as read: ``steps`` left undecoded (a count, or a one-stream seal's rows)."""
+
+    steps: msgspec.Raw = msgspec.Raw()  # type: ignore[assignment]
+
+
+_RUN_LEVEL = tuple(name for name in RunSeal.__struct_fields__ if name != "steps")
 _encoder = msgspec.json.Encoder(order="sorted")
-_decoder = msgspec.json.Decoder(RunSeal)
-_summary_decoder = msgspec.json.Decoder(_SummarySeal)
+_head_decoder = msgspec.json.Decoder(_SealHead)
+_count_decoder = msgspec.json.Decoder(int)
+_steps_decoder = msgspec.json.Decoder(list[SealedStep])
+_rows_decoder = msgspec.json.Decoder(list[_SummaryRow])
 
 
 @runtime_checkable
@@ -98,8 +117,10 @@ class SealingJournal(Protocol):
 
 
 def seal_row(state: RunState) -> SealRow:
-    """The seal of a closed run's state, compressed (step ids repeat a lot)."""
-    seal = RunSeal(
+    """The seal of a closed run's state: its run-level fields and its rows, each compressed (step ids
+    repeat a lot), as two streams (see the module docstring)."""
+    rows = [SealedStep(s.step_id, s.state, s.attempt) for s in state.ordered_steps()]
+    header = _SealHeader(
         run_id=state.run_id,
         seq=state.seq,
         state=state.state,
@@ -114,27 +135,83 @@ def seal_row(state: RunState) -> SealRow:
         updated_ts=state.updated_ts,
         effect_store=state.effect_store,
         deadline=state.deadline,
-        steps=[SealedStep(s.step_id, s.state, s.attempt) for s in state.ordered_steps()],
+        steps=len(rows),
     )
-    return state.run_id, state.seq, zlib.compress(_encoder.encode(seal), 6)
+    body = zlib.compress(_encoder.encode(header), 6) + zlib.compress(_encoder.encode(rows), 6)
+    return state.run_id, state.seq, body
+
+
+def _open(body: bytes) -> tuple[_SealHead, bytes | None, int | None]:
+    """A seal's run-level fields, its rows' stream (``None``: a one-stream seal, whose rows are in
+    ``head.steps``) and their count (``None`` for a one-stream seal). Inflates the first stream only."""
+    inflater = zlib.decompressobj()
+    first = inflater.decompress(body)
+    if not inflater.eof:
+        raise zlib.error("the seal ends inside its first stream")
+    head = _head_decoder.decode(first)
+    rest = inflater.unused_data
+    if not rest:
+        return head, None, None
+    count = _count_decoder.decode(head.steps) if len(head.steps) else 0
+    if count < 0:
+        raise msgspec.ValidationError(f"the seal says it has {count} steps")
+    return head, rest, count
+
+
+def _rows_text(head: _SealHead, rest: bytes | None) -> bytes | msgspec.Raw:
+    """The rows' JSON: inflated from the second stream, which must end the body exactly."""
+    if rest is None:
+        return head.steps if len(head.steps) else b"[]"
+    inflater = zlib.decompressobj()
+    text = inflater.decompress(rest)
+    if not inflater.eof or inflater.unused_data:
+        raise zlib.error("the seal's rows do not end the seal")
+    return text
+
+
+def _decoded(body: bytes) -> RunSeal:
+    """The whole seal, rows included (its number of rows checked against its count)."""
+    head, rest, count = _open(body)
+    steps = _steps_decoder.decode(_rows_text(head, rest))
+    if count is not None and len(steps) != count:
+        raise msgspec.ValidationError(f"the seal says it has {count} steps and holds {len(steps)}")
+    return RunSeal(**{name: getattr(head, name) for name in _RUN_LEVEL}, steps=steps)
 
 
 def state_from_seal(body: bytes, head: bytes) -> RunState:
     """The summary state a seal stands for (equal to ``sealed_view`` of the full replay)."""
-    seal = _decoder.decode(zlib.decompress(body))
+    seal = _decoded(body)
     return _run_fields(seal, head, _seal_steps(seal))
 
 
-def closed_summary(body: bytes, head: bytes) -> tuple[RunState, list[StepSummary]]:
-    """What a re-run of a closed run reports, without building a step state per step.
+def closed_summary(body: bytes, head: bytes) -> tuple[RunState, StepRows]:
+    """What a re-run of a closed run reports, in time that does not grow with the run.
 
-    The run-level fields of ``state_from_seal`` (its ``steps`` map left empty) and the
-    outcome's step rows in order: a closed run is only reported, never driven, so its
-    33k step states and their map (most of a re-run's time) are not needed.
+    The run-level fields of ``state_from_seal`` (its ``steps`` map left empty: a closed run is
+    only reported, never driven) and the outcome's step rows, built from the seal's second
+    stream, held compressed in memory, when first read (``outcome.StepRows``). Rows that do not
+    decode then raise ``CorruptEvent`` on ``seals.body``.
     """
-    seal = _summary_decoder.decode(zlib.decompress(body))
-    rows = [StepSummary(id=s.step_id, state=s.state, attempt=s.attempt) for s in seal.steps]
+    seal, rest, count = _open(body)
+    rows = StepRows(partial(_summary_rows, seal, rest, count), count)
     return _run_fields(seal, head, immutables.Map()), rows
+
+
+def _summary_rows(seal: _SealHead, rest: bytes | None, count: int | None) -> list[StepSummary]:
+    try:
+        rows = _rows_decoder.decode(_rows_text(seal, rest))
+    except (zlib.error, msgspec.DecodeError) as exc:
+        raise CorruptEvent(
+            f"the run's seal's step rows do not decode: {exc}", run_id=seal.run_id, seq=seal.seq, column="seals.body"
+        ) from None
+    if count is not None and len(rows) != count:
+        raise CorruptEvent(
+            f"the run's seal says it has {count} steps and holds {len(rows)}",
+            run_id=seal.run_id,
+            seq=seal.seq,
+            column="seals.body",
+        )
+    return [StepSummary(id=r.step_id, state=r.state, attempt=r.attempt) for r in rows]
 
 
 def _seal_steps(seal: RunSeal) -> immutables.Map[str, StepState]:
@@ -146,7 +223,7 @@ def _seal_steps(seal: RunSeal) -> immutables.Map[str, StepState]:
     )
 
 
-def _run_fields(seal: RunSeal | _SummarySeal, head: bytes, steps: immutables.Map[str, StepState]) -> RunState:
+def _run_fields(seal: RunSeal, head: bytes, steps: immutables.Map[str, StepState]) -> RunState:
     return state_from_summary(seal, head=head, steps=steps)
 
 
@@ -191,7 +268,7 @@ def check_seal(stored: StoredSeal, state: RunState, chain: Chain) -> None:
     check_bound(stored, (state.seq, state.head), chain)
     run_id, seq, body, _ = stored
     try:
-        seal = _decoder.decode(zlib.decompress(body))
+        seal = _decoded(body)
     except (zlib.error, msgspec.DecodeError, msgspec.ValidationError) as exc:
         raise CorruptEvent(
             f"the run's seal does not decode: {exc}", run_id=run_id, seq=seq, column="seals.body"

@@ -14,7 +14,15 @@ from typing import Any, TextIO
 
 import msgspec
 
-_json = msgspec.json.Encoder(order="sorted")
+
+def _enc_hook(value: Any) -> Any:
+    """A closed run's outcome holds its step rows lazily (``outcome.StepRows``): encoded as their list."""
+    from effectlog.outcome import enc_hook
+
+    return enc_hook(value)
+
+
+_json = msgspec.json.Encoder(order="sorted", enc_hook=_enc_hook)
 
 
 class _Stdout:

@@ -198,9 +198,9 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def run_json(outcome: Any, journal: str) -> dict[str, Any]:
     """``run --json``: the outcome, and the command a stopped or suspended run needs next."""
-    from effectlog.outcome import reconcile_hint
+    from effectlog.outcome import enc_hook, reconcile_hint
 
-    data: dict[str, Any] = msgspec.to_builtins(outcome)
+    data: dict[str, Any] = msgspec.to_builtins(outcome, enc_hook=enc_hook)
     step = outcome.step_id
     stopped = outcome.state == "stopped" and step is not None
     suspended = outcome.state == "suspended" and step is not None

@@ -7,7 +7,7 @@ import gc
 import os
 import sys
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import immutables
 import msgspec
@@ -229,9 +229,9 @@ def load_resumable(journal: Journal, run_id: str) -> RunState:
     return sealed if sealed is not None else load_run(journal, run_id)
 
 
-def load_closed(journal: Journal, run_id: str) -> tuple[RunState, list[StepSummary]] | None:
-    """A closed run's report from its seal (``seal.closed_summary``: run-level fields, step rows,
-    no step states); ``None`` without a usable seal. Raises as ``load_sealed`` does."""
+def load_closed(journal: Journal, run_id: str) -> tuple[RunState, Sequence[StepSummary]] | None:
+    """A closed run's report from its seal (``seal.closed_summary``: run-level fields, and step rows
+    built when first read, no step states); ``None`` without a usable seal. Raises as ``load_sealed`` does."""
     if not isinstance(journal, SealingJournal):
         return None
     found = journal.sealed(run_id)

@@ -135,27 +135,46 @@ def forwarding(journal: object) -> bool:
     return all(getattr(getattr(cls, name, None), "__effectlog_forwards__", False) for name in names)
 
 
+def _twin(cls: type[Any], name: str, types: dict[str, Any], **config: Any) -> type[Any]:
+    """A struct with ``cls``'s fields in the same order with the same defaults, their types replaced
+    by ``types`` (``Any`` for those it does not name when ``loose``): it encodes as ``cls`` would
+    encode the same values."""
+    loose = config.pop("loose", False)
+    fields: list[tuple[str, Any] | tuple[str, Any, Any]] = []
+    for f in msgspec.structs.fields(cls):
+        typ = types.get(f.name, Any if loose else f.type)
+        if f.required:
+            fields.append((f.name, typ))
+        elif f.default is not msgspec.NODEFAULT:
+            fields.append((f.name, typ, f.default))
+        else:
+            fields.append((f.name, typ, msgspec.field(default_factory=f.default_factory)))
+    return msgspec.defstruct(name, fields, **config)
+
+
 def _slim_type() -> type[Any]:
     """A twin of ``StepState`` with the same fields in the same order and ``omit_defaults``: a step is
     encoded with the fields it has set only (about a third), and decodes back as a ``StepState``
     (a missing key is its default). Half the bytes to read, hash and decode on every resume."""
-    fields: list[tuple[str, Any] | tuple[str, Any, Any]] = []
-    for f in msgspec.structs.fields(StepState):
-        if f.required:
-            fields.append((f.name, Any))
-        elif f.default is not msgspec.NODEFAULT:
-            fields.append((f.name, Any, f.default))
-        else:
-            fields.append((f.name, Any, msgspec.field(default_factory=f.default_factory)))
-    return msgspec.defstruct("SlimStep", fields, omit_defaults=True, gc=False)
+    return _twin(StepState, "SlimStep", {}, loose=True, omit_defaults=True, gc=False)
 
 
 _SlimStep = _slim_type()
-_astuple = msgspec.structs.astuple
+# The segment as written: ``Segment`` and ``Frontier`` with their steps as ``_SlimStep`` (same fields,
+# order and options, so the same bytes), for ``segment_row`` to decode its JSON into directly.
+_SlimFrontier = _twin(fr.Frontier, "SlimFrontier", {"open": list[_SlimStep]}, frozen=True, kw_only=True)  # type: ignore[valid-type]
+_SlimSegment = _twin(
+    Segment,
+    "SlimSegment",
+    {"steps": list[_SlimStep], "frontier": _SlimFrontier | None},  # type: ignore[valid-type]
+    frozen=True,
+    kw_only=True,
+    omit_defaults=True,
+)
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(Segment)
 _json_encoder = msgspec.json.Encoder()
-_json_decoder = msgspec.json.Decoder(Segment)
+_json_decoder = msgspec.json.Decoder(_SlimSegment)
 
 
 def _decode(body: bytes) -> Segment:
@@ -232,14 +251,12 @@ def segment_row(state: RunState, changed: Iterable[str], frontier: fr.Frontier |
     # The live state was built from the event objects before the journal encoded them as JSON, which
     # keeps some values otherwise (bytes in a receipt become base64 text): the segment must hold what
     # the replay of the journal gives, so it takes the same way through JSON first.
-    segment = _json_decoder.decode(_json_encoder.encode(segment))
-    segment = msgspec.structs.replace(segment, steps=[_SlimStep(*_astuple(s)) for s in segment.steps])
-    if segment.frontier is not None:
-        slim = [_SlimStep(*_astuple(s)) for s in segment.frontier.open]
-        segment = msgspec.structs.replace(segment, frontier=msgspec.structs.replace(segment.frontier, open=slim))
+    # Decoded straight into the slim twins: the values are the same as through ``Segment`` then
+    # ``_SlimStep(*astuple(step))`` per step (every slim field is ``Any``), without building each step twice.
+    slim = _json_decoder.decode(_json_encoder.encode(segment))
     # Compressed (zlib level 1, like a seal): a resume reads only the last segment (journal/frontier.py),
     # so inflating costs it one segment's worth, while every segment's bytes stay in the file for good.
-    return state.run_id, state.seq, zlib.compress(_encoder.encode(segment), 1)
+    return state.run_id, state.seq, zlib.compress(_encoder.encode(slim), 1)
 
 
 def _index(step: StepState) -> int:

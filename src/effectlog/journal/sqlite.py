@@ -516,7 +516,10 @@ class SqliteJournal:
                         digest = link(last_hash, body)
                         try:
                             step_key, phase, attempt = columns(event)
-                            insert(INSERT, (run_id, seq, step_key, phase, attempt, body, digest))
+                            # bytearray, not bytes: sqlite3 looks each bytes parameter up in its adapter
+                            # registry (two failed attribute lookups, one formatting an error message it
+                            # drops); a bytearray is bound as the same BLOB without that (tests/test_sqlite_blobs.py).
+                            insert(INSERT, (run_id, seq, step_key, phase, attempt, bytearray(body), bytearray(digest)))
                         except sqlite3.IntegrityError:
                             raise self._dedup_conflict(event) from None
                         heads[run_id] = (seq, digest)
