@@ -10,7 +10,8 @@ whole history.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable
+from collections.abc import Generator, Iterable, Iterator
+from itertools import chain as chained
 from typing import Any
 
 import immutables
@@ -190,15 +191,12 @@ def _apply_run(state: RunState, event: ev.Event, tag: str) -> RunState:
         changes.update(adapters={**state.adapters, **event.adapters})
     elif isinstance(event, ev.RunCompleted):
         if state.kind == "plan":
-            missing = [s for s in state.plan_steps if not _is_done(state.steps.get(s))]
+            steps = state.steps  # (``_is_done`` inline: this asks every step of the plan)
+            missing = [s for s in state.plan_steps if (step := steps.get(s)) is None or step.state not in DONE_STATES]
             if missing:
                 raise _illegal(state, event, f"run.completed with unfinished steps: {sorted(missing)}")
         changes.update(result=event.result)
     return _replace(state, **changes)
-
-
-def _is_done(step: StepState | None) -> bool:
-    return step is not None and step.state in DONE_STATES
 
 
 def _apply_step(state: RunState, event: ev.StepEvent, tag: str) -> RunState:
@@ -355,58 +353,118 @@ def replay_records(records: Iterable[Record], chain: Chain, state: RunState | No
     return _replace(state, head=head)
 
 
+# A stored row as a journal reads it back for a replay: seq, body, hash, step_id, phase, attempt (its run id
+# is the one asked for; the index columns are ``None`` where a record was not read back).
+Row = tuple[int, bytes, bytes, str | None, str | None, int | None]
+
+
 def replay_records_fast(
     records: Iterable[Record], chain: Chain, state: RunState | None = None, *, run_id: str
 ) -> RunState:
-    """``replay_records`` for a reader: the same checks, the same errors and the same state, cheaper.
+    """``replay_records`` for a reader: the same checks, the same errors and the same state, cheaper
+    (``replay_rows`` over the records' columns). A record of another run than ``run_id`` (no journal's
+    ``read`` gives one) and all after it go through ``replay_records`` from the state before it."""
+    it = iter(records)
+    stray: list[Record] = []
+    state = replay_rows(rows_of(it, run_id, stray), chain, state, run_id=run_id)
+    return replay_records(chained(stray, it), chain, state, run_id=run_id) if stray else state
+
+
+def rows_of(records: Iterator[Record], run_id: str, stray: list[Record]) -> Iterator[Row]:
+    """The records' ``Row``s up to the first record of another run than ``run_id``, which ends them and
+    is put in ``stray`` (the rest stay in ``records``): the caller replays it and the rest with
+    ``replay_records`` from the state ``fold_rows`` reached, so its error is the reference's."""
+    for rec in records:
+        if rec.run_id != run_id:
+            stray.append(rec)
+            return
+        yield rec.seq, rec.body, rec.hash, rec.step_id, rec.phase, rec.attempt
+
+
+def replay_rows(rows: Iterable[Row], chain: Chain, state: RunState | None = None, *, run_id: str) -> RunState:
+    """``fold_rows`` to the end: the state after every row."""
+    folding = fold_rows(rows, chain, state, run_id=run_id)
+    while True:
+        try:
+            next(folding)  # no stops: never yields
+        except StopIteration as done:
+            result: RunState = done.value
+            return result
+
+
+def fold_rows(
+    rows: Iterable[Row],
+    chain: Chain,
+    state: RunState | None = None,
+    *,
+    run_id: str,
+    stops: Iterable[int] = (),
+) -> Generator[tuple[RunState, set[str]], None, RunState]:
+    """``replay_records`` over stored rows of ``run_id`` (``Row``: a record's columns after its run id,
+    which is ``run_id``): the same checks, the same errors and the same state, cheaper; the state
+    after every row is the generator's return value. At each seq of ``stops`` (ascending) it yields
+    the state there and the ids of the steps changed since the previous stop (what ``verify`` compares
+    with a checkpoint segment; a stop it cannot reach is not yielded, one it has passed is yielded at
+    once with the state's seq not the stop's).
 
     The pure fold builds a new run state and a new map path for every event; this loop keeps
     the run-level state apart, collects changed steps in a dict over the starting map, and builds
-    the map once at the end. The three events of a step's happy path (its first ``step.requested``,
-    ``step.effected``, ``step.confirmed``) take a short path once every check ``_step_after`` makes
-    of them has passed (run admission, plan membership, attempt, the spec's fixed destination) and
-    make the same change; every other event, and every refusal, goes through the pure fold's own
-    ``_step_after`` and ``_apply_run``, so the errors are theirs. ``replay_records`` stays the
-    reference: tests check both give identical states (and raise the same errors) over random legal
-    histories, journals read back with their index columns, and the crash matrix's journals.
+    the map once at each stop and at the end. The three events of a step's happy path (its first
+    ``step.requested``, ``step.effected``, ``step.confirmed``) take a short path once every check
+    ``_step_after`` makes of them has passed (run admission, plan membership, attempt, the spec's
+    fixed destination) and make the same change; every other event, and every refusal, goes through
+    the pure fold's own ``_step_after`` and ``_apply_run``, and every row whose columns disagree with
+    its body or whose link breaks through ``_check_columns``/``_raise_if_moved`` with the row as a
+    ``Record``, so the errors are theirs. ``replay_records`` stays the reference: tests check both give
+    identical states (and raise the same errors) over random legal histories, tampered rows, journals
+    read back with their index columns, and the crash matrix's journals.
     """
     state = state if state is not None else initial(run_id)
     head, link = state.head, chain.link
     # Locals, and no Python frame per event for the decoder or an unkeyed link: this loop is the hot path.
     decode, sha256, keyed = ev._decoder.decode, hashlib.sha256, chain.key is not None
-    step_tag_of, fixed, step_after = _STEP_TAGS, _STEP_FIXED, _step_after
-    step_event, requested, effected, confirmed = ev.StepEvent, ev.StepRequested, ev.StepEffected, ev.StepConfirmed
+    step_tags, fixed, step_after = _STEP_TAGS, _STEP_FIXED, _step_after
+    requested, effected, confirmed = ev.StepRequested, ev.StepEffected, ev.StepConfirmed
     replace = _replace
     first = fixed.get((_STEP.spec.initial, _TAG_OF[requested]))  # a new step's state after its first request
     run, seq, ts, rid = state, state.seq, state.updated_ts, state.run_id
     admits, members = _step_admission(run)
     base = state.steps
     changed: dict[str, StepState] = {}
+    flushed: set[str] = set()  # steps changed since the last stop but moved into ``base`` (run.completed)
     added = 0  # steps seen that are not in ``base``
-    for rec in records:
-        body, digest = rec.body, rec.hash
+    upcoming = iter(stops)
+    stop = next(upcoming, -1)
+    for row in rows:
+        while seq >= stop >= 0:
+            base = base.update(changed) if changed else base
+            yield replace(run, seq=seq, updated_ts=ts, steps=base, head=head), flushed | changed.keys()
+            changed, flushed, added = {}, set(), 0
+            stop = next(upcoming, -1)
+        at_col, body, digest, sid_col, phase_col, attempt_col = row
         if (link(head, body) if keyed else sha256(head + body).digest()) != digest:
-            _raise_if_moved(rec, run_id)
-            raise ChainBroken("stored hash does not match the chain over the stored bytes", run_id=run_id, seq=rec.seq)
+            _raise_if_moved(Record(run_id, *row), run_id)
+            raise ChainBroken("stored hash does not match the chain over the stored bytes", run_id=run_id, seq=at_col)
         try:
-            event = decode(body)
+            event: Any = decode(body)  # (Any: the step fields below are read once ``step_tags`` says it is one)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-            raise CorruptEvent(f"event does not decode: {exc}", run_id=run_id, seq=rec.seq) from None
-        if isinstance(event, step_event):
-            typ, sid, at, attempt = type(event), event.step_id, event.seq, event.attempt
-            tag, phase = step_tag_of[typ]
-            stored = rec.step_id
-            if rec.seq != at or rec.run_id != event.run_id or (
-                stored is not None  # ``_moved``, inline
-                and (stored != sid or rec.attempt != attempt or rec.phase != (phase or event.phase))
+            raise CorruptEvent(f"event does not decode: {exc}", run_id=run_id, seq=at_col) from None
+        typ = type(event)
+        step_tag = step_tags.get(typ)
+        if step_tag is not None:  # a step event
+            sid, at, attempt = event.step_id, event.seq, event.attempt
+            tag, phase = step_tag
+            if at_col != at or event.run_id != run_id or (
+                sid_col is not None  # ``_moved``, inline
+                and (sid_col != sid or attempt_col != attempt or phase_col != (phase or event.phase))
             ):
-                _check_columns(rec, event, run_id)
+                _check_columns(Record(run_id, *row), event, run_id)
             if at != seq + 1 or event.run_id != rid:
                 apply(_replace(run, seq=seq), event)  # raises exactly what the pure fold raises
             step = changed.get(sid) or base.get(sid)
             if tag in admits and (members is None or sid in members):  # else ``_step_after`` refuses it
                 if step is None:
-                    if typ is requested and attempt == 1 and first is not None and isinstance(event, requested):
+                    if typ is requested and attempt == 1 and first is not None:
                         # ``_step_after``'s new step and its ``step.requested`` change, as one struct
                         changed[sid] = StepState(
                             step_id=sid, index=len(base) + added, state=first, last_seq=at,
@@ -420,11 +478,11 @@ def replay_records_fast(
                 elif attempt == step.attempt:
                     nxt = fixed.get((step.state, tag))
                     if nxt is not None:
-                        if typ is confirmed and isinstance(event, confirmed):
+                        if typ is confirmed:
                             changed[sid] = replace(step, state=nxt, last_seq=at, rebuilt=event.rebuilt)
                             seq, ts, head = at, event.ts, digest
                             continue
-                        if typ is effected and isinstance(event, effected):
+                        if typ is effected:
                             changed[sid] = replace(step, state=nxt, last_seq=at, receipt=event.receipt, ok=event.ok)
                             seq, ts, head = at, event.ts, digest
                             continue
@@ -434,19 +492,23 @@ def replay_records_fast(
             else:
                 changed[sid] = step_after(run, step, 0, event, tag)
         else:
-            if rec.run_id != event.run_id or rec.seq != event.seq or (
-                rec.step_id is not None and _moved(rec, event)
-            ):
-                _check_columns(rec, event, run_id)
+            if at_col != event.seq or event.run_id != run_id or (sid_col is not None and _moved_row(row, event)):
+                _check_columns(Record(run_id, *row), event, run_id)
             if event.run_id != rid or event.seq != seq + 1:
                 apply(_replace(run, seq=seq), event)  # raises exactly what the pure fold raises
-            if type(event) is ev.RunCompleted and changed:  # the only run transition that reads the steps
-                base, changed, added = base.update(changed), {}, 0
+            if typ is ev.RunCompleted:  # the only run transition that reads the steps
+                if changed:
+                    flushed |= changed.keys()
+                    base, changed, added = base.update(changed), {}, 0
                 run = _replace(run, steps=base)
-            run = _apply_run(run, event, _TAG_OF.get(type(event)) or ev.tag_of(event))
+            run = _apply_run(run, event, _TAG_OF.get(typ) or ev.tag_of(event))
             admits, members = _step_admission(run)
         seq, ts = event.seq, event.ts
         head = digest
+    if seq >= stop >= 0:
+        base = base.update(changed) if changed else base
+        yield replace(run, seq=seq, updated_ts=ts, steps=base, head=head), flushed | changed.keys()
+        changed, flushed = {}, set()
     return _replace(run, seq=seq, updated_ts=ts, steps=base.update(changed) if changed else base, head=head)
 
 
@@ -472,6 +534,11 @@ _FIXED_PHASE: dict[type[ev.Event], str] = {
 _STEP_TAGS: dict[type[ev.Event], tuple[str, str | None]] = {
     cls: (tag, _FIXED_PHASE.get(cls)) for cls, tag in _STEP_TAG_OF.items()
 }
+
+
+def _moved_row(row: Row, event: ev.Event) -> bool:
+    """``_moved`` of a ``Row`` (its run id is the one asked for, compared apart)."""
+    return _moved(Record("", *row), event)
 
 
 def _moved(rec: Record, event: ev.Event) -> bool:

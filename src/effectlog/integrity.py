@@ -11,11 +11,11 @@ of a run that has no events left is a cut run. Both backends share this one path
 
 from __future__ import annotations
 
-from itertools import islice
+from itertools import chain as chained
 
 from effectlog.errors import Truncated
-from effectlog.fold import RunState, initial, replay_records_fast
-from effectlog.journal import Journal, _no_cyclic_gc, load_run
+from effectlog.fold import Record, RunState, fold_rows, initial, replay_records, rows_of
+from effectlog.journal import Journal, _no_cyclic_gc, load_run, stored_rows
 from effectlog.journal.checkpoint import CheckpointJournal, StoredSegment, check_segments
 from effectlog.seal import SealingJournal, check_seal
 
@@ -40,18 +40,41 @@ def verify_run(journal: Journal, run_id: str) -> RunState:
 
 
 def _replay_checking_segments(journal: Journal, run_id: str, segments: list[StoredSegment]) -> RunState:
-    """The full replay, paused at each segment's seq to compare the segment with the state there."""
-    records = iter(journal.read(run_id))
-    state = initial(run_id)
+    """The full replay, one pass over the rows (``fold.fold_rows``), paused at each segment's seq to
+    compare the segment with the state there and the steps changed since the previous one."""
+    rows = stored_rows(journal, run_id)
+    records = iter(journal.read(run_id)) if rows is None else iter(())
+    stray: list[Record] = []  # a record of another run, from a journal's own ``read``: see ``fold.rows_of``
+    folding = fold_rows(
+        rows if rows is not None else rows_of(records, run_id, stray),
+        journal.chain,
+        initial(run_id),
+        run_id=run_id,
+        stops=[segment[1] for segment in segments],
+    )
+    final: list[RunState] = []
 
     def advance(seq: int) -> tuple[RunState, set[str]] | None:
-        nonlocal state
-        chunk = list(islice(records, max(0, seq - state.seq)))  # one read, cut at each segment
-        state = replay_records_fast(chunk, journal.chain, state, run_id=run_id)
-        return (state, {r.step_id or "" for r in chunk}) if state.seq == seq else None
+        if not final:
+            try:
+                state, touched = next(folding)
+                return (state, touched) if state.seq == seq else None
+            except StopIteration as done:
+                final.append(done.value)
+        if stray:  # the reference's error for it (or its state, and no stop left to reach)
+            final[0] = replay_records(chained(stray, records), journal.chain, final[0], run_id=run_id)
+            stray.clear()
+        return None
 
     check_segments(segments, advance, journal.chain)
-    return replay_records_fast(records, journal.chain, state, run_id=run_id)
+    while not final:  # every segment was reached: the rows after the last one
+        try:
+            next(folding)
+        except StopIteration as done:
+            final.append(done.value)
+    if stray:
+        return replay_records(chained(stray, records), journal.chain, final[0], run_id=run_id)
+    return final[0]
 
 
 def check_orphan_seals(journal: Journal, run_ids: list[str], only: str | None = None) -> None:

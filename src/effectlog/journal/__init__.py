@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
+import sys
 import zlib
 from collections.abc import Iterator, Sequence
 
@@ -12,7 +13,7 @@ import immutables
 import msgspec
 
 from effectlog.chain import Chain
-from effectlog.fold import Record, RunState, StepState, replay_records_fast
+from effectlog.fold import Record, Row, RunState, StepState, replay_records_fast, replay_rows
 from effectlog.journal import checkpoint
 from effectlog.journal import frontier as fr
 from effectlog.journal.checkpoint import CheckpointJournal
@@ -35,6 +36,7 @@ __all__ = [
     "open_journal",
     "refuse_cut",
     "resume_point",
+    "stored_rows",
 ]
 
 
@@ -67,7 +69,23 @@ def open_journal(location: str, *, writer: bool = True, chain: Chain | None = No
 def load_run(journal: Journal, run_id: str) -> RunState:
     """Replay one run from the journal, checking chain, sequence and legality."""
     with _no_cyclic_gc():
+        rows = stored_rows(journal, run_id)
+        if rows is not None:
+            return replay_rows(rows, journal.chain, run_id=run_id)
         return replay_records_fast(journal.read(run_id), journal.chain, run_id=run_id)
+
+
+def stored_rows(journal: Journal, run_id: str) -> Iterator[Row] | None:
+    """The run's rows as ``fold.fold_rows`` takes them, from a journal that reads them without a
+    ``Record`` each (SQLite's and PostgreSQL's ``read_rows``), when its ``read`` is that journal's
+    own (a subclass that changes ``read`` is read through it); ``None`` otherwise: read its records."""
+    if isinstance(journal, SqliteJournal) and type(journal).read is SqliteJournal.read:
+        return journal.read_rows(run_id)
+    postgres = sys.modules.get("effectlog.journal.postgres")  # the optional backend: loaded once one is open
+    if postgres is not None and type(journal) is postgres.PostgresJournal:
+        rows: Iterator[Row] = journal.read_rows(run_id)  # type: ignore[attr-defined]
+        return rows
+    return None
 
 
 @contextlib.contextmanager

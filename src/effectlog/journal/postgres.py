@@ -59,7 +59,7 @@ from effectlog.errors import (
     StorageError,
 )
 from effectlog.events import Event, encode
-from effectlog.fold import Record
+from effectlog.fold import Record, Row
 from effectlog.journal import checkpoint
 from effectlog.journal.bindings import check_binding, lease_holder
 from effectlog.journal.ownership import (
@@ -728,13 +728,18 @@ class PostgresJournal:
         return EventConflict("a step's phase and attempt are already recorded", run_id=events[0].run_id)
 
     def read(self, run_id: str, after_seq: int = 0) -> Iterator[Record]:
+        for row in self.read_rows(run_id, after_seq):
+            yield Record(run_id, *row)
+
+    def read_rows(self, run_id: str, after_seq: int = 0) -> Iterator[Row]:
+        """``read``'s rows as ``fold.fold_rows`` takes them, without a ``Record`` per row (as SQLite's)."""
         try:
             with self._pool.connection() as conn:
                 rows = conn.execute(READ, (run_id, after_seq)).fetchall()
         except (psycopg.Error, PoolTimeout) as exc:
             raise translate(exc, self.location) from None
         for seq, body, digest, step_id, phase, attempt in rows:
-            yield Record(run_id, int(seq), bytes(body), bytes(digest), step_id, phase, attempt)
+            yield int(seq), bytes(body), bytes(digest), step_id, phase, attempt
 
     def runs(self) -> list[str]:
         try:

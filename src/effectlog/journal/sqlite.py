@@ -26,6 +26,7 @@ import sqlite3
 import time
 from collections.abc import Callable, Iterator, Sequence
 from functools import partial
+from itertools import chain as chained
 from itertools import starmap
 from pathlib import Path
 from typing import Any
@@ -41,7 +42,7 @@ from effectlog.errors import (
     StorageError,
 )
 from effectlog.events import Event, encode, index_columns
-from effectlog.fold import Record
+from effectlog.fold import Record, Row
 from effectlog.journal import checkpoint, filelocks
 from effectlog.journal.bindings import check_binding, lease_holder
 from effectlog.journal.ownership import (
@@ -704,12 +705,21 @@ class SqliteJournal:
         # so nothing stays open on the writer's connection between pages; the log is
         # append-only and gap-free per run, so the pages are the history as of the last one.
         record = partial(Record, run_id)
+        for rows in self._pages(run_id, after_seq):
+            yield from starmap(record, rows)  # BLOBs come back as bytes
+
+    def read_rows(self, run_id: str, after_seq: int = 0) -> Iterator[Row]:
+        """``read``'s rows as ``fold.fold_rows`` takes them, without a ``Record`` per row (``verify``,
+        ``load_run``: about a tenth of a replay's reading)."""
+        return chained.from_iterable(self._pages(run_id, after_seq))
+
+    def _pages(self, run_id: str, after_seq: int) -> Iterator[list[Row]]:
         while True:
             try:
-                rows = self._db.execute(READ_PAGE, (run_id, after_seq, READ_PAGE_ROWS)).fetchall()
+                rows: list[Row] = self._db.execute(READ_PAGE, (run_id, after_seq, READ_PAGE_ROWS)).fetchall()
             except sqlite3.Error as exc:
                 raise translate(exc, self.location) from None
-            yield from starmap(record, rows)  # BLOBs come back as bytes
+            yield rows
             if len(rows) < READ_PAGE_ROWS:
                 return
             after_seq = rows[-1][0]

@@ -1,0 +1,173 @@
+"""The one-pass replay over stored rows (``fold.fold_rows``, what ``verify`` and ``load_run`` run over
+SQLite's ``read_rows``): the states it yields at its stops are the pure fold's at those seqs with the
+steps changed in between, and every tamper of the rows (a byte of a body or a hash, a column, a row
+dropped, duplicated or swapped) is refused with the pure fold's error, at the same seq and column."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import msgspec
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from effectlog import events as ev
+from effectlog.chain import Chain
+from effectlog.fold import Record, Row, RunState, fold_rows, replay_records, replay_records_fast
+from effectlog.integrity import verify_run
+from effectlog.journal import SqliteJournal, load_run, stored_rows
+from effectlog.plan import AdapterDecl, Plan, StepDecl
+from effectlog.runtime import Runtime
+from strategies import legal_histories
+from test_fold_fast import outcome, read_back_records_of, records_of
+
+pytest_plugins = ["pg_fixture"]
+
+
+def row_of(rec: Record) -> Row:
+    return rec.seq, rec.body, rec.hash, rec.step_id, rec.phase, rec.attempt
+
+
+def drain(
+    rows: list[Row], chain: Chain, run_id: str, stops: list[int]
+) -> tuple[list[tuple[RunState, set[str]]], RunState]:
+    """Every (state, changed steps) ``fold_rows`` yields at ``stops``, and its final state."""
+    folding, seen = fold_rows(rows, chain, run_id=run_id, stops=stops), []
+    while True:
+        try:
+            seen.append(next(folding))
+        except StopIteration as done:
+            return seen, done.value
+
+
+@given(history=legal_histories(max_events=60), keyed=st.booleans(), data=st.data())
+def test_each_stop_yields_the_pure_folds_state_there_and_the_steps_changed_since(
+    history: list[ev.Event], keyed: bool, data: st.DataObject
+) -> None:
+    """At each reachable stop (seq 0 included) the state is the pure fold's of the rows up to it and the
+    ids are the steps the rows since the previous stop changed; stops past the end are not yielded;
+    the final state is the pure fold's of all."""
+    chain = Chain(b"k" if keyed else None)
+    records = read_back_records_of(history, chain)
+    run_id, last = history[0].run_id, len(records)
+    stops = sorted(data.draw(st.sets(st.integers(0, last + 3), max_size=8), label="stops"))
+    seen, final = drain([row_of(r) for r in records], chain, run_id, stops)
+    expected = []
+    previous = 0
+    for stop in (s for s in stops if s <= last):
+        steps = {e.step_key for e in history[previous:stop] if e.step_key}
+        expected.append((replay_records(records[:stop], chain, run_id=run_id), steps))
+        previous = stop
+    assert expected == seen
+    assert replay_records(records, chain, run_id=run_id) == final
+
+
+TAMPERS = ["body", "hash", "seq", "step_id", "phase", "attempt", "drop", "duplicate", "swap"]
+
+
+def tampered(records: list[Record], kind: str, data: st.DataObject) -> list[Record]:
+    """``records`` with one tamper of ``kind`` (what a damaged or edited journal reads back as)."""
+    out = list(records)
+    i = data.draw(st.integers(0, len(out) - 1), label="row")
+    rec = out[i]
+    if kind in ("body", "hash"):
+        stored = bytearray(getattr(rec, kind))
+        stored[data.draw(st.integers(0, len(stored) - 1), label="byte")] ^= data.draw(st.integers(1, 255), label="mask")
+        out[i] = msgspec.structs.replace(rec, **{kind: bytes(stored)})
+    elif kind == "seq":
+        out[i] = msgspec.structs.replace(rec, seq=rec.seq + data.draw(st.sampled_from([-1, 1, 7]), label="by"))
+    elif kind == "attempt":
+        out[i] = msgspec.structs.replace(rec, attempt=(rec.attempt or 0) + 1)
+    elif kind in ("step_id", "phase"):
+        value = data.draw(st.sampled_from(["", "x", "step.confirmed", "step.requested"]), label="value")
+        out[i] = msgspec.structs.replace(rec, **{kind: value if value != getattr(rec, kind) else "y"})
+    elif kind == "drop":
+        del out[i]
+    elif kind == "duplicate":
+        out.insert(i, rec)
+    else:
+        j = data.draw(st.integers(0, len(out) - 1), label="other")
+        out[i], out[j] = out[j], out[i]
+    return out
+
+
+@settings(max_examples=300)
+@given(history=legal_histories(max_events=40), keyed=st.booleans(), kind=st.sampled_from(TAMPERS), data=st.data())
+def test_every_tamper_is_refused_as_the_pure_fold_refuses_it(
+    history: list[ev.Event], keyed: bool, kind: str, data: st.DataObject
+) -> None:
+    """One tampered row (a flipped byte of a body or a hash; a changed seq, step_id, phase or attempt
+    column; a row dropped, duplicated or two swapped): the one-pass fold over rows, with stops or
+    without, and the replay-only fold over records end exactly as the pure fold does: the same error
+    type, message, run, seq, step and column (or, where the tamper changes nothing the fold reads, such
+    as a swap of a row with itself, the same state)."""
+    chain = Chain(b"k" if keyed else None)
+    records = tampered(read_back_records_of(history, chain), kind, data)
+    run_id = history[0].run_id
+    expected = outcome(replay_records, records, chain, run_id=run_id)
+    stops = sorted(data.draw(st.sets(st.integers(0, len(records) + 1), max_size=5), label="stops"))
+
+    def through_rows() -> RunState:
+        return drain([row_of(r) for r in records], chain, run_id, stops)[1]
+
+    assert expected == outcome(through_rows)
+    assert expected == outcome(replay_records_fast, records, chain, run_id=run_id)
+
+
+@given(history=legal_histories(max_events=30), data=st.data())
+def test_a_record_of_another_run_is_refused_as_the_pure_fold_refuses_it(
+    history: list[ev.Event], data: st.DataObject
+) -> None:
+    """A record whose run_id column names another run (no journal's ``read`` gives one, a custom
+    journal's might): the replay-only fold hands it and the rest to the pure fold, same error."""
+    chain = Chain()
+    records = records_of(history, chain)
+    i = data.draw(st.integers(0, len(records) - 1), label="row")
+    records[i] = msgspec.structs.replace(records[i], run_id="another-run")
+    run_id = history[0].run_id
+    expected = outcome(replay_records, records, chain, run_id=run_id)
+    assert isinstance(expected, tuple)
+    assert expected == outcome(replay_records_fast, records, chain, run_id=run_id)
+
+
+def noop_plan(run_id: str, steps: int) -> Plan:
+    return Plan(
+        run_id=run_id,
+        adapters={"noop": AdapterDecl(type="noop", idempotent=True)},
+        steps=tuple(StepDecl(id=f"step-{i}", adapter="noop") for i in range(steps)),
+    )
+
+
+def test_verify_and_load_run_over_sqlite_rows_equal_the_pure_fold_of_its_records(tmp_path: Path) -> None:
+    """On a real SQLite journal with checkpoint segments (read as rows, no records), ``verify_run`` and
+    ``load_run`` give the state the pure fold gives over ``read``'s records."""
+    path = tmp_path / "j.db"
+    with Runtime(SqliteJournal(path, durability="normal")) as rt:
+        rt.run(noop_plan("rows", 400))
+    with SqliteJournal(path, writer=False) as journal:
+        assert stored_rows(journal, "rows") is not None
+        assert len(journal.stored_checkpoints("rows")) > 1
+        expected = replay_records(list(journal.read("rows")), journal.chain, run_id="rows")
+        assert expected == verify_run(journal, "rows")
+        assert expected == load_run(journal, "rows")
+
+
+@pytest.mark.postgres
+def test_verify_and_load_run_over_postgres_rows_equal_the_pure_fold_of_its_records(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same on PostgreSQL (its ``read_rows``), a segment every 16 events."""
+    from effectlog.journal import checkpoint
+    from effectlog.journal.postgres import PostgresJournal
+
+    monkeypatch.setattr(checkpoint, "EVERY_EVENTS", 16)
+
+    with Runtime(PostgresJournal(pg_url)) as rt:
+        rt.run(noop_plan("rows", 40))
+    with PostgresJournal(pg_url, writer=False) as journal:
+        assert stored_rows(journal, "rows") is not None
+        assert len(journal.stored_checkpoints("rows")) > 1
+        expected = replay_records(list(journal.read("rows")), journal.chain, run_id="rows")
+        assert expected == verify_run(journal, "rows")
+        assert expected == load_run(journal, "rows")
