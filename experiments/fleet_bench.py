@@ -492,14 +492,14 @@ def targets(results: dict[str, Any]) -> list[tuple[str, bool, str, str]]:
                 f" {lite[str(most)].get('claim_cpu_us', 0):.0f} µs at {most}, {lite['1'].get('claim_cpu_us', 0):.0f}"
                 " µs at 1",
                 "a claim is one write transaction through the file's one writer, whole (nothing of it runs outside"
-                " the transaction to overlap) and bound by its WAL fsync, so N processes can at best match 1;"
-                " what grew with N was CPU inside the transaction (each process's page cache is stale after"
-                " another's commit), which the queue index cut (the pick no longer reads every queued row). A"
-                " blocking gate (F_OFD_SETLKW) instead of the gate's 0.2-2 ms poll was tried and not kept: no"
-                " consistent rate gain, and at 2 processes it forced a hand-off every claim (a stale cache each"
-                " time, CPU per claim 187 -> 370 µs in a quiet A/B), where the poll lets the running process"
-                " claim again with its cache warm. The rest is rate noise on a disk and 2 cores shared with other"
-                " jobs",
+                " the transaction to overlap) and bound by its WAL fsync, so N processes can at best match 1: the"
+                " running process claiming again with its page cache warm while the others wait at little cost. What"
+                " grew with N was CPU: every queued row read per claim (cut by the queue index), then the waiters"
+                " polling the writers' gate (about one failed try per claim at 8 processes, each a wake-up on the 2"
+                " cores) and the hand-offs those polls won (~10% of claims, each to a process whose cache is stale);"
+                " now one waiter polls the gate and the others its lobby, so hand-offs are ~1% and CPU per claim at"
+                " 8 processes is the 1-process figure (docs/fleet.md, Numbers). What is left is rate noise: fsyncs"
+                " on a disk shared with other jobs take 50 µs or 1-4 ms by the second, and with them the rate",
             )
         )
         runs, at = _best(lite, "runs_per_s")

@@ -4,7 +4,11 @@ stale after another's commit, so every claim re-read every queued row)."""
 
 from __future__ import annotations
 
+import json
 import sqlite3
+import subprocess
+import sys
+from collections import Counter
 from pathlib import Path
 
 from effectlog.fleet import open_store
@@ -41,3 +45,80 @@ def test_a_store_without_the_queue_index_gets_it_when_opened_and_claims_oldest_f
     with open_store(str(path)) as store:
         assert [1, 2, 3] == [store.claim_next(f"r{i}", [], 60.0, 1)[0].request_id for i in range(3)]
     assert [] == [step for step in _plan(path) if "TEMP B-TREE" in step]
+
+
+# A claimer as a capacity-1 runner claims, until the queue is empty; it counts how often it had to wait for
+# the writers' gate and how often it was the lobby's head (the waiter that polls the gate).
+CLAIMER = """
+import json, sys
+from effectlog.fleet import open_store
+from effectlog.journal import filelocks
+
+waits, heads = [0], [0]
+take, wait = filelocks._take, filelocks.SharedFile._wait_gate
+
+def counted_take(fd, packed):
+    got = take(fd, packed)
+    heads[0] += got and packed == filelocks._LOBBY_WRLCK
+    return got
+
+def counted_wait(self, where, timeout_s):
+    waits[0] += 1
+    return wait(self, where, timeout_s)
+
+filelocks._take, filelocks.SharedFile._wait_gate = counted_take, counted_wait
+store = open_store(sys.argv[1])
+print("ready", flush=True)
+sys.stdin.readline()
+got = []
+while batch := store.claim_next(sys.argv[2], [], 300.0, 1):
+    got += [(lease.request_id, lease.token) for lease in batch]
+store.close()
+print(json.dumps({"got": got, "waits": waits[0], "heads": heads[0]}), flush=True)
+"""
+
+
+def test_four_processes_racing_through_the_gates_lobby_lease_each_of_400_requests_once(tmp_path: Path) -> None:
+    """Four claimer processes drain 400 queued requests one claim at a time, as capacity-1 runners do, all
+    at once, waiting at the writers' gate and its lobby.
+
+    Proves: every request is leased exactly once, with token 1 (what the claimers report, the
+    attempts and the history agree), and the race was real: the claimers waited at the gate and
+    went through the lobby.
+    """
+    path = str(tmp_path / "fleet.db")
+    with open_store(path) as store:
+        for i in range(400):
+            store.submit("race", f"k{i}", noop_plan(f"run-{i}"))
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", CLAIMER, path, f"claimer-{i}"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(4)
+    ]
+    for p in procs:
+        assert p.stdout is not None
+        assert "ready" == p.stdout.readline().strip()
+    for p in procs:
+        assert p.stdin is not None
+        p.stdin.write("go\n")
+        p.stdin.flush()
+    out = []
+    for p in procs:
+        stdout, _ = p.communicate(timeout=300)
+        assert 0 == p.returncode
+        out.append(json.loads(stdout.strip().splitlines()[-1]))
+
+    everyone = list(range(1, 401))
+    won = Counter(int(rid) for r in out for rid, _ in r["got"])
+    assert dict.fromkeys(everyone, 1) == dict(sorted(won.items()))
+    assert {1} == {int(token) for r in out for _, token in r["got"]}
+    with open_store(path) as store:
+        leases = Counter(h.request_id for h in store.history() if h.transition == "lease")
+        states = {v.request_id: v.state for v in store.requests()}
+    assert dict.fromkeys(everyone, 1) == dict(sorted(leases.items()))
+    assert {"leased"} == set(states.values())
+    assert (True, True) == (sum(r["waits"] for r in out) > 0, sum(r["heads"] for r in out) > 0), out

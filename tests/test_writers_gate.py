@@ -8,17 +8,22 @@ journal file and keeps it until its stdin closes.
 
 from __future__ import annotations
 
+import fcntl
+import json
+import os
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from effectlog.errors import JournalLocked
 from effectlog.integrity import verify_run
-from effectlog.journal import SqliteJournal
+from effectlog.journal import SqliteJournal, filelocks
 from effectlog.testing import sample_run
 
 # Takes the writers' gate of the file (argv[1]) the way a writer of another process does; says "held".
@@ -122,3 +127,99 @@ def test_threads_of_one_process_take_turns_and_every_commit_lands(journal: Path)
     with SqliteJournal(journal, writer=False) as reader:
         verified = {run_id: (verify_run(reader, run_id).seq, verify_run(reader, run_id).state) for run_id in runs}
     assert ([], dict.fromkeys(runs, (17, "completed"))) == (errors, verified)
+
+
+# Appends one run (argv[2]) to the journal (argv[1]) with the gate's timeout argv[3]; reports how it went.
+APPENDER = """
+import json, sys, time
+from effectlog.errors import JournalLocked
+from effectlog.journal import SqliteJournal
+from effectlog.testing import sample_run
+
+with SqliteJournal(sys.argv[1], busy_timeout_s=float(sys.argv[3])) as writer:
+    print("ready", flush=True)
+    start = time.monotonic()
+    try:
+        writer.append(sample_run(sys.argv[2]))
+        out = {"ok": True}
+    except JournalLocked as exc:
+        out = {"ok": False, "error": str(exc), "exit": int(exc.exit_status)}
+    out["waited_s"] = time.monotonic() - start
+print(json.dumps(out), flush=True)
+"""
+
+
+def lobby_held(journal: Path) -> bool:
+    """Whether a process holds the gate's lobby byte (the waiter that polls the gate)."""
+    fd = os.open(journal, os.O_RDWR)
+    try:
+        return fcntl.F_UNLCK != filelocks._ofd(fd, fcntl.F_OFD_GETLK, fcntl.F_WRLCK, filelocks.LOBBY)
+    finally:
+        os.close(fd)
+
+
+def appenders(journal: Path, runs: list[str], timeout_s: float) -> list[subprocess.Popen[str]]:
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", APPENDER, str(journal), run_id, str(timeout_s)],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for run_id in runs
+    ]
+    for proc in procs:
+        assert proc.stdout is not None
+        assert "ready\n" == proc.stdout.readline()
+    return procs
+
+
+def reports(procs: list[subprocess.Popen[str]]) -> list[dict[str, Any]]:
+    out = []
+    for proc in procs:
+        stdout, _ = proc.communicate(timeout=60)
+        assert 0 == proc.returncode
+        out.append(json.loads(stdout.strip().splitlines()[-1]))
+    return out
+
+
+def test_processes_waiting_for_the_gate_queue_in_its_lobby_and_all_get_through(
+    journal: Path, gate_holder: subprocess.Popen[str]
+) -> None:
+    """Three processes append while a fourth holds the gate: one of them holds the lobby (it polls the
+    gate, the others poll the lobby); nothing is written until the holder leaves; then every append
+    lands, every run verifies, and the lobby is left free."""
+    runs = ["r1", "r2", "r3"]
+    procs = appenders(journal, runs, 60.0)
+    deadline = time.monotonic() + 60
+    while not lobby_held(journal):
+        assert time.monotonic() < deadline, "no waiter took the lobby"
+        time.sleep(0.01)
+    with SqliteJournal(journal, writer=False) as reader:
+        unwritten = reader.runs()
+    leave(gate_holder)
+    done = reports(procs)
+    with SqliteJournal(journal, writer=False) as reader:
+        verified = {run_id: verify_run(reader, run_id).state for run_id in runs}
+    assert ([], [True] * 3, dict.fromkeys(runs, "completed"), False) == (
+        unwritten,
+        [d["ok"] for d in done],
+        verified,
+        lobby_held(journal),
+    )
+
+
+def test_every_waiter_gives_up_at_its_own_deadline_with_the_same_error(
+    journal: Path, gate_holder: subprocess.Popen[str]
+) -> None:
+    """While another process keeps the gate, three appenders with a 1 s timeout each raise JournalLocked
+    (exit 6, the message naming the journal and the timeout) after waiting at least 1 s and well under the
+    2 s a follower would take if it waited out the lobby head's timeout before its own; nothing is
+    written and the lobby is left free."""
+    procs = appenders(journal, ["r1", "r2", "r3"], 1.0)
+    done = reports(procs)
+    expected = f"{journal}: another process kept the journal's write lock for 1s"
+    assert [(False, expected, 6)] * 3 == [(d["ok"], d["error"], d["exit"]) for d in done]
+    assert [True] * 3 == [1.0 <= d["waited_s"] < 1.9 for d in done], [d["waited_s"] for d in done]
+    with SqliteJournal(journal, writer=False) as reader:
+        assert [] == reader.runs()
+    assert not lobby_held(journal)

@@ -42,6 +42,9 @@ GATE = SLOT_BASE - 1
 # Every journal object of every process holds a shared lock here while it has the file
 # open: a probe for a write lock tells whether *another* process has the file open.
 IN_USE = SLOT_BASE - 2
+# The gate's lobby: of the processes waiting for the gate, the one holding this byte (the head)
+# polls the gate; the others poll this byte, and less often (see ``SharedFile._wait_gate``).
+LOBBY = SLOT_BASE - 3
 # Each open also holds a shared lock on one byte for the *name* it opened the file by:
 # another process with the file open whose name's byte nobody else holds uses another name.
 NAME_BASE = 0x0F00_0000
@@ -63,6 +66,22 @@ def name_slot(path: str) -> int:
 # The gate's two requests, packed once: they are made around every commit.
 _GATE_WRLCK = struct.pack(_FLOCK, fcntl.F_WRLCK, os.SEEK_SET, GATE, 1, 0)
 _GATE_UNLCK = struct.pack(_FLOCK, fcntl.F_UNLCK, os.SEEK_SET, GATE, 1, 0)
+_LOBBY_WRLCK = struct.pack(_FLOCK, fcntl.F_WRLCK, os.SEEK_SET, LOBBY, 1, 0)
+_LOBBY_UNLCK = struct.pack(_FLOCK, fcntl.F_UNLCK, os.SEEK_SET, LOBBY, 1, 0)
+# How often a waiter tries again: the head polls the gate from 0.2 ms backing off to 2 ms, a
+# follower the lobby from 0.2 ms to 10 ms (each try is a wake-up, a syscall and a Python exception).
+_GATE_POLL_S, _GATE_POLL_MAX_S, _LOBBY_POLL_MAX_S = 0.0002, 0.002, 0.01
+
+
+def _take(fd: int, packed: bytes) -> bool:
+    """One try at a packed OFD lock request; False while another process holds the byte."""
+    try:
+        fcntl.fcntl(fd, fcntl.F_OFD_SETLK, packed)
+    except OSError as exc:
+        if exc.errno not in (errno.EAGAIN, errno.EACCES):
+            raise
+        return False
+    return True
 
 
 def _ofd(fd: int, command: int, lock_type: int, start: int) -> int:
@@ -123,19 +142,35 @@ class SharedFile:
         )
 
     def _wait_gate(self, where: str, timeout_s: float) -> None:
+        """Wait for the gate byte, at most ``timeout_s``: one waiting process polls it, the others the lobby.
+
+        Every waiter polling the gate (8 processes: about one failed try per claim, each a
+        wake-up that can preempt the holder) cost CPU on every core and, when a poll landed
+        between a holder's commits, a hand-off to a process whose SQLite page cache is stale.
+        So only the lobby's head polls the gate, as before; followers poll the lobby, backing
+        off further, and whoever takes the gate gives the lobby up. The lobby only rations the
+        polling: the gate byte is still what is taken, and every waiter still gives up at its
+        own deadline, with the same error.
+        """
         deadline = time.monotonic() + timeout_s
-        pause = 0.0002
-        while True:
-            if time.monotonic() > deadline:
-                raise JournalLocked(f"{where}: another process kept the journal's write lock for {timeout_s:g}s")
-            time.sleep(pause)
-            pause = min(pause * 2, 0.002)
-            try:
-                fcntl.fcntl(self.fd, fcntl.F_OFD_SETLK, _GATE_WRLCK)
-                return
-            except OSError as exc:
-                if exc.errno not in (errno.EAGAIN, errno.EACCES):
-                    raise
+        pause, head = _GATE_POLL_S, False
+        try:
+            while True:
+                if time.monotonic() > deadline:
+                    raise JournalLocked(f"{where}: another process kept the journal's write lock for {timeout_s:g}s")
+                time.sleep(pause)
+                if not head:
+                    head = _take(self.fd, _LOBBY_WRLCK)
+                    if not head:
+                        pause = min(pause * 2, _LOBBY_POLL_MAX_S)
+                        continue
+                    pause = _GATE_POLL_S
+                if _take(self.fd, _GATE_WRLCK):
+                    return
+                pause = min(pause * 2, _GATE_POLL_MAX_S)
+        finally:
+            if head:
+                fcntl.fcntl(self.fd, fcntl.F_OFD_SETLK, _LOBBY_UNLCK)
 
     def leave(self) -> None:
         """Give the writers' turn up (after ``enter``): the byte first, then this process's turn."""
