@@ -39,14 +39,15 @@ SLOT_SPAN = 0x0800_0000
 # before ``BEGIN IMMEDIATE``. SQLite's own lock still protects the data; its busy handler
 # sleeps up to 100 ms between tries, so under contention a free database would sit idle.
 GATE = SLOT_BASE - 1
-# Every journal object of every process holds a shared lock here while it has the file
-# open: a probe for a write lock tells whether *another* process has the file open.
+# Every journal object of every process holds a shared lock here while it has the file open.
+# Earlier versions told aliases apart by it (another process holds IN_USE and nobody our name's
+# byte); it is still held so that their check sees processes of this version.
 IN_USE = SLOT_BASE - 2
 # The gate's lobby: of the processes waiting for the gate, the one holding this byte (the head)
 # polls the gate; the others poll this byte, and less often (see ``SharedFile._wait_gate``).
 LOBBY = SLOT_BASE - 3
-# Each open also holds a shared lock on one byte for the *name* it opened the file by:
-# another process with the file open whose name's byte nobody else holds uses another name.
+# Each open also holds a shared lock on one byte for the *name* it opened the file by: a lock
+# held by another open file description on any other byte of this range is another name in use.
 NAME_BASE = 0x0F00_0000
 NAME_SPAN = 0x0010_0000
 
@@ -84,8 +85,8 @@ def _take(fd: int, packed: bytes) -> bool:
     return True
 
 
-def _ofd(fd: int, command: int, lock_type: int, start: int) -> int:
-    packed = fcntl.fcntl(fd, command, struct.pack(_FLOCK, lock_type, os.SEEK_SET, start, 1, 0))
+def _ofd(fd: int, command: int, lock_type: int, start: int, length: int = 1) -> int:
+    packed = fcntl.fcntl(fd, command, struct.pack(_FLOCK, lock_type, os.SEEK_SET, start, length, 0))
     return int(struct.unpack(_FLOCK, packed)[0])
 
 
@@ -249,10 +250,14 @@ class SharedFile:
         with _registry_lock:
             if self.names - {path}:
                 return sorted(self.names - {path})[0]
-            elsewhere = _ofd(self.fd, fcntl.F_OFD_GETLK, fcntl.F_WRLCK, IN_USE) != fcntl.F_UNLCK
-            mine = _ofd(self.fd, fcntl.F_OFD_GETLK, fcntl.F_WRLCK, name_slot(path)) != fcntl.F_UNLCK
-            if elsewhere and not mine:
-                return "a name another process uses"
+            # Any name's byte but this one's, held by another open file description: another name is
+            # in use at this instant. One probe per side of our byte, each a single look at the
+            # file's locks: a question of two probes (is IN_USE held? is our name's byte held?) was
+            # answered wrongly whenever a process of our own name closed between them.
+            mine = name_slot(path)
+            for start, end in ((NAME_BASE, mine), (mine + 1, NAME_BASE + NAME_SPAN)):
+                if end > start and _ofd(self.fd, fcntl.F_OFD_GETLK, fcntl.F_WRLCK, start, end - start) != fcntl.F_UNLCK:
+                    return "a name another process uses"
             return None
 
     def use_name(self, path: str) -> None:
@@ -289,9 +294,8 @@ def acquire(path: str, *, write: bool = True) -> SharedFile:
             shared = _files.get(key)
             if shared is None:
                 shared = _files[key] = SharedFile(key, fd, writable=write)
-                # The name's byte before IN_USE: a process seen holding IN_USE always holds its name's
-                # byte already, so another process opening by the same name at that moment does not
-                # take it for another name (two `recover` started at once were refused as aliased).
+                # The name's byte before IN_USE, for earlier versions' check (see IN_USE): a process
+                # they see holding IN_USE holds its name's byte already.
                 _ofd(fd, fcntl.F_OFD_SETLK, fcntl.F_RDLCK, name_slot(path))
                 _ofd(fd, fcntl.F_OFD_SETLK, fcntl.F_RDLCK, IN_USE)
                 fd = -1  # kept: it is the shared one now
