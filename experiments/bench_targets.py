@@ -688,5 +688,13 @@ def why_group(results: dict[str, Any]) -> str:
         text += (
             f" At K=32 the process spent {k32['cpu_us_per_step']:,.0f} µs of CPU per step: one Python process "
             f"cannot exceed about {ceiling:,.0f} steps/s, {ceiling / one_run['steps_per_s']:.1f}x one run's rate."
+            " Most of that CPU is SQLite's, not Python's: in a shared commit each run's rows land in leaf pages"
+            " of their own, of the table and of its (run_id, seq) index, so a commit rewrites about two 4 KiB"
+            " pages per run, WAL checksums included (raw sqlite3 with this table: about 64k instructions per"
+            " event at 32 runs of one row per commit, 42k for one run's 32 rows; docs/architecture.md, where a"
+            " step's CPU goes). A second process on the same journal did not help either (2 processes x 16"
+            " runs: 4,600 to 6,000 steps/s against 6,300 to 6,500 for one process, measured by hand on a quiet"
+            " machine: their commits take turns at the file's one writer). Reaching 5x needs a row layout"
+            " whose shared commits touch fewer pages."
         )
     return text
