@@ -191,3 +191,25 @@ def runners() -> Iterator[list[RunnerProcess]]:
     yield started
     for runner in started:
         runner.stop()
+
+
+def together(scripts: list[list[str]], timeout: float = 300) -> list[Any]:
+    """Start one ``python -c`` child per argv, wait until each says ``ready``, tell them all ``go`` at
+    once, and return each one's last line of output as JSON (each must exit 0)."""
+    procs = [
+        subprocess.Popen([sys.executable, "-c", *argv], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        for argv in scripts
+    ]
+    for p in procs:
+        assert p.stdout is not None
+        assert "ready" == p.stdout.readline().strip()
+    for p in procs:
+        assert p.stdin is not None
+        p.stdin.write("go\n")
+        p.stdin.flush()
+    out = []
+    for p in procs:
+        stdout, _ = p.communicate(timeout=timeout)
+        assert 0 == p.returncode
+        out.append(json.loads(stdout.strip().splitlines()[-1]))
+    return out

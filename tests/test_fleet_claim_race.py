@@ -7,13 +7,11 @@ barrier on their pipes, drain one queue; the proof is read back from the store's
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from collections import Counter
 
 from effectlog.fleet import FleetStore
 from effectlog.fleet.contract import noop_plan
+from fleet_kit import together
 
 pytest_plugins = ["pg_fixture", "fleet_kit"]
 
@@ -36,27 +34,9 @@ print(json.dumps({"calls": calls, "got": got}), flush=True)
 
 
 def race(store_url: str, processes: int, limit: int) -> list[dict[str, list[list[int]] | int]]:
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-c", CLAIMER, store_url, f"claimer-{i}", str(limit)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        for i in range(processes)
-    ]
-    for p in procs:
-        assert p.stdout is not None
-        assert "ready" == p.stdout.readline().strip()
-    for p in procs:
-        assert p.stdin is not None
-        p.stdin.write("go\n")
-        p.stdin.flush()
-    out = []
-    for p in procs:
-        stdout, _ = p.communicate(timeout=300)
-        assert 0 == p.returncode
-        out.append(json.loads(stdout.strip().splitlines()[-1]))
+    out: list[dict[str, list[list[int]] | int]] = together(
+        [[CLAIMER, store_url, f"claimer-{i}", str(limit)] for i in range(processes)]
+    )
     return out
 
 

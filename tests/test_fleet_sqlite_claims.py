@@ -4,10 +4,7 @@ stale after another's commit, so every claim re-read every queued row)."""
 
 from __future__ import annotations
 
-import json
 import sqlite3
-import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 
@@ -15,6 +12,7 @@ from effectlog.fleet import open_store
 from effectlog.fleet.contract import noop_plan
 from effectlog.fleet.sqlite_journal import SQLITE
 from effectlog.fleet.sqlstore import _PICK
+from fleet_kit import together
 
 
 def _plan(path: Path) -> list[str]:
@@ -90,27 +88,7 @@ def test_four_processes_racing_through_the_gates_lobby_lease_each_of_400_request
     with open_store(path) as store:
         for i in range(400):
             store.submit("race", f"k{i}", noop_plan(f"run-{i}"))
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-c", CLAIMER, path, f"claimer-{i}"],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        for i in range(4)
-    ]
-    for p in procs:
-        assert p.stdout is not None
-        assert "ready" == p.stdout.readline().strip()
-    for p in procs:
-        assert p.stdin is not None
-        p.stdin.write("go\n")
-        p.stdin.flush()
-    out = []
-    for p in procs:
-        stdout, _ = p.communicate(timeout=300)
-        assert 0 == p.returncode
-        out.append(json.loads(stdout.strip().splitlines()[-1]))
+    out = together([[CLAIMER, path, f"claimer-{i}"] for i in range(4)])
 
     everyone = list(range(1, 401))
     won = Counter(int(rid) for r in out for rid, _ in r["got"])
