@@ -90,3 +90,79 @@ def test_a_forked_child_leaving_its_inherited_journal_loses_no_other_process_com
     assert (0, "completed") == (status.returncode, json.loads(status.stdout or "{}").get("state"))
     verify = effectlog("verify", "--journal", str(path), cwd=tmp_path)
     assert (0, "ok: 2 run(s)") == (verify.returncode, verify.stdout[: len("ok: 2 run(s)")])
+
+
+_CHILD_OWN_SCRIPT = """
+    import os, subprocess, sys
+    from effectlog.plan import AdapterDecl, Plan, StepDecl
+    from effectlog.runtime import Runtime
+
+    where = sys.argv[1]
+
+    def plan(run_id):
+        return Plan(
+            run_id=run_id,
+            adapters={"noop": AdapterDecl(type="noop", idempotent=True)},
+            steps=tuple(StepDecl(id=f"s{i}", adapter="noop") for i in range(3)),
+        )
+
+    rt = Runtime(where)
+    rt.__enter__()
+    rt.run(plan("p"))
+    go, said = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child opens the journal itself, as JournalInherited's message tells it to
+        os.read(go, 1)
+        with Runtime(where) as own:
+            print(own.run(plan("c1")).state, flush=True)
+        os._exit(0)
+    rt.close()  # the parent is done with the journal
+    third = '''
+    import sys
+    from effectlog.plan import AdapterDecl, Plan, StepDecl
+    from effectlog.runtime import Runtime
+    def plan(run_id):
+        return Plan(run_id=run_id, adapters={"noop": AdapterDecl(type="noop", idempotent=True)},
+                    steps=tuple(StepDecl(id=f"s{i}", adapter="noop") for i in range(3)))
+    with Runtime(sys.argv[1]) as rt:
+        print(rt.run(plan("q1")).state, flush=True)
+        sys.stdin.readline()
+        print(rt.run(plan("q2")).state, flush=True)
+    '''
+    import textwrap
+    q = subprocess.Popen([sys.executable, "-c", textwrap.dedent(third), where],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    print(q.stdout.readline().strip(), flush=True)
+    os.write(said, b"x")
+    os.waitpid(pid, 0)
+    q.stdin.write("\\n")
+    q.stdin.flush()
+    print(q.stdout.read().strip(), flush=True)
+    q.wait()
+"""
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="SQLite's per-process file table (lock counts, the WAL index mapping) is copied into a fork "
+    "child: the child's own connection reuses the parent's stale -shm mapping and takes no real lock, "
+    "so another process's commits overwrite the child's frames in the WAL (run reported completed, then "
+    "gone, verify ok). Not fixable from Python without refusing the child's own open (round 4 asserts it "
+    "claims) or closing the inherited connection (which can delete a live WAL): described for the lead",
+)
+def test_a_forked_childs_own_journal_keeps_its_completed_run_after_the_parent_closed(tmp_path: Path) -> None:
+    """A child of a process with an open Runtime opens the journal itself (what ``JournalInherited``
+    says to do) after the parent has closed its own, while another process has the journal open and
+    commits before and after the child's run. SQLite in the child still believes the parent's
+    connection holds the file (its lock counts and its mapping of the since-deleted -shm came with the
+    fork), so the child's commits are indexed in a WAL index nobody else reads and the other process
+    writes its next frames over them: the child was told run c1 completed, and c1 is not in the
+    journal; verify says ok. Proves (when fixed): every run any process was told completed is there."""
+    path = tmp_path / "j.db"
+    proc = python(_CHILD_OWN_SCRIPT, str(path))
+    assert (["completed"] * 3, "") == (proc.stdout.split(), proc.stderr)
+    states = {}
+    for run_id in ("p", "c1", "q1", "q2"):
+        status = effectlog("status", "--journal", str(path), "--run-id", run_id, "--json", cwd=tmp_path)
+        states[run_id] = json.loads(status.stdout).get("state") if status.returncode == 0 else status.stderr.strip()
+    assert dict.fromkeys(("p", "c1", "q1", "q2"), "completed") == states
