@@ -7,6 +7,7 @@ interpreter, never in pytest's own)."""
 from __future__ import annotations
 
 import json
+import sqlite3
 import subprocess
 import sys
 import textwrap
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from hardening_kit import effectlog
+from hardening_kit import effectlog, one_line
 
 
 def python(script: str, *args: str) -> subprocess.CompletedProcess[str]:
@@ -210,3 +211,39 @@ def test_a_forked_child_leaving_its_inherited_effect_store_loses_no_idempotency_
     resume of q finds the key instead of applying the effect a second time."""
     proc = python(_STORE_INHERITED_SCRIPT, str(tmp_path / "effects.db"))
     assert ("1 1", "") == (proc.stdout.strip(), proc.stderr)
+
+
+# -- 2. replay over rows: a stored value of another SQLite type ------------------------------------
+
+
+@pytest.mark.parametrize("value", ["CAST(body AS TEXT)", "7"], ids=["text", "integer"])
+@pytest.mark.parametrize("command", ["verify", "status"])
+def test_an_event_body_stored_as_another_sqlite_type_is_refused_in_one_line(
+    tmp_path: Path, value: str, command: str
+) -> None:
+    """A body column rewritten as TEXT or INTEGER (SQLite keeps any type in a BLOB column) came back as
+    ``str``/``int``, and the chain check ``head + body`` raised TypeError: ``verify`` and ``status``
+    ended with a traceback and exit 1 over a damaged journal. Proves: both refuse it in one line as
+    corrupt_event (exit 7, the integrity status) naming run r, seq 2 and the body column."""
+    path = tmp_path / "j.db"
+    proc = python(
+        """
+        import sys
+        from effectlog.plan import AdapterDecl, Plan, StepDecl
+        from effectlog.runtime import Runtime
+        with Runtime(sys.argv[1]) as rt:
+            rt.run(Plan(run_id="r", adapters={"noop": AdapterDecl(type="noop", idempotent=True)},
+                        steps=(StepDecl(id="s0", adapter="noop"),)))
+        """,
+        str(path),
+    )
+    assert "" == proc.stderr
+    db = sqlite3.connect(path)
+    db.execute("DROP TRIGGER events_append_only_update")
+    db.execute(f"UPDATE events SET body = {value} WHERE run_id = 'r' AND seq = 2")
+    db.commit()
+    db.close()
+    args = ["--run-id", "r"] if command == "status" else []
+    result = effectlog(command, "--journal", str(path), *args, cwd=tmp_path)
+    line = one_line(result.stderr)
+    assert (7, True, True) == (result.returncode, "corrupt_event" in line, "seq 2" in line and "body" in line)
