@@ -11,6 +11,7 @@ import sqlite3
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -247,3 +248,42 @@ def test_an_event_body_stored_as_another_sqlite_type_is_refused_in_one_line(
     result = effectlog(command, "--journal", str(path), *args, cwd=tmp_path)
     line = one_line(result.stderr)
     assert (7, True, True) == (result.returncode, "corrupt_event" in line, "seq 2" in line and "body" in line)
+
+
+# -- 3. the writers' gate lobby --------------------------------------------------------------------
+
+
+def test_a_stopped_lobby_head_does_not_keep_others_from_a_free_gate(tmp_path: Path) -> None:
+    """A process waiting for the gate holds the lobby (it alone polls the gate) and is then stopped
+    (Ctrl-Z of an ``effectlog run``, a debugger, a frozen container). The gate's holder leaves: the
+    gate is free, but a third process waiting since before polls only the lobby, which the stopped
+    process keeps, and so waited out its whole timeout and failed with JournalLocked (exit 6) over a
+    free journal. Before the lobby it took the gate. Proves: the third process's append lands within
+    its 5 s timeout once the gate is free, while the stopped waiter still holds the lobby."""
+    import signal
+
+    from effectlog.journal import SqliteJournal
+    from test_writers_gate import GATE_HOLDER, appenders, leave, lobby_held, reports
+
+    journal = tmp_path / "j.db"
+    SqliteJournal(journal).close()
+    holder = subprocess.Popen(
+        [sys.executable, "-c", GATE_HOLDER, str(journal)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    assert holder.stdout is not None
+    assert "held\n" == holder.stdout.readline()
+    (stopped,) = appenders(journal, ["r1"], 60.0)
+    try:
+        deadline = time.monotonic() + 30
+        while not lobby_held(journal):
+            assert time.monotonic() < deadline, "the waiter never took the lobby"
+            time.sleep(0.01)
+        stopped.send_signal(signal.SIGSTOP)
+        (third,) = appenders(journal, ["r2"], 5.0)
+        time.sleep(0.3)  # the third process is waiting now (the gate was held when it came)
+        leave(holder)
+        (said,) = reports([third])
+        assert (True, True) == (said["ok"], lobby_held(journal))
+    finally:
+        stopped.send_signal(signal.SIGCONT)
+        reports([stopped])
