@@ -287,3 +287,45 @@ def test_a_stopped_lobby_head_does_not_keep_others_from_a_free_gate(tmp_path: Pa
     finally:
         stopped.send_signal(signal.SIGCONT)
         reports([stopped])
+
+
+# -- 6. the alias check by name ranges -------------------------------------------------------------
+
+_HOLD_THEN_RENAME = """
+    import os, sys
+    from effectlog.journal import SqliteJournal
+    journal = SqliteJournal(sys.argv[1])
+    os.rename(sys.argv[1], sys.argv[2])  # the file keeps its WAL beside the old name in this process
+    print("renamed", flush=True)
+    sys.stdin.read()
+    journal.close()
+"""
+
+
+def test_a_journal_renamed_while_open_is_refused_under_its_new_name(tmp_path: Path) -> None:
+    """One process opens j.db and renames the file to k.db while it has it open (its WAL stays beside
+    the old name). Another process opening k.db would be a second journal over the same file; the name
+    range probe must still see the first process's name byte. Proves: the open of k.db is refused as
+    journal_aliased (exit 6), and after the first process closes, k.db opens (found nothing: kept as
+    a regression test of the one-probe check)."""
+    from effectlog.errors import JournalAliased
+    from effectlog.journal import SqliteJournal
+
+    old, new = tmp_path / "j.db", tmp_path / "k.db"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(_HOLD_THEN_RENAME), str(old), str(new)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert holder.stdout is not None
+    assert "renamed\n" == holder.stdout.readline()
+    try:
+        with pytest.raises(JournalAliased) as refused:
+            SqliteJournal(new)
+        assert 6 == int(refused.value.exit_status)
+    finally:
+        assert holder.stdin is not None
+        holder.stdin.close()
+        holder.wait(timeout=60)
+    SqliteJournal(new).close()
