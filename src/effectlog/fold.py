@@ -339,7 +339,11 @@ def replay_records(records: Iterable[Record], chain: Chain, state: RunState | No
     head = state.head
     link = chain.link
     for rec in records:
-        if link(head, rec.body) != rec.hash:
+        try:
+            linked = link(head, rec.body)
+        except TypeError:
+            raise _not_bytes(run_id, rec.seq) from None
+        if linked != rec.hash:
             _raise_if_moved(rec, run_id)
             raise ChainBroken("stored hash does not match the chain over the stored bytes", run_id=run_id, seq=rec.seq)
         try:
@@ -442,7 +446,11 @@ def fold_rows(
             changed, flushed, added = {}, set(), 0
             stop = next(upcoming, -1)
         at_col, body, digest, sid_col, phase_col, attempt_col = row
-        if (link(head, body) if keyed else sha256(head + body).digest()) != digest:
+        try:
+            linked = link(head, body) if keyed else sha256(head + body).digest()
+        except TypeError:
+            raise _not_bytes(run_id, at_col) from None
+        if linked != digest:
             _raise_if_moved(Record(run_id, *row), run_id)
             raise ChainBroken("stored hash does not match the chain over the stored bytes", run_id=run_id, seq=at_col)
         try:
@@ -534,6 +542,11 @@ _FIXED_PHASE: dict[type[ev.Event], str] = {
 _STEP_TAGS: dict[type[ev.Event], tuple[str, str | None]] = {
     cls: (tag, _FIXED_PHASE.get(cls)) for cls, tag in _STEP_TAG_OF.items()
 }
+
+
+def _not_bytes(run_id: str, seq: int) -> CorruptEvent:
+    """A body that is not bytes (SQLite keeps a TEXT or INTEGER in a BLOB column): no chain covers it."""
+    return CorruptEvent("stored column body is not bytes (another SQLite type)", run_id=run_id, seq=seq, column="body")
 
 
 def _moved_row(row: Row, event: ev.Event) -> bool:

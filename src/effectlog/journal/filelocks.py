@@ -164,7 +164,12 @@ class SharedFile:
                     head = _take(self.fd, _LOBBY_WRLCK)
                     if not head:
                         pause = min(pause * 2, _LOBBY_POLL_MAX_S)
-                        continue
+                        # At the lobby's slowest pace a follower tries the gate too: a head that is stopped
+                        # (SIGSTOP, a debugger, a frozen container) keeps the lobby and polls nothing, and
+                        # the others waited out their timeouts over a free gate. A live head polls 5x as often.
+                        if pause < _LOBBY_POLL_MAX_S or not _take(self.fd, _GATE_WRLCK):
+                            continue
+                        return
                     pause = _GATE_POLL_S
                 if _take(self.fd, _GATE_WRLCK):
                     return
