@@ -96,6 +96,7 @@ def test_a_forked_child_leaving_its_inherited_journal_loses_no_other_process_com
 
 _CHILD_OWN_SCRIPT = """
     import os, subprocess, sys
+    from effectlog.errors import EffectlogError
     from effectlog.plan import AdapterDecl, Plan, StepDecl
     from effectlog.runtime import Runtime
 
@@ -113,10 +114,13 @@ _CHILD_OWN_SCRIPT = """
     rt.run(plan("p"))
     go, said = os.pipe()
     pid = os.fork()
-    if pid == 0:  # the child opens the journal itself, as JournalInherited's message tells it to
+    if pid == 0:  # the child opens the journal itself
         os.read(go, 1)
-        with Runtime(where) as own:
-            print(own.run(plan("c1")).state, flush=True)
+        try:
+            with Runtime(where) as own:
+                print(own.run(plan("c1")).state, flush=True)
+        except EffectlogError as exc:
+            print(exc.code, flush=True)
         os._exit(0)
     rt.close()  # the parent is done with the journal
     third = '''
@@ -144,30 +148,61 @@ _CHILD_OWN_SCRIPT = """
 """
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="SQLite's per-process file table (lock counts, the WAL index mapping) is copied into a fork "
-    "child: the child's own connection reuses the parent's stale -shm mapping and takes no real lock, "
-    "so another process's commits overwrite the child's frames in the WAL (run reported completed, then "
-    "gone, verify ok). Not fixable from Python without refusing the child's own open (round 4 asserts it "
-    "claims) or closing the inherited connection (which can delete a live WAL): described for the lead",
-)
-def test_a_forked_childs_own_journal_keeps_its_completed_run_after_the_parent_closed(tmp_path: Path) -> None:
-    """A child of a process with an open Runtime opens the journal itself (what ``JournalInherited``
-    says to do) after the parent has closed its own, while another process has the journal open and
-    commits before and after the child's run. SQLite in the child still believes the parent's
-    connection holds the file (its lock counts and its mapping of the since-deleted -shm came with the
-    fork), so the child's commits are indexed in a WAL index nobody else reads and the other process
-    writes its next frames over them: the child was told run c1 completed, and c1 is not in the
-    journal; verify says ok. Proves (when fixed): every run any process was told completed is there."""
+def test_a_forked_child_cannot_open_a_journal_its_parent_had_open(tmp_path: Path) -> None:
+    """A child of a process with an open Runtime opens the journal itself, after the parent has closed
+    its own, while another process has the journal open and commits before and after. SQLite in the
+    child would still believe the parent's connection holds the file (its lock records and its mapping
+    of the since-deleted -shm came with the fork): its commits were indexed where nobody else reads,
+    and the other process wrote over them, so the child was told run c1 completed and c1 was gone,
+    verify ok. Proves: the child's open is refused (`journal_inherited`, exit 6, saying to use a
+    process that did not inherit the file) before SQLite opens anything, c1 never starts, and every
+    run any process was told completed is in the journal, which verifies."""
     path = tmp_path / "j.db"
     proc = python(_CHILD_OWN_SCRIPT, str(path))
-    assert (["completed"] * 3, "") == (proc.stdout.split(), proc.stderr)
+    assert (["completed", "journal_inherited", "completed"], "") == (proc.stdout.split(), proc.stderr)
     states = {}
     for run_id in ("p", "c1", "q1", "q2"):
         status = effectlog("status", "--journal", str(path), "--run-id", run_id, "--json", cwd=tmp_path)
-        states[run_id] = json.loads(status.stdout).get("state") if status.returncode == 0 else status.stderr.strip()
-    assert dict.fromkeys(("p", "c1", "q1", "q2"), "completed") == states
+        states[run_id] = json.loads(status.stdout).get("state") if status.returncode == 0 else status.returncode
+    verified = effectlog("verify", "--journal", str(path), cwd=tmp_path)
+    assert {"p": "completed", "c1": 2, "q1": "completed", "q2": "completed"} == states  # c1: no such run (exit 2)
+    assert 0 == verified.returncode, verified.stderr
+
+
+_FLEET_FORK_SCRIPT = """
+    import os, sys
+    from effectlog.errors import EffectlogError
+    from effectlog.fleet import open_store
+    from effectlog.fleet.contract import noop_plan
+
+    where = sys.argv[1]
+    store = open_store(where)  # a runner's store, open when it forks a worker
+    store.submit("t", "k1", noop_plan("run-1"))
+    pid = os.fork()
+    if pid == 0:
+        try:
+            open_store(where).close()
+            said = "opened"
+        except EffectlogError as exc:
+            said = exc.code
+        store.close()  # the inherited store: its SQLite connection must be left alone here
+        print(said, flush=True)
+        os._exit(0)
+    os.waitpid(pid, 0)
+    store.submit("t", "k2", noop_plan("run-2"))
+    store.close()
+    with open_store(where) as again:
+        print(len(again.requests()), flush=True)
+"""
+
+
+def test_a_forked_child_cannot_open_a_fleet_store_its_parent_had_open(tmp_path: Path) -> None:
+    """The fleet store twin of the journal case: a worker forked from a process with an open fleet store
+    opens the store itself and is refused (`journal_inherited`) before SQLite opens it, and closing the
+    inherited store in the child leaves the parent's connection working (the parent submits again and
+    the store opens cleanly afterwards)."""
+    proc = python(_FLEET_FORK_SCRIPT, str(tmp_path / "fleet.db"))
+    assert (["journal_inherited", "2"], "", 0) == (proc.stdout.split(), proc.stderr, proc.returncode)
 
 
 _STORE_INHERITED_SCRIPT = """

@@ -409,8 +409,9 @@ class ModelRefused(EffectlogError):
 
 
 class JournalInherited(JournalLocked):
-    """A journal opened before ``fork()``, used in the child: the child shares the parent's open
-    file description, and so its run locks; it must open the journal again itself (exit 6)."""
+    """A journal opened before ``fork()``, used in the child (the child shares the parent's open file
+    description and run locks), or a SQLite file the parent had open at the fork, opened in the child
+    (SQLite's lock records came with the fork): exit 6."""
 
     code = "journal_inherited"
 

@@ -126,13 +126,16 @@ class Handle:
         self.where = path
         self.busy_timeout_s = busy_timeout_s
         real = os.path.realpath(path)  # the journal's name for the file: one WAL, one set of locks
+        filelocks.refuse_inherited(real)  # before SQLite opens it: see filelocks.INHERITED_ADVICE
         self.db = connect(real, durability, busy_timeout_s)
+        filelocks.opened(self.db, real)
         self.lock = threading.Lock()
         # Registered with the journal files of this process, so no descriptor of the file is
         # closed while this connection holds SQLite's locks on it (effectlog.journal.filelocks).
         try:
             self.file: filelocks.SharedFile | None = filelocks.acquire(real)
         except OSError as exc:
+            filelocks.may_close(self.db)
             self.db.close()
             raise StorageError(f"{path}: cannot open the store ({exc.strerror})") from None
         other = self.file.other_name(real)
@@ -147,8 +150,9 @@ class Handle:
 
     def close(self) -> None:
         with self.lock:
-            with contextlib.suppress(sqlite3.Error):
-                self.db.close()
+            if filelocks.may_close(self.db):  # never one opened before fork(), in the child (filelocks)
+                with contextlib.suppress(sqlite3.Error):
+                    self.db.close()
             if self.file is not None:
                 filelocks.release(self.file)
                 self.file = None

@@ -18,6 +18,8 @@ Two rules of POSIX locks shape this module:
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import errno
 import fcntl
 import hashlib
@@ -27,6 +29,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 from effectlog.errors import JournalInherited, JournalLocked
 
@@ -137,10 +140,7 @@ class SharedFile:
 
     @staticmethod
     def _inherited(where: str) -> JournalInherited:
-        return JournalInherited(
-            f"{where}: this journal was opened before fork() by the parent process, whose run locks the child "
-            "shares (one open file description): open the journal again in this process; nothing was written"
-        )
+        return JournalInherited(f"{where}: {INHERITED_ADVICE}; nothing was written")
 
     def _wait_gate(self, where: str, timeout_s: float) -> None:
         """Wait for the gate byte, at most ``timeout_s``: one waiting process polls it, the others the lobby.
@@ -295,6 +295,10 @@ def acquire(path: str, *, write: bool = True) -> SharedFile:
     try:
         st = os.fstat(fd)
         key = (st.st_dev, st.st_ino)
+        if key in _inherited_keys:
+            os.close(fd)
+            fd = -1
+            raise JournalInherited(f"{path}: {INHERITED_ADVICE}")
         with _registry_lock:
             shared = _files.get(key)
             if shared is None:
@@ -334,6 +338,54 @@ def release(shared: SharedFile) -> None:
             os.close(fd)
 
 
+# Files this process's parent (or an earlier ancestor) had open when it forked this process. SQLite
+# keeps one record per file and process of the locks it holds, and the child got the parent's copy:
+# a connection the child opened itself to such a file would share it, believe itself holding locks
+# the kernel never gave this process, and index its commits through the parent's mapping of the
+# -shm file, which other processes may have replaced since (commits reported done, then gone). So
+# the child opens none of them (SQLite's own advice: never carry an open database across fork()).
+_inherited_keys: set[tuple[int, int]] = set()
+
+INHERITED_ADVICE = (
+    "this process is a child of fork() whose parent had this file open, and SQLite cannot use a file in a "
+    "child that its parent had open (its lock records and shared-memory mapping came with the fork): use it "
+    "from a process that did not inherit it (multiprocessing's 'spawn' or 'forkserver' start method, or fork "
+    "before opening it)"
+)
+
+
+# Every SQLite connection effectlog has open (journal, fleet store, effect store), by id, until its
+# owner closes it; and, in a child of fork(), the ids of those that came with the fork.
+_connections: dict[int, Any] = {}
+_inherited_connections: set[int] = set()
+
+
+def refuse_inherited(path: str) -> None:
+    """``JournalInherited`` if ``path`` is a file this process's parent had open when it forked it."""
+    if not _inherited_keys:
+        return
+    try:
+        st = os.stat(path)
+    except OSError:
+        return  # no file: nothing of it was inherited
+    if (st.st_dev, st.st_ino) in _inherited_keys:
+        raise JournalInherited(f"{path}: {INHERITED_ADVICE}")
+
+
+def opened(connection: Any, path: str) -> None:
+    """Register a SQLite connection just opened to ``path`` (see ``_forget_inherited``)."""
+    with contextlib.suppress(OSError):
+        st = os.stat(path)
+        _connections[id(connection)] = (connection, (st.st_dev, st.st_ino))
+
+
+def may_close(connection: Any) -> bool:
+    """Forget a connection its owner is closing; ``False`` if it came with a fork: then it must not be
+    closed (SQLite's close in the child would act on the parent's lock records, see ``_forget_inherited``)."""
+    _connections.pop(id(connection), None)
+    return id(connection) not in _inherited_connections
+
+
 def _forget_inherited() -> None:
     """In a child of ``fork()``: the inherited descriptors share their open file descriptions, and
     so every OFD lock, with the parent. A run lock taken through one in the child would be the
@@ -347,6 +399,18 @@ def _forget_inherited() -> None:
     _registry_lock = threading.RLock()
     for shared in _files.values():
         shared.inherited = True
+        _inherited_keys.add(shared.key)
+    # SQLite's record of the locks this process holds on a file was copied from the parent: a close
+    # of an inherited connection here believes it is the file's last, takes the EXCLUSIVE lock nobody
+    # holds in this process, "checkpoints" through a stale WAL index and deletes the WAL by name, the
+    # WAL other processes have committed into since (their commits lost, verify ok). So they are never
+    # closed here: their owners' close leaves them (``may_close``), and one reference more each keeps
+    # the interpreter's exit from closing them either.
+    for connection, key in _connections.values():
+        ctypes.pythonapi.Py_IncRef(ctypes.py_object(connection))
+        _inherited_connections.add(id(connection))
+        _inherited_keys.add(key)
+    _connections.clear()
     _files.clear()
     _spare.clear()
 

@@ -21,11 +21,9 @@ seals", so the schema version does not change.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import sqlite3
 import time
-import weakref
 from collections.abc import Callable, Iterator, Sequence
 from functools import partial
 from itertools import chain as chained
@@ -118,7 +116,7 @@ class SqliteJournal:
             self._refuse_aliases()
             self._file.use_name(self.path)
             self._db = self._connect(durability)
-            _open_connections.add(self)
+            filelocks.opened(self._db, self.path)
             self._cursor = self._db.cursor()  # reused by append: one cursor instead of one per row
             self._migrate()
             if writer:
@@ -128,7 +126,8 @@ class SqliteJournal:
                 self._wal = self._wal_identity()  # checked before each commit: _refuse_if_wal_lost
         except BaseException:
             with contextlib.suppress(Exception):
-                self._db.close()
+                if filelocks.may_close(self._db):
+                    self._db.close()
             filelocks.release(self._file)
             self._file = None
             raise
@@ -734,11 +733,10 @@ class SqliteJournal:
             raise translate(exc, self.location) from None
 
     def close(self) -> None:
-        _open_connections.discard(self)
         for claim in list(self._claims.values()):
             self.release(claim)
-        if self._file is not None and self._file.inherited:
-            self._file = None  # opened before fork(): SQLite's close here is the parent's (see _keep_inherited)
+        if self._file is not None and not filelocks.may_close(self._db):
+            self._file = None  # opened before fork(): SQLite's close here is the parent's (filelocks)
             return
         if self.writer and self._file is not None and self._moved():
             with contextlib.suppress(sqlite3.Error):  # see _refuse_if_moved
@@ -755,24 +753,3 @@ class SqliteJournal:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-
-# The journals with an open connection, for ``_keep_inherited`` (weak: a journal's life is its owner's).
-_open_connections: weakref.WeakSet[SqliteJournal] = weakref.WeakSet()
-
-
-def _keep_inherited() -> None:
-    """In a child of ``fork()``: the connections opened before it are never closed here.
-
-    SQLite's lock table is per process and was copied with the parent's memory, so a child's close
-    of an inherited connection believes it is the last on a file where the child holds no real lock:
-    it took the file's EXCLUSIVE lock that nobody held, "checkpointed" through its stale WAL index and
-    deleted the WAL by name, the WAL another process had committed runs into since (lost, and
-    ``verify`` said ok). ``close`` leaves them alone, and one reference more each keeps the
-    interpreter's exit (which frees what module globals hold) from closing them either.
-    """
-    for journal in list(_open_connections):
-        ctypes.pythonapi.Py_IncRef(ctypes.py_object(journal._db))
-    _open_connections.clear()
-
-
-os.register_at_fork(after_in_child=_keep_inherited)
