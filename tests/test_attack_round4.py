@@ -491,6 +491,39 @@ def test_every_command_driving_tools_keeps_a_lingering_threads_print_out_of_json
     assert 1 == done.stderr.count("a tool's thread, after it returned")
 
 
+def test_the_console_script_is_the_process_entry_point_as_python_m_effectlog_is() -> None:
+    """The lingering-thread cover above lives in ``cli.process_main`` (fd 1 kept on stderr until the
+    process exits); ``main()`` in-process gives fd 1 back. Proves: the installed ``effectlog`` command
+    is declared with ``process_main``, as ``python -m effectlog`` runs it, not with ``main``."""
+    import tomllib
+
+    pyproject = tomllib.loads((Path(__file__).parent.parent / "pyproject.toml").read_text())
+    main_module = (Path(__file__).parent.parent / "src" / "effectlog" / "__main__.py").read_text()
+
+    assert "effectlog.cli:process_main" == pyproject["project"]["scripts"]["effectlog"]
+    assert "raise SystemExit(process_main())" in main_module
+
+
+def test_main_called_in_process_gives_fd_1_back_to_its_caller(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``main()`` from Python (a test with ``capsys``, a program embedding the CLI) must find fd 1 as it
+    left it and effectlog's output on its ``sys.stdout``: only ``process_main`` keeps fd 1 on stderr.
+    Proves: after an in-process ``run --json`` whose tool wrote to fd 1, fd 1 is the same file as
+    before, and the JSON is in what ``capsys`` captured."""
+    from effectlog.cli import main
+
+    _, where, tools = _chatty(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    before = os.fstat(1)
+    status = main(["run", str(tmp_path / "plan.json"), *where, *tools, "--json", "--quiet"])
+    after = os.fstat(1)
+
+    assert 0 == status
+    assert (before.st_dev, before.st_ino) == (after.st_dev, after.st_ino)
+    assert '"state": "completed"' in capsys.readouterr().out
+
+
 # -- 1. aliases: the effect store under a second name --------------------------------------------
 
 # An idempotent tool over the built-in effect store that logs whether each call applied the effect
