@@ -379,8 +379,9 @@ def test_a_console_reconcile_posted_from_a_page_of_an_earlier_attempt_is_refused
 # -- 5. tools that misbehave: a tool's own stdout and effectlog's --json ------------------------
 
 # Idempotent, prints on every call; raises KeyboardInterrupt when EL_INTERRUPT is set (the run stops,
-# open, exit 130: an interrupted run for ``recover``). With EL_LINGER, a thread it starts prints once
-# the tool returned and effectlog pointed fd 1 back at the real stdout.
+# open, exit 130: an interrupted run for ``recover``); refuses (not applied) with EL_FAIL. With
+# EL_LINGER, a thread it starts prints once the tool returned and effectlog pointed fd 1 back at the
+# real stdout, or (fd 1 kept on stderr) once the command's main thread ended: after its last line.
 _CHATTY_MODULE = """
 import os, threading, time
 
@@ -394,13 +395,19 @@ class Chatty:
         os.write(1, b"tool output on fd 1\\\\n")
         if os.environ.get("EL_INTERRUPT"):
             raise KeyboardInterrupt
+        if os.environ.get("EL_FAIL"):
+            from effectlog.errors import NotApplied
+
+            raise NotApplied("the tool refuses")
         if os.environ.get("EL_LINGER"):
             def later():
                 while os.fstat(1).st_ino == os.fstat(2).st_ino:  # until effectlog points fd 1 back
+                    if not threading.main_thread().is_alive():  # or the command is over
+                        break
                     time.sleep(0.0005)
                 print("a tool's thread, after it returned", flush=True)
 
-            threading.Thread(target=later).start()
+            threading.Thread(target=later, daemon=False).start()  # the interpreter waits for it
         return self.store.apply_idempotent(request)
 
 
@@ -441,15 +448,11 @@ def test_recover_json_is_only_effectlogs_output_while_tools_print(tmp_path: Path
     assert 2 == done.stderr.count("tool output on")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="fd 1 is pointed back at the real stdout when the run ends (cli/output.tools_write_to_stderr), so "
-    "a tool's thread that outlives its call prints into --json; keeping fd 1 on stderr for the rest of the "
-    "command needs out() to write to the saved descriptor, which in-process callers of main() do not expect",
-)
 def test_run_json_is_only_effectlogs_output_when_a_tools_thread_outlives_it(tmp_path: Path) -> None:
     """A tool that starts a thread which prints after the tool returned: G7 promises that ``--json``
-    output is only effectlog's. Proves (when fixed): stdout is exactly one JSON document."""
+    output is only effectlog's. fd 1 was pointed back at the real stdout when the run ended, and the
+    thread's line landed in the JSON. Proves: stdout is exactly one JSON document and the thread's
+    line is on stderr (the ``effectlog`` process keeps fd 1 on stderr until it exits)."""
     env, where, tools = _chatty(tmp_path)
     done = subprocess.run(
         [sys.executable, "-m", "effectlog", "run", str(tmp_path / "plan.json"), *where, *tools, "--json"],
@@ -458,6 +461,68 @@ def test_run_json_is_only_effectlogs_output_when_a_tools_thread_outlives_it(tmp_
 
     assert 0 == done.returncode, done.stderr
     assert "completed" == json.loads(done.stdout)["state"]
+    assert 1 == done.stderr.count("a tool's thread, after it returned")
+
+
+@pytest.mark.parametrize("command", ["recover", "fork", "retry"])
+def test_every_command_driving_tools_keeps_a_lingering_threads_print_out_of_json(tmp_path: Path, command: str) -> None:
+    """``recover``, ``fork`` and ``retry`` drive tools as ``run`` does: a thread a tool starts that
+    prints after the command's last line must not land in their ``--json``. Proves: for each, stdout
+    is exactly one JSON document and the thread's line is on stderr."""
+    env, where, tools = _chatty(tmp_path)
+    first = subprocess.run(
+        [sys.executable, "-m", "effectlog", "run", str(tmp_path / "plan.json"), *where, *tools],
+        env={**env, **{"recover": {"EL_INTERRUPT": "1"}, "fork": {}, "retry": {"EL_FAIL": "1"}}[command]},
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert 0 != first.returncode or command == "fork", first.stderr
+    audit = ("--by", "ops", "--reason", "again")
+    argv = {
+        "recover": ["recover"],
+        "fork": ["fork", "--run-id", "r", "--new-run-id", "r2", "--from-step", "s1", *audit],
+        "retry": ["retry", "--run-id", "r", "--new-run-id", "r2", *audit],
+    }[command]
+    done = subprocess.run(
+        [sys.executable, "-m", "effectlog", *argv, *where, *tools, "--json"],
+        env={**env, "EL_LINGER": "1"}, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+
+    assert 0 == done.returncode, done.stderr
+    json.loads(done.stdout)  # one document, nothing else
+    assert 1 == done.stderr.count("a tool's thread, after it returned")
+
+
+def test_the_console_script_is_the_process_entry_point_as_python_m_effectlog_is() -> None:
+    """The lingering-thread cover above lives in ``cli.process_main`` (fd 1 kept on stderr until the
+    process exits); ``main()`` in-process gives fd 1 back. Proves: the installed ``effectlog`` command
+    is declared with ``process_main``, as ``python -m effectlog`` runs it, not with ``main``."""
+    import tomllib
+
+    pyproject = tomllib.loads((Path(__file__).parent.parent / "pyproject.toml").read_text())
+    main_module = (Path(__file__).parent.parent / "src" / "effectlog" / "__main__.py").read_text()
+
+    assert "effectlog.cli:process_main" == pyproject["project"]["scripts"]["effectlog"]
+    assert "raise SystemExit(process_main())" in main_module
+
+
+def test_main_called_in_process_gives_fd_1_back_to_its_caller(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``main()`` from Python (a test with ``capsys``, a program embedding the CLI) must find fd 1 as it
+    left it and effectlog's output on its ``sys.stdout``: only ``process_main`` keeps fd 1 on stderr.
+    Proves: after an in-process ``run --json`` whose tool wrote to fd 1, fd 1 is the same file as
+    before, and the JSON is in what ``capsys`` captured."""
+    from effectlog.cli import main
+
+    _, where, tools = _chatty(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    before = os.fstat(1)
+    status = main(["run", str(tmp_path / "plan.json"), *where, *tools, "--json", "--quiet"])
+    after = os.fstat(1)
+
+    assert 0 == status
+    assert (before.st_dev, before.st_ino) == (after.st_dev, after.st_ino)
+    assert '"state": "completed"' in capsys.readouterr().out
 
 
 # -- 1. aliases: the effect store under a second name --------------------------------------------

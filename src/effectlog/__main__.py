@@ -1,3 +1,3 @@
-from effectlog.cli import main
+from effectlog.cli import process_main
 
-raise SystemExit(main())
+raise SystemExit(process_main())

@@ -22,7 +22,15 @@ import msgspec
 
 from effectlog import events as ev
 from effectlog.adapters.protocol import Receipt, Request, idempotency_key
-from effectlog.errors import IdempotencyConflict, LedgerMismatch, NotApplied, PlanMismatch, ToolAborted, UnusableResult
+from effectlog.errors import (
+    IdempotencyConflict,
+    LedgerMismatch,
+    NotApplied,
+    PlanMismatch,
+    StoreWalLost,
+    ToolAborted,
+    UnusableResult,
+)
 from effectlog.fold import StepState
 from effectlog.journal import checkpoint, load_closed, resume_point
 from effectlog.journal.frontier import Tracker, is_done
@@ -431,6 +439,10 @@ class RunActor:
                         sent, step_id=sid, attempt=step.attempt, adapter=decl.adapter, key=step.idempotency_key
                     )
                 )
+            except StoreWalLost:
+                # effectlog's own effect store refused the commit (rolled back): no outcome of the tool's.
+                # The run stops as on a journal fault (exit 6), open: a resume sends the same key again.
+                raise
             except IdempotencyConflict as exc:
                 # The tool holds this key for another body: not applied, and no re-send can change that.
                 reason = redact(decl, f"idempotency conflict: {exc.message}")

@@ -436,3 +436,15 @@ class JournalWalLost(JournalLocked):
     its later commits would be lost; nothing more is written by it (exit 6)."""
 
     code = "journal_wal_lost"
+
+
+# -- branch leftovers (round-4 leftovers) ----------------------------------------------
+
+
+class StoreWalLost(JournalLocked):
+    """The WAL this process writes the effect store through was removed or replaced by another process:
+    this process's SQLite locks on the store file were dropped (something in it closed a descriptor of
+    the file), so its later effects would be lost and their keys applied again; the effect is not
+    committed and nothing more is written by it (exit 6)."""
+
+    code = "store_wal_lost"

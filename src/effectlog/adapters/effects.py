@@ -28,8 +28,9 @@ import msgspec
 
 from effectlog.adapters.protocol import Evidence, Receipt, Request, check_same_body
 from effectlog.canonical import digest
-from effectlog.errors import BadInput, IdempotencyConflict, StorageError, StoreAliased
+from effectlog.errors import BadInput, IdempotencyConflict, StorageError, StoreAliased, StoreWalLost
 from effectlog.events import EffectStoreIdentity
+from effectlog.journal.walwatch import WalWatch
 
 _SCHEMA = (
     """CREATE TABLE IF NOT EXISTS effects (
@@ -76,6 +77,7 @@ class EffectStore:
         self.read_only = read_only
         # One connection, shared by the adapter threads of concurrent runs: one transaction at a time.
         self._lock = threading.Lock()
+        self._wal: WalWatch | None = None  # a writer's: looked at before each commit (_refuse_if_wal_lost)
         self._refuse_aliases()
         if read_only:
             self._db = self._open_read_only()
@@ -99,6 +101,7 @@ class EffectStore:
             self.store_id = self._read_store_id()
         except sqlite3.Error as exc:
             raise StorageError(f"{self.path}: cannot open the effect store ({exc})") from None
+        self._wal = WalWatch(os.path.realpath(self.path))
 
     def _refuse_aliases(self) -> None:
         """A store file with a second name (a hard link) is refused before anything is read or written.
@@ -154,11 +157,23 @@ class EffectStore:
             db.execute("BEGIN IMMEDIATE")
             try:
                 yield db
+                self._refuse_if_wal_lost()
                 db.execute("COMMIT")
             except BaseException:
                 if db.in_transaction:
                     db.execute("ROLLBACK")
                 raise
+
+    def _refuse_if_wal_lost(self) -> None:
+        """An effect committed into a WAL another process deleted is lost when this process ends (killed,
+        or while others have the store open), and its key is applied again on resume: refuse it, and
+        every later one (``journal.walwatch``; the journal looks the same way)."""
+        if self._wal is not None and self._wal.lost():
+            raise StoreWalLost(
+                f"{self.path}: the effect store's WAL was removed or replaced by another process while this one "
+                "had it open (this process's SQLite locks on the file were dropped: something in it opened and "
+                "closed the store file); the effect was not committed and nothing more is written by this process"
+            )
 
     def apply_idempotent(self, request: Request) -> Receipt:
         """Effect and receipt in ONE transaction keyed by the idempotency key; a repeat returns the receipt."""

@@ -13,7 +13,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
-from effectlog.cli.output import drop_stdout, err, out
+from effectlog.cli.output import drop_stdout, err, keep_tools_off_stdout, out
 from effectlog.cli.progress import end_logging, error_line, json_errors
 from effectlog.errors import EffectlogError, ExitStatus, MissingDependency
 
@@ -94,6 +94,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     end_logging()  # main() inside another program (or a test) leaves its logging as it found it
     out("")  # flush what is buffered; a closed pipe is dropped, not an error
     return status
+
+
+def process_main() -> int:
+    """The process entry point: ``python -m effectlog`` and the ``effectlog`` console script.
+
+    As ``main()``, and once tools have run fd 1 stays on stderr until the process exits, so
+    nothing a tool leaves behind (a thread, an ``atexit`` hook) prints into ``--json`` output
+    (``output.keep_tools_off_stdout``). ``main()`` called from Python gives fd 1 back to its
+    caller when the tools are done instead.
+    """
+    keep_tools_off_stdout()
+    return main()
 
 
 def _telemetry() -> Callable[[], None] | None:

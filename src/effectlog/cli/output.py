@@ -26,20 +26,39 @@ _json = msgspec.json.Encoder(order="sorted", enc_hook=_enc_hook)
 
 
 class _Stdout:
-    gone = False  # the reader went away: fd 1 now points at /dev/null
+    gone = False  # the reader went away: fd 1 (or ``held``) now points at /dev/null
+    keep = False  # the ``effectlog`` process: once tools ran, fd 1 stays on stderr until it exits
+    held: TextIO | None = None  # then: the real stdout, on a descriptor of its own, for ``out()``
 
 
 _STDOUT = _Stdout()
 
 
+def keep_tools_off_stdout() -> None:
+    """Called by the process entry point only (``python -m effectlog``, the ``effectlog`` script).
+
+    From the first ``tools_write_to_stderr`` block on, fd 1 is never pointed back at the real
+    stdout: a thread a tool leaves running, or an ``atexit`` hook of its module, that prints
+    after the run ends still writes to stderr, and ``out()`` writes to the real stdout through
+    a descriptor of its own. An in-process caller of ``main()`` (a test with ``capsys``, a
+    program embedding the CLI) does not call this: its fd 1 is given back when the block ends.
+    """
+    _STDOUT.keep = True
+
+
+def _stream() -> TextIO | None:
+    return _STDOUT.held if _STDOUT.held is not None else sys.stdout
+
+
 def out(text: str) -> None:
     """Write ``text`` to stdout now. A reader that went away (``effectlog run ... | head -1``)
     is not an error of the command: the rest of its output is dropped, its exit status stays."""
-    if _STDOUT.gone or sys.stdout is None:  # None: started with fd 1 closed
+    stream = _stream()
+    if _STDOUT.gone or stream is None:  # None: started with fd 1 closed
         return
     try:
-        sys.stdout.write(text)
-        sys.stdout.flush()
+        stream.write(text)
+        stream.flush()
     except BrokenPipeError:
         drop_stdout()
 
@@ -52,11 +71,12 @@ def err(text: str) -> None:
 
 
 def drop_stdout() -> None:
-    """Point fd 1 at /dev/null, so nothing more (not even the interpreter's last flush) fails on it."""
+    """Point the real stdout (fd 1, or the descriptor ``out()`` holds) at /dev/null, so nothing
+    more (not even the interpreter's last flush) fails on it."""
     _STDOUT.gone = True
-    with contextlib.suppress(OSError, ValueError):
+    with contextlib.suppress(OSError, ValueError, AttributeError):  # AttributeError: sys.stdout is None
         devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
+        os.dup2(devnull, (_STDOUT.held or sys.stdout).fileno())
         os.close(devnull)
 
 
@@ -76,7 +96,16 @@ def tools_write_to_stderr() -> Iterator[TextIO]:
     Yields a stream on the real stdout for effectlog's own output during the block (the
     runner's ``--json`` events); ``run`` writes its table or ``--json`` after the block. Either
     way a chatty tool can never break a reader of effectlog's output.
+
+    In the ``effectlog`` process (``keep_tools_off_stdout``) fd 1 stays on stderr after the
+    block, until the process exits, and ``out()`` writes to the yielded stream: what a tool's
+    thread prints after its call is covered too. Called in-process (``main()`` from Python),
+    fd 1 is pointed back at the caller's stdout when the block ends, as the caller expects;
+    a tool's thread printing after that writes to the caller's stdout.
     """
+    if _STDOUT.held is not None:  # an earlier block of this process kept fd 1 on stderr
+        yield _STDOUT.held
+        return
     with contextlib.suppress(OSError, ValueError):
         sys.stdout.flush()
     try:
@@ -89,6 +118,14 @@ def tools_write_to_stderr() -> Iterator[TextIO]:
     except OSError:
         os.close(saved)
         yield sys.stdout
+        return
+    if _STDOUT.keep:  # the descriptor is out()'s until the process exits
+        _STDOUT.held = open(saved, "w", encoding="utf-8", buffering=1)  # noqa: SIM115 - lives as long as the process
+        try:
+            yield _STDOUT.held
+        finally:
+            with contextlib.suppress(OSError, ValueError):
+                sys.stdout.flush()  # a tool's buffered print goes to stderr too
         return
     real = open(saved, "w", encoding="utf-8", buffering=1, closefd=False)  # noqa: SIM115 - closed below
     try:

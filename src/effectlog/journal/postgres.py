@@ -299,7 +299,7 @@ class PostgresJournal:
 
     def head(self, run_id: str) -> tuple[int, bytes]:
         try:
-            with self._pool.connection() as conn:
+            with self._connection() as conn:
                 return self._head(conn, run_id)
         except (psycopg.Error, PoolTimeout) as exc:
             raise translate(exc, self.location) from None
@@ -334,7 +334,7 @@ class PostgresJournal:
                     f"the run is driven by {describe(self.owner(run_id).owner)}; nothing was written", run_id=run_id
                 )
             try:
-                with self._pool.connection() as pooled, pooled.transaction():
+                with self._connection() as pooled, pooled.transaction():
                     pooled.execute(LOCK_RUN, (RUN_LOCK_CLASS, run_id))  # no append of the run is in flight
                     self._check_binding(pooled, run_id, kind)
                     row = pooled.execute(UPSERT_OWNER, (run_id, encode_owner(claim.owner))).fetchone()
@@ -366,7 +366,7 @@ class PostgresJournal:
 
     def owner(self, run_id: str) -> OwnerStatus:
         try:
-            with self._pool.connection() as conn:
+            with self._connection() as conn:
                 runner = self._lease_holder(conn, run_id)
                 if runner is not None:
                     return OwnerStatus(owner=runner[0], live=True, waiting=runner[1])
@@ -477,7 +477,7 @@ class PostgresJournal:
         if not events:
             return []
         try:
-            with self._pool.connection() as conn:
+            with self._connection() as conn:
                 try:
                     with conn.transaction():
                         self._lock_runs(conn, events)
@@ -544,7 +544,7 @@ class PostgresJournal:
 
     def _checkpoint_query(self, sql: str, run_id: str | None) -> list[tuple[Any, ...]]:
         try:
-            with self._pool.connection() as conn:
+            with self._connection() as conn:
                 if not self._has_table(conn, "checkpoints"):  # a journal no writer has opened since they exist
                     return []
                 return list(conn.execute(sql, (run_id,) if run_id is not None else ()).fetchall())
@@ -566,7 +566,7 @@ class PostgresJournal:
             return []
         encoded = [encode(e) for e in events]
         try:
-            with self._pool.connection() as conn:
+            with self._connection() as conn:
                 if isinstance(fence, InsertingFence) and fence.inserts:
                     done = self._fenced_in_one(conn, events, encoded, fence)
                     if done is not None:
@@ -734,7 +734,7 @@ class PostgresJournal:
     def read_rows(self, run_id: str, after_seq: int = 0) -> Iterator[Row]:
         """``read``'s rows as ``fold.fold_rows`` takes them, without a ``Record`` per row (as SQLite's)."""
         try:
-            with self._pool.connection() as conn:
+            with self._connection() as conn:
                 rows = conn.execute(READ, (run_id, after_seq)).fetchall()
         except (psycopg.Error, PoolTimeout) as exc:
             raise translate(exc, self.location) from None
@@ -743,7 +743,7 @@ class PostgresJournal:
 
     def runs(self) -> list[str]:
         try:
-            with self._pool.connection() as conn:
+            with self._connection() as conn:
                 # COLLATE "C": code-point order, the same as Python's sorted(), whatever the database locale.
                 rows = conn.execute(
                     f'SELECT DISTINCT run_id COLLATE "C" AS r FROM {SCHEMA}.events ORDER BY r'
@@ -755,13 +755,20 @@ class PostgresJournal:
     def _refuse_inherited(self) -> None:
         """A journal opened before ``fork()`` is the parent's in the child: its connections are the
         parent's server sessions, whose advisory locks stack, so a claim through one would succeed
-        while the parent holds the run, and its unlock would drop the parent's."""
+        while the parent holds the run, and its unlock would drop the parent's. Reads too: the child's
+        query on a pooled socket interleaves with the parent's protocol stream on it (answers cross,
+        both processes wait for ever), and a connection the child breaks is lost to the parent."""
         if os.getpid() != self._pid:
             raise JournalInherited(
                 f"{self.location}: this journal was opened before fork() by the parent process, whose server "
                 "sessions (and the run locks they hold) the child shares: open the journal again in this "
-                "process; nothing was written"
+                "process; nothing was written or sent"
             )
+
+    def _connection(self) -> contextlib.AbstractContextManager[psycopg.Connection[tuple[Any, ...]]]:
+        """A pooled connection, for this journal's process only: every read and write takes it here."""
+        self._refuse_inherited()
+        return self._pool.connection()
 
     def close(self) -> None:
         for claim in list(self._claims.values()):

@@ -74,6 +74,7 @@ from effectlog.journal.sqlite_schema import (
     file_size,
     translate,
 )
+from effectlog.journal.walwatch import WalWatch
 
 
 class SqliteJournal:
@@ -101,7 +102,7 @@ class SqliteJournal:
         # Test hook: called inside the transaction, after the rows are written, before COMMIT.
         self.before_commit: Callable[[Sequence[Event]], None] | None = None
         self._file: filelocks.SharedFile | None = None
-        self._wal: tuple[int, int] | None = None
+        self._wal: WalWatch | None = None
         if not writer and not Path(self.path).is_file():
             raise JournalUnreadable(f"{self.location}: no journal file there")
         if writer:
@@ -123,7 +124,7 @@ class SqliteJournal:
                 self._ensure_table("seals", SEALS_DDL)
                 self._ensure_table("owners", OWNERS_DDL)
                 self._ensure_table("checkpoints", checkpoint.SQLITE_DDL)
-                self._wal = self._wal_identity()  # checked before each commit: _refuse_if_wal_lost
+                self._wal = WalWatch(self.path)  # checked before each commit: _refuse_if_wal_lost
         except BaseException:
             with contextlib.suppress(Exception):
                 if filelocks.may_close(self._db):
@@ -176,25 +177,14 @@ class SqliteJournal:
             "was written is kept in the file (checkpointed), and nothing more is written: open it by its new name"
         )
 
-    def _wal_identity(self) -> tuple[int, int] | None:
-        try:
-            st = os.stat(self.path + "-wal")
-        except OSError:
-            return None
-        return st.st_dev, st.st_ino
-
     def _refuse_if_wal_lost(self) -> None:
         """While this connection is open, SQLite's shared lock on the file keeps any other process from
         deleting the WAL beside it. Closing any descriptor of the file in this process drops that lock
         (a tool that reads the journal file, say); another process's last close then checkpoints and
         deletes the WAL, and this connection would go on committing into the deleted one: commits
         nobody else sees, lost when this process ends while others have the file open. So a WAL that
-        is gone or another file refuses every later commit."""
-        found = self._wal_identity()
-        if self._wal is None:  # none yet when this journal was opened: the first one is this connection's
-            self._wal = found
-            return
-        if found == self._wal:
+        is gone or another file refuses every later commit (``walwatch``, shared with the effect store)."""
+        if self._wal is None or not self._wal.lost():
             return
         raise JournalWalLost(
             f"{self.location}: the journal's WAL was removed or replaced by another process while this one had "
