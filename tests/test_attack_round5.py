@@ -233,12 +233,6 @@ _STORE_INHERITED_SCRIPT = """
 """
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="adapters/effects.py (branch leftovers' file): EffectStore closes, in a fork child, the SQLite "
-    "connection it inherited, as SqliteJournal did before this round's fix: the child's close deletes the "
-    "WAL holding another process's idempotency key, and a resume applies the effect again",
-)
 def test_a_forked_child_leaving_its_inherited_effect_store_loses_no_idempotency_key(tmp_path: Path) -> None:
     """The effect store twin of the journal case: a worker forked from a process with an open effect
     store ends normally; SQLite's close of the inherited connection, believing itself the file's last,

@@ -30,6 +30,7 @@ from effectlog.adapters.protocol import Evidence, Receipt, Request, check_same_b
 from effectlog.canonical import digest
 from effectlog.errors import BadInput, IdempotencyConflict, StorageError, StoreAliased, StoreWalLost
 from effectlog.events import EffectStoreIdentity
+from effectlog.journal import filelocks
 from effectlog.journal.walwatch import WalWatch
 
 _SCHEMA = (
@@ -79,8 +80,10 @@ class EffectStore:
         self._lock = threading.Lock()
         self._wal: WalWatch | None = None  # a writer's: looked at before each commit (_refuse_if_wal_lost)
         self._refuse_aliases()
+        filelocks.refuse_inherited(self.path)  # a file the parent had open at fork(): see filelocks
         if read_only:
             self._db = self._open_read_only()
+            filelocks.opened(self._db, self.path)
             self.store_id = self._read_store_id()
             return
         if not Path(self.path).exists():
@@ -88,6 +91,7 @@ class EffectStore:
                 os.close(os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
         try:
             self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=30)
+            filelocks.opened(self._db, self.path)
             self._db.execute("PRAGMA journal_mode = WAL")
             self._db.execute("PRAGMA synchronous = FULL")
             for sql in _SCHEMA:
@@ -100,6 +104,7 @@ class EffectStore:
                     )
             self.store_id = self._read_store_id()
         except sqlite3.Error as exc:
+            self.close()  # the connection, if it was opened
             raise StorageError(f"{self.path}: cannot open the effect store ({exc})") from None
         self._wal = WalWatch(os.path.realpath(self.path))
 
@@ -275,6 +280,8 @@ class EffectStore:
         return len(self.rows(run_id=run_id, step_id=step_id))
 
     def close(self) -> None:
+        if not hasattr(self, "_db") or not filelocks.may_close(self._db):
+            return  # opened before fork(), in the child: SQLite's close here would act for the parent
         with contextlib.suppress(sqlite3.Error):
             self._db.close()
 
