@@ -73,7 +73,12 @@ def test_killing_the_runner_midway_needs_an_operator_and_the_retry_charges_once(
     assert ("expire", "recovery_service", ["charge"]) == (audit.transition, audit.actor, audit.detail["requested"])
     assert [("pay-1", "charge", 1)] * charged_before_retry == effect_rows(tmp_path / "effects.db")
     assert 1 == tags(store, "pay-1").count("step.requested")  # no second launch while the operator decides
-    assert "uncertain" == load_run(store.journal(), "pay-1").steps["charge"].state
+    # The recovery pass commits needs_operator, then records step.uncertain in a second transaction
+    # (recovery.recover_once): wait for the second rather than look between the two.
+    wait_until(  # fails the test if the step is never recorded uncertain
+        lambda: load_run(store.journal(), "pay-1").steps["charge"].state == "uncertain" or None,
+        "the recovery pass to record the step uncertain",
+    )
 
     effectlog(
         "reconcile", "--journal", store_url, "--run-id", "pay-1", "--step", "charge",
