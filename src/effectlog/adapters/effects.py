@@ -78,24 +78,36 @@ class EffectStore:
         self.read_only = read_only
         # One connection, shared by the adapter threads of concurrent runs: one transaction at a time.
         self._lock = threading.Lock()
-        self._wal: WalWatch | None = None  # a writer's: looked at before each commit (_refuse_if_wal_lost)
-        self._refuse_aliases()
+        self._db: sqlite3.Connection | None = None
+        self._file: filelocks.SharedFile | None = None
+        self._wal: WalWatch | None = None  # a writer's: looked at before each commit (_refuse_if_renamed)
+        # SQLite resolves symlinks to name the WAL: locks and names go by the same resolved path.
+        self._real = os.path.realpath(self.path)
         filelocks.refuse_inherited(self.path)  # a file the parent had open at fork(): see filelocks
-        if read_only:
-            self._db = self._open_read_only()
-            filelocks.opened(self._db, self.path)
-            self.store_id = self._read_store_id()
-            return
-        if not Path(self.path).exists():
+        if read_only and not Path(self.path).is_file():
+            raise BadInput(f"{self.path}: no effect store there")
+        if not read_only and not Path(self.path).exists():
             with contextlib.suppress(FileExistsError):
                 os.close(os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
         try:
+            self._file = filelocks.acquire(self._real, write=not read_only)
+        except OSError as exc:
+            raise StorageError(f"{self.path}: cannot open the effect store ({exc.strerror})") from None
+        try:
+            self._refuse_aliases()
+            self._file.use_name(self._real)
+            if read_only:
+                self._db = self._open_read_only()
+                filelocks.opened(self._db, self.path)
+                self.store_id = self._read_store_id()
+                return
             self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=30)
             filelocks.opened(self._db, self.path)
             self._db.execute("PRAGMA journal_mode = WAL")
             self._db.execute("PRAGMA synchronous = FULL")
             for sql in _SCHEMA:
                 self._db.execute(sql)
+            self._wal = WalWatch(self._real)
             with self._immediate() as db:
                 if db.execute("SELECT count(*) FROM effect_store").fetchone()[0] == 0:
                     db.execute(
@@ -104,32 +116,37 @@ class EffectStore:
                     )
             self.store_id = self._read_store_id()
         except sqlite3.Error as exc:
-            self.close()  # the connection, if it was opened
+            self.close()
             raise StorageError(f"{self.path}: cannot open the effect store ({exc})") from None
-        self._wal = WalWatch(os.path.realpath(self.path))
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def _conn(self) -> sqlite3.Connection:
+        if self._db is None:
+            raise StorageError(f"{self.path}: the effect store is closed")
+        return self._db
 
     def _refuse_aliases(self) -> None:
-        """A store file with a second name (a hard link) is refused before anything is read or written.
+        """A store file with a second name is refused before anything is read or written
+        (``filelocks.second_name``: a hard link, a bind mount, a rename while another process has it open).
 
         SQLite keeps the WAL beside the name it was given: an effect committed through one name and not
-        yet checkpointed (its writer killed) is not seen through the other, so an idempotency key would
-        be applied again, and a ledger inspection would say "not applied" for an effect that exists.
+        yet checkpointed is not seen through the other, so an idempotency key would be applied again,
+        and a ledger inspection would say "not applied" for an effect that exists.
         """
-        try:
-            links = os.stat(self.path).st_nlink
-        except OSError:
-            return  # not there yet (created below), or refused below with the reason
-        if links > 1:
+        assert self._file is not None
+        second = filelocks.second_name(self._file, self._real)
+        if second is not None:
             raise StoreAliased(
-                f"{self.path}: the effect store file has {links} names (hard links); SQLite keeps its WAL beside "
-                "the name it is opened by, so effects committed under another name would be missed. Remove the "
-                "extra link(s) and open it by one name (a symlink is fine); nothing was written"
+                f"{self.path}: the effect store file {second}; SQLite keeps its WAL beside the name it is opened "
+                "by, so effects committed under another name would be missed. Remove the extra link(s), or open "
+                "it by the name in use (a symlink is fine); nothing was written"
             )
 
     def _open_read_only(self) -> sqlite3.Connection:
         """Open without writing a byte: no PRAGMA, no schema; refuse a file that is not an effect store."""
-        if not Path(self.path).is_file():
-            raise BadInput(f"{self.path}: no effect store there")
         uri = "file:" + urllib.parse.quote(os.path.abspath(self.path)) + "?mode=ro"
         try:
             db = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False, timeout=30)
@@ -144,7 +161,7 @@ class EffectStore:
     def _read_store_id(self) -> str:
         """The id written when the store was created ("" for a store older than store ids, read-only)."""
         try:
-            row = self._db.execute("SELECT store_id FROM effect_store ORDER BY rowid LIMIT 1").fetchone()
+            row = self._conn.execute("SELECT store_id FROM effect_store ORDER BY rowid LIMIT 1").fetchone()
         except sqlite3.OperationalError:
             return ""  # no effect_store table: a store created before ids existed, opened read-only
         return str(row[0]) if row is not None else ""
@@ -158,21 +175,38 @@ class EffectStore:
     def _immediate(self) -> Iterator[sqlite3.Connection]:
         """One write transaction at a time (adapter threads share the connection); rolled back on any error."""
         with self._lock:
-            db = self._db
+            db = self._conn
             db.execute("BEGIN IMMEDIATE")
             try:
                 yield db
-                self._refuse_if_wal_lost()
+                self._refuse_if_renamed()
                 db.execute("COMMIT")
             except BaseException:
                 if db.in_transaction:
                     db.execute("ROLLBACK")
                 raise
 
-    def _refuse_if_wal_lost(self) -> None:
-        """An effect committed into a WAL another process deleted is lost when this process ends (killed,
-        or while others have the store open), and its key is applied again on resume: refuse it, and
-        every later one (``journal.walwatch``; the journal looks the same way)."""
+    def _refuse_if_renamed(self) -> None:
+        """Refuse to commit an effect where the store's next reader would not see it.
+
+        - Renamed or removed since it was opened: the WAL stays beside the old name, which nobody opens
+          any more (a writer killed now orphans its effects there, and their keys are applied again
+          through the new name). What was committed is checkpointed into the file first, and nothing
+          more is written (as the journal does).
+        - The WAL removed or replaced by another process (``journal.walwatch``; the journal looks the
+          same way): an effect committed into it is lost when this process ends.
+        """
+        assert self._file is not None
+        assert self._db is not None
+        if filelocks.name_moved(self._real, self._file.key):
+            self._db.execute("ROLLBACK")
+            with contextlib.suppress(sqlite3.Error):
+                self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            raise StoreAliased(
+                f"{self.path}: the effect store file was renamed or removed while this process had it open; the "
+                "effects committed so far are kept in the file (checkpointed), this one was not committed, and "
+                "nothing more is written by this process: open it by its new name"
+            )
         if self._wal is not None and self._wal.lost():
             raise StoreWalLost(
                 f"{self.path}: the effect store's WAL was removed or replaced by another process while this one "
@@ -201,7 +235,7 @@ class EffectStore:
         return Receipt(data=data)
 
     def _insert(self, kind: str, request: Request) -> dict[str, Any]:
-        cur = self._db.execute(
+        cur = self._conn.execute(
             "INSERT INTO effects (kind, run_id, step_id, attempt, idempotency_key, args_digest, created_ns, receipt)"
             " VALUES (?, ?, ?, ?, ?, ?, ?, '')",
             (
@@ -217,7 +251,7 @@ class EffectStore:
         effect_id = cur.lastrowid
         data = {"effect_id": effect_id, "kind": kind}
         # The receipt is part of the same transaction as the effect (UPDATE of our own row, same txn).
-        self._db.execute("UPDATE effects SET receipt = ? WHERE effect_id = ?", (msgspec.json.encode(data), effect_id))
+        self._conn.execute("UPDATE effects SET receipt = ? WHERE effect_id = ?", (msgspec.json.encode(data), effect_id))
         return data
 
     def lookup(self, request: Request, *, body: str | None = None) -> Evidence:
@@ -258,7 +292,7 @@ class EffectStore:
         if where:
             sql += " WHERE " + " AND ".join(where)
         try:
-            cur = self._db.execute(sql + " ORDER BY effect_id", params)
+            cur = self._conn.execute(sql + " ORDER BY effect_id", params)
             return [
                 EffectRow(
                     effect_id=r[0],
@@ -280,10 +314,17 @@ class EffectStore:
         return len(self.rows(run_id=run_id, step_id=step_id))
 
     def close(self) -> None:
-        if not hasattr(self, "_db") or not filelocks.may_close(self._db):
-            return  # opened before fork(), in the child: SQLite's close here would act for the parent
-        with contextlib.suppress(sqlite3.Error):
-            self._db.close()
+        db, self._db = self._db, None
+        if db is not None and filelocks.may_close(db):  # not one opened before fork(), in the child
+            with contextlib.suppress(sqlite3.Error):
+                if not self.read_only and self._file is not None and filelocks.name_moved(self._real, self._file.key):
+                    # SQLite does not checkpoint a moved file on close: its effects would stay in the WAL
+                    # beside the old name, unseen under the new one (see _refuse_if_renamed).
+                    db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+                db.close()
+        shared, self._file = self._file, None
+        if shared is not None:
+            filelocks.release(shared)  # after the connection: its descriptor's close drops SQLite's locks
 
 
 class _LedgerBacked:

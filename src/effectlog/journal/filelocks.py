@@ -291,6 +291,18 @@ def acquire(path: str, *, write: bool = True) -> SharedFile:
     Locks need a descriptor open for writing; a reader (which only probes locks) makes do
     with a read-only one, replaced by a writable one when a writer of the process comes.
     """
+    with _registry_lock:
+        # Already open here by this name's file: one more reference, no new descriptor (a second one
+        # could never be closed before the first: closing it would drop SQLite's locks on the file).
+        try:
+            st = os.stat(path)
+        except OSError:
+            pass
+        else:
+            shared = _files.get((st.st_dev, st.st_ino))
+            if shared is not None and (shared.writable or not write):
+                shared.refs += 1
+                return shared
     fd = os.open(path, (os.O_RDWR if write else os.O_RDONLY) | os.O_CLOEXEC)
     try:
         st = os.fstat(fd)
@@ -323,6 +335,32 @@ def acquire(path: str, *, write: bool = True) -> SharedFile:
 
 
 _spare: dict[tuple[int, int], list[int]] = {}
+
+
+def second_name(shared: SharedFile, path: str) -> str | None:
+    """How the file opened at ``path`` has a second name now (``None`` if it has not).
+
+    SQLite keeps a database's WAL beside the name it was opened by: a second name of the same file
+    (a hard link, a bind mount, a rename while another process has it open) is a second WAL, and what
+    was committed through one name and not yet checkpointed is not seen through the other. The
+    journal and the effect store both refuse such a name before SQLite opens the file.
+    """
+    links = os.fstat(shared.fd).st_nlink
+    if links > 1:
+        return f"has {links} names (hard links)"
+    other = shared.other_name(path)
+    if other is not None:
+        return f"is open under another name ({other})"
+    return None
+
+
+def name_moved(path: str, key: tuple[int, int]) -> bool:
+    """Whether ``path`` no longer leads to the file ``key`` (``(st_dev, st_ino)``): renamed or removed."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return True
+    return (st.st_dev, st.st_ino) != key
 
 
 def release(shared: SharedFile) -> None:

@@ -135,28 +135,18 @@ class SqliteJournal:
 
     def _refuse_aliases(self) -> None:
         assert self._file is not None
-        links = os.fstat(self._file.fd).st_nlink
-        if links > 1:
+        second = filelocks.second_name(self._file, self.path)
+        if second is not None:
             raise JournalAliased(
-                f"{self.location}: the journal file has {links} names (hard links); SQLite keeps its WAL beside "
-                "the name it is opened by, so two names would be two journals over one file. Remove the extra "
-                "link(s) and open it by one name (a symlink is fine)"
-            )
-        other = self._file.other_name(self.path)
-        if other is not None:
-            raise JournalAliased(
-                f"{self.location}: this journal file is open under another name ({other}); SQLite keeps its WAL "
-                "beside the name, so two names would be two journals over one file: open it by the name in use"
+                f"{self.location}: the journal file {second}; SQLite keeps its WAL beside the name it is opened "
+                "by, so two names would be two journals over one file: remove the extra link(s), or open it by "
+                "the name in use (a symlink is fine)"
             )
 
     def _moved(self) -> bool:
         """Whether the name this journal was opened by no longer leads to its file (renamed or removed)."""
         assert self._file is not None
-        try:
-            st = os.stat(self.path)
-        except OSError:
-            return True
-        return (st.st_dev, st.st_ino) != self._file.key
+        return filelocks.name_moved(self.path, self._file.key)
 
     def _refuse_if_moved(self) -> None:
         """SQLite keeps the WAL beside the old name and never checkpoints a moved file on close: the
