@@ -1,0 +1,102 @@
+"""Round-6 attacks: the classes of the earlier rounds (aliases, second processes, stale evidence,
+hostile tools, mistyped paths, closed pipes) with cases nobody had tried. Each test is one suspicion,
+a failing reproduction first where it found a defect, kept as a regression test where it found none.
+Real SQLite files, real processes (``python -m effectlog``)."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hardening_kit import GOOD_PLAN, effectlog, one_line
+
+SUFFIXES = ["-wal", "-shm", "-journal"]
+
+
+def _plan(path: Path, run_id: str, adapter_type: str = "noop") -> Path:
+    """A one-step plan of run ``run_id`` (an idempotent adapter of ``adapter_type``) written to ``path``."""
+    plan = {
+        "run_id": run_id,
+        "adapters": {"tool": {"type": adapter_type, "idempotent": True}},
+        "steps": [{"id": "s1", "adapter": "tool", "args": {"cents": 5}}],
+    }
+    path.write_text(json.dumps(plan))
+    return path
+
+
+def _state(journal: Path, run_id: str, cwd: Path) -> tuple[int, str]:
+    """``status --json`` of one run: exit status and state ("" when there is none)."""
+    proc = effectlog("status", "--journal", str(journal), "--run-id", run_id, "--json", cwd=cwd)
+    return proc.returncode, json.loads(proc.stdout).get("state", "") if proc.returncode == 0 else ""
+
+
+# -- 1. a SQLite file inside another's sidecar names (-wal, -shm, -journal) --------------------------
+
+
+@pytest.mark.parametrize("suffix", SUFFIXES)
+def test_a_journal_named_as_another_journals_sidecar_is_refused(tmp_path: Path, suffix: str) -> None:
+    """SQLite keeps a database's WAL, shared-memory index and rollback journal at its name + ``-wal``,
+    ``-shm``, ``-journal``. ``effectlog run --journal j.db-wal`` (a tab completion one key too far)
+    made a journal in j.db's WAL file: its run completed and was acknowledged, and j.db's next commit
+    reset the WAL (or its close deleted it): the run was gone, ``status`` said no journal there. Proves:
+    a journal at another SQLite file's sidecar name is refused (exit 2, one line naming the file it
+    belongs to), nothing is written, and the next commits to j.db lose nothing."""
+    journal = tmp_path / "j.db"
+    assert 0 == effectlog("run", "--journal", str(journal), str(GOOD_PLAN), cwd=tmp_path).returncode
+    side = tmp_path / f"j.db{suffix}"
+    before = side.read_bytes() if side.exists() else None
+    proc = effectlog("run", "--journal", str(side), str(_plan(tmp_path / "p.json", "w")), cwd=tmp_path)
+    assert (2, True, before) == (
+        proc.returncode,
+        "j.db" in one_line(proc.stderr),
+        side.read_bytes() if side.exists() else None,
+    )
+    assert (0, "completed") == _state(journal, "good-run", tmp_path)
+
+
+@pytest.mark.parametrize("suffix", SUFFIXES)
+def test_an_effect_store_named_as_a_journals_sidecar_is_refused(tmp_path: Path, suffix: str) -> None:
+    """The effect store twin: ``--effects j.db-wal`` kept idempotency keys in the journal's WAL file,
+    where the journal's next commit overwrote them (a resume would send the key's effect again).
+    Proves: refused, exit 2 in one line, and the journal beside it is intact."""
+    journal = tmp_path / "j.db"
+    assert 0 == effectlog("run", "--journal", str(journal), str(GOOD_PLAN), cwd=tmp_path).returncode
+    plan = _plan(tmp_path / "p.json", "fx", "effects.idempotent")
+    side = tmp_path / f"j.db{suffix}"
+    proc = effectlog("run", "--journal", str(tmp_path / "k.db"), "--effects", str(side), str(plan), cwd=tmp_path)
+    assert (2, True) == (proc.returncode, f"j.db{suffix}" in one_line(proc.stderr))
+    assert (0, "completed") == _state(journal, "good-run", tmp_path)
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["run", "--journal", "{other}", "--effects", "{base}", "{fxplan}"],
+        ["run", "--journal", "{base}", "{plan}"],
+        ["submit", "--store", "{base}", "--scope", "s", "--key", "k", "{plan}"],
+    ],
+    ids=["effect-store", "journal", "fleet-store"],
+)
+def test_a_file_whose_wal_name_holds_another_journal_is_refused(tmp_path: Path, command: list[str]) -> None:
+    """The other order: a journal made first at x.db-wal (x.db not there yet) holds a completed run.
+    An effect store, journal or fleet store then opened at x.db reads x.db-wal as its WAL, finds no WAL
+    header, and its first commit overwrites the file, its close deletes it: the run was gone (``status``
+    of x.db-wal: no journal there). Proves: x.db is refused (exit 2, one line naming x.db-wal) and the
+    run in x.db-wal is still there, completed."""
+    side = tmp_path / "x.db-wal"
+    plan = _plan(tmp_path / "p.json", "w")
+    assert 0 == effectlog("run", "--journal", str(side), str(plan), cwd=tmp_path).returncode
+    names = {
+        "other": str(tmp_path / "y.db"),
+        "base": str(tmp_path / "x.db"),
+        "plan": str(plan),
+        "fxplan": str(_plan(tmp_path / "fx.json", "fx", "effects.idempotent")),
+    }
+    proc = effectlog(*[arg.format(**names) for arg in command], cwd=tmp_path)
+    assert (2, True) == (proc.returncode, "x.db-wal" in one_line(proc.stderr))
+    assert (0, "completed") == _state(side, "w", tmp_path)
