@@ -100,3 +100,37 @@ def test_a_file_whose_wal_name_holds_another_journal_is_refused(tmp_path: Path, 
     proc = effectlog(*[arg.format(**names) for arg in command], cwd=tmp_path)
     assert (2, True) == (proc.returncode, "x.db-wal" in one_line(proc.stderr))
     assert (0, "completed") == _state(side, "w", tmp_path)
+
+
+# -- 2. a stored column that is TEXT but not UTF-8 ---------------------------------------------------
+
+
+def _damage(path: Path, table: str, column: str) -> None:
+    """Rewrite ``column`` of the last row of ``table`` as TEXT holding bytes that are not UTF-8 (the
+    append-only triggers dropped first, as anyone with the file can)."""
+    db = sqlite3.connect(path)
+    for (trigger,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'trigger'").fetchall():
+        db.execute(f'DROP TRIGGER "{trigger}"')
+    last = "(SELECT max(seq) FROM events)" if table == "events" else "(SELECT max(seq) FROM seals)"
+    db.execute(f"UPDATE {table} SET {column} = CAST(x'ff00fe' AS TEXT) WHERE seq = {last}")
+    db.commit()
+    db.close()
+
+
+@pytest.mark.parametrize(
+    ("table", "column"),
+    [("events", "hash"), ("events", "body"), ("events", "step_id"), ("seals", "body"), ("seals", "hash")],
+)
+def test_a_column_stored_as_text_that_is_not_utf8_is_an_integrity_failure(
+    tmp_path: Path, table: str, column: str
+) -> None:
+    """Round 5 made a body of another SQLite type an integrity error; TEXT that is not UTF-8 never
+    reached that check: Python's sqlite3 failed to decode it, and ``verify`` ended with ``storage``,
+    exit 2 ("bad input or usage") over a damaged journal. Proves: ``verify`` says it is damage, exit 7,
+    in one line, for every column a person could rewrite so."""
+    journal = tmp_path / "j.db"
+    assert 0 == effectlog("run", "--journal", str(journal), str(GOOD_PLAN), cwd=tmp_path).returncode
+    _damage(journal, table, column)
+    proc = effectlog("verify", "--journal", str(journal), cwd=tmp_path)
+    assert (7, "") == (proc.returncode, proc.stdout if proc.returncode != 7 else ""), proc.stderr
+    one_line(proc.stderr)
