@@ -30,7 +30,7 @@ from effectlog.adapters.protocol import Evidence, Receipt, Request, check_same_b
 from effectlog.canonical import digest
 from effectlog.errors import BadInput, IdempotencyConflict, StorageError, StoreAliased, StoreWalLost
 from effectlog.events import EffectStoreIdentity
-from effectlog.journal import filelocks
+from effectlog.journal import filelocks, sidecars
 from effectlog.journal.walwatch import WalWatch
 
 _SCHEMA = (
@@ -80,6 +80,7 @@ class EffectStore:
         self._lock = threading.Lock()
         self._wal: WalWatch | None = None  # a writer's: looked at before each commit (_refuse_if_wal_lost)
         self._refuse_aliases()
+        sidecars.refuse_clash(self.path, "effect store")  # before SQLite takes another file for its own
         filelocks.refuse_inherited(self.path)  # a file the parent had open at fork(): see filelocks
         if read_only:
             self._db = self._open_read_only()
