@@ -134,3 +134,29 @@ def test_a_column_stored_as_text_that_is_not_utf8_is_an_integrity_failure(
     proc = effectlog("verify", "--journal", str(journal), cwd=tmp_path)
     assert (7, "") == (proc.returncode, proc.stdout if proc.returncode != 7 else ""), proc.stderr
     one_line(proc.stderr)
+
+
+# -- 3. numbers beyond what the store can hold --------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["requests", "--request", "{n}"],
+        ["operator", "fail", "--request", "{n}", "--reason", "typo", "--by", "ops"],
+        ["operator", "requeue", "--request", "-{n}", "--reason", "typo", "--by", "ops"],
+    ],
+    ids=["requests", "operator-fail", "operator-negative"],
+)
+def test_a_request_id_beyond_64_bits_is_bad_input_not_a_traceback(tmp_path: Path, argv: list[str]) -> None:
+    """A request id past SQLite's INTEGER (a pasted hash, a typo with extra digits) reached the store,
+    whose driver raised OverflowError: a traceback and exit 1 ("the run failed") from a read command.
+    Proves: exit 2, one line naming the argument, and the store file unchanged."""
+    store = tmp_path / "st.db"
+    submit = ["submit", "--store", str(store), "--scope", "s", "--key", "k", str(GOOD_PLAN)]
+    assert 0 == effectlog(*submit, cwd=tmp_path).returncode
+    effectlog("requests", "--store", str(store), cwd=tmp_path)  # settles the WAL
+    before = store.read_bytes()
+    n = str(2**64 + 12)
+    proc = effectlog(*[a.format(n=n) for a in argv], "--store", str(store), cwd=tmp_path)
+    assert (2, True, True) == (proc.returncode, "--request" in one_line(proc.stderr), before == store.read_bytes())
