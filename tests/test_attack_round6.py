@@ -189,7 +189,6 @@ _RETRY_RACE_SCRIPT = """
 """
 
 
-@pytest.mark.xfail(strict=True, reason="retry's once-per-run check is not atomic with the fork's first commit")
 def test_two_retries_of_one_run_at_once_never_both_send_its_remaining_steps(tmp_path: Path) -> None:
     """``retry`` promises a run is retried once (a second retry would run its remaining steps again
     under new keys) and refuses when the run already has a fork. Two operators retrying the same
