@@ -10,6 +10,7 @@ import sqlite3
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -229,3 +230,74 @@ def test_two_retries_of_one_run_at_once_never_both_send_its_remaining_steps(tmp_
     db.close()
     other = next(line for line in proc.stderr.splitlines() if line.startswith("other "))
     assert (0, 1, True) == (proc.returncode, emails, other in ("other 5", "other 6")), proc.stderr
+
+
+# -- 5. a fleet runner whose effect store's WAL is deleted under it -----------------------------------
+
+_RUNNER_TOOL = """
+import os, time
+
+
+class ReadsTheStore:
+    def __init__(self, store):
+        self.store = store
+
+    def invoke(self, request):
+        if not os.path.exists(os.environ["EL_ASKED"]):
+            with open(os.environ["EL_STORE"], "rb") as f:  # a backup or checksum step: drops SQLite's locks
+                f.read(100)
+            open(os.environ["EL_ASKED"], "w").close()
+            while not os.path.exists(os.environ["EL_GO"]):
+                time.sleep(0.02)
+        receipt = self.store.apply_idempotent(request)
+        with open(os.environ["EL_LOG"], "a") as log:
+            log.write("replayed\\n" if receipt.data.get("replayed") else "applied\\n")
+        return receipt
+
+
+ADAPTERS = {"test.reads-store": lambda decl, ctx: ReadsTheStore(ctx.effect_store())}
+"""
+
+
+def test_a_runner_whose_effect_store_wal_was_deleted_escalates_and_a_requeue_applies_once(tmp_path: Path) -> None:
+    """The leftover of round 5 for the fleet: a runner's tool reads the effect store file (dropping the
+    process's SQLite locks), another process's close deletes the store's WAL, and the tool applies its
+    idempotent effect. Proves: the store refuses the commit, the runner neither crashes nor marks the
+    request done or failed but escalates it (``needs_operator``, the reason naming ``store_wal_lost``);
+    after ``operator requeue`` a fresh runner applies the key exactly once and the request completes."""
+    (tmp_path / "el_runner_tool.py").write_text(_RUNNER_TOOL)
+    store, fx, log = tmp_path / "st.db", tmp_path / "fx.db", tmp_path / "calls.log"
+    env = {"PYTHONPATH": str(tmp_path), "EL_STORE": str(fx), "EL_LOG": str(log)}
+    env |= {"EL_ASKED": str(tmp_path / "asked"), "EL_GO": str(tmp_path / "go")}
+    plan = _plan(tmp_path / "plan.json", "r", "test.reads-store")
+    assert (
+        0
+        == effectlog("submit", "--store", str(store), "--scope", "s", "--key", "k", str(plan), cwd=tmp_path).returncode
+    )
+    runner = [sys.executable, "-m", "effectlog", "runner", "--store", str(store), "--effects", str(fx)]
+    runner += ["--adapters", "el_runner_tool:ADAPTERS", "--exit-when-idle", "--quiet"]
+    first = subprocess.Popen(runner, env=cli_env(env), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    while not (tmp_path / "asked").exists():
+        assert first.poll() is None, first.communicate()
+        time.sleep(0.02)
+    visitor = "import sys; from effectlog.adapters import EffectStore; EffectStore(sys.argv[1]).close()"
+    assert 0 == subprocess.run([sys.executable, "-c", visitor, str(fx)], env=cli_env(env), timeout=60).returncode
+    (tmp_path / "go").touch()
+    _, err = first.communicate(timeout=120)
+    shown = effectlog("requests", "--store", str(store), "--request", "1", "--json", cwd=tmp_path)
+    escalated = json.loads(shown.stdout)
+    reasons = " ".join(str(h.get("reason", "")) for h in escalated.get("history", []))
+    assert (0, "needs_operator", True, False) == (
+        first.returncode,
+        escalated["request"]["state"] if "request" in escalated else escalated.get("state"),
+        "store_wal_lost" in reasons,
+        log.exists(),
+    ), (err, shown.stdout)
+    requeue = ["operator", "requeue", "--store", str(store), "--request", "1", "--reason", "wal", "--by", "ops"]
+    assert 0 == effectlog(*requeue, cwd=tmp_path).returncode
+    again = subprocess.run(runner, env=cli_env(env), capture_output=True, text=True, timeout=120)
+    assert (0, ["applied"], (0, "completed")) == (
+        again.returncode,
+        log.read_text().split(),
+        _state(store, "r", tmp_path),
+    ), again.stderr
