@@ -301,3 +301,61 @@ def test_a_runner_whose_effect_store_wal_was_deleted_escalates_and_a_requeue_app
         log.read_text().split(),
         _state(store, "r", tmp_path),
     ), again.stderr
+
+
+# -- 6. fork() and the fleet store's watcher connection ---------------------------------------------
+
+_WATCHER_FORK_SCRIPT = """
+    import os, subprocess, sys, textwrap, threading
+    from effectlog.fleet import open_store
+    from effectlog.fleet.contract import noop_plan
+
+    where, how = sys.argv[1], sys.argv[2]
+    store = open_store(where)  # a runner's store, its wake-up watcher running, when it forks a worker
+    woken = threading.Event()
+    store.watch(woken.set)
+    store.submit("t", "k1", noop_plan("run-1"))
+    woken.wait(10)
+    go, said = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the worker does nothing with the store and leaves
+        os.read(go, 1)
+        if how == "close":
+            store.close()
+            os._exit(0)
+        sys.exit(0)
+    store.close()
+    # Another process submits and is killed before it closes: its commit is in the WAL only.
+    third = '''
+    import os, signal, sys
+    from effectlog.fleet import open_store
+    from effectlog.fleet.contract import noop_plan
+    store = open_store(sys.argv[1])
+    store.submit("t", "k2", noop_plan("run-2"))
+    print("submitted", flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
+    '''
+    q = subprocess.run([sys.executable, "-c", textwrap.dedent(third), where], capture_output=True, text=True)
+    print(q.stdout.strip(), flush=True)
+    os.write(said, b"x")
+    os.waitpid(pid, 0)
+    with open_store(where) as again:
+        print(len(again.requests()), flush=True)
+"""
+
+
+@pytest.mark.parametrize("how", ["close", "exit"])
+def test_a_forked_child_of_a_watching_runner_loses_no_other_process_commits(tmp_path: Path, how: str) -> None:
+    """The fleet store's wake-up watcher opens its own SQLite connection in a thread, outside the
+    registry of connections that a fork child must never close (round 5's leftover). A worker forked
+    while the watcher runs closes the inherited store or just exits, after another process committed a
+    request and was SIGKILLed (its commit only in the WAL). Proves: the request is still there (a close
+    of an inherited connection deleted such a WAL in round 5), both requests counted."""
+    proc = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(_WATCHER_FORK_SCRIPT), str(tmp_path / "fleet.db"), how],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=cli_env(),
+    )
+    assert (["submitted", "2"], "") == (proc.stdout.split(), proc.stderr)
