@@ -17,6 +17,8 @@ import pytest
 
 from hardening_kit import GOOD_PLAN, cli_env, effectlog, one_line
 
+pytest_plugins = ["pg_fixture"]
+
 SUFFIXES = ["-wal", "-shm", "-journal"]
 
 
@@ -359,3 +361,89 @@ def test_a_forked_child_of_a_watching_runner_loses_no_other_process_commits(tmp_
         env=cli_env(),
     )
     assert (["submitted", "2"], "") == (proc.stdout.split(), proc.stderr)
+
+
+# -- 7. fork() and the PostgreSQL fleet store's own pool ----------------------------------------------
+
+_PG_STORE_FORK_SCRIPT = """
+    import json, os, select, signal, sys
+    from effectlog.errors import EffectlogError
+    from effectlog.fleet.contract import noop_plan
+    from effectlog.fleet.postgres_store import PostgresFleetStore
+
+    def hung(*_):
+        raise TimeoutError("no answer within 20 s")
+
+    store = PostgresFleetStore(sys.argv[1], pool_size=1)  # a runner host's store, open when it forks a worker
+    first = store.submit("t", "k0", noop_plan("run-0")).request.request_id
+    expected = store.request(first).state
+    ready, child_said = os.pipe()
+    go_child, go = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        signal.signal(signal.SIGALRM, hung)
+        signal.alarm(20)
+        os.read(go_child, 1)
+        reads = {
+            "request": lambda: store.request(first),
+            "requests": store.requests,
+            "attempts": lambda: store.attempts(first),
+            "history": lambda: store.history(first),
+        }
+        said = {}
+        for name, call in reads.items():
+            try:
+                for _ in range(100):
+                    call()
+                said[name] = "read"
+            except EffectlogError as exc:
+                said[name] = exc.code
+            except BaseException as exc:
+                said[name] = type(exc).__name__
+        os.write(child_said, json.dumps(said).encode() + b"\\n")
+        os._exit(0)
+    signal.signal(signal.SIGALRM, hung)
+    signal.alarm(20)
+    os.write(go, b"x")
+    parent = {"same": 0, "other": 0, "errors": []}
+    for i in range(300):
+        try:
+            parent["same" if store.request(first).state == expected else "other"] += 1
+            if i % 30 == 0:
+                store.submit("t", f"k{i + 1}", noop_plan(f"run-{i + 1}"))
+        except BaseException as exc:
+            parent["errors"].append(type(exc).__name__)
+            if isinstance(exc, TimeoutError):
+                break
+    signal.alarm(0)
+    if select.select([ready], [], [], 30)[0]:
+        child = json.loads(os.read(ready, 1000))
+    else:
+        child = "hung"
+        os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    print(json.dumps({"child": child, "parent": parent, "submitted": len(store.requests()) - 1}))
+"""
+
+
+@pytest.mark.xfail(strict=True, reason="fleet/postgres_store.py's pool is used in a fork child (pgclaims' file)")
+def test_reads_through_a_postgres_fleet_store_inherited_across_fork_never_cross_the_parents(pg_url: str) -> None:
+    """The fleet store's own connection pool (not the journal's, which refuses in a child since the
+    leftovers branch) after ``fork()``: a worker reading requests through the store its parent opened
+    sends its queries down the parent's pooled socket while the parent uses it. Proves: every read in
+    the child is refused (``journal_inherited``) and the parent's 300 reads and 10 submits all work."""
+    proc = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(_PG_STORE_FORK_SCRIPT), pg_url],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=cli_env(),
+    )
+    assert proc.stdout, proc.stderr
+    refused = "journal_inherited"
+    expected = {
+        "child": {"request": refused, "requests": refused, "attempts": refused, "history": refused},
+        "parent": {"same": 300, "other": 0, "errors": []},
+        "submitted": 10,
+    }
+    assert expected == json.loads(proc.stdout), proc.stderr[-2000:]
