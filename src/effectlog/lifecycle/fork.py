@@ -237,7 +237,7 @@ def retry_turn(journal: Journal, run_id: str) -> Iterator[None]:
     it, and a run of a fleet request stays retryable)."""
     try:
         turn = journal.claim(f"{run_id} retry", "run")
-    except RunOwned as exc:
+    except RunOwned:
         raise RunOwned(
             "another retry of this run is under way in another process; nothing was written: when it ends, "
             "retry its fork instead",
