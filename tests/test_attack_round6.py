@@ -426,7 +426,6 @@ _PG_STORE_FORK_SCRIPT = """
 """
 
 
-@pytest.mark.xfail(strict=True, reason="fleet/postgres_store.py's pool is used in a fork child (pgclaims' file)")
 def test_reads_through_a_postgres_fleet_store_inherited_across_fork_never_cross_the_parents(pg_url: str) -> None:
     """The fleet store's own connection pool (not the journal's, which refuses in a child since the
     leftovers branch) after ``fork()``: a worker reading requests through the store its parent opened
