@@ -446,3 +446,23 @@ def test_reads_through_a_postgres_fleet_store_inherited_across_fork_never_cross_
         "submitted": 10,
     }
     assert expected == json.loads(proc.stdout), proc.stderr[-2000:]
+
+
+# -- 8. --trace naming a file the run's SQLite files use ----------------------------------------------
+
+
+@pytest.mark.parametrize("target", ["fx.db", "j.db", "j.db-wal", "fx.db-wal", "j.db-shm"])
+def test_a_trace_naming_the_journal_the_effect_store_or_their_sidecars_is_refused(tmp_path: Path, target: str) -> None:
+    """``--trace`` is checked to be a trace it can extend when the file exists, but the journal and the
+    effect store a run creates, and the -wal/-shm files SQLite keeps beside them, do not exist yet when
+    it looks (a fresh setup, a tired operator's tab completion). The trace's lines went into the new
+    SQLite file, where the next checkpoint overwrote them (the trace silently gone), or into its WAL.
+    Proves: refused before anything is created (exit 2, one line naming --trace), no file made."""
+    plan = _plan(tmp_path / "p.json", "fx", "effects.idempotent")
+    before = sorted(p.name for p in tmp_path.iterdir())
+    proc = effectlog("run", "--journal", "j.db", "--effects", "fx.db", "--trace", target, str(plan), cwd=tmp_path)
+    assert (2, True, before) == (
+        proc.returncode,
+        "--trace" in one_line(proc.stderr),
+        sorted(p.name for p in tmp_path.iterdir()),
+    )
