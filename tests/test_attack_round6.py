@@ -466,3 +466,34 @@ def test_a_trace_naming_the_journal_the_effect_store_or_their_sidecars_is_refuse
         "--trace" in one_line(proc.stderr),
         sorted(p.name for p in tmp_path.iterdir()),
     )
+
+
+# -- 9. the Python API given a file of something else as its effect store ---------------------------
+
+
+@pytest.mark.parametrize("what", ["the-journal", "an-app-database"])
+def test_the_api_refuses_an_effect_store_that_is_a_file_of_something_else(tmp_path: Path, what: str) -> None:
+    """``effectlog run --effects`` refuses a SQLite file that is not an effect store (the journal, a
+    user's own database) before anything is written; the check lived in the CLI only, so
+    ``Runtime(journal, effects=...)`` (and every program embedding effectlog) wrote the effect store's
+    tables into the journal or into the user's database and ran. Proves: the API refuses too (bad_input,
+    nothing run), and the file is byte for byte as it was."""
+    from effectlog.errors import BadInput
+    from effectlog.plan import load_plan
+    from effectlog.runtime import Runtime
+
+    journal = tmp_path / "j.db"
+    assert 0 == effectlog("run", "--journal", str(journal), str(GOOD_PLAN), cwd=tmp_path).returncode
+    target = journal
+    if what == "an-app-database":
+        target = tmp_path / "app.db"
+        db = sqlite3.connect(target)
+        db.execute("CREATE TABLE users (id INTEGER PRIMARY KEY, name TEXT)")
+        db.execute("INSERT INTO users (name) VALUES ('ada')")
+        db.commit()
+        db.close()
+    before = target.read_bytes()
+    plan = load_plan(str(_plan(tmp_path / "p.json", "fx", "effects.idempotent")))
+    with pytest.raises(BadInput) as refused, Runtime(str(journal), effects=str(target)) as runtime:
+        runtime.run(plan)
+    assert ("bad_input", before) == (refused.value.code, target.read_bytes())
