@@ -93,6 +93,7 @@ class EffectStore:
         try:
             self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=30)
             filelocks.opened(self._db, self.path)
+            self._refuse_foreign()
             self._db.execute("PRAGMA journal_mode = WAL")
             self._db.execute("PRAGMA synchronous = FULL")
             for sql in _SCHEMA:
@@ -107,7 +108,18 @@ class EffectStore:
         except sqlite3.Error as exc:
             self.close()  # the connection, if it was opened
             raise StorageError(f"{self.path}: cannot open the effect store ({exc})") from None
+        except BadInput:
+            self.close()
+            raise
         self._wal = WalWatch(os.path.realpath(self.path))
+
+    def _refuse_foreign(self) -> None:
+        """A SQLite file holding tables and no effects ledger (the journal, a user's own database) is
+        refused before a PRAGMA or a table is written to it: the CLI's ``--effects`` check, here so that
+        every caller of the API gets it."""
+        tables = {r[0] for r in self._db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        if tables and "effects" not in tables:
+            raise BadInput(f"{self.path}: a SQLite file of something else, not an effect store; nothing was written")
 
     def _refuse_aliases(self) -> None:
         """A store file with a second name (a hard link) is refused before anything is read or written.
