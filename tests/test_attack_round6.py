@@ -497,3 +497,56 @@ def test_the_api_refuses_an_effect_store_that_is_a_file_of_something_else(tmp_pa
     with pytest.raises(BadInput) as refused, Runtime(str(journal), effects=str(target)) as runtime:
         runtime.run(plan)
     assert ("bad_input", before) == (refused.value.code, target.read_bytes())
+
+
+# -- 10. effectlog.durable and a journal WAL deleted under it ------------------------------------------
+
+_DURABLE_WAL_SCRIPT = """
+    import os, subprocess, sys
+    from effectlog import durable
+    from effectlog.errors import EffectlogError
+
+    where, log = sys.argv[1], sys.argv[2]
+    visitor = "import sys; from effectlog.journal import open_journal; open_journal(sys.argv[1]).close()"
+
+    @durable.tool(idempotent=True)
+    def charge(cents, idempotency_key=""):
+        if not os.path.exists(log):  # first call: a backup step reads the journal file, another process visits
+            with open(where, "rb") as f:
+                f.read(100)
+            subprocess.run([sys.executable, "-c", visitor, where], check=True)
+        with open(log, "a") as f:
+            f.write(idempotency_key + "\\n")
+        return {"charged": cents}
+
+    for attempt in (1, 2):
+        try:
+            with durable.run("d", journal=where):
+                print(charge(500)["charged"], flush=True)
+        except EffectlogError as exc:
+            print(exc.code, flush=True)
+"""
+
+
+def test_a_durable_run_whose_journal_wal_was_deleted_loses_nothing_and_resends_one_key(tmp_path: Path) -> None:
+    """The other leftover: ``effectlog.durable``'s journal WAL deleted under it (its tool read the
+    journal file, dropping the process's SQLite locks; another process's close deleted the WAL). Proves:
+    the result's commit is refused (``journal_wal_lost``), not written into the deleted WAL; running the
+    block again resends the same idempotency key once and records the result; ``verify`` is ok."""
+    journal, log = tmp_path / "d.db", tmp_path / "keys.log"
+    proc = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(_DURABLE_WAL_SCRIPT), str(journal), str(log)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=cli_env(),
+    )
+    keys = log.read_text().split()
+    verify = effectlog("verify", "--journal", str(journal), cwd=tmp_path)
+    assert (["journal_wal_lost", "500"], 2, 1, 0) == (
+        proc.stdout.split(),
+        len(keys),
+        len(set(keys)),
+        verify.returncode,
+    ), proc.stderr
+    assert (0, "completed") == _state(journal, "d", tmp_path)
