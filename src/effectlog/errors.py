@@ -448,3 +448,15 @@ class StoreWalLost(JournalLocked):
     committed and nothing more is written by it (exit 6)."""
 
     code = "store_wal_lost"
+
+
+# -- branch attack6 (round-6 attacks) ------------------------------------------------
+
+
+class SidecarClash(BadInput):
+    """A journal, fleet store or effect store named as another SQLite file's WAL, shared-memory index or
+    rollback journal (its name + ``-wal``, ``-shm``, ``-journal``), or one whose sidecar name holds a
+    database of its own: SQLite would overwrite or delete one with the other's commits (exit 2, nothing
+    written)."""
+
+    code = "sidecar_clash"

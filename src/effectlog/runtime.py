@@ -174,11 +174,14 @@ class Runtime:
         secrets: Provider | None = None,
     ) -> RunOutcome:
         """Fork ``run_id`` from its first unfinished step (the one it failed on) as ``R.retryN``; once per run."""
-        from effectlog.lifecycle import retry_run_id
+        from effectlog.lifecycle.fork import retry_run_id, retry_turn
 
-        child = retry_run_id(self.journal, run_id)
-        child = new_run_id or child
-        return self.fork(run_id, child, by=by, reason=reason, plan=plan, secrets=secrets)
+        # The "once" check and the fork's first commit are one turn: two retries racing both passed the
+        # check before either fork existed, and both ran the remaining steps under new keys.
+        with retry_turn(self.journal, run_id):
+            child = retry_run_id(self.journal, run_id)
+            child = new_run_id or child
+            return self.fork(run_id, child, by=by, reason=reason, plan=plan, secrets=secrets)
 
     def forks(self, run_id: str) -> list[ForkRecord]:
         """The runs forked from ``run_id`` (each child's run.started names its parent)."""

@@ -30,7 +30,7 @@ from effectlog.adapters.protocol import Evidence, Receipt, Request, check_same_b
 from effectlog.canonical import digest
 from effectlog.errors import BadInput, IdempotencyConflict, StorageError, StoreAliased, StoreWalLost
 from effectlog.events import EffectStoreIdentity
-from effectlog.journal import filelocks
+from effectlog.journal import filelocks, sidecars
 from effectlog.journal.walwatch import WalWatch
 
 _SCHEMA = (
@@ -83,6 +83,7 @@ class EffectStore:
         self._wal: WalWatch | None = None  # a writer's: looked at before each commit (_refuse_if_renamed)
         # SQLite resolves symlinks to name the WAL: locks and names go by the same resolved path.
         self._real = os.path.realpath(self.path)
+        sidecars.refuse_clash(self.path, "effect store")  # before SQLite takes another file for its own
         filelocks.refuse_inherited(self.path)  # a file the parent had open at fork(): see filelocks
         if read_only and not Path(self.path).is_file():
             raise BadInput(f"{self.path}: no effect store there")
@@ -103,6 +104,7 @@ class EffectStore:
                 return
             self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=30)
             filelocks.opened(self._db, self.path)
+            self._refuse_foreign()
             self._db.execute("PRAGMA journal_mode = WAL")
             self._db.execute("PRAGMA synchronous = FULL")
             for sql in _SCHEMA:
@@ -127,6 +129,14 @@ class EffectStore:
         if self._db is None:
             raise StorageError(f"{self.path}: the effect store is closed")
         return self._db
+
+    def _refuse_foreign(self) -> None:
+        """A SQLite file holding tables and no effects ledger (the journal, a user's own database) is
+        refused before a PRAGMA or a table is written to it: the CLI's ``--effects`` check, here so that
+        every caller of the API gets it."""
+        tables = {r[0] for r in self._conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        if tables and "effects" not in tables:
+            raise BadInput(f"{self.path}: a SQLite file of something else, not an effect store; nothing was written")
 
     def _refuse_aliases(self) -> None:
         """A store file with a second name is refused before anything is read or written

@@ -23,6 +23,18 @@ from effectlog.journal import chain_from_env
 from effectlog.observe import requests_gauge
 
 
+def _request_id(text: str) -> int:
+    """A request id as the stores hold it (a signed 64-bit INTEGER / bigint): a larger number reached the
+    driver, which raised OverflowError (a traceback, exit 1) instead of naming the argument."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if not -(2**63) <= value < 2**63:
+        raise argparse.ArgumentTypeError(f"{text} is not a request id (too large)")
+    return value
+
+
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("submit", help="create a durable execution request (idempotent by --scope and --key)")
     p.add_argument("plan", metavar="PLAN", help="plan JSON file")
@@ -79,7 +91,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("operator", help="decide a request that needs an operator (audited)")
     p.add_argument("action", choices=("requeue", "fail", "cancel"), help="the decision")
     _store_args(p)
-    p.add_argument("--request", type=int, required=True, metavar="ID", help="the request to decide")
+    p.add_argument("--request", type=_request_id, required=True, metavar="ID", help="the request to decide")
     p.add_argument("--reason", required=True, metavar="TEXT", help="why (recorded)")
     p.add_argument("--by", required=True, metavar="NAME", help="who decides (recorded)")
     p.add_argument("--json", action="store_true", help="the request after the decision, as JSON")
@@ -93,7 +105,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
     p = sub.add_parser("requests", help="execution requests, or one request's attempts and history")
     _store_args(p)
-    p.add_argument("--request", type=int, metavar="ID", help="one request, with its attempts and history")
+    p.add_argument("--request", type=_request_id, metavar="ID", help="one request, with its attempts and history")
     p.add_argument("--json", action="store_true", help="as JSON")
     p.set_defaults(handler=cmd_requests)
 

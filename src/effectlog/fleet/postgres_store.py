@@ -11,6 +11,7 @@ with triggers that fire even under ``session_replication_role = replica``.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any
@@ -21,7 +22,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 
 from effectlog.canonical import canonical_json
 from effectlog.chain import Chain
-from effectlog.errors import BadInput, IntegrityError, JournalUnreadable
+from effectlog.errors import BadInput, IntegrityError, JournalInherited, JournalUnreadable
 from effectlog.events import Event
 from effectlog.fleet import attempts as am
 from effectlog.fleet import limits, wakeups
@@ -266,6 +267,7 @@ class PostgresFleetStore(SqlFleetStore):
         if "application_name" not in params:
             kwargs["application_name"] = "effectlog-fleet"
         self._url, self._kwargs = url, kwargs
+        self._pid = os.getpid()  # a child of fork() shares the pool's server sessions: see _connection
         self._watcher: wakeups.Watcher | None = None
         # The journal first: it creates (or checks) schema `effectlog` that claims and recovery read.
         self._journal = FleetPostgresJournal(
@@ -327,10 +329,21 @@ class PostgresFleetStore(SqlFleetStore):
                     conn.execute(sql)  # module constants, never input
                 conn.execute(f"UPDATE {FLEET_SCHEMA}.meta SET value = %s WHERE key = 'schema_version'", (str(step),))
 
+    def _connection(self) -> AbstractContextManager[psycopg.Connection[tuple[Any, ...]]]:
+        """A pooled connection, in the process that opened the store only: in a child of fork() the pool's
+        connections are the parent's server sessions, and a query sent on one interleaves with the parent's
+        protocol stream (answers cross, the parent waits for ever), as the journal's ``_connection`` says."""
+        if os.getpid() != self._pid:
+            raise JournalInherited(
+                f"{self.location}: this fleet store was opened before fork() by the parent process, whose server "
+                "sessions the child shares: open the store again in this process; nothing was sent"
+            )
+        return self._pool.connection()
+
     @contextmanager
     def _transaction(self) -> Iterator[Tx]:
         try:
-            with self._pool.connection() as conn, conn.transaction():
+            with self._connection() as conn, conn.transaction():
                 yield PgTx(conn)
         except (psycopg.Error, PoolTimeout) as exc:
             raise translate(exc, self.location) from None
@@ -343,7 +356,7 @@ class PostgresFleetStore(SqlFleetStore):
         (``state = 'queued'``) and dropped, so a claim never waits and never loses.
         """
         try:
-            with self._pool.connection() as conn:
+            with self._connection() as conn:
                 rows = conn.execute(CLAIM_NEXT, (offered, limit, runner_id, lease_s, runner_id)).fetchall()
         except (psycopg.Error, PoolTimeout) as exc:
             raise translate(exc, self.location) from None
@@ -413,7 +426,7 @@ class PostgresFleetStore(SqlFleetStore):
     @contextmanager
     def _reading(self) -> Iterator[Tx]:
         try:
-            with self._pool.connection() as conn:
+            with self._connection() as conn:
                 yield _ReadTx(conn)
         except (psycopg.Error, PoolTimeout) as exc:
             raise translate(exc, self.location) from None
@@ -430,7 +443,8 @@ class PostgresFleetStore(SqlFleetStore):
         if self._watcher is not None:
             self._watcher.stop()
             self._watcher = None
-        self._pool.close()
+        if os.getpid() == self._pid:  # in a fork child the pool's sessions are the parent's: leave them
+            self._pool.close()
         self._journal.close()
 
     def __enter__(self) -> PostgresFleetStore:

@@ -31,7 +31,7 @@ from effectlog.events import Event
 from effectlog.fleet.fencing import Carry, Dialect, LeaseFence
 from effectlog.fleet.model import Lease
 from effectlog.fold import Record
-from effectlog.journal import filelocks
+from effectlog.journal import filelocks, sidecars
 from effectlog.journal.sqlite import SqliteJournal
 
 Durability = Literal["full", "normal"]
@@ -126,6 +126,7 @@ class Handle:
         self.where = path
         self.busy_timeout_s = busy_timeout_s
         real = os.path.realpath(path)  # the journal's name for the file: one WAL, one set of locks
+        sidecars.refuse_clash(path, "fleet store")  # before SQLite takes another file for its own
         filelocks.refuse_inherited(real)  # before SQLite opens it: see filelocks.INHERITED_ADVICE
         self.db = connect(real, durability, busy_timeout_s)
         filelocks.opened(self.db, real)

@@ -43,7 +43,7 @@ from effectlog.errors import (
 )
 from effectlog.events import Event, encode, index_columns
 from effectlog.fold import Record, Row
-from effectlog.journal import checkpoint, filelocks
+from effectlog.journal import checkpoint, filelocks, sidecars
 from effectlog.journal.bindings import check_binding, lease_holder
 from effectlog.journal.ownership import (
     PASSING_WAIT_S,
@@ -103,6 +103,7 @@ class SqliteJournal:
         self.before_commit: Callable[[Sequence[Event]], None] | None = None
         self._file: filelocks.SharedFile | None = None
         self._wal: WalWatch | None = None
+        sidecars.refuse_clash(self.location, "journal")  # before SQLite takes another file for its own
         if not writer and not Path(self.path).is_file():
             raise JournalUnreadable(f"{self.location}: no journal file there")
         if writer:

@@ -7,7 +7,7 @@ import os
 import sqlite3
 from typing import Literal
 
-from effectlog.errors import JournalDamaged, JournalUnreadable, StorageError
+from effectlog.errors import CorruptEvent, JournalDamaged, JournalUnreadable, StorageError
 from effectlog.journal.protocol import SCHEMA_VERSION
 
 Durability = Literal["full", "normal"]
@@ -95,6 +95,10 @@ def translate(exc: sqlite3.Error, path: str) -> Exception:
         return JournalUnreadable(f"{path}: not an effectlog journal (file is not a SQLite database)")
     if isinstance(exc, sqlite3.DatabaseError) and "malformed" in text:
         return JournalDamaged(f"{path}: the journal file is damaged ({text}); restore it from a copy")
+    if "Could not decode to UTF-8" in text:
+        # effectlog writes only UTF-8 TEXT (Python's str cannot hold anything else): such a column was
+        # rewritten from outside, damage for verify to name, not a bad argument.
+        return CorruptEvent(f"{path}: a stored column is TEXT that is not UTF-8 ({text}); the journal was changed")
     if "readonly" in text or "read-only" in text:
         return StorageError(f"{path}: journal is read-only ({text})")
     if "full" in text:

@@ -20,7 +20,9 @@ first: nothing uncertain is guessed.
 
 from __future__ import annotations
 
+import contextlib
 import re
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -225,6 +227,26 @@ async def afork(
             runtime.writer.active_runs -= 1
     finally:
         journal.release(claim)
+
+
+@contextlib.contextmanager
+def retry_turn(journal: Journal, run_id: str) -> Iterator[None]:
+    """Hold ``run_id``'s retry turn: a claim on a name no run can have (run ids have no spaces), so two
+    retries of one run, in any processes, never both pass ``retry_run_id`` before either fork is written;
+    the second is refused (``RunOwned``, exit 6). The parent itself is not claimed (nothing is written to
+    it, and a run of a fleet request stays retryable)."""
+    try:
+        turn = journal.claim(f"{run_id} retry", "run")
+    except RunOwned:
+        raise RunOwned(
+            "another retry of this run is under way in another process; nothing was written: when it ends, "
+            "retry its fork instead",
+            run_id=run_id,
+        ) from None
+    try:
+        yield
+    finally:
+        journal.release(turn)
 
 
 def retry_run_id(journal: Journal, run_id: str) -> str:

@@ -1,0 +1,49 @@
+"""SQLite files that would live in each other's sidecar names.
+
+SQLite keeps a database's WAL, shared-memory index and rollback journal beside it, at its name plus
+``-wal``, ``-shm`` and ``-journal``, and takes whatever file is there for its own: a WAL without a
+valid header is reset by the next commit and deleted by the last close, a -shm is rewritten, a
+-journal is "rolled back" and deleted. So a journal or store made at ``j.db-wal`` (one key too far in
+a tab completion) was destroyed by the next commit to ``j.db``, and a store made at ``x.db`` destroyed
+a journal already at ``x.db-wal``: acknowledged runs and idempotency keys gone. Every effectlog SQLite
+file is checked here before SQLite opens it.
+"""
+
+from __future__ import annotations
+
+import os
+
+from effectlog.errors import SidecarClash
+
+SUFFIXES = ("-wal", "-shm", "-journal")
+_DATABASE_HEADER = b"SQLite format 3\x00"  # a WAL, -shm or rollback journal never starts with it
+
+
+def _database(path: str, *, empty_too: bool) -> bool:
+    """Whether ``path`` is a regular file holding a SQLite database (or empty, if ``empty_too``)."""
+    if not os.path.isfile(path):
+        return False  # before open(): a FIFO would block it
+    try:
+        with open(path, "rb") as file:
+            head = file.read(len(_DATABASE_HEADER))
+    except OSError:
+        return False
+    return head == _DATABASE_HEADER or (empty_too and head == b"")
+
+
+def refuse_clash(path: str, what: str) -> None:
+    """``SidecarClash`` if ``path`` (a ``what``: journal, effect store, fleet store) is another SQLite
+    file's sidecar, or if one of its own sidecar names holds a database of its own."""
+    for name in dict.fromkeys((path, os.path.realpath(path))):
+        for suffix in SUFFIXES:
+            if name.endswith(suffix) and _database(name[: -len(suffix)], empty_too=True):
+                raise SidecarClash(
+                    f"{path}: this name is SQLite's {suffix[1:]} file of {name[: -len(suffix)]}, which SQLite "
+                    f"overwrites and deletes; give the {what} a name of its own; nothing was written"
+                )
+            if _database(name + suffix, empty_too=False):
+                raise SidecarClash(
+                    f"{path}: {name + suffix} is a database of its own, and SQLite would take it for this "
+                    f"{what}'s {suffix[1:]} file (overwrite and delete it); move it away or give the {what} "
+                    "another name; nothing was written"
+                )
