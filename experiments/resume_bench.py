@@ -20,7 +20,9 @@ CPU time (``time.process_time()``) measured in this one process, on cached pages
    is O(steps) and reported apart as ``materialise_ms``, what a caller that reads every row (``run
    --json``, the table ``run`` prints) pays on top;
 3. full replay + verify (``integrity.verify_run``: chain, decode, columns, fold, seal and
-   checkpoint checks) per event, with the replay-only fold; and the pure reference fold;
+   checkpoint checks) per event, with the replay-only fold; and the pure reference fold; and
+   verify's breakdown: ``load_run`` (the same replay without the segments' and seal's checks), what
+   verify adds to it, and inside the replay the chain's links and the decode, each alone;
 4. the per-step cost of a fresh run with checkpoints written (the default cadence) and with
    checkpoints off, interleaved over rounds (CPU and wall per step, ``synchronous=FULL``), and
    the cost of one segment measured directly (on a shared machine the A/B medians are noisy).
@@ -132,7 +134,7 @@ def verify_us_per_event(path: Path) -> dict[str, float]:
     the replay-only fold, checkpoint and seal checks); the read alone, as records and as the rows
     ``verify_run`` reads (``read_rows``); and, over the same records
     already read, the replay-only fold and the pure reference fold (chain and decode included)."""
-    from effectlog import fold
+    from effectlog import events, fold
     from effectlog.integrity import verify_run
     from effectlog.journal import _no_cyclic_gc
 
@@ -142,6 +144,11 @@ def verify_us_per_event(path: Path) -> dict[str, float]:
         cpu = time.process_time()
         state = verify_run(journal, "resume")
         verify = time.process_time() - cpu
+        cpu = time.process_time()
+        # verify's replay without the checkpoint and seal checks (after verify, so on warmer caches: the
+        # difference below is an upper bound on what those checks cost)
+        loaded = load_run(journal, "resume")
+        load_s = time.process_time() - cpu
         cpu = time.process_time()
         records = list(journal.read("resume"))
         read = time.process_time() - cpu
@@ -156,7 +163,19 @@ def verify_us_per_event(path: Path) -> dict[str, float]:
             cpu = time.process_time()
             pure = fold.replay_records(records, journal.chain, run_id="resume")
             pure_s = time.process_time() - cpu
-    if not pure == fast == state:
+            # The two C-level costs inside every replay, per row as the replay pays them (the object
+            # dropped after each row, as the fold drops it): the chain's links and the typed decode.
+            link, decode = journal.chain.link, events.decode
+            prevs = [bytes(32), *(rec.hash for rec in records[:-1])]  # each row links from the one before
+            cpu = time.process_time()
+            for prev, rec in zip(prevs, records, strict=True):
+                link(prev, rec.body)
+            chain_s = time.process_time() - cpu
+            cpu = time.process_time()
+            for rec in records:
+                decode(rec.body)
+            decode_s = time.process_time() - cpu
+    if not pure == fast == state == loaded:
         raise RuntimeError("the replay-only fold and the pure fold disagree")
     n = state.seq
     return {
@@ -165,6 +184,13 @@ def verify_us_per_event(path: Path) -> dict[str, float]:
         "read_rows_us_per_event": (rows_s if rows is not records else read) / n * 1e6,
         "replay_only_fold_us_per_event": fast_s / n * 1e6,
         "pure_fold_us_per_event": pure_s / n * 1e6,
+        # The breakdown of verify: the replay as load_run runs it over the rows, and what verify adds
+        # (every checkpoint segment and the seal decoded and compared); inside the replay, the chain
+        # and the decode (each measured alone over the records read).
+        "load_run_us_per_event": load_s / n * 1e6,
+        "segment_and_seal_checks_us_per_event": (verify - load_s) / n * 1e6,
+        "chain_us_per_event": chain_s / n * 1e6,
+        "decode_us_per_event": decode_s / n * 1e6,
     }
 
 
@@ -321,7 +347,10 @@ def main() -> None:
                 f"replay+verify {vrow['events']} events: {vrow['verify_us_per_event']:.2f} us/event "
                 f"(read {vrow['read_us_per_event']:.2f}, as rows {vrow['read_rows_us_per_event']:.2f}; "
                 f"on read records: replay-only fold "
-                f"{vrow['replay_only_fold_us_per_event']:.2f}, pure fold {vrow['pure_fold_us_per_event']:.2f})",
+                f"{vrow['replay_only_fold_us_per_event']:.2f}, pure fold {vrow['pure_fold_us_per_event']:.2f}; "
+                f"load_run {vrow['load_run_us_per_event']:.2f}, segment+seal checks "
+                f"{vrow['segment_and_seal_checks_us_per_event']:.2f}, chain {vrow['chain_us_per_event']:.2f}, "
+                f"decode {vrow['decode_us_per_event']:.2f})",
                 flush=True,
             )
             for path in (finished, half):

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from effectlog import events as ev
-from effectlog.chain import Chain
+from effectlog.chain import GENESIS, Chain
 from effectlog.fold import Record, Row, RunState, fold_rows, replay_records, replay_records_fast
 from effectlog.integrity import verify_run
 from effectlog.journal import SqliteJournal, load_run, stored_rows
@@ -63,15 +63,39 @@ def test_each_stop_yields_the_pure_folds_state_there_and_the_steps_changed_since
     assert replay_records(records, chain, run_id=run_id) == final
 
 
-TAMPERS = ["body", "hash", "seq", "step_id", "phase", "attempt", "drop", "duplicate", "swap"]
+# A body rewritten and the chain recomputed from it on (what a rewrite without a key can do: only the
+# decode, the columns and the fold are left to catch it): the body twice (two JSON documents), cut
+# short, or a byte flipped.
+REHASHED = ["two_documents", "truncated", "body_rehashed"]
+TAMPERS = ["body", "hash", "seq", "step_id", "phase", "attempt", "drop", "duplicate", "swap", *REHASHED]
 
 
-def tampered(records: list[Record], kind: str, data: st.DataObject) -> list[Record]:
+def rehashed(records: list[Record], i: int, body: bytes, chain: Chain) -> list[Record]:
+    """``records`` with row ``i``'s body replaced by ``body`` and every hash from row ``i`` on recomputed."""
+    out = list(records[:i])
+    head = out[-1].hash if out else GENESIS
+    for rec in records[i:]:
+        stored = body if len(out) == i else rec.body
+        head = chain.link(head, stored)
+        out.append(msgspec.structs.replace(rec, body=stored, hash=head))
+    return out
+
+
+def tampered(records: list[Record], kind: str, data: st.DataObject, chain: Chain) -> list[Record]:
     """``records`` with one tamper of ``kind`` (what a damaged or edited journal reads back as)."""
     out = list(records)
     i = data.draw(st.integers(0, len(out) - 1), label="row")
     rec = out[i]
-    if kind in ("body", "hash"):
+    if kind == "two_documents":
+        between = data.draw(st.sampled_from([b"", b" ", b",", b"\n"]), label="between")
+        out = rehashed(records, i, rec.body + between + rec.body, chain)
+    elif kind == "truncated":
+        out = rehashed(records, i, rec.body[: data.draw(st.integers(0, len(rec.body) - 1), label="cut")], chain)
+    elif kind == "body_rehashed":
+        body = bytearray(rec.body)
+        body[data.draw(st.integers(0, len(body) - 1), label="byte")] ^= data.draw(st.integers(1, 255), label="mask")
+        out = rehashed(records, i, bytes(body), chain)
+    elif kind in ("body", "hash"):
         stored = bytearray(getattr(rec, kind))
         stored[data.draw(st.integers(0, len(stored) - 1), label="byte")] ^= data.draw(st.integers(1, 255), label="mask")
         out[i] = msgspec.structs.replace(rec, **{kind: bytes(stored)})
@@ -103,7 +127,7 @@ def test_every_tamper_is_refused_as_the_pure_fold_refuses_it(
     type, message, run, seq, step and column (or, where the tamper changes nothing the fold reads, such
     as a swap of a row with itself, the same state)."""
     chain = Chain(b"k" if keyed else None)
-    records = tampered(read_back_records_of(history, chain), kind, data)
+    records = tampered(read_back_records_of(history, chain), kind, data, chain)
     run_id = history[0].run_id
     expected = outcome(replay_records, records, chain, run_id=run_id)
     stops = sorted(data.draw(st.sets(st.integers(0, len(records) + 1), max_size=5), label="stops"))
@@ -112,6 +136,33 @@ def test_every_tamper_is_refused_as_the_pure_fold_refuses_it(
         return drain([row_of(r) for r in records], chain, run_id, stops)[1]
 
     assert expected == outcome(through_rows)
+    assert expected == outcome(replay_records_fast, records, chain, run_id=run_id)
+
+
+@settings(max_examples=200)
+@given(
+    history=legal_histories(max_events=40),
+    keyed=st.booleans(),
+    kind=st.sampled_from(["two_documents", "truncated"]),
+    data=st.data(),
+)
+def test_a_body_that_is_not_one_json_document_is_refused_at_its_row_even_rehashed(
+    history: list[ev.Event], keyed: bool, kind: str, data: st.DataObject
+) -> None:
+    """A body that is two JSON documents (with or without a separator between them) or one cut short,
+    its hash and every later one recomputed, passes the chain check and is refused by the decode: the
+    pure fold, the one-pass fold over rows and the replay-only fold all end with the same
+    ``corrupt_event`` at that row's seq."""
+    chain = Chain(b"k" if keyed else None)
+    original = read_back_records_of(history, chain)
+    records = tampered(original, kind, data, chain)
+    row = next(i for i, (a, b) in enumerate(zip(original, records, strict=True)) if a.body != b.body)
+    run_id = history[0].run_id
+    expected = outcome(replay_records, records, chain, run_id=run_id)
+    assert isinstance(expected, tuple)
+    assert ("CorruptEvent", records[row].seq) == (expected[0], expected[2][1])
+    assert expected[1].startswith("event does not decode")
+    assert expected == outcome(lambda: drain([row_of(r) for r in records], chain, run_id, [])[1])
     assert expected == outcome(replay_records_fast, records, chain, run_id=run_id)
 
 

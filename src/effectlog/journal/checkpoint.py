@@ -25,6 +25,7 @@ readers of older journals find no segments and replay, the schema version does n
 
 from __future__ import annotations
 
+import operator
 import os
 import zlib
 from collections.abc import Callable, Iterable, Sequence
@@ -438,15 +439,17 @@ def check_segments(
                     **where,
                     column=f"checkpoints.{column}",
                 )
-        for step in segment.steps:
-            steps[step.step_id] = step
+        # (The per-step work as ``map``s and one list comparison: no Python frame per step, as in
+        # ``fold.fold_rows``; about a third of what a segment's check costs beside its decode.)
+        ids = list(map(_step_id, segment.steps))
+        steps.update(zip(ids, segment.steps, strict=True))
         empty: immutables.Map[str, StepState] = immutables.Map()
         agrees = _state(segment, empty, state.head) == msgspec.structs.replace(without_plan(state), steps=empty)
         agrees = agrees and len(steps) == len(state.steps)
         replayed = state.steps.get
-        agrees = agrees and all(replayed(s.step_id) == s for s in segment.steps)
+        agrees = agrees and list(map(replayed, ids)) == segment.steps
         # A touched step the segment carries is ``steps``' entry just compared: only the others are asked.
-        rest = touched.difference([s.step_id for s in segment.steps]) if agrees else ()
+        rest = touched.difference(ids) if agrees else ()
         agrees = agrees and all(steps.get(sid) == replayed(sid) for sid in rest if sid)
         if not agrees:
             raise CorruptEvent(
@@ -458,6 +461,9 @@ def check_segments(
                 positions = {sid: i for i, sid in enumerate(plan_ids)}
             proved = fr.check(segment.frontier, state, plan_ids, positions, proved)
         prev = digest
+
+
+_step_id = operator.attrgetter("step_id")
 
 
 def _plan_ids(state: RunState) -> list[str]:

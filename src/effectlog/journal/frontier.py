@@ -310,7 +310,7 @@ def check(frontier: Frontier, state: RunState, ids: Sequence[str], positions: Ma
     done (done is terminal). Returns the new ``checked``; raises ``CorruptEvent`` on any disagreement."""
     steps = state.steps
     ok = frontier.consistent() and frontier.count == len(steps) and frontier.prefix <= len(ids)
-    ok = ok and all(_done(steps.get(sid)) for sid in ids[checked : frontier.prefix])
+    ok = ok and all(map(_done, map(steps.get, ids[checked : frontier.prefix])))  # (no generator frame per step)
     ok = ok and all(steps.get(s.step_id) == s for s in frontier.open)
     after = frontier.prefix
     ok = ok and all(positions.get(sid, -1) >= after and _done(steps.get(sid)) for sid in frontier.done_after)
