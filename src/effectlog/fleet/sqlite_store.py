@@ -157,7 +157,7 @@ class SqliteFleetStore(SqlFleetStore):
         self.dialect = SQLITE
         self._watcher: wakeups.Watcher | None = None
         self._journal = FleetSqliteJournal(self.location, chain=chain, durability=durability)  # journal tables first
-        self._handle = Handle(self.location, durability)
+        self._handle = Handle(self.location, durability, db=self._journal.connection)  # one connection: see Handle
         try:
             with transaction(self._handle) as tx:
                 self._migrate(tx)
