@@ -157,7 +157,8 @@ def test_two_processes_appending_a_run_at_once_under_an_old_and_a_new_token_only
     recover_once(store)
     for lease in old:
         second = store.claim(lease.request_id, "new", 60.0)
-        assert second is not None and 2 == second.token
+        assert second is not None
+        assert 2 == second.token
         new.append(second)
     procs = [start(RIVAL, store_url), start(RIVAL, store_url)]
     moment = store.now() + 0.5
