@@ -63,7 +63,8 @@ class LeasedJournal:
     ``start``) for the next append (or the next report, ``reporting``), and with
     ``succeed_on_completion`` set the batch that records ``run.completed`` also makes the
     attempt ``succeed`` (op key ``final``), which ``finished`` then tells. The lease check
-    guards them as it guards the batch.
+    guards them as it guards the batch. With ``claim_after`` set too, that batch's
+    transaction also claims the runner's next request (``claimed`` once it committed).
     """
 
     def __init__(
