@@ -9,6 +9,9 @@ the append it rides in.
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 
@@ -17,7 +20,7 @@ import pytest
 from effectlog.errors import StaleLease
 from effectlog.events import RunCompleted
 from effectlog.fleet import open_store
-from effectlog.fleet.contract import noop_plan, requested, started
+from effectlog.fleet.contract import noop_plan, requested, started, wait_past
 from effectlog.fleet.sqlite_store import SqliteFleetStore
 from fleet_kit import together
 
@@ -124,3 +127,65 @@ def test_a_carried_claim_commits_with_the_append_it_rides_in_and_not_without_it(
         assert "succeeded" == journal.finished
         assert [second.request_id] == [x.request_id for x in journal.claimed]
         assert "leased" == store.request(second.request_id).state
+
+
+KILLED_AFTER_CARRY = """
+import sys, time
+from effectlog.fleet import open_store
+from effectlog.fleet.leased_journal import LeasedJournal
+from effectlog.fleet.runner import Runner, RunnerConfig
+append = LeasedJournal.append
+
+def append_then_stop(self, events):
+    records = append(self, events)
+    if self.claimed:  # committed: the next request is this runner's now
+        print("claimed", self.claimed[0].request_id, flush=True)
+        while True:  # the test's SIGKILL ends this
+            time.sleep(3600)
+    return records
+
+LeasedJournal.append = append_then_stop
+store = open_store(sys.argv[1])
+config = RunnerConfig(store=sys.argv[1], runner_id="doomed", lease_s=1.0, heartbeat_s=0.3, recover=False)
+Runner(config, store, log=open("/dev/null", "w")).serve()
+"""
+
+
+def test_a_runner_killed_right_after_a_carried_claim_leaves_the_request_to_be_recovered_and_run_once(
+    tmp_path: Path,
+) -> None:
+    """A runner SIGKILLed just after the commit that ended one run and claimed the next: the claimed request
+    is in the state a plain claim followed by a death leaves (leased, nothing in its journal), so when the
+    lease runs out the recovery service re-queues it (lost: no step was requested) and another runner runs
+    it once; the first request's success stands."""
+    path = str(tmp_path / "fleet.db")
+    with open_store(path) as store:
+        first, second = (
+            store.submit("kill", f"k{i}", noop_plan(f"run-{i}", steps=2), requeue_backoff_s=0.0).request
+            for i in range(2)
+        )
+    doomed = subprocess.Popen([sys.executable, "-c", KILLED_AFTER_CARRY, path], stdout=subprocess.PIPE, text=True)
+    assert doomed.stdout is not None
+    assert f"claimed {second.request_id}" == doomed.stdout.readline().strip()
+    doomed.send_signal(signal.SIGKILL)
+    doomed.wait(timeout=60)
+    with open_store(path) as store:
+        assert ("succeeded", "leased") == (
+            store.request(first.request_id).state,
+            store.request(second.request_id).state,
+        )
+        assert 0 == store.journal().head(second.run_id)[0]
+        wait_past(store, store.now() + 1.0)  # the lease (1 s, no heartbeat since the kill) has run out
+    survivor = subprocess.run(
+        [sys.executable, "-m", "effectlog", "runner", "--store", path, "--exit-when-idle", "--lease-s", "5"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert 0 == survivor.returncode, survivor.stderr
+    with open_store(path) as store:
+        attempts = [(a.attempt_no, a.state, a.token) for a in store.attempts(second.request_id)]
+        assert [(1, "lost", 1), (2, "succeeded", 2)] == attempts
+        assert "succeeded" == store.request(first.request_id).state
+        assert 8 == store.journal().head(second.run_id)[0]  # one whole two-step run: seq 1 to 8
