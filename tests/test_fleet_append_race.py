@@ -14,6 +14,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from effectlog.fleet import FleetStore
 from effectlog.fleet.contract import noop_plan
 
@@ -32,8 +34,9 @@ leases = [msgspec.convert(x, Lease) for x in json.loads(sys.stdin.readline())]
 out = {}
 for i, lease in enumerate(sorted(leases, key=lambda l: l.expires_at)):
     journal = store.leased_journal(lease)
-    journal.defer("prepare", "prepare")
-    journal.defer("start", "start")
+    if sys.argv[2] == "carry":
+        journal.defer("prepare", "prepare")
+        journal.defer("start", "start")
     while store.now() < lease.expires_at - 0.03 + 0.003 * (i % 12):  # from 30 ms before to 3 ms after
         pass
     try:
@@ -69,13 +72,16 @@ def start(code: str, *args: str) -> subprocess.Popen[str]:
     return proc
 
 
+@pytest.mark.parametrize("batch", ["carry", "plain"])
 def test_a_fenced_append_and_a_recovery_racing_in_two_processes_never_both_win(
-    store_url: str, store: FleetStore
+    store_url: str, store: FleetStore, batch: str
 ) -> None:
     """For each of 20 leases: either the append won (events, prepare and start recorded; the recovery then
     found a step requested and sent the attempt to an operator, never re-queued it), or the recovery won
-    (the attempt lost and re-queued; no event, no prepare, no start from that lease)."""
-    appender = start(APPENDER, store_url)
+    (the attempt lost and re-queued; no event, no prepare, no start from that lease). ``plain``: the batch
+    carries no transition, so on SQLite the lease check is the WHERE of the operation record's INSERT
+    (``SqliteLeaseFence``) instead of a SELECT of its own."""
+    appender = start(APPENDER, store_url, batch)
     recoverer = start(RECOVERER, store_url, "3.0")
     leases = []
     for i in range(20):
@@ -97,9 +103,72 @@ def test_a_fenced_append_and_a_recovery_racing_in_two_processes_never_both_win(
         moved = [h.transition for h in store.history(lease.request_id) if h.attempt_id == first.attempt_id]
         head = store.journal().head(lease.run_id)[0]
         if outcome[lease.request_id] == "appended":
-            assert (2, ["lease", "prepare", "start", "expire"]) == (head, moved), lease.request_id
+            carried = ["prepare", "start"] if batch == "carry" else []
+            assert (2, ["lease", *carried, "expire"]) == (head, moved), lease.request_id
             assert "needs_operator" == first.state
         else:
             assert (0, ["lease", "lose"]) == (head, moved), lease.request_id
             assert "lost" == first.state
     assert 20 == len(outcome)
+
+
+RIVAL = """
+import json, sys
+import msgspec
+from effectlog.errors import StaleLease
+from effectlog.fleet import open_store
+from effectlog.fleet.contract import started
+from effectlog.fleet.model import Lease
+store = open_store(sys.argv[1])
+print("ready", flush=True)
+moment, raw = json.loads(sys.stdin.readline())
+out = {}
+for i, lease in enumerate(msgspec.convert(x, Lease) for x in raw):
+    while store.now() < moment + 0.02 * i:  # both processes append the same run at the same moment
+        pass
+    try:
+        store.leased_journal(lease).append([started(lease.run_id)])
+        out[lease.request_id] = "appended"
+    except StaleLease:
+        out[lease.request_id] = "refused"
+store.close()
+print(json.dumps(out), flush=True)
+"""
+
+
+def test_two_processes_appending_a_run_at_once_under_an_old_and_a_new_token_only_the_new_one_wins(
+    store_url: str, store: FleetStore
+) -> None:
+    """For each of 20 requests, the first lease (token 1) expired and was taken back, the second (token 2) is
+    current; two processes append the same ``run.started`` (the same bytes) at the same moment, one under
+    each. The old token is refused every time, whichever commits first (on SQLite through the lease check
+    in the operation record's INSERT, ``SqliteLeaseFence``, then the full check), and the run holds one event."""
+    from effectlog.fleet.recovery import recover_once
+
+    old, new = [], []
+    for i in range(20):
+        request = store.submit("rival", f"k{i}", noop_plan(f"rival-{i}"), requeue_backoff_s=0.0).request
+        first = store.claim(request.request_id, "old", 0.05)
+        assert first is not None
+        old.append(first)
+    wait_past_all = max(lease.expires_at for lease in old)
+    while store.now() <= wait_past_all:
+        pass
+    recover_once(store)
+    for lease in old:
+        second = store.claim(lease.request_id, "new", 60.0)
+        assert second is not None
+        assert 2 == second.token
+        new.append(second)
+    procs = [start(RIVAL, store_url), start(RIVAL, store_url)]
+    moment = store.now() + 0.5
+    for proc, leases in zip(procs, (old, new), strict=True):
+        assert proc.stdin is not None
+        proc.stdin.write(json.dumps([moment, [{f: getattr(x, f) for f in x.__struct_fields__} for x in leases]]) + "\n")
+        proc.stdin.flush()
+    outcomes = [json.loads(proc.communicate(timeout=120)[0].strip().splitlines()[-1]) for proc in procs]
+    assert [0, 0] == [proc.returncode for proc in procs]
+
+    expected = ({str(x.request_id): "refused" for x in old}, {str(x.request_id): "appended" for x in new})
+    assert expected == tuple(outcomes)
+    assert [1] * 20 == [store.journal().head(x.run_id)[0] for x in new]

@@ -63,7 +63,8 @@ class LeasedJournal:
     ``start``) for the next append (or the next report, ``reporting``), and with
     ``succeed_on_completion`` set the batch that records ``run.completed`` also makes the
     attempt ``succeed`` (op key ``final``), which ``finished`` then tells. The lease check
-    guards them as it guards the batch.
+    guards them as it guards the batch. With ``claim_after`` set too, that batch's
+    transaction also claims the runner's next request (``claimed`` once it committed).
     """
 
     def __init__(
@@ -84,6 +85,10 @@ class LeasedJournal:
         self.finished: str | None = None  # the attempt's state once a batch's carry ended it
         self.appended = 0  # events this attempt appended
         self.succeed_on_completion = False  # the runner's choice: its run's end is its attempt's success
+        # The runner's choice too: what to claim in the transaction that makes the attempt succeed (its
+        # slot frees then), instead of a claim transaction of its own; ``claimed`` once that committed.
+        self.claim_after: Callable[[Tx], list[Lease]] | None = None
+        self.claimed: list[Lease] = []
         self._fresh = lease.base_seq == 0  # until the first read or append: the run has no event
 
     def defer(self, trigger: str, op_key: str) -> None:
@@ -110,6 +115,7 @@ class LeasedJournal:
             self.pending = []
             if carry.completes:
                 self.finished = carry.state
+                self.claimed = carry.claimed
         self.appended += len(events)
         return records
 
@@ -153,6 +159,7 @@ class _Carry:
         self.journal = journal
         self.completes = False
         self.state: str | None = None  # set once made, inside the batch's transaction
+        self.claimed: list[Lease] = []  # leased in the same transaction (``LeasedJournal.claim_after``)
 
     def wants(self, events: Sequence[Event]) -> bool:
         self.completes = self.journal.succeed_on_completion and any(isinstance(e, RunCompleted) for e in events)
@@ -165,3 +172,5 @@ class _Carry:
         if self.completes:
             moves.append(Move(trigger="succeed", op_key="final", detail={"events": journal.appended + len(events)}))
         self.state = journal.mover(tx, journal.lease, state, now, moves)
+        if self.completes and journal.claim_after is not None:
+            self.claimed = journal.claim_after(tx)

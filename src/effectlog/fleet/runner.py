@@ -33,12 +33,14 @@ from effectlog import events as ev
 from effectlog.adapters.registry import Registry, load_object
 from effectlog.errors import BadInput, EffectlogError, ExitStatus, StaleLease, StorageError
 from effectlog.fleet import limits
+from effectlog.fleet.fencing import Tx
 from effectlog.fleet.leased_journal import LeasedJournal
 from effectlog.fleet.model import Lease, Offer
 from effectlog.fleet.protocol import FleetStore
 from effectlog.fleet.recovery import recover_once
 from effectlog.fleet.scheduler import waiting
 from effectlog.fleet.secrets import Provider, redact_all, resolve
+from effectlog.fleet.sqlite_store import SqliteFleetStore
 from effectlog.journal import Journal, load_run
 from effectlog.notify import Kind, Notification, cli_hooks, deliver, shown_location
 from effectlog.observe import requests_gauge, telemetry
@@ -124,6 +126,7 @@ class Slot:
         self.lost = threading.Event()
         self.thread: threading.Thread | None = None
         self.outcome = ""
+        self.following: list[Lease] = []  # claimed in the transaction that ended this attempt (_claim_after)
 
 
 class Runner:
@@ -233,9 +236,6 @@ class Runner:
             self.log(f"claim failed: {exc.code}: {exc}")
             return 0, True
         for lease in leases:
-            found = telemetry()  # an effectlog.fleet.claim span and count when OpenTelemetry is configured
-            if found is not None:
-                found.claimed(lease.request_id, self.runner_id, lease.run_id, lease.attempt_no)
             self._start(lease)
         if leases or not self.config.exit_when_idle:
             return len(leases), True
@@ -248,13 +248,19 @@ class Runner:
         return 0, waiting(candidates, offer)
 
     def _start(self, lease: Lease) -> None:
-        slot = Slot(lease)
+        slot = self._slot(lease)
         slot.thread = threading.Thread(target=self._work, args=(slot,), name=f"effectlog-attempt-{lease.attempt_id}")
         with self._mutex:
             self.slots[lease.attempt_id] = slot
             self.started += 1
-        self.log(f"request {lease.request_id} attempt {lease.attempt_no}: leased with token {lease.token}")
         slot.thread.start()
+
+    def _slot(self, lease: Lease) -> Slot:
+        found = telemetry()  # an effectlog.fleet.claim span and count when OpenTelemetry is configured
+        if found is not None:
+            found.claimed(lease.request_id, self.runner_id, lease.run_id, lease.attempt_no)
+        self.log(f"request {lease.request_id} attempt {lease.attempt_no}: leased with token {lease.token}")
+        return Slot(lease)
 
     def _heartbeats(self) -> None:
         while not self._done.wait(self.heartbeat_s):
@@ -282,6 +288,12 @@ class Runner:
     # -- one attempt --------------------------------------------------------------------
 
     def _work(self, slot: Slot) -> None:
+        """Run the slot's attempt, then, on this thread, each one claimed in the transaction that ended the last."""
+        following: Slot | None = slot
+        while following is not None:
+            following = self._work_one(following)
+
+    def _work_one(self, slot: Slot) -> Slot | None:
         lease = slot.lease
         found = telemetry()
         try:
@@ -305,11 +317,21 @@ class Runner:
         finally:
             if found is not None and slot.outcome in ("fenced", "lease lost"):
                 found.leases_lost.add(1, {"effectlog.fleet.runner_id": self.runner_id})
+            self.log(f"request {lease.request_id} attempt {lease.attempt_no}: {slot.outcome}")
+            # Whatever the outcome, a lease claimed with this attempt's end is run (committed, it is this
+            # runner's), by this thread; it takes this slot's place at once, so the loop never sees the
+            # runner idle between, and need not wake: no slot freed.
+            nxt = self._slot(slot.following[0]) if slot.following else None
             with self._mutex:
                 self.slots.pop(lease.attempt_id, None)
                 self.ended += 1
-            self.log(f"request {lease.request_id} attempt {lease.attempt_no}: {slot.outcome}")
-            self._wake.set()
+                if nxt is not None:
+                    nxt.thread = slot.thread
+                    self.slots[nxt.lease.attempt_id] = nxt
+                    self.started += 1
+            if nxt is None:
+                self._wake.set()
+        return nxt
 
     def _attempt(self, slot: Slot) -> str:
         lease = slot.lease
@@ -322,6 +344,8 @@ class Runner:
         # run's completion makes the attempt succeed in the same transaction: no commit of their own.
         journal.defer("prepare", "prepare")
         journal.succeed_on_completion = True
+        if isinstance(store, SqliteFleetStore):
+            journal.claim_after = lambda tx: self._claim_after(store, tx)
         self._point(slot, "prepared", "")
         try:
             plan = resolve(parse_plan(lease.plan.encode(), f"request {lease.request_id}"), self.secrets)
@@ -335,7 +359,21 @@ class Runner:
             journal.defer("start", "start")
             return self._drive(slot, runtime, plan, journal)
         finally:
+            slot.following = journal.claimed
             runtime.close()
+
+    def _claim_after(self, store: SqliteFleetStore, tx: Tx) -> list[Lease]:
+        """The next lease, claimed in the transaction that makes this runner's attempt succeed (its slot frees).
+
+        One commit per run fewer: on SQLite the claim and the run's last append share the
+        file's write lock anyway. Nothing is claimed while stopping or at ``max_attempts``.
+        """
+        if self._stopping.is_set():
+            return []
+        limit = self.config.max_attempts
+        if limit is not None and self.started >= limit:
+            return []
+        return store.claim_within(tx, self.runner_id, sorted(self.config.capabilities), self.config.lease_s, 1)
 
     def _drive(self, slot: Slot, runtime: Runtime, plan: Plan, journal: LeasedJournal) -> str:
         lease = slot.lease

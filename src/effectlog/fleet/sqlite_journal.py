@@ -28,7 +28,9 @@ from effectlog.errors import (
     StorageError,
 )
 from effectlog.events import Event
-from effectlog.fleet.fencing import Carry, Dialect, LeaseFence
+from effectlog.fleet import attempts as am
+from effectlog.fleet import limits
+from effectlog.fleet.fencing import Carry, Checked, Dialect, LeaseFence, batch_identity, check_batch_runs
 from effectlog.fleet.model import Lease
 from effectlog.fold import Record
 from effectlog.journal import filelocks, sidecars
@@ -120,24 +122,43 @@ class Handle:
     gate the journal's appends use) before ``BEGIN IMMEDIATE``: SQLite's own busy handler
     sleeps up to 100 ms between tries, so under contention a free database would sit idle
     while its waiters sleep. The database's lock is still what protects the data.
+
+    ``db``: the store's journal's connection, shared instead of a second one. SQLite
+    empties a connection's page cache whenever another connection has committed, so with
+    two connections each claim re-read the pages the run's appends had written and each
+    run's first append those the claim had (about 48 reads per two-step run, none now).
+    The journal's writers take this process's turn at the gate (``SharedFile.turn``) for
+    their transactions, so this handle's read transactions take it too: one transaction
+    per connection at a time. The journal closes the connection, not the handle.
     """
 
-    def __init__(self, path: str, durability: Durability = "full", busy_timeout_s: float = 60.0) -> None:
+    def __init__(
+        self,
+        path: str,
+        durability: Durability = "full",
+        busy_timeout_s: float = 60.0,
+        *,
+        db: sqlite3.Connection | None = None,
+    ) -> None:
         self.where = path
         self.busy_timeout_s = busy_timeout_s
         real = os.path.realpath(path)  # the journal's name for the file: one WAL, one set of locks
         sidecars.refuse_clash(path, "fleet store")  # before SQLite takes another file for its own
         filelocks.refuse_inherited(real)  # before SQLite opens it: see filelocks.INHERITED_ADVICE
-        self.db = connect(real, durability, busy_timeout_s)
-        filelocks.opened(self.db, real)
+        self.shared = db is not None
+        if db is None:
+            db = connect(real, durability, busy_timeout_s)
+            filelocks.opened(db, real)
+        self.db = db
         self.lock = threading.Lock()
         # Registered with the journal files of this process, so no descriptor of the file is
         # closed while this connection holds SQLite's locks on it (effectlog.journal.filelocks).
         try:
             self.file: filelocks.SharedFile | None = filelocks.acquire(real)
         except OSError as exc:
-            filelocks.may_close(self.db)
-            self.db.close()
+            if not self.shared:
+                filelocks.may_close(self.db)
+                self.db.close()
             raise StorageError(f"{path}: cannot open the store ({exc.strerror})") from None
         other = self.file.other_name(real)
         if other is not None:
@@ -149,9 +170,26 @@ class Handle:
         assert self.file is not None
         return self.file.gate(self.where, self.busy_timeout_s)
 
+    @contextmanager
+    def reading(self) -> Iterator[None]:
+        """A read transaction's turn: on a shared connection, this process's writers' turn (not the file's gate)."""
+        if not self.shared:
+            yield
+            return
+        assert self.file is not None
+        turn = self.file.turn
+        if not turn.acquire(timeout=self.busy_timeout_s):
+            raise JournalLocked(
+                f"{self.where}: another writer of this process kept the store for {self.busy_timeout_s:g}s"
+            )
+        try:
+            yield
+        finally:
+            turn.release()
+
     def close(self) -> None:
         with self.lock:
-            if filelocks.may_close(self.db):  # never one opened before fork(), in the child (filelocks)
+            if not self.shared and filelocks.may_close(self.db):  # never one opened before fork(), in the child
                 with contextlib.suppress(sqlite3.Error):
                     self.db.close()
             if self.file is not None:
@@ -162,7 +200,7 @@ class Handle:
 @contextmanager
 def transaction(handle: Handle, *, write: bool = True) -> Iterator[SqliteTx]:
     """One transaction (``BEGIN IMMEDIATE`` for writes, after the writers' OS lock)."""
-    with handle.lock, handle.writing() if write else contextlib.nullcontext():
+    with handle.lock, handle.writing() if write else handle.reading():
         db = handle.db
         try:
             db.execute("BEGIN IMMEDIATE" if write else "BEGIN")
@@ -180,6 +218,44 @@ def transaction(handle: Handle, *, write: bool = True) -> Iterator[SqliteTx]:
             raise
 
 
+# The lease check of ``fencing.check_op`` (current runner and token, a live state, an expiry ahead and
+# no further than MAX_LEASE_S) as the WHERE of the operation record's own INSERT: a batch that
+# carries no transition is admitted and recorded by one statement. OR IGNORE: a batch this attempt
+# recorded already inserts nothing, and the full check then tells a retry from a conflict.
+_RECORD_IF_CURRENT = (
+    "INSERT OR IGNORE INTO fleet_operations (attempt_id, op_key, digest, result, at)"
+    " SELECT a.attempt_id, ?, ?, '', ? FROM fleet_attempts a WHERE a.attempt_id = ? AND a.runner_id = ?"
+    f" AND a.fencing_token = ? AND a.state IN {am.sql_list(am.LIVE)} AND a.lease_expires_at > ?"
+    " AND a.lease_expires_at <= ?"
+)
+
+
+class SqliteLeaseFence(LeaseFence):
+    """``LeaseFence`` with the common case in one statement: check the lease and record the batch.
+
+    A batch that carries no transition (4 of a two-step run's 6) needs no attempt state,
+    so ``_RECORD_IF_CURRENT`` replaces the check's SELECT and the record's INSERT. When it
+    inserts nothing (not current, or the batch was recorded before) the full check runs
+    and decides as before (``StaleLease``, a replay, ``IdempotencyConflict``). The write
+    lock of ``BEGIN IMMEDIATE`` holds the whole file until the commit, so the check
+    still holds when the events go in.
+    """
+
+    def admit_inserting(
+        self, conn: Any, events: Sequence[Event], encoded: Sequence[bytes], insert: tuple[str, Sequence[Any]] | None
+    ) -> bool:
+        if insert is None and not (self.carry is not None and self.carry.wants(events)):
+            check_batch_runs(events, self.lease)
+            tx = self.tx_of(conn)
+            op_key, body = self._op = batch_identity(events, encoded)
+            lease, now = self.lease, tx.now()
+            params = (op_key, body, now, lease.attempt_id, lease.runner_id, lease.token, now, now + limits.MAX_LEASE_S)
+            if tx.run(_RECORD_IF_CURRENT, params) == 1:
+                self._checked = Checked("", False, now, None, recorded=True)
+                return True
+        return super().admit_inserting(conn, events, encoded, insert)
+
+
 class FleetSqliteJournal(SqliteJournal):
     """The one SQLite journal over a fleet store's file, plus appends fenced by a lease.
 
@@ -194,10 +270,15 @@ class FleetSqliteJournal(SqliteJournal):
     ) -> None:
         super().__init__(path, chain=chain, durability=durability)
 
+    @property
+    def connection(self) -> sqlite3.Connection:
+        """The journal's connection, for the store's own transactions (``Handle(db=...)``)."""
+        return self._db
+
     def append_fenced(self, events: Sequence[Event], lease: Lease | None, carry: Carry | None = None) -> list[Record]:
         if lease is None:
             return self.append(events)  # not under a lease: an operator's or a plain writer's batch
-        return self.append_under(events, LeaseFence(lease, SQLITE, SqliteTx, carry))
+        return self.append_under(events, SqliteLeaseFence(lease, SQLITE, SqliteTx, carry))
 
     def __enter__(self) -> FleetSqliteJournal:
         return self

@@ -13,6 +13,7 @@ import os
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 
+from effectlog.canonical import canonical_json
 from effectlog.chain import Chain
 from effectlog.errors import JournalUnreadable
 from effectlog.events import Event
@@ -22,7 +23,7 @@ from effectlog.fleet.fencing import Tx
 from effectlog.fleet.leased_journal import LeasedJournal
 from effectlog.fleet.model import Lease
 from effectlog.fleet.sqlite_journal import SQLITE, Durability, FleetSqliteJournal, Handle, SqliteTx, transaction
-from effectlog.fleet.sqlstore import SqlFleetStore
+from effectlog.fleet.sqlstore import SqlFleetStore, _check_text
 
 FLEET_SCHEMA_VERSION = 2
 _FINAL = am.sql_list(am.FINAL)
@@ -157,7 +158,7 @@ class SqliteFleetStore(SqlFleetStore):
         self.dialect = SQLITE
         self._watcher: wakeups.Watcher | None = None
         self._journal = FleetSqliteJournal(self.location, chain=chain, durability=durability)  # journal tables first
-        self._handle = Handle(self.location, durability)
+        self._handle = Handle(self.location, durability, db=self._journal.connection)  # one connection: see Handle
         try:
             with transaction(self._handle) as tx:
                 self._migrate(tx)
@@ -190,6 +191,20 @@ class SqliteFleetStore(SqlFleetStore):
     def watch(self, wake: Callable[[], None], wanted: Callable[[], bool] | None = None) -> None:
         if self._watcher is None:
             self._watcher = wakeups.watch_sqlite(os.path.realpath(self.location), wake, wanted)
+
+    def claim_within(
+        self, tx: Tx, runner_id: str, capabilities: Sequence[str], lease_s: float, limit: int = 1
+    ) -> list[Lease]:
+        """``claim_next`` inside an open write transaction of this file (a journal append's: ``LeasedJournal``).
+
+        The file's write lock is held from ``BEGIN IMMEDIATE`` to the commit, so the pick and
+        the lease are as exclusive as in a claim of their own; they commit, or roll back, with
+        the transaction they ride in.
+        """
+        _check_text("runner id", runner_id)
+        limits.seconds("lease_s", lease_s, high=limits.MAX_LEASE_S)
+        limits.count("claim limit", limit, low=1, high=limits.MAX_CAPACITY)
+        return self._lease_next(tx, runner_id, canonical_json(sorted(set(capabilities))).decode(), lease_s, limit)
 
     def _tx(self, *, write: bool = True) -> AbstractContextManager[Tx]:
         return transaction(self._handle, write=write)

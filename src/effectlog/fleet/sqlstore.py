@@ -369,52 +369,56 @@ class SqlFleetStore:
 
     def _claim_next(self, runner_id: str, offered: str, lease_s: float, limit: int) -> list[Lease]:
         """``claim_next`` in one write transaction: pick (skipping rows other claimers lock), lease, record."""
+        with self._tx() as tx:
+            return self._lease_next(tx, runner_id, offered, lease_s, limit)
+
+    def _lease_next(self, tx: Tx, runner_id: str, offered: str, lease_s: float, limit: int) -> list[Lease]:
+        """``_claim_next`` in an open write transaction (also ``SqliteFleetStore.claim_within``'s)."""
         d = self.dialect
         leases: list[Lease] = []
-        with self._tx() as tx:
-            now = tx.now()
-            rows = tx.all(d.sql(_PICK + " {claim}"), (now, offered, limit))
-            for row in rows:
-                attempt_id, request_id, attempt_no, run_id = int(row[0]), int(row[1]), int(row[2]), str(row[3])
-                token, base_seq = int(row[6]), int(row[7])
-                new = am.move(am.QUEUED, "lease", "scheduler")
-                moved = tx.run(
-                    d.sql(
-                        "UPDATE {attempts} SET state = ?, runner_id = ?, fencing_token = ?, lease_expires_at = ?,"
-                        " base_seq = ? WHERE attempt_id = ? AND state = ?"
-                    ),
-                    (new, runner_id, token, now + lease_s, base_seq, attempt_id, am.QUEUED),
+        now = tx.now()
+        rows = tx.all(d.sql(_PICK + " {claim}"), (now, offered, limit))
+        for row in rows:
+            attempt_id, request_id, attempt_no, run_id = int(row[0]), int(row[1]), int(row[2]), str(row[3])
+            token, base_seq = int(row[6]), int(row[7])
+            new = am.move(am.QUEUED, "lease", "scheduler")
+            moved = tx.run(
+                d.sql(
+                    "UPDATE {attempts} SET state = ?, runner_id = ?, fencing_token = ?, lease_expires_at = ?,"
+                    " base_seq = ? WHERE attempt_id = ? AND state = ?"
+                ),
+                (new, runner_id, token, now + lease_s, base_seq, attempt_id, am.QUEUED),
+            )
+            if moved != 1:
+                continue
+            self._history(
+                tx,
+                Change(
+                    attempt_id=attempt_id,
+                    request_id=request_id,
+                    trigger="lease",
+                    actor="scheduler",
+                    actor_name=runner_id,
+                    state=am.QUEUED,
+                    new=new,
+                    now=now,
+                    detail={"token": token},
+                ),
+            )
+            leases.append(
+                Lease(
+                    request_id=request_id,
+                    attempt_id=attempt_id,
+                    attempt_no=attempt_no,
+                    runner_id=runner_id,
+                    token=token,
+                    expires_at=now + lease_s,
+                    run_id=run_id,
+                    plan=str(row[4]),
+                    cancel_requested=row[5] is not None,
+                    base_seq=base_seq,
                 )
-                if moved != 1:
-                    continue
-                self._history(
-                    tx,
-                    Change(
-                        attempt_id=attempt_id,
-                        request_id=request_id,
-                        trigger="lease",
-                        actor="scheduler",
-                        actor_name=runner_id,
-                        state=am.QUEUED,
-                        new=new,
-                        now=now,
-                        detail={"token": token},
-                    ),
-                )
-                leases.append(
-                    Lease(
-                        request_id=request_id,
-                        attempt_id=attempt_id,
-                        attempt_no=attempt_no,
-                        runner_id=runner_id,
-                        token=token,
-                        expires_at=now + lease_s,
-                        run_id=run_id,
-                        plan=str(row[4]),
-                        cancel_requested=row[5] is not None,
-                        base_seq=base_seq,
-                    )
-                )
+            )
         return leases
 
     def heartbeat(self, lease: Lease, lease_s: float) -> Heartbeat:
