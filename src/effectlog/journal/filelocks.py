@@ -410,6 +410,19 @@ def refuse_inherited(path: str) -> None:
         raise JournalInherited(f"{path}: {INHERITED_ADVICE}")
 
 
+def open_here(path: str) -> bool:
+    """Whether this process has the file at ``path`` open through effectlog (a journal, fleet store or
+    effect store, its own or inherited). Then no descriptor of the file or of its sidecars may be opened
+    and closed here just to look at it: the close would drop SQLite's locks on that file."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return False
+    key = (st.st_dev, st.st_ino)
+    with _registry_lock:
+        return key in _files or key in _inherited_keys or any(found == key for _, found in _connections.values())
+
+
 def opened(connection: Any, path: str) -> None:
     """Register a SQLite connection just opened to ``path`` (see ``_forget_inherited``)."""
     with contextlib.suppress(OSError):

@@ -14,13 +14,20 @@ from __future__ import annotations
 import os
 
 from effectlog.errors import SidecarClash
+from effectlog.journal import filelocks
 
 SUFFIXES = ("-wal", "-shm", "-journal")
 _DATABASE_HEADER = b"SQLite format 3\x00"  # a WAL, -shm or rollback journal never starts with it
 
 
 def _database(path: str, *, empty_too: bool) -> bool:
-    """Whether ``path`` is a regular file holding a SQLite database (or empty, if ``empty_too``)."""
+    """Whether ``path`` is a regular file holding a SQLite database (or empty, if ``empty_too``).
+
+    A file this process has open as a database is one, without reading it: closing a descriptor
+    opened here to read it would drop this process's SQLite locks on it (``filelocks.open_here``).
+    """
+    if filelocks.open_here(path):
+        return True
     if not os.path.isfile(path):
         return False  # before open(): a FIFO would block it
     try:
@@ -35,6 +42,10 @@ def refuse_clash(path: str, what: str) -> None:
     """``SidecarClash`` if ``path`` (a ``what``: journal, effect store, fleet store) is another SQLite
     file's sidecar, or if one of its own sidecar names holds a database of its own."""
     for name in dict.fromkeys((path, os.path.realpath(path))):
+        if filelocks.open_here(name):
+            # Open here already, so checked at that open; and its sidecars are its own now, locked by
+            # SQLite in this process: reading one would close a descriptor of it (see _database).
+            continue
         for suffix in SUFFIXES:
             if name.endswith(suffix) and _database(name[: -len(suffix)], empty_too=True):
                 raise SidecarClash(

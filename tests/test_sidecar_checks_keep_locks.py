@@ -1,0 +1,62 @@
+"""The sidecar check (``journal/sidecars.py``) reads files beside a database before SQLite opens it;
+it must never open and close a file this process's SQLite connections hold locks on.
+
+POSIX locks belong to the process: closing ANY descriptor of a file drops all of them. The check read
+``x.db-shm`` to see whether it held a database of its own, on every open, also when this process
+already had ``x.db`` open: its close dropped SQLite's lock on the -shm's "DMS" byte, which tells other
+processes the shared-memory index is in use. Another process then took itself for the first user,
+truncated and rebuilt the index under this process's mapping, and runner processes died of SIGBUS
+(two attempts of one runner open the same effect store; tests/test_fleet_processes.py's racing
+runners). Proves, for the journal, the effect store and the SQLite fleet store: a second object
+opened on a file this process has open leaves SQLite's lock on the -shm held, as a second process
+sees it.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from effectlog.adapters.effects import EffectStore
+from effectlog.fleet.sqlite_store import SqliteFleetStore
+from effectlog.journal.sqlite import SqliteJournal
+
+# Another process asks the kernel who holds a write lock's way at byte 128 of the -shm (SQLite's
+# UNIX_SHM_DMS: every connection using the index holds it shared).
+_PROBE = """
+import fcntl, os, struct, sys
+fd = os.open(sys.argv[1], os.O_RDWR)
+wanted = struct.pack("hhqqi4x", fcntl.F_WRLCK, os.SEEK_SET, 128, 1, 0)
+print(struct.unpack("hhqqi4x", fcntl.fcntl(fd, fcntl.F_GETLK, wanted))[0] != fcntl.F_UNLCK)
+"""
+
+
+def _dms_held(shm: Path) -> bool:
+    done = subprocess.run([sys.executable, "-c", _PROBE, str(shm)], capture_output=True, text=True, check=True)
+    return done.stdout.strip() == "True"
+
+
+OPENERS: dict[str, Callable[[Path], Any]] = {
+    "journal": SqliteJournal,
+    "effect-store": EffectStore,
+    "fleet-store": SqliteFleetStore,
+}
+
+
+@pytest.mark.parametrize("kind", sorted(OPENERS))
+def test_opening_a_file_this_process_has_open_keeps_sqlites_lock_on_its_shm(kind: str, tmp_path: Path) -> None:
+    """Proves: the first object's lock on the -shm is held before and after a second open and close."""
+    path = tmp_path / "x.db"
+    first = OPENERS[kind](path)
+    try:
+        before = _dms_held(tmp_path / "x.db-shm")
+        second = OPENERS[kind](path)
+        second.close()
+        assert (True, True) == (before, _dms_held(tmp_path / "x.db-shm"))
+    finally:
+        first.close()
