@@ -550,3 +550,72 @@ def test_a_durable_run_whose_journal_wal_was_deleted_loses_nothing_and_resends_o
         verify.returncode,
     ), proc.stderr
     assert (0, "completed") == _state(journal, "d", tmp_path)
+
+
+# -- 11. a stop signal during a retry's backoff --------------------------------------------------------
+
+_FLAKY_TOOL = """
+import os
+
+
+class Flaky:
+    def invoke(self, request):
+        open(os.environ["EL_SENT"], "a").write(request.idempotency_key + "\\n")
+        raise ConnectionError("no answer from the endpoint")
+
+
+ADAPTERS = {"test.flaky": lambda decl, ctx: Flaky()}
+"""
+
+
+def _flaky_plan(path: Path, retry: dict[str, float]) -> Path:
+    plan = {
+        "run_id": "flaky",
+        "adapters": {"api": {"type": "test.flaky", "idempotent": True}},
+        "steps": [{"id": "call", "adapter": "api", "retry": retry}],
+    }
+    path.write_text(json.dumps(plan))
+    return path
+
+
+@pytest.mark.parametrize("backoff", [1e308, 86_400.0 * 8])
+def test_a_retry_backoff_beyond_a_week_is_a_bad_plan(tmp_path: Path, backoff: float) -> None:
+    """``timeout_s`` must be under a week, but a retry's ``backoff_base_s``/``backoff_cap_s`` took any
+    number: 1e308 made ``effectlog run`` sleep for ever between two sends of one key (and, with a stop
+    deferred to the step's end, ignore SIGTERM for ever). Proves: such a plan is refused (exit 2, one
+    line naming the field) before a journal is made."""
+    plan = _flaky_plan(tmp_path / "p.json", {"attempts": 3, "backoff_base_s": backoff, "backoff_cap_s": backoff})
+    (tmp_path / "el_flaky.py").write_text(_FLAKY_TOOL)
+    env = {"PYTHONPATH": str(tmp_path), "EL_SENT": str(tmp_path / "sent.log")}
+    proc = effectlog("run", "--journal", "j.db", "--adapters", "el_flaky:ADAPTERS", str(plan), cwd=tmp_path, env=env)
+    assert (2, True, False) == (proc.returncode, ".retry" in one_line(proc.stderr), (tmp_path / "j.db").exists())
+
+
+@pytest.mark.xfail(strict=True, reason="a stop request is looked at only between steps, not during a backoff")
+def test_sigterm_during_a_retry_backoff_stops_the_run_promptly(tmp_path: Path) -> None:
+    """An idempotent step whose first send failed waits its backoff (here 60 s) before sending the same
+    key again. SIGTERM then (systemd stopping the service, a deploy) is documented as "stop after the
+    current step's durable commit" (exit 143): nothing is in flight during the backoff, yet the process
+    kept sleeping and sent again before it stopped. Proves: it exits 143 within 10 s, the key was sent
+    once, and running the plan again re-sends that same key."""
+    (tmp_path / "el_flaky.py").write_text(_FLAKY_TOOL)
+    sent = tmp_path / "sent.log"
+    env = {"PYTHONPATH": str(tmp_path), "EL_SENT": str(sent)}
+    plan = _flaky_plan(tmp_path / "p.json", {"attempts": 2, "backoff_base_s": 60, "backoff_cap_s": 60, "jitter": 0})
+    argv = [sys.executable, "-m", "effectlog", "run", "--journal", "j.db", "--adapters", "el_flaky:ADAPTERS"]
+    proc = subprocess.Popen(
+        [*argv, str(plan)], cwd=tmp_path, env=cli_env(env), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    while not sent.exists():
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.02)
+    time.sleep(0.5)  # in the backoff now
+    proc.send_signal(15)
+    try:
+        proc.communicate(timeout=10)
+        status: int | None = proc.returncode
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        status = None
+    assert (143, 1) == (status, len(sent.read_text().split()))

@@ -351,6 +351,9 @@ def check_plan(plan: Plan, origin: str = "plan", *, max_args_bytes: int = MAX_AR
                 )
             if step.retry.attempts < 1 or step.retry.backoff_base_s < 0 or step.retry.backoff_cap_s < 0:
                 raise PlanError(f"{where}.retry: attempts must be >= 1 and backoff times >= 0")
+            if max(step.retry.backoff_base_s, step.retry.backoff_cap_s) >= 86_400 * 7:
+                # As timeout_s: a run asleep for longer between two sends of one key is a typo, not a plan.
+                raise PlanError(f"{where}.retry: backoff times must be under a week (seconds)")
             if not 0 <= step.retry.jitter <= 1:
                 raise PlanError(f"{where}.retry.jitter: must be between 0 and 1")
         if step.timeout_s is not None and not (0 < step.timeout_s < 86_400 * 7):
