@@ -106,7 +106,8 @@ def test_many_stores_opening_a_fresh_database_at_once_create_the_schema_once(pg_
 
 def test_a_v1_store_is_migrated_and_its_requests_get_the_default_requeue_policy(pg_url: str) -> None:
     """A PostgreSQL store written before requeue limits (fleet schema v1, a queued request) opens, is migrated,
-    and its request gets the default limit and no backoff."""
+    and its request gets the default limit and no backoff; the migrated store's claim (schema v3's
+    ``claim_next`` function over the queued-attempts index) leases the request written before either existed."""
     from effectlog.fleet import limits
     from effectlog.fleet.postgres_journal import FleetPostgresJournal
     from effectlog.fleet.postgres_store import DDL, FLEET_SCHEMA_VERSION
@@ -128,6 +129,7 @@ def test_a_v1_store_is_migrated_and_its_requests_get_the_default_requeue_policy(
         view = store.request(1)
         assert (limits.DEFAULT_MAX_REQUEUES, 0, None) == (view.max_requeues, view.requeues, view.not_before)
         assert [(1, True)] == [(c.request_id, c.due) for c in store.candidates(10)]
+        assert [(1, 1)] == [(lease.request_id, lease.token) for lease in store.claim_next("runner", [], 30.0)]
     with psycopg.connect(pg_url) as conn:
         row = conn.execute("SELECT value FROM effectlog_fleet.meta WHERE key = 'schema_version'").fetchone()
     assert (str(FLEET_SCHEMA_VERSION),) == row
