@@ -17,8 +17,11 @@ runner processes N:
   bench-only wrapper (``traced-runner``) that counts their SQL statements, their
   committed transactions and their CPU time from the moment they are ready.
 
-Rates come from the store's own history timestamps (first lease to last lease, or to
-last success), so process start-up is not counted. The machine's CPU count and load
+Each backend is measured in interleaved rounds (5 by default): a round measures every N
+back to back, so a count's ratio to 1 process is the median of ratios taken minutes, not
+tens of minutes, apart (``bench_backend``, ``summarize``). Rates come from the store's own
+history timestamps (first lease to last lease, or to last success), so process start-up is
+not counted; CPU per claim is the claimers' and (PostgreSQL) the server's. The machine's CPU count and load
 average are in the results: with fewer cores than processes, the processes share them,
 and on a shared machine with whatever else runs. Results go to
 ``experiments/results/fleet.json`` and the "Numbers" section of ``docs/fleet.md``, with
@@ -546,6 +549,17 @@ def _requests(params: dict[str, Any]) -> str:
     return f"{given} requests"
 
 
+def _cores_needed(row: dict[str, Any], rate: float, *, cores: int) -> str:
+    """What the claims' CPU per claim (claimers + server) comes to at the measured rate and at 1,500/s."""
+    if "server_claim_cpu_us" not in row or "claim_cpu_us" not in row:
+        return f" on {cores} cores"
+    per_claim = row["claim_cpu_us"] + row["server_claim_cpu_us"]
+    return (
+        f" ({per_claim:.0f} µs per claim: {per_claim * rate / 1e6:.2f} cores busy at the measured rate,"
+        f" {per_claim * 1500 / 1e6:.2f} of this machine's {cores} at 1,500 claims/s)"
+    )
+
+
 def _claims_count(params: dict[str, Any], backend: str) -> int:
     given = params["claims"]
     return int(given[backend] if isinstance(given, dict) else given)
@@ -574,9 +588,11 @@ def targets(results: dict[str, Any]) -> list[tuple[str, bool, str, str]]:
                 f" ({pg[str(most)]['attempts_per_claim']:.2f} here, of which"
                 f" {most / _claims_count(results['params'], 'postgres'):.2f}"
                 " is each process's last, empty-handed call; the issue measured 4.7 at 8 processes before), so no"
-                " process loses time to a lost race; what is left is each"
-                " claim's durable commit and the CPU of the claimer processes and the server, which share 2"
-                " cores with the other jobs on this machine (load average above). Server-side group commit"
+                " process loses time to a lost race, and the server reads only the queue's head per claim"
+                " (schema v3's claim function, docs/fleet.md Numbers); what is left is each claim's durable"
+                " commit and the CPU of the claimer processes and the server"
+                + _cores_needed(pg[str(most)], top, cores=results["machine"]["cpus"] or 1)
+                + ", shared with the other jobs on this machine (load average above). Server-side group commit"
                 " does not help: with commit_delay 200 or 1000 us (commit_siblings 2 or 1) against none, in"
                 " interleaved rounds at 8 claimers, WAL syncs per claim went 1.33 to 1.32 or 1.25 and claims/s"
                 " stayed within the rounds' noise, because the server already flushes the commits waiting"
