@@ -495,7 +495,10 @@ def fleet_table(fleet: dict[str, Any] | None) -> list[str]:
     lines = ["## Runner fleet: claims and runs per second", ""]
     if fleet is None:
         return [*lines, "Not measured: `experiments/results/fleet.json` is absent."]
-    columns = [("claims_per_s", "claims/s", ",.0f"), ("attempts_per_claim", "attempts per claim", ".2f"),
+    columns = [("claims_per_s", "claims/s", ",.0f"), ("claims_vs_1", "claims/s vs 1 process (median of rounds)", ".2f"),
+               ("claim_cpu_us", "claimer CPU µs per claim", ",.0f"),
+               ("server_claim_cpu_us", "server CPU µs per claim", ",.0f"),
+               ("attempts_per_claim", "attempts per claim", ".2f"),
                ("runs_per_s", "runs/s", ",.1f"), ("statements_per_run", "statements per run", ".1f"),
                ("commits_per_run", "commits per run", ".1f"), ("cpu_ms_per_run", "CPU ms per run", ".1f")]
     have = [c for c in columns if any(fleet_figures(fleet, b, c[0]) for b in ("sqlite", "postgres"))]

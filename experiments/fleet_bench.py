@@ -17,8 +17,11 @@ runner processes N:
   bench-only wrapper (``traced-runner``) that counts their SQL statements, their
   committed transactions and their CPU time from the moment they are ready.
 
-Rates come from the store's own history timestamps (first lease to last lease, or to
-last success), so process start-up is not counted. The machine's CPU count and load
+Each backend is measured in interleaved rounds (5 by default): a round measures every N
+back to back, so a count's ratio to 1 process is the median of ratios taken minutes, not
+tens of minutes, apart (``bench_backend``, ``summarize``). Rates come from the store's own
+history timestamps (first lease to last lease, or to last success), so process start-up is
+not counted; CPU per claim is the claimers' and (PostgreSQL) the server's. The machine's CPU count and load
 average are in the results: with fewer cores than processes, the processes share them,
 and on a shared machine with whatever else runs. Results go to
 ``experiments/results/fleet.json`` and the "Numbers" section of ``docs/fleet.md``, with
@@ -32,6 +35,7 @@ import json
 import os
 import platform
 import re
+import shutil
 import signal
 import statistics
 import subprocess
@@ -41,6 +45,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
+
+import psycopg
 
 from effectlog.fleet import open_store
 from effectlog.plan import AdapterDecl, Plan, StepDecl
@@ -205,6 +211,7 @@ def traced_runner(out_path: str, argv: list[str]) -> int:
 
 
 SERVER: list[int] = []  # the PostgreSQL postmaster's pid while the PostgreSQL rows are measured
+PG_CREATE: list[Callable[..., str]] = []  # its cluster's create_database, meanwhile
 
 
 def server_cpu_s() -> float | None:
@@ -242,9 +249,45 @@ def span(url: str, first: str, last: str) -> tuple[int, float]:
     return len(ends), max(ends) - min(starts)
 
 
-def measure_claims(url: str, n: int, count: int, tmp: Path) -> tuple[float, float, float]:
-    """(claims/s, claim transactions per lease, claimer CPU µs per lease): all N claimers start together."""
-    submit_all(url, count, 1)
+def queued_copies(fresh_url: Callable[[], str], count: int) -> Callable[[], str]:
+    """A function returning a fresh store holding ``count`` queued one-step requests, the same each time.
+
+    The requests are submitted once, into a template; each measurement gets a copy (SQLite:
+    the closed file, its WAL checkpointed away; PostgreSQL: ``CREATE DATABASE ... TEMPLATE``),
+    so a round pays for no submissions, which took longer than the claims they queue.
+    """
+    template = fresh_url()
+    submit_all(template, count, 1)
+    if "://" not in template:  # a SQLite file
+        sidecars = [s for s in ("-wal", "-shm") if Path(template + s).exists()]
+
+        def copy_file() -> str:
+            url = fresh_url()
+            for suffix in ("", *sidecars):
+                shutil.copyfile(template + suffix, url + suffix)
+            return url
+
+        return copy_file
+    name = template.rsplit("/", 1)[1]
+    assert PG_CREATE, "the PostgreSQL cluster's create_database is set while its rows are measured"
+
+    def copy_database() -> str:
+        for _ in range(50):  # a closed client's server process may linger for a moment on the template
+            try:
+                return PG_CREATE[0](options=f"TEMPLATE {name}")
+            except psycopg.errors.ObjectInUse:
+                time.sleep(0.1)
+        return PG_CREATE[0](options=f"TEMPLATE {name}")
+
+    return copy_database
+
+
+def measure_claims(url: str, n: int, count: int, tmp: Path) -> dict[str, float]:
+    """N claimers start together on a store of ``count`` queued requests and drain it.
+
+    Returns claims/s, claim transactions per lease, claimer CPU µs per lease and (PostgreSQL)
+    the server's CPU µs per lease, from "go" to the last claimer's exit.
+    """
     with open(tmp / "claims.log", "ab") as log:
         procs = [
             subprocess.Popen(
@@ -260,6 +303,7 @@ def measure_claims(url: str, n: int, count: int, tmp: Path) -> tuple[float, floa
         if p.stdout.readline().strip() != b"ready":
             tail = (tmp / "claims.log").read_text(errors="replace")[-2000:]
             raise SystemExit(f"claim worker did not start:\n{tail}")
+    server0 = server_cpu_s()
     for p in procs:
         assert p.stdin is not None
         p.stdin.write(b"go\n")
@@ -270,10 +314,18 @@ def measure_claims(url: str, n: int, count: int, tmp: Path) -> tuple[float, floa
         if p.returncode:
             raise SystemExit(f"claim worker failed: {p.returncode}; see {tmp / 'claims.log'}")
         reports.append(json.loads(out.decode().strip().splitlines()[-1]))
+    server1 = server_cpu_s()
     claimed, seconds = span(url, "lease", "lease")
     if claimed != count or sum(r["leases"] for r in reports) != count:
         raise SystemExit(f"{claimed} claims for {count} requests")
-    return claimed / seconds, sum(r["calls"] for r in reports) / count, 1e6 * sum(r["cpu_s"] for r in reports) / count
+    row = {
+        "claims_per_s": claimed / seconds,
+        "attempts_per_claim": sum(r["calls"] for r in reports) / count,
+        "claim_cpu_us": 1e6 * sum(r["cpu_s"] for r in reports) / count,
+    }
+    if server0 is not None and server1 is not None:
+        row["server_claim_cpu_us"] = 1e6 * (server1 - server0) / count
+    return row
 
 
 def measure_runs(url: str, n: int, count: int, tmp: Path) -> dict[str, float]:
@@ -380,24 +432,49 @@ def retried(measure: Callable[[], T]) -> T:
 
 
 def bench_backend(
-    name: str, fresh_url: Any, tmp: Path, *, claims: int, runs: int, repeat: int, processes: tuple[int, ...]
-) -> dict[str, dict[str, float]]:
-    """Median of ``repeat`` measurements per process count, each on a fresh store."""
-    out: dict[str, dict[str, float]] = {}
+    name: str,
+    fresh_url: Callable[[], str],
+    tmp: Path,
+    *,
+    claims: int,
+    runs: int,
+    rounds: int,
+    processes: tuple[int, ...],
+) -> dict[str, dict[str, Any]]:
+    """``rounds`` interleaved rounds; each measures every process count back to back, on fresh stores.
+
+    A round is the claims at each count, then the runs at each count, in ascending order
+    in even rounds and descending in odd ones, so a drift of the machine within a round
+    does not always favour the same end. Each count's figures are the medians of its
+    rounds; its ratios to the fewest processes are the medians of the per-round ratios
+    (``summarize``), so drift between rounds does not become a ratio.
+    """
+    copies = queued_copies(fresh_url, claims)
+    claim_rounds: dict[int, list[dict[str, float]]] = {n: [] for n in processes}
+    run_rounds: dict[int, list[dict[str, float]]] = {n: [] for n in processes}
+    for r in range(rounds):
+        order = processes if r % 2 == 0 else processes[::-1]
+        for n in order:
+            claim_rounds[n].append(retried(lambda n=n: measure_claims(copies(), n, claims, tmp)))  # type: ignore[misc]
+        for n in order:
+            run_rounds[n].append(retried(lambda n=n: measure_runs(fresh_url(), n, runs, tmp)))  # type: ignore[misc]
+        print(
+            f"{name:<10} round {r + 1}/{rounds}: claims/s "
+            + ", ".join(f"{n}: {claim_rounds[n][-1]['claims_per_s']:.0f}" for n in processes)
+            + "; runs/s "
+            + ", ".join(f"{n}: {run_rounds[n][-1]['runs_per_s']:.1f}" for n in processes),
+            flush=True,
+        )
+    out = summarize(claim_rounds, run_rounds)
     for n in processes:
-        claim_rows = [retried(lambda n=n: measure_claims(fresh_url(), n, claims, tmp)) for _ in range(repeat)]
-        run_rows = [retried(lambda n=n: measure_runs(fresh_url(), n, runs, tmp)) for _ in range(repeat)]
-        row = {
-            "claims_per_s": round(statistics.median(c for c, _, _ in claim_rows), 1),
-            "attempts_per_claim": round(statistics.median(a for _, a, _ in claim_rows), 3),
-            "claim_cpu_us": round(statistics.median(u for _, _, u in claim_rows), 1),
-        }
-        for key in run_rows[0]:
-            row[key] = round(statistics.median(r[key] for r in run_rows), 2)
-        out[str(n)] = row
+        row = out[str(n)]
         print(
             f"{name:<10} {n} runner process(es): {row['claims_per_s']:8.1f} claims/s"
-            f" ({row['attempts_per_claim']:.2f} attempts/claim)  {row['runs_per_s']:7.1f} runs/s"
+            f" ({row['claims_vs_1']:.2f}x of {processes[0]}, rounds {min(row['claims_vs_1_rounds']):.2f}"
+            f"-{max(row['claims_vs_1_rounds']):.2f}; {row['attempts_per_claim']:.2f} attempts/claim,"
+            f" {row['claim_cpu_us']:.0f}"
+            + (f" + {row['server_claim_cpu_us']:.0f} server" if "server_claim_cpu_us" in row else "")
+            + f" µs CPU/claim)  {row['runs_per_s']:7.1f} runs/s ({row['runs_vs_1']:.2f}x)"
             f"  {row['statements_per_run']:6.1f} statements/run  {row['commits_per_run']:5.2f} commits/run"
             f"  {row['cpu_ms_per_run']:6.1f} ms CPU/run"
             + (f"  {row['server_cpu_ms_per_run']:6.1f} ms server CPU/run" if "server_cpu_ms_per_run" in row else ""),
@@ -406,9 +483,86 @@ def bench_backend(
     return out
 
 
+RATIOS = {"claims_per_s": "claims_vs_1", "runs_per_s": "runs_vs_1"}
+
+
+def summarize(
+    claim_rounds: dict[int, list[dict[str, float]]], run_rounds: dict[int, list[dict[str, float]]]
+) -> dict[str, dict[str, Any]]:
+    """Each process count's medians over its rounds, and its rates against the fewest processes'.
+
+    ``claims_vs_1`` (and ``runs_vs_1``) is the median over the rounds of (this count's rate /
+    the fewest processes' rate in the SAME round), with every round's ratio beside it in
+    ``..._rounds``; the rates' own rounds are in ``claims_per_s_rounds`` and ``runs_per_s_rounds``.
+    """
+    base = min(claim_rounds)
+    out: dict[str, dict[str, Any]] = {}
+    for n in sorted(claim_rounds):
+        row: dict[str, Any] = {}
+        for rounds in (claim_rounds[n], run_rounds[n]):
+            for key in rounds[0]:
+                row[key] = round(statistics.median(r[key] for r in rounds), 3)
+        for key, ratio in RATIOS.items():
+            mine = [r[key] for r in (claim_rounds if key == "claims_per_s" else run_rounds)[n]]
+            ones = [r[key] for r in (claim_rounds if key == "claims_per_s" else run_rounds)[base]]
+            each = [a / b for a, b in zip(mine, ones, strict=True)]
+            row[f"{key}_rounds"] = [round(v, 1) for v in mine]
+            row[ratio] = round(statistics.median(each), 3)
+            row[f"{ratio}_rounds"] = [round(v, 3) for v in each]
+        out[str(n)] = row
+    return out
+
+
 def _best(rows: dict[str, dict[str, float]], key: str) -> tuple[float, str]:
     n = max(rows, key=lambda k: rows[k][key])
     return rows[n][key], n
+
+
+def vs_one(rows: dict[str, dict[str, Any]], n: str, key: str) -> tuple[float, list[float]]:
+    """Row ``n``'s rate ``key`` against the fewest processes': the median of the rounds' ratios, and the
+    rounds' ratios (results from before interleaved rounds: the ratio of the medians, no rounds)."""
+    ratio = RATIOS[key]
+    row = rows[n]
+    if ratio in row:
+        return float(row[ratio]), [float(v) for v in row.get(f"{ratio}_rounds", [])]
+    one = rows.get("1") or next(iter(rows.values()))
+    return row[key] / one[key], []
+
+
+def _spread(each: list[float]) -> str:
+    return f", rounds {min(each):.2f}-{max(each):.2f}" if len(each) > 1 else ""
+
+
+def _cpu_per_claim(row: dict[str, Any]) -> str:
+    server = f" + {row['server_claim_cpu_us']:.0f} server" if "server_claim_cpu_us" in row else ""
+    return f"{row.get('claim_cpu_us', 0):.0f}{server} µs"
+
+
+def _range(each: list[float]) -> str:
+    return f" ({min(each):.2f}-{max(each):.2f})" if len(each) > 1 and min(each) != max(each) else ""
+
+
+def _requests(params: dict[str, Any]) -> str:
+    given = params["claims"]
+    if isinstance(given, dict):
+        return ", ".join(f"{count} requests ({backend})" for backend, count in given.items())
+    return f"{given} requests"
+
+
+def _cores_needed(row: dict[str, Any], rate: float, *, cores: int) -> str:
+    """What the claims' CPU per claim (claimers + server) comes to at the measured rate and at 1,500/s."""
+    if "server_claim_cpu_us" not in row or "claim_cpu_us" not in row:
+        return f" on {cores} cores"
+    per_claim = row["claim_cpu_us"] + row["server_claim_cpu_us"]
+    return (
+        f" ({per_claim:.0f} µs per claim: {per_claim * rate / 1e6:.2f} cores busy at the measured rate,"
+        f" {per_claim * 1500 / 1e6:.2f} of this machine's {cores} at 1,500 claims/s)"
+    )
+
+
+def _claims_count(params: dict[str, Any], backend: str) -> int:
+    given = params["claims"]
+    return int(given[backend] if isinstance(given, dict) else given)
 
 
 def targets(results: dict[str, Any]) -> list[tuple[str, bool, str, str]]:
@@ -421,18 +575,24 @@ def targets(results: dict[str, Any]) -> list[tuple[str, bool, str, str]]:
         return []  # the targets compare against 1 process
     if pg:
         one, top = pg["1"]["claims_per_s"], pg[str(most)]["claims_per_s"]
+        ratio, each = vs_one(pg, str(most), "claims_per_s")
         out.append(
             (
                 f"PostgreSQL claims/s at {most} processes ≥ 1,500 and not below 1 process",
-                top >= 1500 and top >= one,
-                f"{top:.0f} at {most}, {one:.0f} at 1; {pg[str(most)]['attempts_per_claim']:.2f} claim transactions"
+                top >= 1500 and ratio >= 1,
+                f"{top:.0f} at {most}, {one:.0f} at 1; {ratio:.2f}x of 1 process (median of the rounds' ratios"
+                f"{_spread(each)}); CPU per claim {_cpu_per_claim(pg[str(most)])} at {most},"
+                f" {_cpu_per_claim(pg['1'])} at 1; {pg[str(most)]['attempts_per_claim']:.2f} claim transactions"
                 " per lease",
                 "the claim is one statement and one attempt per lease"
-                f" ({pg[str(most)]['attempts_per_claim']:.2f} here, of which {most / results['params']['claims']:.2f}"
+                f" ({pg[str(most)]['attempts_per_claim']:.2f} here, of which"
+                f" {most / _claims_count(results['params'], 'postgres'):.2f}"
                 " is each process's last, empty-handed call; the issue measured 4.7 at 8 processes before), so no"
-                " process loses time to a lost race; what is left is each"
-                " claim's durable commit and the CPU of the claimer processes and the server, which share 2"
-                " cores with the other jobs on this machine (load average above). Server-side group commit"
+                " process loses time to a lost race, and the server reads only the queue's head per claim"
+                " (schema v3's claim function, docs/fleet.md Numbers); what is left is each claim's durable"
+                " commit and the CPU of the claimer processes and the server"
+                + _cores_needed(pg[str(most)], top, cores=results["machine"]["cpus"] or 1)
+                + ", shared with the other jobs on this machine (load average above). Server-side group commit"
                 " does not help: with commit_delay 200 or 1000 us (commit_siblings 2 or 1) against none, in"
                 " interleaved rounds at 8 claimers, WAL syncs per claim went 1.33 to 1.32 or 1.25 and claims/s"
                 " stayed within the rounds' noise, because the server already flushes the commits waiting"
@@ -484,13 +644,14 @@ def targets(results: dict[str, Any]) -> list[tuple[str, bool, str, str]]:
         )
     if lite:
         one, top = lite["1"]["claims_per_s"], lite[str(most)]["claims_per_s"]
+        ratio, each = vs_one(lite, str(most), "claims_per_s")
         out.append(
             (
                 "SQLite claims/s do not fall with processes",
-                top >= one,
-                f"{top:.0f} at {most}, {one:.0f} at 1; claimer CPU per claim"
-                f" {lite[str(most)].get('claim_cpu_us', 0):.0f} µs at {most}, {lite['1'].get('claim_cpu_us', 0):.0f}"
-                " µs at 1",
+                ratio >= 1,
+                f"{ratio:.2f}x of 1 process at {most} (median of the rounds' ratios{_spread(each)}); {top:.0f} at"
+                f" {most}, {one:.0f} at 1; claimer CPU per claim {_cpu_per_claim(lite[str(most)])} at {most},"
+                f" {_cpu_per_claim(lite['1'])} at 1",
                 "a claim is one write transaction through the file's one writer, whole (nothing of it runs outside"
                 " the transaction to overlap) and bound by its WAL fsync, so N processes can at best match 1: the"
                 " running process claiming again with its page cache warm while the others wait at little cost. What"
@@ -527,32 +688,41 @@ def render(results: dict[str, Any]) -> str:
         "",
         f"Measured by `experiments/fleet_bench.py` on {m['cpus']} CPU(s), {m['platform']}, Python {m['python']},"
         f" at {results.get('measured_at', '?')};"
-        f" {results['params']['claims']} requests for claims, {results['params']['runs']} two-step no-op runs,"
-        f" median of {results['params']['repeat']} measurements each."
-        " SQLite: WAL, `synchronous=FULL`. PostgreSQL: local server, fsync on."
+        f" {_requests(results['params'])} for claims, {results['params']['runs']} two-step no-op runs;"
+        + (
+            f" {results['params']['rounds']} interleaved rounds, each measuring every process count back to back"
+            " (ascending, then descending in the next round); a count's figures are the medians of its rounds,"
+            " its *vs 1 process* the median of the rounds' ratios to 1 process in the same round, with their range."
+            if "rounds" in results["params"]
+            else f" median of {results['params'].get('repeat', 1)} measurements each."
+        )
+        + " SQLite: WAL, `synchronous=FULL`. PostgreSQL: local server, fsync on."
         " Rates use the store's history timestamps, so process start-up is excluded."
         f" **The machine is shared** (1-minute load average {load.get('start', '?')} at the start,"
         f" {load.get('end', '?')} at the end, on {m['cpus']} cores): rates are noisy, counts are not.",
         "",
         "Claims: N processes each claiming as a capacity-1 runner does (`claim_next`, one lease per call) until"
         " the queue is empty; *attempts/claim* is claim transactions per lease, the last empty-handed call"
-        " included. Runs: N `effectlog runner` processes (capacity 1, recovery passes on, default `--poll-s`,"
+        " included; *CPU µs/claim* is the claimer processes' and, on PostgreSQL, + the server's (its processes'"
+        " CPU from the claimers' start to their exit, the server's background writers included)."
+        " Runs: N `effectlog runner` processes (capacity 1, recovery passes on, default `--poll-s`,"
         " woken by the store's signal); *statements*, *commits* (transactions that changed rows) and *CPU*"
         " are the runner processes' own, counted from the moment they are ready; *server CPU* is the PostgreSQL"
         " server's processes' (from the submissions to the runners' exit, the bench's own polling included).",
         "",
-        "| backend | runner processes | claims/s | vs 1 process | attempts/claim | runs/s | vs 1 process |"
-        " statements/run | commits/run | runner CPU ms/run | server CPU ms/run |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| backend | runner processes | claims/s | vs 1 process | attempts/claim | CPU µs/claim | runs/s |"
+        " vs 1 process | statements/run | commits/run | runner CPU ms/run | server CPU ms/run |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for backend, rows in results["results"].items():
-        one = rows.get("1") or next(iter(rows.values()))  # ratios against the fewest processes measured
         for n, row in rows.items():
+            claims_vs, claims_each = vs_one(rows, n, "claims_per_s")
+            runs_vs, runs_each = vs_one(rows, n, "runs_per_s")
             server = f" {row['server_cpu_ms_per_run']:.1f} |" if "server_cpu_ms_per_run" in row else " — |"
             lines.append(
-                f"| {backend} | {n} | {row['claims_per_s']:.0f} | {row['claims_per_s'] / one['claims_per_s']:.2f} |"
-                f" {row['attempts_per_claim']:.2f} | {row['runs_per_s']:.1f} |"
-                f" {row['runs_per_s'] / one['runs_per_s']:.2f} |"
+                f"| {backend} | {n} | {row['claims_per_s']:.0f} | {claims_vs:.2f}{_range(claims_each)} |"
+                f" {row['attempts_per_claim']:.2f} | {_cpu_per_claim(row).removesuffix(' µs')} |"
+                f" {row['runs_per_s']:.1f} | {runs_vs:.2f}{_range(runs_each)} |"
                 f" {row['statements_per_run']:.1f} | {row['commits_per_run']:.2f} | {row['cpu_ms_per_run']:.1f} |"
                 + server
             )
@@ -578,6 +748,7 @@ def main() -> int:
     parser.add_argument("--processes", default="1,2,4,8", help="runner process counts, comma-separated")
     parser.add_argument("--backends", default="sqlite,postgres", help="which stores, comma-separated")
     parser.add_argument("--render", action="store_true", help="only rewrite docs/fleet.md from the saved results")
+    parser.add_argument("--rounds", type=int, default=0, help="interleaved rounds (default 5; --quick 1)")
     parser.add_argument("--runner-args", default="", help="extra `effectlog runner` flags, e.g. '--poll-s 0.01'")
     parser.add_argument(
         "--idle-only", action="store_true", help="measure only what an idle runner costs, into the saved results"
@@ -603,8 +774,12 @@ def main() -> int:
     processes = tuple(int(n) for n in args.processes.split(","))
     RUNNER_ARGS.extend(args.runner_args.split())
     backends = set(args.backends.split(","))
-    claims, runs = (60, 30) if args.quick else (400, 160)
-    repeat = 1 if args.quick else 3
+    # Enough requests that each count's claims take > 0.2 s at this machine's rates (SQLite
+    # claims ~4,000/s, PostgreSQL ~1,000-1,600/s), few enough that 5 rounds take about as
+    # long as the 3 repeats before them did.
+    claims = {"sqlite": 100, "postgres": 60} if args.quick else {"sqlite": 1200, "postgres": 600}
+    runs = 30 if args.quick else 100
+    rounds = args.rounds or (1 if args.quick else 5)
     sys.path.insert(0, str(ROOT / "tests"))
     from pg_cluster import PgCluster
 
@@ -614,7 +789,7 @@ def main() -> int:
             "claims": claims,
             "runs": runs,
             "processes": list(processes),
-            "repeat": repeat,
+            "rounds": rounds,
             "runner_args": RUNNER_ARGS,
         },
         "results": {},
@@ -628,21 +803,22 @@ def main() -> int:
                 "sqlite",
                 lambda: str(tmp / f"fleet-{next(counter)}.db"),
                 tmp,
-                claims=claims,
+                claims=claims["sqlite"],
                 runs=runs,
-                repeat=repeat,
+                rounds=rounds,
                 processes=processes,
             )
         if "postgres" in backends:
             with PgCluster(durable=True) as pg:
                 SERVER[:] = [pid] if (pid := pg.server_pid()) else []
+                PG_CREATE[:] = [pg.create_database]
                 results["results"]["postgres"] = bench_backend(
                     "postgres",
                     pg.create_database,
                     tmp,
-                    claims=claims,
+                    claims=claims["postgres"],
                     runs=runs,
-                    repeat=repeat,
+                    rounds=rounds,
                     processes=processes,
                 )
         results["idle_wait"] = {}

@@ -177,6 +177,50 @@ def test_fleet_rows_read_fleet_json_by_backend_and_process_count() -> None:
     assert expected == [(row["target"], row["met"]) for row in rows]
 
 
+def test_claims_scaling_is_the_median_of_the_rounds_ratios_not_the_ratio_of_medians() -> None:
+    """With interleaved rounds, "not below 1 process" reads the median of the per-round ratios (each
+    round measured 1 and 8 processes back to back) and shows the rounds' range and how many met it;
+    here the medians alone (900 at 8 against 1,000 at 1, from different rounds) would say 0.90, missed."""
+    ratios = [1.05, 0.95, 1.10, 1.02, 0.98]
+    fleet = {
+        "results": {
+            "sqlite": {
+                "1": {"claims_per_s": 1000.0, "claims_vs_1": 1.0, "claims_vs_1_rounds": [1.0] * 5},
+                "8": {"claims_per_s": 900.0, "claims_vs_1": 1.02, "claims_vs_1_rounds": ratios},
+            }
+        }
+    }
+    row = bt.fleet_targets(fleet)[2]
+    assert ("SQLite fleet claims/s at 8 processes not below 1 process", True, "met (3 of 5 rounds met it)",
+            "1.02x of 1 process (rounds 0.95 to 1.10)") == (row["target"], row["met"], row["status"], row["measured"])
+
+
+def test_claims_scaling_of_a_fleet_json_without_rounds_is_the_ratio_of_the_medians() -> None:
+    """fleet.json written before interleaved rounds has no per-round ratios: the row falls back to the
+    ratio of the two counts' figures, with no rounds shown."""
+    fleet = {"results": {"postgres": {"1": {"claims_per_s": 1000.0}, "8": {"claims_per_s": 1200.0}}}}
+    row = bt.fleet_targets(fleet)[1]
+    assert (True, "1.20x of 1 process") == (row["met"], row["measured"])
+
+
+def test_fleet_bench_summarizes_rounds_into_medians_and_per_round_ratios() -> None:
+    """fleet_bench.summarize: each count's figures are medians over its rounds, and its ratio to 1
+    process is the median of the ratios within each round, with every round's ratio kept."""
+    import fleet_bench
+
+    claims = {
+        1: [{"claims_per_s": r, "claim_cpu_us": 100.0} for r in (1000.0, 500.0, 800.0)],
+        8: [{"claims_per_s": r, "claim_cpu_us": c} for r, c in ((900.0, 120.0), (600.0, 140.0), (700.0, 130.0))],
+    }
+    runs = {n: [{"runs_per_s": 100.0 * n, "cpu_ms_per_run": 4.0}] * 3 for n in (1, 8)}
+    out = fleet_bench.summarize(claims, runs)
+    eight = out["8"]
+    assert (700.0, 130.0, 0.9, [0.9, 1.2, 0.875], 8.0) == (
+        eight["claims_per_s"], eight["claim_cpu_us"], eight["claims_vs_1"], eight["claims_vs_1_rounds"],
+        eight["runs_vs_1"])
+    assert [1.0, 1.0, 1.0] == out["1"]["claims_vs_1_rounds"]
+
+
 def test_idle_wait_row_is_met_only_when_no_backend_polls() -> None:
     """The idle-runner row reads how each backend waits; a poll on either misses it."""
     waits = {"postgres": "LISTEN/NOTIFY", "sqlite": "10 ms poll"}

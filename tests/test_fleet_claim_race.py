@@ -62,3 +62,26 @@ def test_racing_claimer_processes_lease_each_request_exactly_once(store_url: str
     states = {v.request_id: v.state for v in store.requests()}
     assert {"leased"} == {states[rid] for rid in fit}
     assert {"queued"} == {state for rid, state in states.items() if rid not in fit}
+
+
+def test_many_capacity_one_claims_by_six_processes_lease_each_request_once(store_url: str, store: FleetStore) -> None:
+    """Six processes drain 300 requests one lease per call (as capacity-1 runners and the bench claim),
+    a fifth of them needing a capability nobody offers, on a store whose tables have no statistics
+    yet (PostgreSQL: the claim's planner settings and its queued-attempts index, schema v3).
+
+    Proves: each request that fits is leased exactly once, by one process, with token 1, and its
+    history has one lease; the ones that do not fit stay queued.
+    """
+    for i in range(300):
+        store.submit("many", f"k{i}", noop_plan(f"run-{i}"), ["cuda"] if i % 5 == 4 else [])
+    fit = {i + 1 for i in range(300) if i % 5 != 4}
+
+    results = race(store_url, processes=6, limit=1)
+
+    won = Counter(int(rid) for r in results for rid, _ in r["got"])  # type: ignore[union-attr]
+    assert dict.fromkeys(sorted(fit), 1) == dict(sorted(won.items()))
+    assert {1} == {int(token) for r in results for _, token in r["got"]}  # type: ignore[union-attr]
+    leases = Counter(h.request_id for h in store.history() if h.transition == "lease")
+    assert dict.fromkeys(sorted(fit), 1) == dict(sorted(leases.items()))
+    states = {v.request_id: v.state for v in store.requests()}
+    assert {"queued"} == {state for rid, state in states.items() if rid not in fit}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import psycopg
@@ -106,7 +107,8 @@ def test_many_stores_opening_a_fresh_database_at_once_create_the_schema_once(pg_
 
 def test_a_v1_store_is_migrated_and_its_requests_get_the_default_requeue_policy(pg_url: str) -> None:
     """A PostgreSQL store written before requeue limits (fleet schema v1, a queued request) opens, is migrated,
-    and its request gets the default limit and no backoff."""
+    and its request gets the default limit and no backoff; the migrated store's claim (schema v3's
+    ``claim_next`` function over the queued-attempts index) leases the request written before either existed."""
     from effectlog.fleet import limits
     from effectlog.fleet.postgres_journal import FleetPostgresJournal
     from effectlog.fleet.postgres_store import DDL, FLEET_SCHEMA_VERSION
@@ -128,6 +130,46 @@ def test_a_v1_store_is_migrated_and_its_requests_get_the_default_requeue_policy(
         view = store.request(1)
         assert (limits.DEFAULT_MAX_REQUEUES, 0, None) == (view.max_requeues, view.requeues, view.not_before)
         assert [(1, True)] == [(c.request_id, c.due) for c in store.candidates(10)]
+        assert [(1, 1)] == [(lease.request_id, lease.token) for lease in store.claim_next("runner", [], 30.0)]
     with psycopg.connect(pg_url) as conn:
         row = conn.execute("SELECT value FROM effectlog_fleet.meta WHERE key = 'schema_version'").fetchone()
     assert (str(FLEET_SCHEMA_VERSION),) == row
+
+
+def _plan_nodes(node: dict[str, Any]) -> list[dict[str, Any]]:
+    return [node, *(n for child in node.get("Plans", []) for n in _plan_nodes(child))]
+
+
+def test_a_claim_reads_the_head_of_a_long_queue_not_all_of_it(pg_url: str) -> None:
+    """With 400 requests queued on tables without statistics (as after a burst of submissions), a claim's
+    statement reads one queued attempt, not the queue.
+
+    Proves, from the server's own executed plan of the claim (auto_explain of the statement inside
+    ``claim_next``, as run): no plan node on the attempts table returns more than a few rows (the
+    plan before schema v3 read all 400 queued attempts and sorted them to lease one), and the lease
+    is the oldest request's.
+    """
+    from effectlog.fleet.contract import noop_plan
+    from effectlog.fleet.postgres_store import CLAIM_NEXT
+
+    with PostgresFleetStore(pg_url) as store:
+        for i in range(400):
+            store.submit("long", f"k{i}", noop_plan(f"run-{i}"))
+        first = store.claim_next("warm", [], 30.0)
+    plans: list[dict[str, Any]] = []
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute("LOAD 'auto_explain'")
+        for setting in ("log_min_duration = 0", "log_nested_statements = on", "log_analyze = on",
+                        "log_format = json", "log_level = notice"):
+            conn.execute(f"SET auto_explain.{setting}")
+        conn.add_notice_handler(
+            lambda d: plans.append(json.loads((d.message_primary or "").split("plan:", 1)[1]))
+            if "plan:" in (d.message_primary or "") else None
+        )
+        rows = conn.execute(CLAIM_NEXT, ("[]", 1, "runner", 30.0)).fetchall()
+    inner = [p for p in plans if "pick AS" in p["Query Text"]]
+    assert 1 == len(inner)
+    on_attempts = [n for n in _plan_nodes(inner[0]["Plan"]) if n.get("Relation Name") == "attempts"]
+    assert on_attempts
+    assert max(int(n["Actual Rows"]) for n in on_attempts) <= 2, on_attempts
+    assert ([1], [2]) == ([lease.request_id for lease in first], [int(r[1]) for r in rows])
