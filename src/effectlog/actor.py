@@ -174,10 +174,7 @@ class RunActor:
 
     def _interrupted(self, signum: int) -> RunOutcome:
         """Stopped on request between steps: nothing is in flight, the run stays open and resumable."""
-        try:
-            name = signal.Signals(signum).name
-        except ValueError:
-            name = f"signal {signum}"
+        name = _signal_name(signum)
         message = (
             f"run {self.plan.run_id} interrupted by {name} after its last durable commit; "
             "run the same plan again to resume it"
@@ -451,7 +448,10 @@ class RunActor:
             except NotApplied as exc:
                 reason = redact(decl, f"not applied: {exc.reason}")
                 if idempotent and sends < max_sends:
-                    sends = await self._backoff_resend(decl, step.attempt, sends, reason)
+                    resent = await self._backoff_resend(decl, step.attempt, sends, reason)
+                    if resent is None:
+                        return self._stopped_in_backoff(decl, reason)
+                    sends = resent
                     continue
                 if not every_send_refused:
                     reason += " (an earlier send of this attempt has an unknown outcome)"
@@ -463,7 +463,10 @@ class RunActor:
                 if isinstance(exc, ToolAborted) and exc.interrupted:
                     return await self._interrupted_in_tool(decl, step.attempt, reason, idempotent=idempotent)
                 if idempotent and sends < max_sends:
-                    sends = await self._backoff_resend(decl, step.attempt, sends, reason)
+                    resent = await self._backoff_resend(decl, step.attempt, sends, reason)
+                    if resent is None:
+                        return self._stopped_in_backoff(decl, reason)
+                    sends = resent
                     continue
                 if idempotent:
                     return await self._fail(
@@ -507,12 +510,15 @@ class RunActor:
         )
         return msgspec.structs.replace(self._outcome(message), exit_status=128 + signal.SIGINT)
 
-    async def _backoff_resend(self, decl: StepDecl, attempt: int, sends: int, reason: str) -> int:
+    async def _backoff_resend(self, decl: StepDecl, attempt: int, sends: int, reason: str) -> int | None:
+        """Wait the retry's backoff, then record the re-send of the same key: the sends so far, or
+        ``None`` if a stop was requested during the wait (nothing sent, nothing recorded)."""
         retry = decl.retry
         assert retry is not None
         delay = min(retry.backoff_cap_s, retry.backoff_base_s * 2 ** (sends - 1))
         delay *= 1 - retry.jitter * self.rt.rng.random()
-        await self.rt.sleep(delay)
+        if await self.rt.wait_or_stop(delay):
+            return None
         step = self.state.step(decl.id)
         assert step is not None
         await self._record(
@@ -520,6 +526,18 @@ class RunActor:
         )
         self._crash_point("after_resend", decl.id)
         return sends + 1
+
+    def _stopped_in_backoff(self, decl: StepDecl, reason: str) -> RunOutcome:
+        """SIGINT/SIGTERM while waiting to re-send an idempotent step's key: nothing is in flight, the
+        step stays requested and the run open, so running the plan again sends the same key (exit 128 + signal)."""
+        signum = self.rt.stop_signal
+        assert signum is not None
+        name = _signal_name(signum)
+        message = (
+            f"run {self.plan.run_id} interrupted by {name} while waiting to re-send step {decl.id!r} ({reason}); "
+            "its tool is idempotent: run the same plan again to re-send it with the same key"
+        )
+        return msgspec.structs.replace(self._outcome(message), exit_status=128 + signum)
 
     async def _fail(self, sid: str, attempt: int, reason: str, *, applied: bool | None) -> RunOutcome:
         await self._record(
@@ -592,3 +610,10 @@ def _settle(future: asyncio.Future[Any], result: Any, exc: BaseException | None)
         future.set_exception(exc)
     else:
         future.set_result(result)
+
+
+def _signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"

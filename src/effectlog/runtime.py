@@ -9,6 +9,7 @@ append events.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import random
 import time
@@ -83,6 +84,8 @@ class Runtime:
         self.rng = rng or random.Random()
         self.sleep = sleep or asyncio.sleep
         self.stop_signal: int | None = None  # set by request_stop; every run stops before its next step
+        # Backoffs waiting now (wait_or_stop), each woken by request_stop: (its loop, its future).
+        self._stop_waiters: set[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = set()
         from effectlog.writer import JournalWriter
 
         self.writer = JournalWriter(self.journal)
@@ -119,8 +122,32 @@ class Runtime:
         return list(await asyncio.gather(*(self.arun(p) for p in plans)))
 
     def request_stop(self, signum: int) -> None:
-        """Stop every run before its next step, so after the current step's durable commit (SIGINT/SIGTERM)."""
+        """Stop every run before its next step, so after the current step's durable commit (SIGINT/SIGTERM).
+
+        A run waiting out a retry's backoff (nothing in flight) stops at once. Safe from a signal
+        handler or another thread: the waiting loops are woken through ``call_soon_threadsafe``.
+        """
         self.stop_signal = signum
+        for loop, stopped in list(self._stop_waiters):
+            with contextlib.suppress(RuntimeError):  # a loop closed meanwhile: nothing waits on it
+                loop.call_soon_threadsafe(_settle, stopped)
+
+    async def wait_or_stop(self, delay: float) -> bool:
+        """Sleep ``delay`` seconds (through the runtime's ``sleep``), less if a stop is requested
+        meanwhile; whether a stop was requested."""
+        if self.stop_signal is None:
+            loop = asyncio.get_running_loop()
+            waiter = (loop, loop.create_future())
+            self._stop_waiters.add(waiter)
+            sleeping = asyncio.ensure_future(self.sleep(delay))
+            try:
+                if self.stop_signal is None:  # a request between the look above and the registration
+                    await asyncio.wait((sleeping, waiter[1]), return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                self._stop_waiters.discard(waiter)
+                sleeping.cancel()
+                waiter[1].cancel()
+        return self.stop_signal is not None
 
     def load(self, run_id: str) -> RunState:
         """The run's state (its timeline is in ``ordered_steps()``), replayed and verified."""
@@ -311,3 +338,8 @@ def _run_sync(work: Coroutine[Any, Any, _T]) -> _T:
 
     asyncio.run(keep())
     return box[0]
+
+
+def _settle(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
