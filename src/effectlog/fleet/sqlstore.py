@@ -304,7 +304,7 @@ class SqlFleetStore:
             )
             if row is None or row[1] != am.QUEUED or (row[6] is not None and float(row[6]) > now):
                 return None  # not queued, or backing off after an automatic requeue
-            attempt_id, state, attempt_no, run_id, plan = int(row[0]), str(row[1]), int(row[2]), row[3], row[4]
+            attempt_id, attempt_no, run_id, plan = int(row[0]), int(row[2]), row[3], row[4]
             token_row = tx.one(
                 d.sql("SELECT COALESCE(MAX(fencing_token), 0) + 1 FROM {attempts} WHERE request_id = ?"),
                 (request_id,),
@@ -313,31 +313,54 @@ class SqlFleetStore:
             assert token_row is not None
             assert base_row is not None
             token, base_seq = int(token_row[0]), int(base_row[0])
-            new = am.move(state, "lease", "scheduler")
-            expires = now + lease_s
-            moved = tx.run(
-                d.sql(
-                    "UPDATE {attempts} SET state = ?, runner_id = ?, fencing_token = ?, lease_expires_at = ?,"
-                    " base_seq = ? WHERE attempt_id = ? AND state = ?"
-                ),
-                (new, runner_id, token, expires, base_seq, attempt_id, state),
-            )
-            if moved != 1:
-                return None
-            self._history(
+            return self._lease(
                 tx,
-                Change(
-                    attempt_id=attempt_id,
-                    request_id=request_id,
-                    trigger="lease",
-                    actor="scheduler",
-                    actor_name=runner_id,
-                    state=state,
-                    new=new,
-                    now=now,
-                    detail={"token": token},
-                ),
+                (attempt_id, request_id, attempt_no, str(run_id), str(plan), row[5] is not None),
+                runner_id,
+                (token, base_seq),
+                (now, lease_s),
             )
+
+    def _lease(
+        self,
+        tx: Tx,
+        attempt: tuple[int, int, int, str, str, bool],
+        runner_id: str,
+        fence: tuple[int, int],
+        when: tuple[float, float],
+    ) -> Lease | None:
+        """Lease a queued attempt (``attempt``: its id, request id, number, run id, plan, whether a
+        cancel was asked) with ``fence`` (token, base seq) at ``when`` (now, lease seconds), and record
+        it; ``None`` if it is not queued any more (the UPDATE's own state check: one of two racing
+        claimers wins)."""
+        attempt_id, request_id, attempt_no, run_id, plan, cancel_requested = attempt
+        token, base_seq = fence
+        now, lease_s = when
+        new = am.move(am.QUEUED, "lease", "scheduler")
+        expires = now + lease_s
+        moved = tx.run(
+            self.dialect.sql(
+                "UPDATE {attempts} SET state = ?, runner_id = ?, fencing_token = ?, lease_expires_at = ?,"
+                " base_seq = ? WHERE attempt_id = ? AND state = ?"
+            ),
+            (new, runner_id, token, expires, base_seq, attempt_id, am.QUEUED),
+        )
+        if moved != 1:
+            return None
+        self._history(
+            tx,
+            Change(
+                attempt_id=attempt_id,
+                request_id=request_id,
+                trigger="lease",
+                actor="scheduler",
+                actor_name=runner_id,
+                state=am.QUEUED,
+                new=new,
+                now=now,
+                detail={"token": token},
+            ),
+        )
         return Lease(
             request_id=request_id,
             attempt_id=attempt_id,
@@ -347,7 +370,7 @@ class SqlFleetStore:
             expires_at=expires,
             run_id=run_id,
             plan=plan,
-            cancel_requested=row[5] is not None,
+            cancel_requested=cancel_requested,
             base_seq=base_seq,
         )
 
@@ -379,46 +402,10 @@ class SqlFleetStore:
         now = tx.now()
         rows = tx.all(d.sql(_PICK + " {claim}"), (now, offered, limit))
         for row in rows:
-            attempt_id, request_id, attempt_no, run_id = int(row[0]), int(row[1]), int(row[2]), str(row[3])
-            token, base_seq = int(row[6]), int(row[7])
-            new = am.move(am.QUEUED, "lease", "scheduler")
-            moved = tx.run(
-                d.sql(
-                    "UPDATE {attempts} SET state = ?, runner_id = ?, fencing_token = ?, lease_expires_at = ?,"
-                    " base_seq = ? WHERE attempt_id = ? AND state = ?"
-                ),
-                (new, runner_id, token, now + lease_s, base_seq, attempt_id, am.QUEUED),
-            )
-            if moved != 1:
-                continue
-            self._history(
-                tx,
-                Change(
-                    attempt_id=attempt_id,
-                    request_id=request_id,
-                    trigger="lease",
-                    actor="scheduler",
-                    actor_name=runner_id,
-                    state=am.QUEUED,
-                    new=new,
-                    now=now,
-                    detail={"token": token},
-                ),
-            )
-            leases.append(
-                Lease(
-                    request_id=request_id,
-                    attempt_id=attempt_id,
-                    attempt_no=attempt_no,
-                    runner_id=runner_id,
-                    token=token,
-                    expires_at=now + lease_s,
-                    run_id=run_id,
-                    plan=str(row[4]),
-                    cancel_requested=row[5] is not None,
-                    base_seq=base_seq,
-                )
-            )
+            attempt = (int(row[0]), int(row[1]), int(row[2]), str(row[3]), str(row[4]), row[5] is not None)
+            lease = self._lease(tx, attempt, runner_id, (int(row[6]), int(row[7])), (now, lease_s))
+            if lease is not None:
+                leases.append(lease)
         return leases
 
     def heartbeat(self, lease: Lease, lease_s: float) -> Heartbeat:
