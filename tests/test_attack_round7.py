@@ -1,0 +1,71 @@
+"""Round-7 attacks: the framework integrations, the operator console and observability (the hash-chained
+trace, the OpenTelemetry set-up) with cases nobody had tried. Each test is one suspicion, a failing
+reproduction first where it found a defect, kept as a regression test where it found none. Real SQLite
+files, real processes (``python -m effectlog``)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from hardening_kit import GOOD_PLAN, effectlog, one_line
+
+# -- 1. a trace file whose last line is JSON but not a trace record --------------------------------
+
+
+@pytest.mark.parametrize("last", ["[1]", "1", "null", '"x"', '{"hash": 7}'])
+def test_run_trace_onto_a_file_ending_in_json_that_is_no_record_is_refused_in_one_line(
+    tmp_path: Path, last: str
+) -> None:
+    """``run --trace F`` extends F's chain from the ``hash`` of its last line. A last line that was JSON
+    but not an object (``[1]``, ``1``, ``null``: a file of something else, a hand edit) made the check
+    index a list or an int: a TypeError traceback (exit 1) instead of the one-line refusal a last line
+    that is not JSON gets. Proves: refused as bad input (exit 2, one line naming the file), no journal
+    made, the file byte for byte as it was."""
+    trace = tmp_path / "t.jsonl"
+    trace.write_text(last + "\n")
+    proc = effectlog("run", "--journal", "j.db", "--trace", str(trace), str(GOOD_PLAN), cwd=tmp_path)
+    assert (2, True, False, False, last + "\n") == (
+        proc.returncode,
+        "t.jsonl" in one_line(proc.stderr),
+        "Traceback" in proc.stderr,
+        (tmp_path / "j.db").exists(),
+        trace.read_text(),
+    )
+
+
+@pytest.mark.parametrize("line", ["1", "[]", "null", '"x"'])
+def test_verify_trace_names_a_line_of_json_that_is_no_record(tmp_path: Path, line: str) -> None:
+    """``verify_trace`` answers ``(records checked, first bad line, reason)``; a line of JSON that is not
+    an object raised AttributeError/TypeError out of it instead of naming the line. Proves: a good
+    record then such a line gives ``(1, 2, "not a trace record")``."""
+    from effectlog import events as ev
+    from effectlog.trace import Trace, verify_trace
+
+    path = tmp_path / "t.jsonl"
+    trace = Trace(path)
+    trace.record(ev.RunStarted(run_id="r", seq=1, ts=1, plan_digest="d"))
+    trace.close()
+    with path.open("a") as fh:
+        fh.write(line + "\n")
+    assert (1, 2, "not a trace record") == verify_trace(path)
+
+
+# -- 2. OpenTelemetry settings the SDK refuses ------------------------------------------------------
+
+
+@pytest.mark.parametrize("interval", ["0", "-5"])
+def test_a_metric_interval_the_sdk_refuses_never_stops_the_run(tmp_path: Path, interval: str) -> None:
+    """The CLI sets OpenTelemetry up from ``OTEL_*`` and promises telemetry never stops a command (what
+    cannot be set up is one line on stderr). ``OTEL_METRIC_EXPORT_INTERVAL=0`` (or negative) parsed as a
+    float and went to the SDK, whose ValueError came out as a traceback, exit 1, the run never driven.
+    Proves: the run completes (exit 0), stderr names the variable in a line, no traceback."""
+    env = {"OTEL_METRICS_EXPORTER": "console", "OTEL_METRIC_EXPORT_INTERVAL": interval}
+    proc = effectlog("run", "--journal", "j.db", str(GOOD_PLAN), cwd=tmp_path, env=env)
+    assert (0, False, True) == (
+        proc.returncode,
+        "Traceback" in proc.stderr,
+        "OTEL_METRIC_EXPORT_INTERVAL" in proc.stderr,
+    )
