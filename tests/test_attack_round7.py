@@ -5,7 +5,6 @@ files, real processes (``python -m effectlog``)."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest

@@ -58,6 +58,19 @@ class HashChain:
         return event_dict
 
 
+def _record_hash(line: bytes) -> str | None:
+    """The ``hash`` of a trace record on ``line``, or None when the line is not one (not JSON, JSON
+    that is not an object, no ``hash`` of 64 hex digits): every reader of a line asks this one question."""
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return None
+    found = record.get("hash") if isinstance(record, dict) else None
+    if not isinstance(found, str) or len(found) != 64 or found.strip("0123456789abcdef"):
+        return None
+    return found
+
+
 def last_hash(path: Path) -> str:
     if not path.exists() or path.stat().st_size == 0:
         return _GENESIS_HEX
@@ -66,10 +79,10 @@ def last_hash(path: Path) -> str:
         tail = fh.read().splitlines()
     for line in reversed(tail):
         if line.strip():
-            try:
-                return str(json.loads(line)["hash"])
-            except (ValueError, KeyError):
-                break
+            found = _record_hash(line)
+            if found is not None:
+                return found
+            break
     raise BadInput(f"{path}: the trace file does not end with a trace record; refusing to extend it")
 
 
@@ -135,11 +148,11 @@ def verify_trace(path: str | os.PathLike[str]) -> tuple[int, int | None, str]:
         for lineno, line in enumerate(fh, start=1):
             if not line.strip():
                 continue
-            try:
-                record = json.loads(line)
-                stored = record.pop("hash")
-            except (ValueError, KeyError):
+            stored = _record_hash(line)
+            if stored is None:
                 return count, lineno, "not a trace record"
+            record = json.loads(line)
+            del record["hash"]
             if record.get("prev") != prev:
                 return count, lineno, "prev does not match the previous record's hash"
             if hashlib.sha256(prev.encode() + canonical_json(record)).hexdigest() != stored:
