@@ -5,11 +5,15 @@ files, real processes (``python -m effectlog``)."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 
 import pytest
 
-from hardening_kit import GOOD_PLAN, effectlog, one_line
+from hardening_kit import GOOD_PLAN, cli_env, effectlog, one_line
 
 # -- 1. a trace file whose last line is JSON but not a trace record --------------------------------
 
@@ -67,4 +71,75 @@ def test_a_metric_interval_the_sdk_refuses_never_stops_the_run(tmp_path: Path, i
         proc.returncode,
         "Traceback" in proc.stderr,
         "OTEL_METRIC_EXPORT_INTERVAL" in proc.stderr,
+    )
+
+
+# -- 3. an application's span processor that raises -------------------------------------------------
+
+_RAISING_PROCESSOR = textwrap.dedent(
+    """
+    import json, sys
+    from pathlib import Path
+    import msgspec
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SpanProcessor
+    from effectlog.adapters import Receipt
+    from effectlog.plan import parse_plan
+    from effectlog.runtime import Runtime
+
+    where, idempotent = sys.argv[1], sys.argv[2] == "1"
+    SENDS = Path(where) / "sends"
+
+    class Raises(SpanProcessor):
+        def on_start(self, span, parent_context=None):
+            if span.name == "effectlog.tool" and where.endswith("start"):
+                raise RuntimeError("collector down")
+        def on_end(self, span):
+            if span.name == "effectlog.tool" and where.endswith("end"):
+                raise RuntimeError("collector down")
+
+    class Tool:
+        def invoke(self, request):
+            with SENDS.open("a") as fh:
+                fh.write(request.idempotency_key + "\\n")
+            return Receipt(data={"paid": 5})
+
+    provider = TracerProvider()
+    provider.add_span_processor(Raises())
+    trace.set_tracer_provider(provider)
+    plan = parse_plan(msgspec.json.encode({
+        "run_id": "r",
+        "adapters": {"tool": {"type": "custom", "version": "1", "idempotent": idempotent}},
+        "steps": [{"id": "pay", "adapter": "tool", **({"retry": {"attempts": 3}} if idempotent else {})}],
+    }))
+    with Runtime(str(Path(where) / "j.db"), adapters={"custom": lambda decl, ctx: Tool()}) as rt:
+        outcome = rt.run(plan)
+    print(json.dumps({"state": outcome.state}))
+    """
+)
+
+
+@pytest.mark.parametrize("idempotent", [False, True])
+@pytest.mark.parametrize("when", ["end", "start"])
+def test_a_span_processor_that_raises_neither_loses_a_tools_result_nor_sends_it_twice(
+    tmp_path: Path, when: str, idempotent: bool
+) -> None:
+    """An application configures the OpenTelemetry SDK; its own span processor (an exporter shim, a
+    sampler hook) raising when the ``effectlog.tool`` span ends came out of the tool hook as if the tool
+    had raised: the receipt in hand was thrown away, a non-idempotent step was recorded uncertain (the
+    run stopped for an operator over a payment that went through), an idempotent one with retries was
+    sent three times and then recorded failed. Raising when the span starts, the tool was never sent and
+    the step was recorded failed (uncertain when not idempotent). Telemetry is a report, never an
+    outcome. Proves: the step is confirmed from exactly one send, the run completes."""
+    where = tmp_path / when
+    where.mkdir()
+    proc = subprocess.run(
+        [sys.executable, "-c", _RAISING_PROCESSOR, str(where), "1" if idempotent else "0"],
+        capture_output=True, text=True, timeout=120, check=False, env=cli_env(),
+    )
+    assert (0, "completed", 1) == (
+        proc.returncode,
+        json.loads(proc.stdout or "{}").get("state", proc.stderr[-400:]),
+        len((where / "sends").read_text().splitlines()) if (where / "sends").exists() else 0,
     )
