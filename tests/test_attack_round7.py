@@ -136,7 +136,11 @@ def test_a_span_processor_that_raises_neither_loses_a_tools_result_nor_sends_it_
     where.mkdir()
     proc = subprocess.run(
         [sys.executable, "-c", _RAISING_PROCESSOR, str(where), "1" if idempotent else "0"],
-        capture_output=True, text=True, timeout=120, check=False, env=cli_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env=cli_env(),
     )
     assert (0, "completed", 1) == (
         proc.returncode,
