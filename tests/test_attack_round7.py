@@ -6,6 +6,8 @@ files, real processes (``python -m effectlog``)."""
 from __future__ import annotations
 
 import json
+import resource
+import signal
 import subprocess
 import sys
 import textwrap
@@ -147,3 +149,44 @@ def test_a_span_processor_that_raises_neither_loses_a_tools_result_nor_sends_it_
         json.loads(proc.stdout or "{}").get("state", proc.stderr[-400:]),
         len((where / "sends").read_text().splitlines()) if (where / "sends").exists() else 0,
     )
+
+
+# -- 4. a trace file that cannot take the next record (disk full, file size limit) -------------------
+
+
+def test_a_trace_that_cannot_be_written_stops_the_run_in_one_line_and_stays_extendable(tmp_path: Path) -> None:
+    """The trace is written after each journal commit. When the file could take no more (a full disk, a
+    file size limit: here RLIMIT_FSIZE just above the trace's size), the OSError came out of the run as a
+    traceback (exit 1, and a second one from closing the file), and the half-written record left behind
+    made the trace one that ``run --trace`` refuses to extend, so the run could not be resumed with its
+    trace. Proves: the run stops with one line naming the trace file (exit 2, bad input), no traceback;
+    the trace still verifies and ends with a whole record; a resume with the same ``--trace`` (the limit
+    gone) completes the run, each step confirmed once, and the trace verifies."""
+    from effectlog.trace import verify_trace
+
+    trace = tmp_path / "t.jsonl"
+    first = effectlog("run", "--journal", "seed.db", "--trace", str(trace), str(GOOD_PLAN), cwd=tmp_path)
+    assert 0 == first.returncode
+    trace.write_bytes(b"\n" * 200_000 + trace.read_bytes())  # room for the journal's files under the limit
+    limit = trace.stat().st_size + 300
+
+    def small_files() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    cut = effectlog(
+        "run", "--journal", "j.db", "--trace", str(trace), str(GOOD_PLAN), cwd=tmp_path, preexec=small_files
+    )
+    checked, bad, _ = verify_trace(trace)
+    again = effectlog("run", "--journal", "j.db", "--trace", str(trace), str(GOOD_PLAN), cwd=tmp_path)
+    status = effectlog("status", "--journal", "j.db", "--run-id", "good-run", "--json", cwd=tmp_path)
+    assert (2, True, False, None, 0, "completed", None) == (
+        cut.returncode,
+        "t.jsonl" in one_line(cut.stderr),
+        "Traceback" in cut.stderr,
+        bad,
+        again.returncode,
+        json.loads(status.stdout).get("state"),
+        verify_trace(trace)[1],
+    )
+    assert checked < verify_trace(trace)[0]
