@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from hardening_kit import GOOD_PLAN, cli_env, effectlog, one_line
+from hardening_kit import GOOD_PLAN, cli_env, effectlog, last_line, one_line
 
 # -- 1. a trace file whose last line is JSON but not a trace record --------------------------------
 
@@ -182,7 +182,7 @@ def test_a_trace_that_cannot_be_written_stops_the_run_in_one_line_and_stays_exte
     status = effectlog("status", "--journal", "j.db", "--run-id", "good-run", "--json", cwd=tmp_path)
     assert (2, True, False, None, 0, "completed", None) == (
         cut.returncode,
-        "t.jsonl" in one_line(cut.stderr),
+        "t.jsonl" in last_line(cut.stderr),
         "Traceback" in cut.stderr,
         bad,
         again.returncode,

@@ -460,3 +460,14 @@ class SidecarClash(BadInput):
     written)."""
 
     code = "sidecar_clash"
+
+
+# -- branch attack7 (round-7 attacks) ------------------------------------------------
+
+
+class TraceUnwritable(BadInput):
+    """The ``--trace`` file could not take the next record (a full disk, a file size limit): the run stops
+    after the journal commit the record was for, resumable, and the file is cut back to its last whole
+    record so that the same ``--trace`` can extend it (exit 2)."""
+
+    code = "trace_unwritable"

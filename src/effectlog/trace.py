@@ -8,17 +8,18 @@ journal holds. It carries digests, never arguments, so secrets cannot leak here.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 from collections.abc import MutableMapping
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 import structlog
 
 from effectlog.canonical import canonical_json
-from effectlog.errors import BadInput
+from effectlog.errors import BadInput, TraceUnwritable
 from effectlog.events import (
     Event,
     StepConfirmed,
@@ -86,6 +87,33 @@ def last_hash(path: Path) -> str:
     raise BadInput(f"{path}: the trace file does not end with a trace record; refusing to extend it")
 
 
+class _AppendFile:
+    """structlog's logger for the trace: each record is written whole with ``os.write`` (nothing left in a
+    buffer for a later flush or close to write again), or not at all: a write the file cannot take (a full
+    disk, a file size limit) is cut back to where the record began, so the file still ends with a whole
+    record and the same ``--trace`` can extend it, and raises ``TraceUnwritable``."""
+
+    def __init__(self, path: Path, fd: int) -> None:
+        self.path = path
+        self.fd = fd
+
+    def msg(self, message: str) -> None:
+        data = (message + "\n").encode()
+        began = os.lseek(self.fd, 0, os.SEEK_END)
+        try:
+            while data:
+                data = data[os.write(self.fd, data) :]
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                os.ftruncate(self.fd, began)
+            raise TraceUnwritable(
+                f"{self.path}: cannot write the trace file ({exc.strerror}); the run stopped after its last "
+                "commit and can be resumed"
+            ) from None
+
+    info = msg
+
+
 class Trace:
     """Records transitions to a JSON-lines file (appending, continuing its chain)."""
 
@@ -94,11 +122,11 @@ class Trace:
         self._requested: dict[tuple[str, str, int], int] = {}  # step.requested ts, for durations
         try:
             prev = last_hash(self.path)
-            self._fh: TextIO = self.path.open("a", encoding="utf-8")
+            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o666)
         except OSError as exc:
             raise BadInput(f"{self.path}: cannot open the trace file ({exc.strerror})") from None
         self._log = structlog.wrap_logger(
-            structlog.WriteLogger(self._fh),
+            _AppendFile(self.path, self._fd),
             processors=[HashChain(prev), structlog.processors.JSONRenderer(sort_keys=True)],
         )
 
@@ -134,10 +162,12 @@ class Trace:
         return found
 
     def flush(self) -> None:
-        self._fh.flush()
+        """Each record is written whole when it is recorded; nothing is buffered."""
 
     def close(self) -> None:
-        self._fh.close()
+        if self._fd >= 0:
+            fd, self._fd = self._fd, -1
+            os.close(fd)
 
 
 def verify_trace(path: str | os.PathLike[str]) -> tuple[int, int | None, str]:
