@@ -6,6 +6,7 @@ files, real processes (``python -m effectlog``)."""
 from __future__ import annotations
 
 import json
+import re
 import resource
 import signal
 import subprocess
@@ -190,3 +191,48 @@ def test_a_trace_that_cannot_be_written_stops_the_run_in_one_line_and_stays_exte
         verify_trace(trace)[1],
     )
     assert checked < verify_trace(trace)[0]
+
+
+# -- 5. the console's approve form posted again for a later attempt of the same call ----------------
+
+
+def test_an_approve_form_posted_again_after_the_step_moved_to_a_later_attempt_is_refused(tmp_path: Path) -> None:
+    """The console's approve form is bound to the held call's args digest only. A step held for approval
+    (a non-idempotent charge) is approved, runs, its reply is lost (uncertain), is reconciled "not
+    applied", and is held again at attempt 2 with the same args, so the same digest. The approve form
+    of attempt 1's page posted again (a browser resubmitting, a second tab, the back button) approved
+    attempt 2, a second charge nobody looked at after the first went uncertain. Proves: the form carries
+    the attempt its page showed, the late post is refused (409) and nothing is written; a form of the
+    page as it is now still approves (303)."""
+    from console_kit import Setup, console, digest_on_page, login, uncertain_plan
+
+    setup = Setup(tmp_path)
+    plan = uncertain_plan("c1")
+    plan["steps"][0]["approval"] = "required"  # type: ignore[index]
+    setup.run(plan, 4)
+    with console(setup) as base:
+        client, token = login(base, "olga")
+        page = client.get("/runs/c1").text
+        form = {"csrf": token, "digest": digest_on_page(page), "reason": "checked"}
+        shown = re.search(r'id="approve-charge".*?name="attempt" value="(\d+)"', page, re.S)
+        if shown is not None:
+            form["attempt"] = shown.group(1)
+        assert 303 == client.post("/runs/c1/steps/charge/approve", data=form).status_code
+        setup.run(plan, 3)  # the charge's reply is lost: uncertain
+        assert (
+            303
+            == client.post(
+                "/runs/c1/steps/charge/reconcile",
+                data={"csrf": token, "outcome": "not_applied", "evidence": "psp: nothing", "attempt": "1"},
+            ).status_code
+        )
+        setup.run(plan, 4)  # held again, attempt 2, same args
+        before = setup.timeline("c1")
+        late = client.post("/runs/c1/steps/charge/approve", data=form)
+        after = setup.timeline("c1")
+        now = client.get("/runs/c1").text
+        again = re.search(r'id="approve-charge".*?name="attempt" value="(\d+)"', now, re.S)
+        fresh = dict(form, attempt=again.group(1) if again is not None else "")
+        current = client.post("/runs/c1/steps/charge/approve", data=fresh)
+        client.close()
+    assert (409, before, "2", 303) == (late.status_code, after, fresh["attempt"], current.status_code)
