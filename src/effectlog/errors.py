@@ -471,3 +471,11 @@ class TraceUnwritable(BadInput):
     record so that the same ``--trace`` can extend it (exit 2)."""
 
     code = "trace_unwritable"
+
+
+class DecisionStale(Conflict):
+    """An approval or denial made on a page that showed one attempt of a held step, posted after the
+    step was held again at a later attempt with the same args (exit 5, nothing written): the later
+    attempt follows an uncertain send and is a call nobody has looked at."""
+
+    code = "decision_stale"
