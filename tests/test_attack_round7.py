@@ -236,3 +236,38 @@ def test_an_approve_form_posted_again_after_the_step_moved_to_a_later_attempt_is
         current = client.post("/runs/c1/steps/charge/approve", data=fresh)
         client.close()
     assert (409, before, "2", 303) == (late.status_code, after, fresh["attempt"], current.status_code)
+
+
+# -- 6. the console's JSON API given bodies and query values nobody sends ---------------------------
+
+
+def test_the_api_answers_bad_input_to_a_nested_body_and_to_a_wait_that_is_not_a_number(tmp_path: Path) -> None:
+    """``/api/changes?wait=S`` is a long poll clamped to [0, 60] s; ``wait=nan`` passed the clamp (every
+    comparison with NaN is false), so the deadline was never reached and the request polled the journal
+    for as long as the server lived, one leaked task per request, for any viewer's token. A decision
+    body of JSON nested deeper than the parser's recursion limit raised RecursionError, which is no
+    ValueError: a 500 "internal error" instead of the API's 400. Proves: both are 400 bad_input answered
+    at once, and nothing is written."""
+    import httpx
+
+    from console_kit import TOKENS, Setup, console
+
+    setup = Setup(tmp_path)
+    setup.uncertain()
+    before = setup.timeline("charge-1")
+    auth = {"Authorization": "Bearer " + TOKENS["olga"]}
+    with console(setup) as base:
+        now = httpx.get(base + "/api/changes", headers=auth, timeout=30).json()["version"]
+        try:
+            waited = httpx.get(base + f"/api/changes?wait=nan&since={now}", headers=auth, timeout=10).status_code
+        except httpx.ReadTimeout:
+            waited = 0  # still polling after 10 s
+        deep = httpx.post(
+            base + "/api/runs/charge-1/steps/charge/reconcile", headers=auth, content=b"[" * 100_000, timeout=30
+        )
+    assert (400, 400, "bad_input", before) == (
+        waited,
+        deep.status_code,
+        deep.json().get("code") if deep.headers.get("content-type", "").startswith("application/json") else deep.text,
+        setup.timeline("charge-1"),
+    )
