@@ -271,3 +271,35 @@ def test_the_api_answers_bad_input_to_a_nested_body_and_to_a_wait_that_is_not_a_
         deep.json().get("code") if deep.headers.get("content-type", "").startswith("application/json") else deep.text,
         setup.timeline("charge-1"),
     )
+
+
+# -- 7. a tool's result holding NaN or an infinity ---------------------------------------------------
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -float("inf")])
+def test_a_tool_result_holding_a_non_finite_float_is_not_recorded_as_null(tmp_path: Path, value: float) -> None:
+    """Canonical JSON writes NaN and both infinities as ``null``, and ``why_unrecordable`` only asked
+    whether the result encodes: a tool answering ``{"ratio": inf}`` was recorded as ``{"ratio": null}``
+    and the caller (a durable block, a DurableAgent's model) was told ``None``, live and on every
+    replay: the tool's real answer silently lost. Round 4 refused such floats in a durable call's args
+    but not in what a tool answers. Proves: such a result is an unusable answer like any unencodable one
+    (UncertainEffect, the step recorded uncertain, the next pass stops on it again), the call made once,
+    and nothing is ever returned as ``None``."""
+    from effectlog import durable
+    from effectlog.errors import UncertainEffect
+
+    made: list[object] = []
+
+    @durable.tool(idempotent=False)
+    def measure() -> dict[str, float]:
+        made.append("measure")
+        return {"ratio": value}
+
+    answers: list[object] = []
+    for _ in range(2):
+        try:
+            with durable.run("m1", journal=str(tmp_path / "d.db")):
+                answers.append(measure())
+        except UncertainEffect:
+            answers.append("uncertain")
+    assert (["uncertain", "uncertain"], ["measure"]) == (answers, made)
