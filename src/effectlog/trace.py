@@ -9,6 +9,7 @@ journal holds. It carries digests, never arguments, so secrets cannot leak here.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -43,20 +44,11 @@ _OUTCOMES: dict[type, str] = {
 }
 
 
-class HashChain:
-    """structlog processor: adds ``prev`` and ``hash`` to each record."""
-
-    def __init__(self, prev: str = _GENESIS_HEX) -> None:
-        self.prev = prev
-
-    def __call__(self, logger: Any, method: str, event_dict: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
-        for name in _FIELDS_NEVER_TRACED & event_dict.keys():
-            del event_dict[name]
-        event_dict["prev"] = self.prev
-        digest = hashlib.sha256(self.prev.encode() + canonical_json(dict(event_dict))).hexdigest()
-        event_dict["hash"] = digest
-        self.prev = digest
-        return event_dict
+def _untraced_dropped(logger: Any, method: str, event_dict: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
+    """structlog processor: drops the fields a trace never holds; the record goes on to the file as a dict."""
+    for name in _FIELDS_NEVER_TRACED & event_dict.keys():
+        del event_dict[name]
+    return event_dict
 
 
 def _record_hash(line: bytes) -> str | None:
@@ -88,28 +80,47 @@ def last_hash(path: Path) -> str:
 
 
 class _AppendFile:
-    """structlog's logger for the trace: each record is written whole with ``os.write`` (nothing left in a
-    buffer for a later flush or close to write again), or not at all: a write the file cannot take (a full
-    disk, a file size limit) is cut back to where the record began, so the file still ends with a whole
-    record and the same ``--trace`` can extend it, and raises ``TraceUnwritable``."""
+    """structlog's logger for the trace: chains and writes each record under an exclusive lock on the file.
 
-    def __init__(self, path: Path, fd: int) -> None:
+    The chain continues from the file's last record as it is when the record is written, not as it
+    was when this trace was opened: another process tracing into the same file (another run, an
+    operator's decision) may have appended since, and chaining from a stale hash broke the chain over
+    a file nobody touched. Each record is written whole with ``os.write`` (nothing left in a buffer for
+    a later flush or close to write again), or not at all: a write the file cannot take (a full disk, a
+    file size limit) is cut back to where the record began, so the file still ends with a whole record
+    and the same ``--trace`` can extend it, and raises ``TraceUnwritable``.
+    """
+
+    def __init__(self, path: Path, fd: int, prev: str) -> None:
         self.path = path
         self.fd = fd
+        self.prev = prev
+        self.end = -1  # the file's size after this trace's last write; another size: someone else wrote
 
-    def msg(self, message: str) -> None:
-        data = (message + "\n").encode()
-        began = os.lseek(self.fd, 0, os.SEEK_END)
+    def msg(self, **fields: Any) -> None:
+        fcntl.flock(self.fd, fcntl.LOCK_EX)
         try:
-            while data:
-                data = data[os.write(self.fd, data) :]
-        except OSError as exc:
-            with contextlib.suppress(OSError):
-                os.ftruncate(self.fd, began)
-            raise TraceUnwritable(
-                f"{self.path}: cannot write the trace file ({exc.strerror}); the run stopped after its last "
-                "commit and can be resumed"
-            ) from None
+            began = os.lseek(self.fd, 0, os.SEEK_END)
+            if began != self.end:
+                self.prev = last_hash(self.path)
+            fields["prev"] = self.prev
+            digest = hashlib.sha256(self.prev.encode() + canonical_json(fields)).hexdigest()
+            fields["hash"] = digest
+            data = (json.dumps(fields, sort_keys=True) + "\n").encode()
+            size = len(data)
+            try:
+                while data:
+                    data = data[os.write(self.fd, data) :]
+            except OSError as exc:
+                with contextlib.suppress(OSError):
+                    os.ftruncate(self.fd, began)
+                raise TraceUnwritable(
+                    f"{self.path}: cannot write the trace file ({exc.strerror}); the run stopped after its last "
+                    "commit and can be resumed"
+                ) from None
+            self.prev, self.end = digest, began + size
+        finally:
+            fcntl.flock(self.fd, fcntl.LOCK_UN)
 
     info = msg
 
@@ -125,10 +136,7 @@ class Trace:
             self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o666)
         except OSError as exc:
             raise BadInput(f"{self.path}: cannot open the trace file ({exc.strerror})") from None
-        self._log = structlog.wrap_logger(
-            _AppendFile(self.path, self._fd),
-            processors=[HashChain(prev), structlog.processors.JSONRenderer(sort_keys=True)],
-        )
+        self._log = structlog.wrap_logger(_AppendFile(self.path, self._fd, prev), processors=[_untraced_dropped])
 
     def record(self, event: Event, **extra: Any) -> None:
         fields: dict[str, Any] = {"run_id": event.run_id, "seq": event.seq, "ts": event.ts, **extra}
