@@ -368,3 +368,38 @@ def test_a_record_appended_with_a_recomputed_hash_is_named_by_verify_trace(tmp_p
     with path.open("a") as fh:
         fh.write(json.dumps(forged) + "\n")
     assert 2 == verify_trace(path)[1]
+
+
+# -- 9. a durable tool cancelled while it runs ---------------------------------------------------
+
+
+def test_a_non_idempotent_durable_call_cancelled_mid_tool_stops_the_run_as_a_resume_would(tmp_path: Path) -> None:
+    """A caller's ``asyncio.wait_for`` timed out around a non-idempotent durable tool whose effect was
+    already out: CancelledError is no Exception, so the step kept only its intent and the run went on.
+    The caller's retry, the same call, became the next step and charged again, while a later pass of
+    the same block stops on the first step as uncertain: the live process and the resume disagreed, and
+    the live one paid twice. Proves: the cancelled step is recorded uncertain at once, the next call in
+    the same block raises UncertainEffect without running, and the tool ran once."""
+    import asyncio
+
+    from effectlog import durable
+    from effectlog.errors import UncertainEffect
+
+    sent: list[int] = []
+
+    @durable.tool(idempotent=False)
+    async def pay(cents: int) -> str:
+        sent.append(cents)
+        await asyncio.sleep(0.5)  # the effect is out; the answer comes later
+        return "paid"
+
+    async def main() -> str:
+        async with durable.run("c1", journal=str(tmp_path / "d.db")):
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(pay(5), 0.05)
+            try:
+                return await pay(5)
+            except UncertainEffect:
+                return "uncertain"
+
+    assert ("uncertain", [5]) == (asyncio.run(main()), sent)
