@@ -62,12 +62,13 @@ def test_verify_trace_names_a_line_of_json_that_is_no_record(tmp_path: Path, lin
 # -- 2. OpenTelemetry settings the SDK refuses ------------------------------------------------------
 
 
-@pytest.mark.parametrize("interval", ["0", "-5"])
+@pytest.mark.parametrize("interval", ["0", "-5", "1e308"])
 def test_a_metric_interval_the_sdk_refuses_never_stops_the_run(tmp_path: Path, interval: str) -> None:
     """The CLI sets OpenTelemetry up from ``OTEL_*`` and promises telemetry never stops a command (what
     cannot be set up is one line on stderr). ``OTEL_METRIC_EXPORT_INTERVAL=0`` (or negative) parsed as a
-    float and went to the SDK, whose ValueError came out as a traceback, exit 1, the run never driven.
-    Proves: the run completes (exit 0), stderr names the variable in a line, no traceback."""
+    float and went to the SDK, whose ValueError came out as a traceback, exit 1, the run never driven;
+    one longer than a thread can wait (``1e308``) killed the SDK's export thread with an OverflowError
+    traceback on stderr (and no periodic export). Proves: the run completes (exit 0), stderr names the variable in a line, no traceback."""
     env = {"OTEL_METRICS_EXPORTER": "console", "OTEL_METRIC_EXPORT_INTERVAL": interval}
     proc = effectlog("run", "--journal", "j.db", str(GOOD_PLAN), cwd=tmp_path, env=env)
     assert (0, False, True) == (
