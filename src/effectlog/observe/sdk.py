@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import os
 import sys
+import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -107,7 +108,9 @@ def configure(environ: Mapping[str, str] = os.environ) -> Callable[[], None] | N
 
 def _interval(environ: Mapping[str, str]) -> float:
     """``OTEL_METRIC_EXPORT_INTERVAL`` in ms; what the SDK would refuse (not a number, not finite, not
-    above zero: a ValueError out of the reader, a traceback stopping the command) is said, and 60 s used."""
+    above zero: a ValueError out of the reader, a traceback stopping the command) or could not wait
+    (longer than ``threading.TIMEOUT_MAX``: an OverflowError killing its export thread) is said, and
+    60 s used."""
     given = environ.get("OTEL_METRIC_EXPORT_INTERVAL", "").strip()
     if not given:
         return 60000.0
@@ -115,7 +118,7 @@ def _interval(environ: Mapping[str, str]) -> float:
         value = float(given)
     except ValueError:
         value = math.nan
-    if not (math.isfinite(value) and value > 0):
+    if not (math.isfinite(value) and 0 < value <= threading.TIMEOUT_MAX * 1000):
         _say(f"OTEL_METRIC_EXPORT_INTERVAL={given}: not a positive number of milliseconds; 60000 used")
         return 60000.0
     return value
