@@ -68,7 +68,8 @@ def test_a_metric_interval_the_sdk_refuses_never_stops_the_run(tmp_path: Path, i
     cannot be set up is one line on stderr). ``OTEL_METRIC_EXPORT_INTERVAL=0`` (or negative) parsed as a
     float and went to the SDK, whose ValueError came out as a traceback, exit 1, the run never driven;
     one longer than a thread can wait (``1e308``) killed the SDK's export thread with an OverflowError
-    traceback on stderr (and no periodic export). Proves: the run completes (exit 0), stderr names the variable in a line, no traceback."""
+    traceback on stderr (and no periodic export). Proves: the run completes (exit 0), stderr names the
+    variable in a line, no traceback."""
     env = {"OTEL_METRICS_EXPORTER": "console", "OTEL_METRIC_EXPORT_INTERVAL": interval}
     proc = effectlog("run", "--journal", "j.db", str(GOOD_PLAN), cwd=tmp_path, env=env)
     assert (0, False, True) == (
@@ -404,3 +405,28 @@ def test_a_non_idempotent_durable_call_cancelled_mid_tool_stops_the_run_as_a_res
                 return "uncertain"
 
     assert ("uncertain", [5]) == (asyncio.run(main()), sent)
+
+
+# -- 10. a model whose tool-call arguments hold NaN ------------------------------------------------
+
+
+def test_a_models_tool_call_with_nan_in_its_arguments_is_told_back_not_a_run_stuck_forever(tmp_path: Path) -> None:
+    """The session's agent loop parses a tool call's ``arguments`` string with ``json.loads``, which takes
+    ``NaN`` and ``Infinity`` (no JSON has them, a model may write them). The call then reached the tool
+    step, whose check refuses non-finite args with BadInput, raised out of the loop after the model's
+    answer was recorded: every later pass replayed that answer and raised again, the run stuck with no
+    way on. Proves: the model is told its arguments are not a JSON object (as for any unparseable
+    arguments), no tool runs, and the run completes with the model's next answer, on the first pass."""
+    import asyncio
+
+    from effectlog.session import Session, SqliteCheckpointer, call, say
+    from session_kit import drive, lines, scripted
+
+    calls = tmp_path / "calls"
+    script = [call("transfer", to="bob", amount=float("nan")), say("could not send")]
+    with SqliteCheckpointer(tmp_path / "j.db") as store:
+        steps = asyncio.run(drive(Session("s1", scripted(calls, script=script), store)))
+    assert ("could not send", []) == (
+        getattr(steps[-1], "result", None),
+        [line for line in lines(calls) if line.startswith("transfer")],
+    )
