@@ -430,3 +430,37 @@ def test_a_models_tool_call_with_nan_in_its_arguments_is_told_back_not_a_run_stu
         getattr(steps[-1], "result", None),
         [line for line in lines(calls) if line.startswith("transfer")],
     )
+
+
+# -- 11. the console's session cookie kept after logging out -------------------------------------
+
+
+def test_a_session_cookie_copied_before_logout_can_no_longer_decide(tmp_path: Path) -> None:
+    """The console's sessions live in a signed cookie and nowhere else: logging out cleared the
+    browser's copy, but a copy taken before (a shared machine, a proxy log, a stolen cookie) stayed
+    valid for its 8 hours and could still approve a held payment. Proves: after logout that cookie is
+    a stranger's: the run page redirects to the login (303), an approve with it and its CSRF token is
+    refused (401), nothing is written; a fresh login still works."""
+    import httpx
+
+    from console_kit import Setup, console, digest_on_page, login
+
+    setup = Setup(tmp_path)
+    setup.held()
+    with console(setup) as base:
+        client, token = login(base, "olga")
+        digest = digest_on_page(client.get("/runs/refund-1").text)
+        copied = dict(client.cookies)
+        assert 303 == client.post("/logout", data={"csrf": token}).status_code
+        client.close()
+        before = setup.timeline("refund-1")
+        with httpx.Client(base_url=base, cookies=copied, follow_redirects=False, timeout=30) as thief:
+            page = thief.get("/runs/refund-1")
+            approve = thief.post(
+                "/runs/refund-1/steps/refund/approve", data={"csrf": token, "digest": digest, "attempt": "1"}
+            )
+        after = setup.timeline("refund-1")
+        again, _ = login(base, "olga")
+        fresh = again.get("/runs/refund-1").status_code
+        again.close()
+    assert (303, 401, before, 200) == (page.status_code, approve.status_code, after, fresh)
