@@ -464,3 +464,31 @@ def test_a_session_cookie_copied_before_logout_can_no_longer_decide(tmp_path: Pa
         fresh = again.get("/runs/refund-1").status_code
         again.close()
     assert (303, 401, before, 200) == (page.status_code, approve.status_code, after, fresh)
+
+
+@pytest.mark.parametrize("decision", ["approve", "deny"])
+def test_the_cli_approve_and_deny_bound_to_an_attempt_refuse_a_later_one(tmp_path: Path, decision: str) -> None:
+    """The CLI's analog of the console's bound forms: ``approve``/``deny --attempt N`` decide only the held
+    call of attempt N. A step held at attempt 1, approved, uncertain, reconciled "not applied", and held
+    again at attempt 2 with the same args (the same digest). Proves: ``--attempt 1`` is refused (exit 5,
+    one line naming the attempts, nothing written), ``--attempt 2`` decides (exit 0)."""
+    from console_kit import Setup, uncertain_plan
+
+    setup = Setup(tmp_path)
+    plan = uncertain_plan("c1")
+    plan["steps"][0]["approval"] = "required"  # type: ignore[index]
+    setup.run(plan, 4)
+    pick = ["--journal", setup.journal, "--run-id", "c1", "--step", "charge"]
+    assert 0 == effectlog("approve", *pick, "--by", "olga", "--attempt", "1", cwd=tmp_path).returncode
+    setup.run(plan, 3)
+    reconciled = effectlog(
+        "reconcile", *pick, "--outcome", "not-applied", "--evidence", "psp: nothing", "--operator", "olga", cwd=tmp_path
+    )
+    assert 0 == reconciled.returncode
+    setup.run(plan, 4)
+    before = setup.timeline("c1")
+    extra = ["--reason", "no"] if decision == "deny" else []
+    late = effectlog(decision, *pick, "--by", "olga", "--attempt", "1", *extra, cwd=tmp_path)
+    after = setup.timeline("c1")
+    now = effectlog(decision, *pick, "--by", "olga", "--attempt", "2", *extra, cwd=tmp_path)
+    assert (5, True, before, 0) == (late.returncode, "attempt 2" in one_line(late.stderr), after, now.returncode)
