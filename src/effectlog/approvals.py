@@ -10,8 +10,8 @@ from __future__ import annotations
 import time
 
 from effectlog import events as ev
-from effectlog.errors import DigestMismatch
-from effectlog.fold import RunState
+from effectlog.errors import DecisionStale, DigestMismatch
+from effectlog.fold import RunState, StepState
 from effectlog.journal import Journal
 from effectlog.observe import decision
 from effectlog.operator import append, load_step
@@ -29,15 +29,19 @@ def approve(
     reason: str = "",
     expires_at: int | None = None,
     expect_digest: str | None = None,
+    attempt: int | None = None,
     clock: Clock = time.time_ns,
     trace: Trace | None = None,
 ) -> RunState:
     """Approve the held call; with ``expect_digest``, only if its args digest is that one.
 
     The digest is what the approver saw (``status``/``timeline`` show it): if the held call
-    is another one by now, ``DigestMismatch`` (exit 5) and nothing is written.
+    is another one by now, ``DigestMismatch`` (exit 5) and nothing is written. ``attempt``:
+    only if the held call is that attempt (the one the console's page showed), else
+    ``DecisionStale`` (exit 5): the same args held again after an uncertain send are a new call.
     """
     state, step = load_step(journal, run_id, step_id, needs=("awaiting_approval",), action="approve")
+    _check_attempt(step, attempt, run_id, step_id, "approve")
     if expect_digest is not None and expect_digest.strip().lower() != step.args_digest:
         raise DigestMismatch(
             f"the held call's args digest is {step.args_digest}, not the expected {expect_digest}; "
@@ -76,10 +80,12 @@ def deny(
     *,
     by: str,
     reason: str = "",
+    attempt: int | None = None,
     clock: Clock = time.time_ns,
     trace: Trace | None = None,
 ) -> RunState:
     state, step = load_step(journal, run_id, step_id, needs=("awaiting_approval", "approved"), action="deny")
+    _check_attempt(step, attempt, run_id, step_id, "deny")
     specs: list[tuple[type[ev.Event], dict[str, object]]] = [
         (
             ev.StepDenied,
@@ -96,3 +102,14 @@ def deny(
     if not state.closed:
         specs.append((ev.RunFailed, {"step_id": step_id, "reason": f"step denied by {by}"}))
     return append(journal, state, specs, clock, trace)
+
+
+def _check_attempt(step: StepState, attempt: int | None, run_id: str, step_id: str, action: str) -> None:
+    """``DecisionStale`` unless the held call is the ``attempt`` the decider saw (None: not bound)."""
+    if attempt is not None and step.attempt != attempt:
+        raise DecisionStale(
+            f"cannot {action}: the decision is about attempt {attempt}, but the step is at attempt "
+            f"{step.attempt} now; look at it again before deciding; nothing was written",
+            run_id=run_id,
+            step_id=step_id,
+        )

@@ -460,3 +460,22 @@ class SidecarClash(BadInput):
     written)."""
 
     code = "sidecar_clash"
+
+
+# -- branch attack7 (round-7 attacks) ------------------------------------------------
+
+
+class TraceUnwritable(BadInput):
+    """The ``--trace`` file could not take the next record (a full disk, a file size limit): the run stops
+    after the journal commit the record was for, resumable, and the file is cut back to its last whole
+    record so that the same ``--trace`` can extend it (exit 2)."""
+
+    code = "trace_unwritable"
+
+
+class DecisionStale(Conflict):
+    """An approval or denial made on a page that showed one attempt of a held step, posted after the
+    step was held again at a later attempt with the same args (exit 5, nothing written): the later
+    attempt follows an uncertain send and is a call nobody has looked at."""
+
+    code = "decision_stale"

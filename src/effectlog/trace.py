@@ -8,17 +8,19 @@ journal holds. It carries digests, never arguments, so secrets cannot leak here.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
 from collections.abc import MutableMapping
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 import structlog
 
 from effectlog.canonical import canonical_json
-from effectlog.errors import BadInput
+from effectlog.errors import BadInput, TraceUnwritable
 from effectlog.events import (
     Event,
     StepConfirmed,
@@ -42,20 +44,24 @@ _OUTCOMES: dict[type, str] = {
 }
 
 
-class HashChain:
-    """structlog processor: adds ``prev`` and ``hash`` to each record."""
+def _untraced_dropped(logger: Any, method: str, event_dict: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
+    """structlog processor: drops the fields a trace never holds; the record goes on to the file as a dict."""
+    for name in _FIELDS_NEVER_TRACED & event_dict.keys():
+        del event_dict[name]
+    return event_dict
 
-    def __init__(self, prev: str = _GENESIS_HEX) -> None:
-        self.prev = prev
 
-    def __call__(self, logger: Any, method: str, event_dict: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
-        for name in _FIELDS_NEVER_TRACED & event_dict.keys():
-            del event_dict[name]
-        event_dict["prev"] = self.prev
-        digest = hashlib.sha256(self.prev.encode() + canonical_json(dict(event_dict))).hexdigest()
-        event_dict["hash"] = digest
-        self.prev = digest
-        return event_dict
+def _record_hash(line: bytes) -> str | None:
+    """The ``hash`` of a trace record on ``line``, or None when the line is not one (not JSON, JSON
+    that is not an object, no ``hash`` of 64 hex digits): every reader of a line asks this one question."""
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return None
+    found = record.get("hash") if isinstance(record, dict) else None
+    if not isinstance(found, str) or len(found) != 64 or found.strip("0123456789abcdef"):
+        return None
+    return found
 
 
 def last_hash(path: Path) -> str:
@@ -66,11 +72,57 @@ def last_hash(path: Path) -> str:
         tail = fh.read().splitlines()
     for line in reversed(tail):
         if line.strip():
-            try:
-                return str(json.loads(line)["hash"])
-            except (ValueError, KeyError):
-                break
+            found = _record_hash(line)
+            if found is not None:
+                return found
+            break
     raise BadInput(f"{path}: the trace file does not end with a trace record; refusing to extend it")
+
+
+class _AppendFile:
+    """structlog's logger for the trace: chains and writes each record under an exclusive lock on the file.
+
+    The chain continues from the file's last record as it is when the record is written, not as it
+    was when this trace was opened: another process tracing into the same file (another run, an
+    operator's decision) may have appended since, and chaining from a stale hash broke the chain over
+    a file nobody touched. Each record is written whole with ``os.write`` (nothing left in a buffer for
+    a later flush or close to write again), or not at all: a write the file cannot take (a full disk, a
+    file size limit) is cut back to where the record began, so the file still ends with a whole record
+    and the same ``--trace`` can extend it, and raises ``TraceUnwritable``.
+    """
+
+    def __init__(self, path: Path, fd: int, prev: str) -> None:
+        self.path = path
+        self.fd = fd
+        self.prev = prev
+        self.end = -1  # the file's size after this trace's last write; another size: someone else wrote
+
+    def msg(self, **fields: Any) -> None:
+        fcntl.flock(self.fd, fcntl.LOCK_EX)
+        try:
+            began = os.lseek(self.fd, 0, os.SEEK_END)
+            if began != self.end:
+                self.prev = last_hash(self.path)
+            fields["prev"] = self.prev
+            digest = hashlib.sha256(self.prev.encode() + canonical_json(fields)).hexdigest()
+            fields["hash"] = digest
+            data = (json.dumps(fields, sort_keys=True) + "\n").encode()
+            size = len(data)
+            try:
+                while data:
+                    data = data[os.write(self.fd, data) :]
+            except OSError as exc:
+                with contextlib.suppress(OSError):
+                    os.ftruncate(self.fd, began)
+                raise TraceUnwritable(
+                    f"{self.path}: cannot write the trace file ({exc.strerror}); the run stopped after its last "
+                    "commit and can be resumed"
+                ) from None
+            self.prev, self.end = digest, began + size
+        finally:
+            fcntl.flock(self.fd, fcntl.LOCK_UN)
+
+    info = msg
 
 
 class Trace:
@@ -81,13 +133,10 @@ class Trace:
         self._requested: dict[tuple[str, str, int], int] = {}  # step.requested ts, for durations
         try:
             prev = last_hash(self.path)
-            self._fh: TextIO = self.path.open("a", encoding="utf-8")
+            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o666)
         except OSError as exc:
             raise BadInput(f"{self.path}: cannot open the trace file ({exc.strerror})") from None
-        self._log = structlog.wrap_logger(
-            structlog.WriteLogger(self._fh),
-            processors=[HashChain(prev), structlog.processors.JSONRenderer(sort_keys=True)],
-        )
+        self._log = structlog.wrap_logger(_AppendFile(self.path, self._fd, prev), processors=[_untraced_dropped])
 
     def record(self, event: Event, **extra: Any) -> None:
         fields: dict[str, Any] = {"run_id": event.run_id, "seq": event.seq, "ts": event.ts, **extra}
@@ -121,10 +170,12 @@ class Trace:
         return found
 
     def flush(self) -> None:
-        self._fh.flush()
+        """Each record is written whole when it is recorded; nothing is buffered."""
 
     def close(self) -> None:
-        self._fh.close()
+        if self._fd >= 0:
+            fd, self._fd = self._fd, -1
+            os.close(fd)
 
 
 def verify_trace(path: str | os.PathLike[str]) -> tuple[int, int | None, str]:
@@ -135,11 +186,11 @@ def verify_trace(path: str | os.PathLike[str]) -> tuple[int, int | None, str]:
         for lineno, line in enumerate(fh, start=1):
             if not line.strip():
                 continue
-            try:
-                record = json.loads(line)
-                stored = record.pop("hash")
-            except (ValueError, KeyError):
+            stored = _record_hash(line)
+            if stored is None:
                 return count, lineno, "not a trace record"
+            record = json.loads(line)
+            del record["hash"]
             if record.get("prev") != prev:
                 return count, lineno, "prev does not match the previous record's hash"
             if hashlib.sha256(prev.encode() + canonical_json(record)).hexdigest() != stored:

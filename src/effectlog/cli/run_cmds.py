@@ -120,6 +120,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                 metavar="D",
                 help="approve only if the held call's args digest is D (shown by status/timeline); else exit 5",
             )
+        p.add_argument(
+            "--attempt",
+            metavar="N",
+            type=_positive_int,
+            help=f"{name} only if the held call is attempt N (as status shows it), the one you looked at; else exit 5",
+        )
         add_json_arg(p, "the decided step as JSON")
         p.set_defaults(handler=cmd_approve if name == "approve" else cmd_deny)
 
@@ -433,6 +439,7 @@ def cmd_approve(args: argparse.Namespace) -> int:
             reason=args.reason,
             expires_at=expires,
             expect_digest=args.expect_digest,
+            attempt=args.attempt,
         )
     finally:
         journal.close()
@@ -448,7 +455,7 @@ def cmd_deny(args: argparse.Namespace) -> int:
 
     journal = _existing_writer(args)
     try:
-        state = deny(journal, args.run_id, args.step, by=args.by, reason=args.reason)
+        state = deny(journal, args.run_id, args.step, by=args.by, reason=args.reason, attempt=args.attempt)
     finally:
         journal.close()
     if args.json:

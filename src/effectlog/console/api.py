@@ -12,6 +12,7 @@ unknown run, 409 for a conflict (a changed digest), 400 for the rest.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -123,9 +124,12 @@ def routes(config: Config) -> list[Route]:
     async def changed(request: Request, user: User) -> Any:
         since = request.query_params.get("since", "")
         try:
-            wait = min(max(float(request.query_params.get("wait", "25")), 0.0), MAX_WAIT_S)
+            given = float(request.query_params.get("wait", "25"))
         except ValueError:
-            raise _Refused(400, "bad_input", "wait must be a number of seconds") from None
+            given = math.nan
+        if math.isnan(given):  # NaN passes every clamp: a deadline never reached, a request polling forever
+            raise _Refused(400, "bad_input", "wait must be a number of seconds")
+        wait = min(max(given, 0.0), MAX_WAIT_S)
         run_id = request.query_params.get("run")  # only this run's writes count
         now = await changes.wait_for_change(config, since, wait if since else 0.0, run_id)
         return {"version": now, "changed": bool(since) and now != since}
@@ -154,7 +158,7 @@ async def _body(request: Request) -> dict[str, str]:
     """The decision's fields: a JSON object of strings."""
     try:
         data = json.loads(await request.body() or b"{}")
-    except ValueError:
+    except (ValueError, RecursionError):  # nested deeper than the parser goes is no JSON object either
         raise _Refused(400, "bad_input", "the body must be a JSON object") from None
     if not isinstance(data, dict) or not all(isinstance(v, str) for v in data.values()):
         raise _Refused(400, "bad_input", "the body must be a JSON object of strings")

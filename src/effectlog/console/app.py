@@ -46,6 +46,7 @@ ATTEMPT_STATES: tuple[str, ...] = compiled("attempt").spec.states
 T = TypeVar("T")
 LOGIN_FAILURES = 5  # failed logins per user name (and per client address) within LOGIN_WINDOW_S
 LOGIN_WINDOW_S = 60.0
+SESSION_MAX_AGE_S = 8 * 3600
 
 
 @dataclass
@@ -79,6 +80,9 @@ def create_app(config: Config) -> Starlette:
     env.filters["pretty"] = lambda value: json.dumps(value, indent=2, ensure_ascii=False, sort_keys=True)
     templates = Jinja2Templates(env=env)
     throttle = _Throttle()
+    # The signed cookie alone cannot be revoked: a copy taken before logout stayed a logged-in session
+    # for its whole max age. Each login's session id lives here until logout (or its age runs out).
+    live: dict[str, float] = {}
     env.globals["step_svg"] = lambda state, ident: diagram.svg(
         "step", state, ident=ident, title=f"step {ident}: {state} (the step machine, from specs/step.toml)"
     )
@@ -90,8 +94,10 @@ def create_app(config: Config) -> Starlette:
         return templates.TemplateResponse(request, name, context, status_code=status)
 
     def _user(request: Request) -> User | None:
-        name = request.session.get("user")
-        return config.users.get(name) if isinstance(name, str) else None
+        name, sid = request.session.get("user"), request.session.get("sid")
+        if not isinstance(name, str) or not isinstance(sid, str) or live.get(sid, 0.0) < time.monotonic():
+            return None
+        return config.users.get(name)
 
     def reading(fn: Callable[[Journal], T]) -> Callable[[], T]:
         return lambda: decisions.reading(config, fn)
@@ -127,12 +133,20 @@ def create_app(config: Config) -> Starlette:
             throttle.failed(f"user:{name}", client)
             return page(request, "login.html", 401, error="wrong user name or password")
         request.session.clear()
-        request.session.update(user=user.name, csrf=secrets.token_urlsafe(32))
+        now = time.monotonic()
+        for old in [k for k, until in live.items() if until < now]:
+            del live[old]
+        sid = secrets.token_urlsafe(32)
+        live[sid] = now + SESSION_MAX_AGE_S
+        request.session.update(user=user.name, csrf=secrets.token_urlsafe(32), sid=sid)
         return RedirectResponse("/", status_code=303)
 
     async def logout(request: Request) -> Response:
         form = await request.form()
         _check_csrf(request, form.get("csrf"))
+        sid = request.session.get("sid")
+        if isinstance(sid, str):
+            live.pop(sid, None)
         request.session.clear()
         return RedirectResponse("/login", status_code=303)
 
@@ -283,7 +297,7 @@ def create_app(config: Config) -> Starlette:
                 session_cookie="effectlog_console",
                 same_site="strict",
                 https_only=config.https_only,
-                max_age=8 * 3600,
+                max_age=SESSION_MAX_AGE_S,
             )
         ],
         exception_handlers={HTTPException: http_error, EffectlogError: effectlog_error, Exception: server_error},

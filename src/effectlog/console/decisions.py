@@ -86,11 +86,19 @@ def decide(config: Config, action: str, run_id: str, step_id: str, *, by: str, f
             digest = form.get("digest", "").strip()
             if not digest:
                 raise BadInput("approve: give the args digest of the call you saw (digest)")
-            approve(journal, run_id, step_id, by=by, reason=form.get("reason", ""), expect_digest=digest)
+            approve(
+                journal,
+                run_id,
+                step_id,
+                by=by,
+                reason=form.get("reason", ""),
+                expect_digest=digest,
+                attempt=_attempt(form),
+            )
         elif action == "deny":
             if not form.get("reason", "").strip():
                 raise BadInput("deny: give a reason")
-            deny(journal, run_id, step_id, by=by, reason=form["reason"])
+            deny(journal, run_id, step_id, by=by, reason=form["reason"], attempt=_attempt(form))
         elif action == "reconcile-by-lookup":
             reconcile_by_lookup(journal, run_id, step_id, adapter_registry(config.adapters), effects=config.effects)
         elif action == "reconcile-from-ledger":
@@ -112,7 +120,7 @@ def decide(config: Config, action: str, run_id: str, step_id: str, *, by: str, f
 
 
 def _attempt(form: Mapping[str, Any]) -> int | None:
-    """The attempt the page showed (its reconcile form's hidden field): the one the person's evidence is about."""
+    """The attempt the page showed (its decision forms' hidden field): the one the person's decision is about."""
     given = str(form.get("attempt", "")).strip()
     if not given:
         return None

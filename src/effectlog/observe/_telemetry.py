@@ -9,10 +9,11 @@ listed in docs/observability.md; model calls follow the OpenTelemetry GenAI conv
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
 from opentelemetry import trace
@@ -260,6 +261,25 @@ def _gen_ai_response(span: Span, response: Mapping[str, Any], t: Telemetry, base
             t.token_usage.record(value, {**base, "gen_ai.token.type": kind})
 
 
+@contextlib.contextmanager
+def reporting_only(what: str) -> Iterator[None]:
+    """Around a call into the OpenTelemetry SDK made while a run is driven. The SDK calls an application's
+    own span processors and metric readers, which may raise; telemetry is a report of what happened, never
+    an outcome: raised through the tool hook it stood for the tool's (a receipt in hand thrown away, the
+    step recorded uncertain or failed, an idempotent one sent again). Said once a process, then dropped."""
+    try:
+        yield
+    except Exception as exc:  # whatever an application's processor raises
+        if not _said[0]:
+            _said[0] = True
+            logging.getLogger("effectlog.telemetry").warning(
+                "telemetry: %s raised %s: %s; the run goes on without it", what, type(exc).__name__, exc
+            )
+
+
+_said = [False]
+
+
 def _described(step: Any) -> dict[str, Any]:
     """The step's attributes from its ``step.requested`` (or its recorded state, which holds the same)."""
     return {
@@ -322,15 +342,18 @@ class RunObserver:
         self._end_run()
 
     async def drive(self, fn: Callable[[], Awaitable[Any]], *, recorded_seq: int, resumed_from: str) -> Any:
-        self.begin(recorded_seq=recorded_seq, resumed_from=resumed_from)
+        with reporting_only("the effectlog.run span"):
+            self.begin(recorded_seq=recorded_seq, resumed_from=resumed_from)
         try:
             with trace.use_span(self.span, end_on_exit=False, record_exception=False, set_status_on_exception=False):
                 outcome = await fn()
         except BaseException as exc:
-            self.failed(exc)
+            with reporting_only("the effectlog.run span"):
+                self.failed(exc)
             raise
-        self.span.set_attribute(NS + "exit_status", outcome.exit_status)
-        self.ended(outcome.state, message=outcome.message, step_id=outcome.step_id)
+        with reporting_only("the effectlog.run span"):
+            self.span.set_attribute(NS + "exit_status", outcome.exit_status)
+            self.ended(outcome.state, message=outcome.message, step_id=outcome.step_id)
         return outcome
 
     def _end_run(self) -> None:
@@ -346,6 +369,10 @@ class RunObserver:
     # -- what the run made durable ---------------------------------------------------------------
 
     def recorded(self, events: Sequence[ev.Event], began: float) -> None:
+        with reporting_only("the spans of what was recorded"):  # the batch is durable whatever happens here
+            self._recorded(events, began)
+
+    def _recorded(self, events: Sequence[ev.Event], began: float) -> None:
         now = time.perf_counter()
         self.t.commit_duration.record(now - began)
         for event in events:
@@ -454,22 +481,27 @@ class RunObserver:
             "gen_ai.operation.name": "execute_tool",
             "gen_ai.tool.name": adapter,
         }
-        span = self.t.tracer.start_span(NS + "tool", context=trace.set_span_in_context(parent), attributes=attrs)
+        span: Span = trace.INVALID_SPAN
+        with reporting_only("the effectlog.tool span"):
+            span = self.t.tracer.start_span(NS + "tool", context=trace.set_span_in_context(parent), attributes=attrs)
         began = time.perf_counter()
         try:
             with trace.use_span(span, end_on_exit=False, record_exception=False, set_status_on_exception=False):
                 result = await call
         except BaseException as exc:
-            span.record_exception(exc)
-            span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
+            with reporting_only("the effectlog.tool span"):
+                span.record_exception(exc)
+                span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
             raise
         else:
             if getattr(result, "ok", True) is False:
-                span.set_status(Status(StatusCode.ERROR, "the tool reported failure"))
+                with reporting_only("the effectlog.tool span"):
+                    span.set_status(Status(StatusCode.ERROR, "the tool reported failure"))
             return result
         finally:
-            self.t.tool_duration.record(time.perf_counter() - began, {NS + "adapter": adapter})
-            span.end()
+            with reporting_only("the effectlog.tool span"):
+                self.t.tool_duration.record(time.perf_counter() - began, {NS + "adapter": adapter})
+                span.end()
 
 
 _HANDLERS: dict[type, Callable[[RunObserver, Any, float], None]] = {

@@ -10,8 +10,10 @@ up is said in one line on stderr and the command runs without it.
 
 from __future__ import annotations
 
+import math
 import os
 import sys
+import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -105,7 +107,18 @@ def configure(environ: Mapping[str, str] = os.environ) -> Callable[[], None] | N
 
 
 def _interval(environ: Mapping[str, str]) -> float:
-    try:
-        return float(environ.get("OTEL_METRIC_EXPORT_INTERVAL", "60000"))
-    except ValueError:
+    """``OTEL_METRIC_EXPORT_INTERVAL`` in ms; what the SDK would refuse (not a number, not finite, not
+    above zero: a ValueError out of the reader, a traceback stopping the command) or could not wait
+    (longer than ``threading.TIMEOUT_MAX``: an OverflowError killing its export thread) is said, and
+    60 s used."""
+    given = environ.get("OTEL_METRIC_EXPORT_INTERVAL", "").strip()
+    if not given:
         return 60000.0
+    try:
+        value = float(given)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and 0 < value <= threading.TIMEOUT_MAX * 1000):
+        _say(f"OTEL_METRIC_EXPORT_INTERVAL={given}: not a positive number of milliseconds; 60000 used")
+        return 60000.0
+    return value

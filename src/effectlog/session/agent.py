@@ -32,10 +32,16 @@ def _arguments(raw: Any) -> dict[str, Any] | None:
     if isinstance(raw, Mapping):
         return dict(raw)
     try:
-        value = json.loads(raw) if isinstance(raw, str) and raw.strip() else {}
-    except json.JSONDecodeError:
+        value = json.loads(raw, parse_constant=_no_json) if isinstance(raw, str) and raw.strip() else {}
+    except (ValueError, RecursionError):
         return None
     return value if isinstance(value, dict) else None
+
+
+def _no_json(constant: str) -> Any:
+    """``json.loads`` takes NaN and the infinities, which no JSON has: arguments holding them are the
+    model's mistake to be told about, not a BadInput out of the loop on every pass of the run."""
+    raise ValueError(f"{constant} is not JSON")
 
 
 class Agent:

@@ -7,6 +7,7 @@ gateway is called; the result and its confirmation durable in one batch after.
 
 from __future__ import annotations
 
+import asyncio
 from typing import TYPE_CHECKING, Any
 
 from effectlog import events as ev
@@ -198,6 +199,13 @@ class ToolDriver:
             said = exc.reason if isinstance(exc, UnusableResult) else f"{type(exc).__name__}: {exc}"
             self._doubt(step, self._redact(f"outcome unknown: {said}"))
             raise self._uncertain() from exc
+        except (asyncio.CancelledError, KeyboardInterrupt) as exc:
+            # Cancelled (a caller's timeout, a task group) or interrupted while the tool ran: the effect
+            # may be out. Recorded as the next pass would find it (uncertain, the run stopped), so that a
+            # later call in this same process stops on it too instead of running on past it.
+            if not step.idempotent:
+                self._doubt(step, f"outcome unknown: {type(exc).__name__} while the tool ran")
+            raise
         s._crash_point("after_call", sid)
         value = ids.normalized(value, f"the result of tool {self.info.name!r}")
         s._record(
