@@ -88,13 +88,13 @@ def held(tmp_path: Path) -> Path:
 def test_status_and_timeline_json_show_the_held_call(held: Path, tmp_path: Path) -> None:
     """status --json and timeline --json carry, for the held step: the tool, the args with the
     card as its digest, the tool call hash, attempt 1, no key yet, and the approve command
-    pinned to the digest. The timeline labels the held event "held for approval"."""
+    pinned to the digest and bound to the attempt. The timeline labels the held event "held for approval"."""
     status = cli_json(tmp_path, "status", "--journal", str(held), "--run-id", RUN)
     timeline = cli_json(tmp_path, "timeline", "--journal", str(held), "--run-id", RUN)
 
     command = (
         f"effectlog approve --journal {shlex.quote(str(held))} --run-id {RUN} --step step-1 "
-        f"--by NAME --expect-digest {HASH}"
+        f"--attempt 1 --by NAME --expect-digest {HASH}"
     )
     expected = {
         "step_id": "step-1",

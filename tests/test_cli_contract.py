@@ -115,7 +115,7 @@ def test_approve_deny_head_and_reconcile_report_as_json(tmp_path: Path) -> None:
     )  # fmt: skip
     head = effectlog(tmp_path, "head", *common, "--run-id", "held-a")
 
-    assert "effectlog approve --journal j.db --run-id held-a --step pay --by NAME" == json.loads(held_a.stdout)[
+    assert "effectlog approve --journal j.db --run-id held-a --step pay --attempt 1 --by NAME" == json.loads(held_a.stdout)[
         "approve_command"
     ]
     assert ("held-a", "suspended", "approved") == _decided(approved)

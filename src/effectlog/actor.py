@@ -49,6 +49,7 @@ from effectlog.recordable import why_unrecordable
 from effectlog.recorder import EventSpec, prepare
 from effectlog.recovery import Action, decide, still_blocked
 from effectlog.seal import seal_row
+from effectlog.stake import approve_command
 
 if TYPE_CHECKING:
     from effectlog.runtime import Runtime
@@ -235,11 +236,15 @@ class RunActor:
                 "its tool is not idempotent, so effectlog will not guess. Reconcile it with evidence: "
                 + reconcile_hint(self.rt.journal.location, self.plan.run_id, step_id, attempt)
             )
-        return self._outcome(
-            f"run {self.plan.run_id} suspended: step {step_id!r} waits for approval "
-            f"(effectlog approve|deny --journal {self.rt.journal.location} --run-id {self.plan.run_id} "
-            f"--step {step_id} --by NAME)"
+        held = self.state.step(step_id)
+        command = approve_command(
+            self.rt.journal.location,
+            self.plan.run_id,
+            step_id,
+            attempt=held.attempt if held else None,
+            verb="approve|deny",
         )
+        return self._outcome(f"run {self.plan.run_id} suspended: step {step_id!r} waits for approval ({command})")
 
     async def _drive_step(self, decl: StepDecl) -> RunOutcome | None:
         sid = decl.id

@@ -82,11 +82,22 @@ def reconcile_command(location: str, run_id: str, step_id: str, attempt: int | N
     )
 
 
-def approve_command(location: str, run_id: str, step_id: str, args_digest: str = "") -> str:
-    """The approve command; with the digest, it refuses if the held call changed (exit 5)."""
+def approve_command(
+    location: str,
+    run_id: str,
+    step_id: str,
+    args_digest: str = "",
+    attempt: int | None = None,
+    *,
+    verb: str = "approve",
+) -> str:
+    """The approve (or ``verb``: ``deny``, ``approve|deny``) command a held step needs. With the digest,
+    it refuses if the held call changed; with ``attempt``, once the step has moved on to another attempt
+    (exit 5 both): a decision typed from this line is about the call the person saw."""
     q = shlex.quote
+    bound = f" --attempt {attempt}" if attempt is not None else ""
     pin = f" --expect-digest {args_digest}" if args_digest else ""
-    return f"effectlog approve --journal {q(location)} --run-id {q(run_id)} --step {q(step_id)} --by NAME{pin}"
+    return f"effectlog {verb} --journal {q(location)} --run-id {q(run_id)} --step {q(step_id)}{bound} --by NAME{pin}"
 
 
 def at_stake(state: RunState, location: str) -> list[AtStake]:
@@ -108,7 +119,7 @@ def _one(state: RunState, step: StepState, location: str) -> AtStake:
         command = reconcile_command(location, state.run_id, step.step_id, step.attempt)
     else:
         action = "approve"
-        command = approve_command(location, state.run_id, step.step_id, step.args_digest)
+        command = approve_command(location, state.run_id, step.step_id, step.args_digest, step.attempt)
     return AtStake(
         step_id=step.step_id,
         state=step.state,

@@ -211,18 +211,15 @@ def cmd_run(args: argparse.Namespace) -> int:
 def run_json(outcome: Any, journal: str) -> dict[str, Any]:
     """``run --json``: the outcome, and the command a stopped or suspended run needs next."""
     from effectlog.outcome import enc_hook, reconcile_hint
+    from effectlog.stake import approve_command
 
     data: dict[str, Any] = msgspec.to_builtins(outcome, enc_hook=enc_hook)
     step = outcome.step_id
     stopped = outcome.state == "stopped" and step is not None
     suspended = outcome.state == "suspended" and step is not None
-    attempt = next((s.attempt for s in outcome.steps if s.id == step), None) if stopped else None
+    attempt = next((s.attempt for s in outcome.steps if s.id == step), None) if stopped or suspended else None
     data["reconcile_command"] = reconcile_hint(journal, outcome.run_id, step, attempt) if stopped else None
-    data["approve_command"] = (
-        f"effectlog approve --journal {journal} --run-id {outcome.run_id} --step {step} --by NAME"
-        if suspended
-        else None
-    )
+    data["approve_command"] = approve_command(journal, outcome.run_id, step, attempt=attempt) if suspended else None
     return data
 
 

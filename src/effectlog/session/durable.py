@@ -178,7 +178,9 @@ class Session:
         location, sid = self.store.location, event.step_id
         if isinstance(event, ev.RunSuspended):
             step = self._state.step(sid)
-            command = approve_command(location, self.run_id, sid, step.args_digest if step is not None else "")
+            command = approve_command(
+                location, self.run_id, sid, step.args_digest if step is not None else "", step.attempt if step else None
+            )
         else:
             step = self._state.step(sid)
             command = reconcile_command(location, self.run_id, sid, step.attempt if step is not None else None)
@@ -443,6 +445,10 @@ class Session:
             )
         raise ToolDenied(f"tool {name!r} denied: {step.reason}", run_id=self.run_id, step_id=step.step_id)
 
+    def _attempt_of(self, step_id: str) -> int | None:
+        held = self._state.step(step_id)
+        return held.attempt if held is not None else None
+
     def approval_for(self, step: ToolStep) -> ApprovalStep:
         """What a person is asked to approve for a held tool step."""
         return ApprovalStep(
@@ -452,7 +458,9 @@ class Session:
             args=step.args,
             tool_call_hash=step.tool_call_hash,
             reason=step.reason,
-            command=approve_command(self.store.location, self.run_id, step.step_id, step.tool_call_hash),
+            command=approve_command(
+                self.store.location, self.run_id, step.step_id, step.tool_call_hash, self._attempt_of(step.step_id)
+            ),
         )
 
     async def tool_step(
