@@ -56,7 +56,9 @@ RESULTS = ROOT / "experiments" / "results" / "fleet.json"
 DOC = ROOT / "docs" / "fleet.md"
 START, END = "<!-- fleet-bench:start -->", "<!-- fleet-bench:end -->"
 PROCESSES = (1, 2, 4, 8)
-WRITES = re.compile(r"\b(INSERT|UPDATE|DELETE)\b", re.IGNORECASE)
+# A statement alone (autocommit) that changed rows is a commit: a plain write, or a call of the
+# PostgreSQL store's claim function (fleet schema v3), which leases what it returns.
+WRITES = re.compile(r"\b(INSERT|UPDATE|DELETE)\b|\bclaim_next\(", re.IGNORECASE)
 TRACE = os.environ.get("FLEET_BENCH_TRACE")  # a file to append every counted statement to (debugging)
 RUNNER_ARGS: list[str] = []  # extra `effectlog runner` flags (--runner-args)
 

@@ -436,3 +436,17 @@ def test_a_missed_replay_row_shows_where_replay_time_goes() -> None:
         " 2 µs more): each is already one pass over the rows in Python (docs/architecture.md, replay)."
     )
     assert (False, expected) == (row["met"], row["why"])
+
+
+def test_fleet_bench_counts_a_postgresql_claim_as_the_commit_it_is() -> None:
+    """The commits-per-run figure counts a statement run alone as a commit when it writes. Since fleet
+    schema v3 a PostgreSQL claim is a call of the store's claim function (a SELECT that leases what it
+    returns): the counter missed it and reported 6.00 commits per run for 7. Proves: the claim
+    statement is counted as a write, and a plain read is not."""
+    import fleet_bench
+    from effectlog.fleet.postgres_store import CLAIM_NEXT
+
+    assert (True, False) == (
+        fleet_bench.WRITES.search(CLAIM_NEXT) is not None,
+        fleet_bench.WRITES.search("SELECT state FROM effectlog_fleet.attempts WHERE attempt_id = %s") is not None,
+    )
