@@ -115,9 +115,8 @@ def test_approve_deny_head_and_reconcile_report_as_json(tmp_path: Path) -> None:
     )  # fmt: skip
     head = effectlog(tmp_path, "head", *common, "--run-id", "held-a")
 
-    assert "effectlog approve --journal j.db --run-id held-a --step pay --attempt 1 --by NAME" == json.loads(held_a.stdout)[
-        "approve_command"
-    ]
+    approve = "effectlog approve --journal j.db --run-id held-a --step pay --attempt 1 --by NAME"
+    assert approve == json.loads(held_a.stdout)["approve_command"]
     assert ("held-a", "suspended", "approved") == _decided(approved)
     assert ("held-b", "failed", "denied") == _decided(denied)
     assert ("slow", "stopped", "pending") == _decided(reconciled)  # not applied: a new attempt may run

@@ -133,7 +133,8 @@ def test_approval_held_approved_from_the_cli_while_the_app_is_not_running_then_e
     command = meta["call-1"]["effectlog"]["command"]
     step = meta["call-1"]["effectlog"]["step_id"]
     journal = tmp_path / "runs.db"
-    assert command.startswith(f"effectlog approve --journal {journal} --run-id {RUN} --step {step} --attempt 1 --by NAME")
+    approve = f"effectlog approve --journal {journal} --run-id {RUN} --step {step} --attempt 1 --by NAME"
+    assert command.startswith(approve)
     assert " --expect-digest " in command  # the approval is pinned to the exact call the person saw
     assert [] == keys(calls, "effect")
     status = cli("status", "--journal", str(tmp_path / "runs.db"), "--run-id", RUN)
