@@ -671,12 +671,13 @@ def targets(results: dict[str, Any]) -> list[tuple[str, bool, str, str]]:
                 "SQLite runs/s ≥ 250 at the best process count",
                 runs >= 250,
                 f"{runs:.1f} at {at}",
-                "a run is 7 commits one after another through the file's one writer, and commits are not"
-                " shared between runs (each append is its own transaction; no group commit across attempts),"
-                " so more processes only add contention for the writer and the 2 loaded cores. At 1 process a"
-                f" run took {1000 / lite['1']['runs_per_s']:.1f} ms of wall time and {lite['1']['cpu_ms_per_run']:.1f}"
-                " ms of runner CPU (its threads overlapping the 7 WAL fsyncs, ~0.5 ms each on this disk): one"
-                " runner is CPU-bound. 250 needs less CPU per run and group commit across attempts",
+                f"a run is {lite['1']['commits_per_run']:.0f} commits one after another through the file's one"
+                " writer (the next claim rides in the run's last one; docs/fleet.md, Numbers), and commits are not"
+                " shared between runs, so more processes only add contention for the writer and the 2 cores. At 1"
+                f" process a run took {1000 / lite['1']['runs_per_s']:.1f} ms of wall time and"
+                f" {lite['1']['cpu_ms_per_run']:.1f} ms of runner CPU (its threads overlapping the fsyncs): one runner"
+                " is CPU-bound, and most of that CPU is now the runtime built for each attempt (an event loop, the"
+                " plan parsed and checked), outside the store. 250 needs less CPU per attempt there",
             )
         )
     return out
