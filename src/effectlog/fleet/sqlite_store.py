@@ -13,7 +13,6 @@ import os
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 
-from effectlog.canonical import canonical_json
 from effectlog.chain import Chain
 from effectlog.errors import JournalUnreadable
 from effectlog.events import Event
@@ -23,7 +22,7 @@ from effectlog.fleet.fencing import Tx
 from effectlog.fleet.leased_journal import LeasedJournal
 from effectlog.fleet.model import Lease
 from effectlog.fleet.sqlite_journal import SQLITE, Durability, FleetSqliteJournal, Handle, SqliteTx, transaction
-from effectlog.fleet.sqlstore import SqlFleetStore, _check_text
+from effectlog.fleet.sqlstore import SqlFleetStore, _offer
 
 FLEET_SCHEMA_VERSION = 2
 _FINAL = am.sql_list(am.FINAL)
@@ -201,10 +200,7 @@ class SqliteFleetStore(SqlFleetStore):
         the lease are as exclusive as in a claim of their own; they commit, or roll back, with
         the transaction they ride in.
         """
-        _check_text("runner id", runner_id)
-        limits.seconds("lease_s", lease_s, high=limits.MAX_LEASE_S)
-        limits.count("claim limit", limit, low=1, high=limits.MAX_CAPACITY)
-        return self._lease_next(tx, runner_id, canonical_json(sorted(set(capabilities))).decode(), lease_s, limit)
+        return self._lease_next(tx, runner_id, _offer(runner_id, capabilities, lease_s, limit), lease_s, limit)
 
     def _tx(self, *, write: bool = True) -> AbstractContextManager[Tx]:
         return transaction(self._handle, write=write)

@@ -144,6 +144,14 @@ def _check_text(name: str, value: str) -> None:
         raise BadInput(f"{name}: give a non-empty single line of at most {_MAX_TEXT} characters")
 
 
+def _offer(runner_id: str, capabilities: Sequence[str], lease_s: float, limit: int) -> str:
+    """A claim's arguments checked, and what the runner offers as the pick compares it (canonical JSON)."""
+    _check_text("runner id", runner_id)
+    limits.seconds("lease_s", lease_s, high=limits.MAX_LEASE_S)
+    limits.count("claim limit", limit, low=1, high=limits.MAX_CAPACITY)
+    return canonical_json(sorted(set(capabilities))).decode()
+
+
 def request_fingerprint(
     plan: Plan,
     requires: Sequence[str],
@@ -384,11 +392,7 @@ class SqlFleetStore:
         oldest one. Compatibility is the scheduler's (``fits``): every capability the
         request requires is one the runner offers. Tokens and leases are those of ``claim``.
         """
-        _check_text("runner id", runner_id)
-        limits.seconds("lease_s", lease_s, high=limits.MAX_LEASE_S)
-        limits.count("claim limit", limit, low=1, high=limits.MAX_CAPACITY)
-        offered = canonical_json(sorted(set(capabilities))).decode()
-        return self._claim_next(runner_id, offered, lease_s, limit)
+        return self._claim_next(runner_id, _offer(runner_id, capabilities, lease_s, limit), lease_s, limit)
 
     def _claim_next(self, runner_id: str, offered: str, lease_s: float, limit: int) -> list[Lease]:
         """``claim_next`` in one write transaction: pick (skipping rows other claimers lock), lease, record."""
