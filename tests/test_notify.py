@@ -21,7 +21,8 @@ from typing import Any
 import pytest
 
 from effectlog.errors import ApprovalRequired, ExitStatus
-from effectlog.notify import Notification, deliver, shown_location, url_hook
+from effectlog.journal.sqlite import SqliteJournal
+from effectlog.notify import Notification, deliver, notify_new_waits, shown_location, url_hook
 from effectlog.session import Session, SqliteCheckpointer, Toolbox, ToolboxGateway, ToolCall
 
 TESTS = Path(__file__).resolve().parent
@@ -137,6 +138,7 @@ def test_cli_run_stopped_on_an_uncertain_step_notifies_once_with_the_reconcile_c
     note = receiver.received[0]
     assert ("u1", "call") == (note["run_id"], note["step_id"])
     assert note["command"].startswith("effectlog reconcile --journal")
+    assert " --attempt 1 " in note["command"]  # bound: refused once the step has moved on (exit 5)
 
 
 def test_cli_run_suspended_runs_the_notify_command_once(tmp_path: Path) -> None:
@@ -235,3 +237,25 @@ def test_recover_that_stops_a_killed_run_on_an_uncertain_step_notifies_once(rece
         done = effectlog("recover", "--journal", journal, "--notify-url", receiver.url)
         assert "Traceback" not in done.stderr
     assert [("stopped", "k1", "charge")] == [(n["kind"], n["run_id"], n["step_id"]) for n in receiver.received]
+
+
+def test_a_suspended_runs_notification_carries_the_bound_approve_command_status_prints(tmp_path: Path) -> None:
+    """The command a notification hands a person is bound to the attempt (and call) they are told about:
+    the same line `status --json` lists at stake, `--attempt N` included, so a decision typed from it later
+    cannot approve another attempt nobody saw (it is refused, exit 5)."""
+    plan = write_plan(tmp_path, "h1", HELD, NOOP)
+    inbox = tmp_path / "inbox.jsonl"
+    journal = str(tmp_path / "j.db")
+    done = effectlog("run", str(plan), "--journal", journal, "--notify-command", f"cat >> {inbox}; echo >> {inbox}")
+    assert ExitStatus.SUSPENDED == done.returncode, done.stderr
+    notes = [json.loads(line) for line in inbox.read_text().splitlines() if line.strip()]
+    status = json.loads(effectlog("status", "--journal", journal, "--run-id", "h1", "--json").stdout)
+    stake = status[0]["at_stake"] if isinstance(status, list) else status["at_stake"]
+    assert [stake[0]["command"]] == [n["command"] for n in notes]
+    assert "--attempt 1" in notes[0]["command"]
+    # A library caller whose mark lies after the held step's own event (only run.suspended is new to it):
+    # the command is bound from the run's state, the same line.
+    got: list[Notification] = []
+    with SqliteJournal(journal) as opened:
+        notify_new_waits([got.append], opened, journal, {"h1": opened.head("h1")[0] - 1})
+    assert [stake[0]["command"]] == [n.command for n in got]

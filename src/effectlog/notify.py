@@ -29,6 +29,7 @@ import msgspec
 
 from effectlog import events as ev
 from effectlog.errors import BadInput
+from effectlog.journal import load_run
 from effectlog.stake import approve_command, reconcile_command
 
 Kind = Literal["suspended", "stopped", "operator_needed"]
@@ -162,28 +163,44 @@ def marks(journal: Any, run_ids: Iterable[str]) -> dict[str, int]:
 def notify_new_waits(
     notifiers: Sequence[Notifier], journal: Any, location: str, since: Mapping[str, int]
 ) -> list[Notification]:
-    """One notification per ``run.suspended``/``run.stopped`` written after ``since[run_id]``."""
+    """One notification per ``run.suspended``/``run.stopped`` written after ``since[run_id]``.
+
+    A suspension's approve command (a stop's reconcile command) is bound to the held call as ``status``
+    lists it (``--attempt N --expect-digest D``): the attempt and digest of the step's last event before
+    it, or, when that was written before ``since`` (a caller's own mark), of the run's state."""
     sent: list[Notification] = []
     if not notifiers:
         return sent
     for run_id, seq in since.items():
+        held: dict[str, tuple[int, str]] = {}
         for record in journal.read(run_id, seq):
             event = ev.decode(record.body)
-            if isinstance(event, ev.RunSuspended | ev.RunStopped):
-                note = _notification(location, event)
+            if isinstance(event, ev.StepEvent):
+                held[event.step_id] = (event.attempt, getattr(event, "args_digest", ""))
+            elif isinstance(event, ev.RunSuspended | ev.RunStopped):
+                bound = held.get(event.step_id) or _held_now(journal, run_id, event.step_id)
+                note = _notification(location, event, bound)
                 deliver(notifiers, note)
                 sent.append(note)
     return sent
 
 
-def _notification(location: str, event: ev.RunSuspended | ev.RunStopped) -> Notification:
+def _held_now(journal: Any, run_id: str, step_id: str) -> tuple[int, str] | None:
+    step = load_run(journal, run_id).step(step_id)
+    return None if step is None else (step.attempt, step.args_digest)
+
+
+def _notification(
+    location: str, event: ev.RunSuspended | ev.RunStopped, bound: tuple[int, str] | None = None
+) -> Notification:
     if isinstance(event, ev.RunSuspended):
+        attempt, digest = bound if bound is not None else (None, "")
         return Notification(
             kind="suspended",
             run_id=event.run_id,
             step_id=event.step_id,
             reason=event.reason,
-            command=approve_command(location, event.run_id, event.step_id),
+            command=approve_command(location, event.run_id, event.step_id, digest, attempt),
             journal=location,
             seq=event.seq,
         )
@@ -192,7 +209,7 @@ def _notification(location: str, event: ev.RunSuspended | ev.RunStopped) -> Noti
         run_id=event.run_id,
         step_id=event.step_id,
         reason=event.reason,
-        command=reconcile_command(location, event.run_id, event.step_id),
+        command=reconcile_command(location, event.run_id, event.step_id, bound[0] if bound is not None else None),
         journal=location,
         seq=event.seq,
     )
