@@ -19,7 +19,7 @@ from typing import Any, Literal
 import msgspec
 
 from effectlog.canonical import canonical_json, digest
-from effectlog.errors import PlanError
+from effectlog.errors import BadInput, PlanError
 
 ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}$"  # as JSON Schema writes it
 # Matched whole with ``fullmatch``: Python's ``$`` also matches before a final newline ("r1\n").
@@ -323,6 +323,15 @@ def _first_duplicate(value: Any, where: str) -> tuple[str, str] | None:
     return None
 
 
+def _plan_json(value: Any, where: str) -> bytes:
+    """Canonical JSON of a plan's value, or ``PlanError`` naming a NaN or an infinity in it (canonical
+    JSON would record it as ``null``: the plan's digest would be another plan's)."""
+    try:
+        return canonical_json(value, where)
+    except BadInput as exc:
+        raise PlanError(exc.message) from None
+
+
 def check_plan(plan: Plan, origin: str = "plan", *, max_args_bytes: int = MAX_ARGS_BYTES) -> None:
     """Checks msgspec's types cannot express: ids, references, uniqueness, contracts, sizes."""
     if not _ID.fullmatch(plan.run_id):
@@ -330,7 +339,7 @@ def check_plan(plan: Plan, origin: str = "plan", *, max_args_bytes: int = MAX_AR
     for name, decl in plan.adapters.items():
         if not _ID.fullmatch(name):
             raise PlanError(f"{origin}: adapters.{name}: not a valid adapter name")
-        del decl
+        _plan_json(decl.options, f"{origin}: adapters.{name}.options")
     if not plan.steps:
         raise PlanError(f"{origin}: steps: a plan needs at least one step")
     seen: set[str] = set()
@@ -349,6 +358,9 @@ def check_plan(plan: Plan, origin: str = "plan", *, max_args_bytes: int = MAX_AR
                 raise PlanError(
                     f"{where}.retry: adapter {step.adapter!r} is not idempotent; it is never retried automatically"
                 )
+            for name in ("backoff_base_s", "backoff_cap_s"):
+                if not math.isfinite(getattr(step.retry, name)):  # NaN passes every range check below
+                    raise PlanError(f"{where}.retry: {name} must be a finite number of seconds")
             if step.retry.attempts < 1 or step.retry.backoff_base_s < 0 or step.retry.backoff_cap_s < 0:
                 raise PlanError(f"{where}.retry: attempts must be >= 1 and backoff times >= 0")
             if max(step.retry.backoff_base_s, step.retry.backoff_cap_s) >= 86_400 * 7:
@@ -358,7 +370,7 @@ def check_plan(plan: Plan, origin: str = "plan", *, max_args_bytes: int = MAX_AR
                 raise PlanError(f"{where}.retry.jitter: must be between 0 and 1")
         if step.timeout_s is not None and not (0 < step.timeout_s < 86_400 * 7):
             raise PlanError(f"{where}.timeout_s: must be positive (seconds) and under a week")
-        size = len(canonical_json(step.args))
+        size = len(_plan_json(step.args, f"{where}.args"))
         if size > max_args_bytes:
             raise PlanError(f"{where}.args: {size} bytes is over the {max_args_bytes}-byte limit")
         for name in step.secret:

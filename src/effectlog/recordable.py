@@ -7,12 +7,10 @@ unencodable answer never reaches ``events.encode`` half-way through a commit.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
-import msgspec
-
 from effectlog.canonical import canonical_json
+from effectlog.errors import BadInput
 
 _MAX_DEPTH = 256  # deeper than this, the encoder itself would give up
 
@@ -20,36 +18,12 @@ _MAX_DEPTH = 256  # deeper than this, the encoder itself would give up
 def why_unrecordable(value: Any, where: str = "result") -> str | None:
     """``None`` if ``value`` encodes as canonical JSON; else what in it does not, and where."""
     try:
-        encoded = canonical_json(value)
+        canonical_json(value, where)
+    except BadInput as exc:  # a NaN or an infinity, named where it is
+        return exc.message
     except (Exception, RecursionError) as exc:  # TypeError, UnicodeEncodeError, OverflowError, msgspec's
         found = _first_problem(value, where, set(), 0)
         return found or f"{where}: {type(exc).__name__}: {' '.join(str(exc).split())}"
-    # The encoder writes NaN and the infinities as null: recorded so, the answer would come back as
-    # None. Only an encoding holding a null can hide one, so the walk is skipped for nearly every answer.
-    if b"null" in encoded:
-        try:
-            plain = msgspec.to_builtins(value)
-        except (Exception, RecursionError):
-            plain = value
-        return _non_finite(plain, where, 0)
-    return None
-
-
-def _non_finite(value: Any, where: str, depth: int) -> str | None:
-    if isinstance(value, float):
-        return None if math.isfinite(value) else f"{where}: {value!r} is not a finite number (JSON has none)"
-    if depth > _MAX_DEPTH:
-        return None
-    if isinstance(value, dict):
-        items: Any = ((f"{where}.{k}", v) for k, v in value.items())
-    elif isinstance(value, list | tuple | set | frozenset):
-        items = ((f"{where}[{i}]", v) for i, v in enumerate(value))
-    else:
-        return None
-    for place, item in items:
-        found = _non_finite(item, place, depth + 1)
-        if found:
-            return found
     return None
 
 

@@ -201,7 +201,12 @@ class _Pass:
         self, name: str, args: dict[str, Any], ctx: RunContext[Any], tool: ToolsetTool[Any], send: Send
     ) -> Any:
         step_id = f"tool-{_turn(ctx.messages)}-{ctx.tool_call_id}"
-        call_args = ids.normalized(to_jsonable_python(args), f"tool {name!r} args")
+        try:
+            call_args = ids.normalized(to_jsonable_python(args), f"tool {name!r} args")
+        except BadInput as exc:
+            # The model's arguments have no journal form (a NaN, an infinity): nothing runs, the model is
+            # told, on every pass alike (a function of the recorded response only).
+            raise ModelRetry(exc.message) from None
         if self.session.completed:
             recorded = recorded_step(self.session, step_id, "tool", name, ids.fingerprint("tool", name, call_args))
             return self._outcome(replayed_tool(recorded, name, call_args))

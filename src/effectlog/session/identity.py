@@ -6,14 +6,13 @@ new process computes the same ids and keys without reading anything but the jour
 
 from __future__ import annotations
 
-import math
 import re
 from typing import Any, Literal
 from urllib.parse import quote
 
 import msgspec
 
-from effectlog.canonical import canonical_json, digest_bytes
+from effectlog.canonical import canonical_json, digest_bytes, non_finite
 from effectlog.errors import BadInput
 
 StepKind = Literal["tool", "model", "sleep"]
@@ -38,7 +37,7 @@ def keyed_id(key: str) -> str:
 def canonical(value: Any, what: str) -> bytes:
     """Canonical JSON of ``value``, or ``BadInput`` naming what could not be encoded."""
     try:
-        return canonical_json(value)
+        return canonical_json(value, what)
     except (TypeError, msgspec.EncodeError) as exc:
         raise BadInput(f"{what} is not JSON-encodable: {exc}") from None
 
@@ -52,18 +51,9 @@ def finite(value: Any, what: str) -> Any:
     """``value``, or ``BadInput`` if it holds a NaN or an infinity anywhere: canonical JSON writes them as
     ``null``, so ``f(inf)``, ``f(nan)`` and ``f(None)`` would be one step to the journal (one fingerprint,
     one approval, one key's body), and a later pass would be given another call's result."""
-    stack = [value]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, float) and not math.isfinite(item):
-            raise BadInput(
-                f"{what}: {item!r} is not a finite number; JSON has no NaN or infinity (the journal would "
-                "record it as null, the same as None): pass None or a string instead"
-            )
-        if isinstance(item, dict):
-            stack.extend(item.values())
-        elif isinstance(item, list | tuple):
-            stack.extend(item)
+    problem = non_finite(value, what)
+    if problem is not None:
+        raise BadInput(problem)
     return value
 
 
