@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 import msgspec
 
-from effectlog.canonical import canonical_json, digest
+from effectlog.canonical import canonical_json, digest, digest_bytes, trusted_json
 from effectlog.errors import BadInput, PlanError
 
 ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}$"  # as JSON Schema writes it
@@ -107,10 +107,31 @@ class _Derived:
             for name in decl.secret:
                 if name in step.get("args", {}):
                     step["args"][name] = {"$secret_sha256": digest(step["args"][name])}
+        _refuse_non_finite(plan)
         self.pinned = raw
-        self.digest = digest(raw)
+        self.digest = digest_bytes(trusted_json(raw))
         self.step_ids = frozenset(s.id for s in plan.steps)
         self.positions = {s.id: i for i, s in enumerate(plan.steps)}
+
+
+def _refuse_non_finite(plan: Plan) -> None:
+    """``BadInput`` if a value of the plan is NaN or an infinity, where it is: canonical JSON would record
+    it as null, so the plan's digest would be another plan's. The plan's own values are its steps' args,
+    retry times and timeouts and its adapters' options: checked there, not by a walk of the whole plan."""
+    for name, decl in plan.adapters.items():
+        if decl.options:
+            canonical_json(decl.options, f"adapters.{name}.options")
+    isfinite = math.isfinite
+    for i, step in enumerate(plan.steps):
+        if step.args:
+            canonical_json(step.args, f"steps[{i}].args")
+        if step.timeout_s is not None and not isfinite(step.timeout_s):
+            raise BadInput(f"steps[{i}].timeout_s: {step.timeout_s!r} is not a finite number of seconds")
+        retry = step.retry
+        if retry is not None and not (
+            isfinite(retry.backoff_base_s) and isfinite(retry.backoff_cap_s) and isfinite(retry.jitter)
+        ):
+            raise BadInput(f"steps[{i}].retry: backoff times and jitter must be finite numbers")
 
 
 _DERIVED: dict[int, tuple[weakref.ref[Plan], _Derived]] = {}

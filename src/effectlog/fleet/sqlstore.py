@@ -21,7 +21,7 @@ from typing import Any
 
 import msgspec
 
-from effectlog.canonical import canonical_json, digest
+from effectlog.canonical import canonical_json, digest_bytes, trusted_json
 from effectlog.errors import BadInput, IdempotencyConflict, IntegrityError, NotReconcilable, PlanMismatch
 from effectlog.fleet import attempts as am
 from effectlog.fleet import limits
@@ -166,7 +166,7 @@ def request_fingerprint(
     body: dict[str, Any] = {"plan": plan.pinned(), "requires": sorted(set(requires))}
     if (max_requeues, requeue_backoff_s) != (limits.DEFAULT_MAX_REQUEUES, limits.DEFAULT_REQUEUE_BACKOFF_S):
         body["requeue"] = {"max": max_requeues, "backoff_s": requeue_backoff_s}
-    return digest(body)
+    return digest_bytes(trusted_json(body))  # pinned() checked the plan's values; the policy is checked numbers
 
 
 class SqlFleetStore:
@@ -200,7 +200,7 @@ class SqlFleetStore:
         needs = sorted(set(requires))
         policy = (max_requeues, backoff)
         fingerprint = request_fingerprint(plan, needs, *policy)
-        plan_json = canonical_json(plan.pinned()).decode()  # secret values never enter the store
+        plan_json = trusted_json(plan.pinned()).decode()  # secret values never enter the store
         d = self.dialect
         with self._tx() as tx:
             now = tx.now()
