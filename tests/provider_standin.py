@@ -15,7 +15,8 @@ from collections.abc import Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-Reply = str | tuple[str, dict[str, Any]] | list[tuple[str, dict[str, Any]]]  # text, a tool call, parallel calls
+# text, a tool call (its args as a dict, or as the raw arguments string), parallel calls
+Reply = str | tuple[str, dict[str, Any] | str] | list[tuple[str, dict[str, Any] | str]]
 
 
 class ProviderStandIn:
@@ -65,7 +66,7 @@ class ProviderStandIn:
                 "role": "assistant",
                 "content": None,
                 "tool_calls": [
-                    {"id": cid, "type": "function", "function": {"name": name, "arguments": json.dumps(args)}}
+                    {"id": cid, "type": "function", "function": {"name": name, "arguments": _raw(args)}}
                     for cid, name, args in calls
                 ],
             }
@@ -137,3 +138,8 @@ class ProviderStandIn:
                 return
 
         return Handler
+
+
+def _raw(args: dict[str, Any] | str) -> str:
+    """A tool call's arguments string: a dict as JSON, a str as given (broken or odd arguments)."""
+    return args if isinstance(args, str) else json.dumps(args)

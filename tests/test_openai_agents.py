@@ -315,3 +315,34 @@ def test_a_held_run_resumed_before_any_decision_stays_held_and_charges_nothing(
     assert len(first.interruptions) == len(again.interruptions) == 1
     assert commands == [h.command for h in runner.last_held]
     assert (1, []) == (stand_in.requests, effects)
+
+
+@pytest.mark.parametrize("arguments", ['{"ratio": NaN}', '{"ratio": -Infinity}', "[0.5]", '{"ratio": 0.5'])
+def test_a_tool_call_whose_arguments_have_no_journal_form_is_told_back_and_nothing_runs(
+    tmp_path: Path, arguments: str
+) -> None:
+    """A model's tool-call arguments that are no JSON object (a list, cut off) or hold NaN/Infinity (which
+    ``json.loads`` takes and the journal would record as null). Before: NaN made the SDK hold the call for
+    an approval the journal never heard of (our approval hook is a function, and the SDK fails closed on
+    arguments it cannot parse), and a list or broken JSON raised out of the run after the model's answer
+    was recorded, so every pass stopped the same way. Proves: the model is told, the tool never runs, the
+    run finishes with the model's next answer, and a second pass replays it without a request."""
+    measured: list[float] = []
+
+    @function_tool
+    def measure(ratio: float) -> str:
+        """Record a ratio."""
+        measured.append(ratio)
+        return f"recorded {ratio}"
+
+    provider = ProviderStandIn([("measure", arguments), "done"]).start()
+    try:
+        client = AsyncOpenAI(base_url=provider.url, api_key="test", max_retries=0)
+        model = OpenAIChatCompletionsModel(model="stand-in", openai_client=client)
+        agent = Agent(name="m", instructions="Measure.", model=model, tools=[measure])
+        runner = DurableRunner(journal=tmp_path / "runs.db")
+        outputs = [runner.run_sync(agent, "go", run_id="m1").final_output for _ in range(2)]
+        requests = provider.requests
+    finally:
+        provider.stop()
+    assert (["done", "done"], [], 2) == (outputs, measured, requests)

@@ -49,6 +49,7 @@ from openai.types.responses import ResponseOutputItem
 from pydantic import TypeAdapter
 from pydantic_core import to_jsonable_python
 
+from effectlog.canonical import non_finite
 from effectlog.errors import ApprovalRequired, BadInput, EffectlogError, IdempotencyConflict
 from effectlog.integrations.framework_steps import (
     IDEMPOTENCY_HEADER,
@@ -335,9 +336,9 @@ def durable_tool(tool: FunctionTool, durable: _Pass) -> FunctionTool:
     name = tool.name
 
     async def invoke(ctx: ToolContext[Any], input_json: str) -> Any:
-        args = json.loads(input_json or "{}")
-        if not isinstance(args, dict):
-            raise BadInput(f"tool {name!r} got arguments that are not a JSON object", run_id=durable.session.run_id)
+        args = _call_args(name, input_json)
+        if isinstance(args, str):
+            return args  # what the model is told: a function of its own answer, so every pass tells it alike
 
         async def send(key: str) -> Any:
             token = TOOL_KEY.set(key)
@@ -357,7 +358,26 @@ def durable_tool(tool: FunctionTool, durable: _Pass) -> FunctionTool:
             return False
         return await durable.needs_hold(name, call_id, ids.normalized(params, f"tool {name!r} args"))
 
+    if original_approval is False and name not in durable.needs_approval:
+        # Never held: leave the SDK's False. A function here makes the SDK hold any call whose arguments
+        # it cannot parse (it fails closed) for an approval the journal would never hear of.
+        return dataclasses.replace(tool, on_invoke_tool=invoke)
     return dataclasses.replace(tool, on_invoke_tool=invoke, needs_approval=needs_approval)
+
+
+def _call_args(name: str, input_json: str) -> dict[str, Any] | str:
+    """The call's arguments, or what the model is told when they have no journal form: not JSON, not an
+    object, or holding NaN or an infinity (``json.loads`` takes them; the journal would record null)."""
+    try:
+        args = json.loads(input_json or "{}")
+    except ValueError as exc:
+        return f"error: tool {name!r} was not run: its arguments are not JSON ({exc})"
+    if not isinstance(args, dict):
+        return f"error: tool {name!r} was not run: its arguments are not a JSON object"
+    problem = non_finite(args, "arguments")
+    if problem is not None:
+        return f"error: tool {name!r} was not run: {problem}"
+    return args
 
 
 def _durable_agent(agent: Agent[Any], durable: _Pass, done: dict[int, Agent[Any]]) -> Agent[Any]:
