@@ -348,28 +348,41 @@ def test_two_runs_tracing_into_one_file_at_once_leave_a_chain_that_verifies(tmp_
     assert (6, None, "") == verify_trace(trace)
 
 
-@pytest.mark.xfail(strict=True, reason="the trace's chain has no key: whoever can write the file can recompute it")
 def test_a_record_appended_with_a_recomputed_hash_is_named_by_verify_trace(tmp_path: Path) -> None:
-    """The trace's chain is ``sha256(prev || record)`` with no secret: anyone who can write the file can
-    append a forged record (or cut the last ones) and recompute a chain that ``verify_trace`` accepts. It
-    detects edits, drops and reorderings inside the file, not a rewritten tail. Proves (when fixed, e.g.
-    by an HMAC with the journal's key, or by verifying against the journal): the forged line is named."""
+    """The trace's chain was ``sha256(prev || record)`` with no secret: anyone who can write the file could
+    append a forged record (or cut the last ones) and recompute a chain that ``verify_trace`` accepted.
+    Proves: the trace of a keyed journal is chained with the journal's key (HMAC-SHA256, as the journal
+    is), so a record appended with a recomputed SHA-256 hash, or an HMAC under another key, is named by
+    ``verify_trace`` with the key; the run's own records verify with it, and read as changed without it.
+    A trace of an unkeyed journal is as forgeable as that journal (docs/observability.md)."""
     import hashlib
+    import hmac
 
-    from effectlog import events as ev
     from effectlog.canonical import canonical_json
-    from effectlog.trace import Trace, last_hash, verify_trace
+    from effectlog.chain import Chain
+    from effectlog.journal.sqlite import SqliteJournal
+    from effectlog.plan import AdapterDecl, Plan, StepDecl
+    from effectlog.runtime import Runtime
+    from effectlog.trace import last_hash, verify_trace
 
+    key = b"the journal's key"
     path = tmp_path / "t.jsonl"
-    trace = Trace(path)
-    trace.record(ev.RunStarted(run_id="r", seq=1, ts=1))
-    trace.close()
+    noop = {"n": AdapterDecl(type="noop", idempotent=True)}
+    plan = Plan(run_id="r", adapters=noop, steps=(StepDecl(id="s", adapter="n"),))
+    with Runtime(SqliteJournal(tmp_path / "j.db", chain=Chain(key)), trace=path) as rt:
+        rt.run(plan)
+    own = verify_trace(path, key=key)
+    assert (None, 1) == (own[1], verify_trace(path)[1])
     prev = last_hash(path)
-    forged = {"event": "run.completed", "run_id": "r", "seq": 2, "ts": 2, "prev": prev}
-    forged["hash"] = hashlib.sha256(prev.encode() + canonical_json(forged)).hexdigest()
-    with path.open("a") as fh:
-        fh.write(json.dumps(forged) + "\n")
-    assert 2 == verify_trace(path)[1]
+    for forger in (None, b"another key"):
+        forged: dict[str, object] = {"event": "run.completed", "run_id": "r", "seq": 9, "ts": 2, "prev": prev}
+        body = prev.encode() + canonical_json(forged)
+        forged["hash"] = (
+            hashlib.sha256(body).hexdigest() if forger is None else hmac.new(forger, body, hashlib.sha256).hexdigest()
+        )
+        copy = tmp_path / f"forged-{forger is None}.jsonl"
+        copy.write_bytes(path.read_bytes() + (json.dumps(forged) + "\n").encode())
+        assert (own[0], own[0] + 1) == verify_trace(copy, key=key)[:2]
 
 
 # -- 9. a durable tool cancelled while it runs ---------------------------------------------------

@@ -79,7 +79,7 @@ class Runtime:
         self.context = AdapterContext(effects=os.fspath(effects) if effects is not None else None)
         self.policy = policy
         self.clock: Clock = clock or time.time_ns
-        self.trace = Trace(trace) if trace is not None else None
+        self.trace = Trace(trace, key=self.journal.chain.key) if trace is not None else None  # chained as the journal
         self.crash_hook = crash_hook
         self.rng = rng or random.Random()
         self.sleep = sleep or asyncio.sleep

@@ -1,9 +1,11 @@
 """A hash-chained structured trace of every transition, recorded with structlog.
 
 Each record is a JSON line holding the transition (run, seq, step, attempt, event
-tag) plus ``prev`` and ``hash``: ``hash = sha256(prev || canonical record)``. The
-trace is written after the journal commit, so it never claims more than the
-journal holds. It carries digests, never arguments, so secrets cannot leak here.
+tag) plus ``prev`` and ``hash``: ``hash = H(prev || canonical record)``, where ``H`` is
+the journal's chain function: SHA-256, or HMAC-SHA256 with the journal's key (a keyed
+journal's trace cannot be extended or rewritten by someone without the key, as its
+journal cannot). The trace is written after the journal commit, so it never claims more
+than the journal holds. It carries digests, never arguments, so secrets cannot leak here.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
+import hmac
 import json
 import os
 from collections.abc import MutableMapping
@@ -42,6 +45,14 @@ _OUTCOMES: dict[type, str] = {
     StepDenied: "denied",
     StepResent: "resent",
 }
+
+
+def _link(key: bytes | None, prev: str, record: dict[str, Any]) -> str:
+    """A record's ``hash``: SHA-256, or HMAC-SHA256 with the journal's key, of ``prev || canonical record``."""
+    data = prev.encode() + canonical_json(record)
+    if key is None:
+        return hashlib.sha256(data).hexdigest()
+    return hmac.new(key, data, hashlib.sha256).hexdigest()
 
 
 def _untraced_dropped(logger: Any, method: str, event_dict: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
@@ -91,10 +102,11 @@ class _AppendFile:
     and the same ``--trace`` can extend it, and raises ``TraceUnwritable``.
     """
 
-    def __init__(self, path: Path, fd: int, prev: str) -> None:
+    def __init__(self, path: Path, fd: int, prev: str, key: bytes | None) -> None:
         self.path = path
         self.fd = fd
         self.prev = prev
+        self.key = key
         self.end = -1  # the file's size after this trace's last write; another size: someone else wrote
 
     def msg(self, **fields: Any) -> None:
@@ -104,7 +116,7 @@ class _AppendFile:
             if began != self.end:
                 self.prev = last_hash(self.path)
             fields["prev"] = self.prev
-            digest = hashlib.sha256(self.prev.encode() + canonical_json(fields)).hexdigest()
+            digest = _link(self.key, self.prev, fields)
             fields["hash"] = digest
             data = (json.dumps(fields, sort_keys=True) + "\n").encode()
             size = len(data)
@@ -126,9 +138,10 @@ class _AppendFile:
 
 
 class Trace:
-    """Records transitions to a JSON-lines file (appending, continuing its chain)."""
+    """Records transitions to a JSON-lines file (appending, continuing its chain). ``key``: the journal's
+    chain key (``Runtime`` passes it), so the trace is chained as its journal is."""
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(self, path: str | os.PathLike[str], *, key: bytes | None = None) -> None:
         self.path = Path(path)
         self._requested: dict[tuple[str, str, int], int] = {}  # step.requested ts, for durations
         try:
@@ -136,7 +149,8 @@ class Trace:
             self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o666)
         except OSError as exc:
             raise BadInput(f"{self.path}: cannot open the trace file ({exc.strerror})") from None
-        self._log = structlog.wrap_logger(_AppendFile(self.path, self._fd, prev), processors=[_untraced_dropped])
+        logger = _AppendFile(self.path, self._fd, prev, key or None)
+        self._log = structlog.wrap_logger(logger, processors=[_untraced_dropped])
 
     def record(self, event: Event, **extra: Any) -> None:
         fields: dict[str, Any] = {"run_id": event.run_id, "seq": event.seq, "ts": event.ts, **extra}
@@ -178,8 +192,9 @@ class Trace:
             os.close(fd)
 
 
-def verify_trace(path: str | os.PathLike[str]) -> tuple[int, int | None, str]:
-    """Check a trace's chain: ``(records checked, first bad line or None, reason)``."""
+def verify_trace(path: str | os.PathLike[str], *, key: bytes | None = None) -> tuple[int, int | None, str]:
+    """Check a trace's chain: ``(records checked, first bad line or None, reason)``. ``key``: the
+    journal's key, for the trace of a keyed journal (without it every record reads as changed)."""
     prev = _GENESIS_HEX
     count = 0
     with Path(path).open("rb") as fh:
@@ -193,8 +208,8 @@ def verify_trace(path: str | os.PathLike[str]) -> tuple[int, int | None, str]:
             del record["hash"]
             if record.get("prev") != prev:
                 return count, lineno, "prev does not match the previous record's hash"
-            if hashlib.sha256(prev.encode() + canonical_json(record)).hexdigest() != stored:
-                return count, lineno, "hash does not match the record"
+            if not hmac.compare_digest(_link(key or None, prev, record), stored):
+                return count, lineno, "hash does not match the record" + (" (with the key given)" if key else "")
             prev = stored
             count += 1
     return count, None, ""
