@@ -167,3 +167,46 @@ def test_a_timed_out_shell_step_stops_the_run_after_its_process_group_is_killed(
     )
     assert "ShellTimeout" in step.reason
     assert is_gone(int(pidfile.read_text()))
+
+
+def test_a_command_that_leaves_a_daemon_holding_its_output_is_done_when_it_exits(tmp_path: Path) -> None:
+    """``sh -c 'setsid sleep 30 & echo started'``: a "start a service" step. The service (in a session of
+    its own, so not the command's process group) keeps the stdout pipe open; the adapter waited for the
+    pipe's end, not the command's, so the step ran into its timeout and was called uncertain, a started
+    service reported as an unknown outcome. Proves: the command's exit decides (exit 0, ok), the output
+    written before it is in the receipt, and the call returns long before the service ends."""
+    pidfile = tmp_path / "pidfile"
+    script = f"setsid sh -c 'echo $$ > {pidfile}; exec sleep 30' & echo started"
+    began = time.monotonic()
+    try:
+        receipt = ShellAdapter().invoke(request({"argv": ["sh", "-c", script]}, timeout_s=20))
+        took = time.monotonic() - began
+    finally:
+        for _ in range(100):
+            if pidfile.exists() and pidfile.read_text().strip():
+                os.kill(int(pidfile.read_text()), 9)
+                break
+            time.sleep(0.05)
+    assert (True, 0, sha256(b"started\n")) == (receipt.ok, receipt.data["exit_status"], receipt.data["stdout_sha256"])
+    assert took < 15, took  # bounded far below the service's 30 s and the 20 s timeout: not a wall-time benchmark
+
+
+def test_a_timeout_returns_even_when_an_escaped_daemon_holds_the_output(tmp_path: Path) -> None:
+    """A command that outlives its timeout and left a daemon (another session, so the kill of the
+    command's process group misses it) holding stdout: after the kill the adapter read the pipe to its
+    end, so the call hung for as long as the daemon lived. Proves: ShellTimeout (outcome unknown) comes
+    soon after the timeout, not when the daemon ends."""
+    pidfile = tmp_path / "pidfile"
+    script = f"setsid sh -c 'echo $$ > {pidfile}; exec sleep 30' & sleep 25"
+    began = time.monotonic()
+    try:
+        with pytest.raises(ShellTimeout):
+            ShellAdapter().invoke(request({"argv": ["sh", "-c", script]}, timeout_s=0.5))
+        took = time.monotonic() - began
+    finally:
+        for _ in range(100):
+            if pidfile.exists() and pidfile.read_text().strip():
+                os.kill(int(pidfile.read_text()), 9)
+                break
+            time.sleep(0.05)
+    assert took < 15, took

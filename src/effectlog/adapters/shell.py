@@ -12,14 +12,20 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import selectors
 import signal
 import subprocess
+import time
 from typing import Any
 
 from effectlog.adapters.protocol import Receipt, Request
 from effectlog.errors import BadInput
 
 DEFAULT_ENV_ALLOW = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR")
+# After the command exits, how long its output pipes may stay open (a daemon it started holds them)
+# before the adapter stops reading: the command's exit, not the pipes' end, is its outcome.
+EXITED_DRAIN_S = 0.5
+_POLL_S = 0.05  # how often the command's exit is checked while its pipes stay open
 
 
 class ShellTimeout(TimeoutError):
@@ -56,11 +62,12 @@ class ShellAdapter:
             start_new_session=True,  # its own process group, so a timeout kills children too
         )
         try:
-            out, err = proc.communicate(timeout=timeout)
+            out, err = _outputs(proc, timeout)
         except subprocess.TimeoutExpired:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
+            proc.wait()
+            _close(proc)
             raise ShellTimeout(f"{argv[0]} timed out after {timeout}s; process group {proc.pid} killed") from None
         return Receipt(
             ok=proc.returncode == 0,
@@ -73,3 +80,44 @@ class ShellAdapter:
                 "stderr_bytes": len(err),
             },
         )
+
+
+def _outputs(proc: subprocess.Popen[bytes], timeout: float) -> tuple[bytes, bytes]:
+    """The command's stdout and stderr until it exits (and its pipes end, or ``EXITED_DRAIN_S`` more
+    pass: a daemon it started may hold them for ever). ``TimeoutExpired`` once ``timeout`` passes first."""
+    assert proc.stdout is not None  # both are pipes (Popen with PIPE)
+    assert proc.stderr is not None
+    out_fd, err_fd = proc.stdout.fileno(), proc.stderr.fileno()
+    chunks: dict[int, list[bytes]] = {out_fd: [], err_fd: []}
+    deadline = time.monotonic() + timeout
+    exited_at: float | None = None
+    with selectors.DefaultSelector() as selector:
+        for fd in chunks:
+            os.set_blocking(fd, False)
+            selector.register(fd, selectors.EVENT_READ)
+        while selector.get_map():
+            now = time.monotonic()
+            if exited_at is None and proc.poll() is not None:
+                exited_at = now
+            if exited_at is not None and now >= exited_at + EXITED_DRAIN_S:
+                break
+            if exited_at is None and now >= deadline:
+                raise subprocess.TimeoutExpired(proc.args, timeout)
+            for key, _ in selector.select(min(_POLL_S, max(deadline - now, 0.0))):
+                try:
+                    data = os.read(key.fd, 65536)
+                except BlockingIOError:
+                    continue
+                if data:
+                    chunks[key.fd].append(data)
+                else:
+                    selector.unregister(key.fd)
+    proc.wait()
+    _close(proc)
+    return b"".join(chunks[out_fd]), b"".join(chunks[err_fd])
+
+
+def _close(proc: subprocess.Popen[bytes]) -> None:
+    for pipe in (proc.stdout, proc.stderr):
+        if pipe is not None:
+            pipe.close()
