@@ -240,3 +240,38 @@ def test_a_sleep_past_the_run_deadline_waits_until_the_deadline_then_fails_the_r
         durable.sleep(3600)
     assert [30.0] == waits.asked
     assert "failed" == SqliteCheckpointer(tmp_path / "d.db").state("r").state
+
+
+BAD_TIMES: list[object] = [float("nan"), float("inf"), -float("inf"), 1e300, 10**30, "3", True]
+
+
+@pytest.mark.parametrize(
+    ("call", "value"),
+    [(c, v) for c in ("sleep", "sleep_until", "deadline") for v in BAD_TIMES]
+    + [("sleep", None), ("sleep_until", None)],  # no deadline is the default, not a bad one
+)
+def test_a_time_that_is_no_finite_number_of_seconds_is_bad_input_and_nothing_is_recorded(
+    tmp_path: Path, call: str, value: object
+) -> None:
+    """``sleep(nan)`` raised ValueError, ``sleep(inf)``/``sleep(1e300)`` OverflowError, and ``sleep("3")``
+    built a string of a billion characters (``"3" * NS``) before failing; a deadline of NaN likewise.
+    Proves: each is BadInput naming the argument, before anything is recorded (the run has no event)."""
+    from effectlog.errors import BadInput, UnknownRun
+
+    journal = str(tmp_path / "j.db")
+
+    def use() -> None:
+        if call == "deadline":
+            with durable.run("r", journal=journal, deadline=value):  # type: ignore[arg-type]
+                pass
+        else:
+            with durable.run("r", journal=journal, sleeper=Waits()) as run:
+                getattr(run, call)(value)
+
+    with pytest.raises(BadInput, match=r"seconds|deadline|time"):
+        use()
+    try:
+        recorded = [t for t in tags(Path(journal), "r") if t.startswith("step.")]
+    except UnknownRun:
+        recorded = []  # refused before the run began
+    assert [] == recorded

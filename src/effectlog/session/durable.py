@@ -490,11 +490,13 @@ class Session:
 
     async def sleep(self, seconds: float, *, key: str | None = None, sleeper: Sleeper | None = None) -> None:
         """Sleep ``seconds`` durably: the wake-up time is journaled; a resumed pass waits only the remainder."""
-        await timing.sleep_step(self, lambda: self.clock() + int(seconds * timing.NS), key, sleeper or self.sleeper)
+        delta = timing.seconds_ns(seconds, "sleep: seconds")
+        await timing.sleep_step(self, lambda: self.clock() + delta, key, sleeper or self.sleeper)
 
     async def sleep_until(self, t: float, *, key: str | None = None, sleeper: Sleeper | None = None) -> None:
         """Sleep until the POSIX time ``t`` durably (a step, like ``sleep``)."""
-        await timing.sleep_step(self, lambda: int(t * timing.NS), key, sleeper or self.sleeper)
+        wake_at = timing.seconds_ns(t, "sleep_until: time")
+        await timing.sleep_step(self, lambda: wake_at, key, sleeper or self.sleeper)
 
     # -- closing ---------------------------------------------------------------------------
 

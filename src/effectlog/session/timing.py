@@ -16,11 +16,12 @@ interrupted by a deadline.
 from __future__ import annotations
 
 import inspect
+import math
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from effectlog import events as ev
-from effectlog.errors import DeadlinePassed, RunFailed
+from effectlog.errors import BadInput, DeadlinePassed, RunFailed
 from effectlog.fold import StepState
 from effectlog.recovery import Action, decide
 from effectlog.session import identity as ids
@@ -34,9 +35,26 @@ NS = 1_000_000_000
 SLEEP: Final = "sleep"
 
 
-def to_ns(t: float | None) -> int | None:
+# Times are recorded as integer ns in the journal's 64-bit columns; a sleep's wake-up time is now plus
+# its seconds, so either part keeps to 2**62 ns (about 146 years) and their sum fits.
+_MAX_NS = 2**62
+
+
+def seconds_ns(value: Any, what: str) -> int:
+    """``value`` seconds as integer ns, or ``BadInput`` naming ``what``: an int or float (not a bool, not
+    a str: ``"3" * NS`` is a billion characters), finite, within about 146 years of zero."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise BadInput(f"{what} must be a number of seconds, not {type(value).__name__} {value!r:.40}")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise BadInput(f"{what}: {value!r} is not a finite number of seconds")
+    if not -_MAX_NS // NS <= value <= _MAX_NS // NS:
+        raise BadInput(f"{what}: {value!r} seconds is out of range (at most {_MAX_NS // NS} seconds)")
+    return int(value * NS) if isinstance(value, float) else value * NS
+
+
+def to_ns(t: float | None, what: str = "deadline") -> int | None:
     """A POSIX time in seconds (as ``time.time()`` gives) as ns since the epoch."""
-    return None if t is None else int(t * NS)
+    return None if t is None else seconds_ns(t, what)
 
 
 def run_deadline(session: Session) -> int | None:
