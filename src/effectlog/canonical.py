@@ -63,7 +63,7 @@ def _non_finite(value: Any, where: str, depth: int) -> str | None:
             return None
         return (
             f"{where}: {value!r} is not a finite number; JSON has no NaN or infinity "
-            "(it would be recorded as null, the same as None): pass None or a string instead"
+            "(it would be recorded as null, the same as None)"
         )
     if depth > _MAX_DEPTH:
         return None
