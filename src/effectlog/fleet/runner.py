@@ -351,6 +351,7 @@ class Runner:
         # run's completion makes the attempt succeed in the same transaction: no commit of their own.
         journal.defer("prepare", "prepare")
         journal.succeed_on_completion = True
+        journal.hold_start = True  # run.started rides in the run's next commit (LeasedJournal): one commit fewer
         if isinstance(store, SqliteFleetStore):
             journal.claim_after = lambda tx: self._claim_after(store, tx)
         self._point(slot, "prepared", "")
