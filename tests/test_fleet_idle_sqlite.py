@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from effectlog.fleet import open_store, wakeups
+from effectlog.fleet import inotify, open_store, wakeups
 from effectlog.fleet.contract import noop_plan
 from fleet_kit import SAFETY_S, RunnerProcess, effectlog, wait_until, write_plan
 
@@ -206,6 +206,37 @@ def test_a_watcher_whose_runner_has_no_free_slot_reads_nothing_and_looks_again_o
         assert (False, []) == (woken.acquire(timeout=0), busy)
         free.set()
         writer.submit("s", "free", noop_plan("run-free"))
+        assert woken.acquire(timeout=SAFETY_S)
+    finally:
+        writer.close()
+        watching.close()
+
+
+def test_a_busy_runners_watcher_is_not_woken_by_each_commit_and_still_sees_work_queued_meanwhile(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While the runner has no free slot, 20 commits to the store (a busy runner's own appends: six a run)
+    wake its watcher once, for the first, not once each: it then only looks whether a slot freed. Once one
+    has, work queued while it was busy still wakes the runner, with no further commit."""
+    reads: list[int] = []
+    real_read = inotify.Inotify.read
+
+    def counted(self: inotify.Inotify) -> inotify.Changes:
+        reads.append(1)
+        return real_read(self)
+
+    monkeypatch.setattr(inotify.Inotify, "read", counted)
+    path = str(tmp_path / "fleet.db")
+    writer, watching = open_store(path), open_store(path)
+    woken = threading.Semaphore(0)
+    free = threading.Event()
+    try:
+        watching.watch(woken.release, free.is_set)
+        for i in range(20):
+            writer.submit("s", f"busy-{i}", noop_plan(f"run-busy-{i}"))
+        time.sleep(0.2)  # longer than the watcher's settle and late checks
+        assert (False, 1) == (woken.acquire(timeout=0), len(reads))
+        free.set()
         assert woken.acquire(timeout=SAFETY_S)
     finally:
         writer.close()

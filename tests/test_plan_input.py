@@ -59,6 +59,32 @@ def test_a_key_given_twice_is_refused_with_its_json_path(text: str, where: str, 
     assert f"p.json: {where}: key {key!r} appears more than once" in str(caught.value)
 
 
+@pytest.mark.parametrize(
+    ("text", "where", "key"),
+    [
+        ('{"run_id":"r","run_id":"r","adapters":{},"steps":[]}', "plan", "run_id"),
+        (
+            '{"adapters":{"t":{"type":"noop","type":"noop"}},"run_id":"r","steps":[{"adapter":"t","id":"a"}]}',
+            "adapters.t",
+            "type",
+        ),
+        (
+            '{"adapters":{"t":{"type":"noop"}},"run_id":"r","steps":[{"adapter":"t","args":{"k":1,"k":1},"id":"a"}]}',
+            "steps[0].args",
+            "k",
+        ),
+    ],
+)
+def test_a_key_given_twice_in_compact_json_is_refused_too(text: str, where: str, key: str) -> None:
+    """Compact JSON, the form stores and encoders write (whose plans skip the second, duplicate-key pass
+    when the bytes are the encoding of what they decode to), with a key twice, even with the same value
+    twice, is refused as any other text is."""
+    with pytest.raises(PlanError) as caught:
+        parse_plan(text.encode(), "p.json")
+
+    assert f"p.json: {where}: key {key!r} appears more than once" in str(caught.value)
+
+
 def test_the_plan_size_cap_holds_at_its_exact_boundary(tmp_path: Path) -> None:
     """A plan of exactly ``max_plan_bytes`` loads; one byte more is refused without parsing."""
     path = tmp_path / "p.json"

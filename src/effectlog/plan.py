@@ -214,7 +214,11 @@ def parse_plan(data: bytes, origin: str = "plan", *, max_args_bytes: int = MAX_A
     except RecursionError:  # nesting so deep the decoder gives up before our own depth check runs
         raise PlanError(f"{origin}: plan: nested deeper than {MAX_DEPTH} levels") from None
     _check_json_values(raw, origin, "", 0)
-    _refuse_duplicate_keys(text, origin)
+    # Bytes that are the encoding of what they decode to (a plan a store or a CLI wrote, as a fleet
+    # runner reads every one) cannot hold a key twice in one object: an encoder writes a dict's keys
+    # once each. Only other text takes the second, slower pass (~20 µs of a ~35 µs parse).
+    if _ENCODER.encode(raw) != data:
+        _refuse_duplicate_keys(text, origin)
     try:
         plan = msgspec.convert(raw, Plan)
     except msgspec.ValidationError as exc:
@@ -275,6 +279,7 @@ def read_plan_bytes(path: str | Path, max_plan_bytes: int = MAX_PLAN_BYTES) -> b
 # float_hook: an out-of-range number (1e999) decodes to inf, which the value check then
 # reports with its JSON path, instead of msgspec's "Number out of range" with no usable path.
 _PLAN_JSON = msgspec.json.Decoder(float_hook=float)
+_ENCODER = msgspec.json.Encoder()
 
 
 def _shown(value: str) -> str:

@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from typing import Protocol
 
-from effectlog.chain import Chain
+from effectlog.chain import GENESIS, Chain
 from effectlog.errors import StaleLease
-from effectlog.events import Event, RunCompleted
+from effectlog.events import Event, RunCompleted, RunStarted, encode
 from effectlog.fleet.fencing import Carry, Tx
 from effectlog.fleet.model import Lease, Move
 from effectlog.fold import Record
@@ -65,6 +65,16 @@ class LeasedJournal:
     attempt ``succeed`` (op key ``final``), which ``finished`` then tells. The lease check
     guards them as it guards the batch. With ``claim_after`` set too, that batch's
     transaction also claims the runner's next request (``claimed`` once it committed).
+
+    With ``hold_start`` set, a fresh run's first batch, ``run.started`` alone, is held and
+    written with the run's next batch (a step's request, or whatever comes first) instead of
+    in a commit of its own: one commit per run fewer. Nothing outside the process can tell:
+    no tool is invoked before that next batch is durable (a step's request is written
+    ahead of its call), and a run killed meanwhile is, to the recovery service, one killed
+    before ``run.started`` (no step requested: the attempt is lost and the request
+    requeued; were ``run.started`` durable, the next attempt would resume it instead, with
+    no step done either). Anything else that looks at the run or reports on the attempt
+    (``read``, ``head``, ``reporting``, ``flush``) writes the held batch first.
     """
 
     def __init__(
@@ -90,6 +100,8 @@ class LeasedJournal:
         self.claim_after: Callable[[Tx], list[Lease]] | None = None
         self.claimed: list[Lease] = []
         self._fresh = lease.base_seq == 0  # until the first read or append: the run has no event
+        self.hold_start = False  # the runner's choice: hold a fresh run's run.started for its next batch
+        self._held: list[Event] = []
 
     def defer(self, trigger: str, op_key: str) -> None:
         """Make this transition with the next append or report (needs a ``mover``)."""
@@ -101,6 +113,7 @@ class LeasedJournal:
         They stay deferred when the report fails, so the next write makes them (one already
         made, its acknowledgement lost, is recognised by its operation key and passed over).
         """
+        self.flush()
         state = report(list(self.pending))
         self.pending = []
         return state
@@ -108,18 +121,32 @@ class LeasedJournal:
     def append(self, events: Sequence[Event]) -> list[Record]:
         if self.before_append is not None and events:
             self.before_append(events)
+        first = self.lease.base_seq == 0 and self.appended == 0 and not self._held  # the run has no event yet
+        if self.hold_start and first and len(events) == 1 and isinstance(events[0], RunStarted):
+            self._fresh = False
+            self._held = [events[0]]
+            body = encode(events[0])  # the record the batch will have: the run's first, chained from genesis
+            return [Record(events[0].run_id, events[0].seq, body, self.chain.link(GENESIS, body))]
         self._fresh = False
-        carry = _Carry(self) if self.mover is not None and events else None
-        records = self.base.append_fenced(events, self.lease, carry)
+        held, self._held = self._held, []  # written with this batch, or not at all (a refused batch ends the attempt)
+        batch = [*held, *events] if held else events
+        carry = _Carry(self) if self.mover is not None and batch else None
+        records = self.base.append_fenced(batch, self.lease, carry)
         if carry is not None and carry.state is not None:  # committed with the batch
             self.pending = []
             if carry.completes:
                 self.finished = carry.state
                 self.claimed = carry.claimed
-        self.appended += len(events)
-        return records
+        self.appended += len(batch)
+        return records[len(held) :]
+
+    def flush(self) -> None:
+        """Write a held ``run.started`` now (with the deferred transitions), if one is held."""
+        if self._held:
+            self.append([])
 
     def read(self, run_id: str, after_seq: int = 0) -> Iterator[Record]:
+        self.flush()
         if self._fresh and run_id == self.lease.run_id:
             # The first look at a run leased with no event: it is empty (only this lease may
             # write it; were anyone else to, the first append's head check refuses the batch).
@@ -128,6 +155,7 @@ class LeasedJournal:
         return self.base.read(run_id, after_seq)
 
     def head(self, run_id: str) -> tuple[int, bytes]:
+        self.flush()
         return self.base.head(run_id)
 
     def claim(self, run_id: str, kind: str = "run", *, runner: str | None = None) -> Claim:
@@ -146,6 +174,7 @@ class LeasedJournal:
         return self.base.owner(run_id)
 
     def runs(self) -> list[str]:
+        self.flush()
         return self.base.runs()
 
     def close(self) -> None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import shlex
 import signal
 import socket
@@ -47,7 +48,7 @@ from effectlog.observe import requests_gauge, telemetry
 from effectlog.plan import Plan, parse_plan
 from effectlog.recorder import record_now
 from effectlog.recovery import still_blocked
-from effectlog.runtime import Runtime
+from effectlog.runtime import ReusedLoop, Runtime
 from effectlog.stake import approve_command
 
 
@@ -150,6 +151,8 @@ class Runner:
         self._done = threading.Event()
         self._armed = config.arm
         self.notifiers = cli_hooks(config.notify_command, config.notify_url)
+        # Built once, not per attempt (seeding one costs ~20 µs): retries' jitter; its methods are thread-safe.
+        self.rng = random.Random()
 
     # -- the main loop ------------------------------------------------------------------
 
@@ -289,19 +292,23 @@ class Runner:
 
     def _work(self, slot: Slot) -> None:
         """Run the slot's attempt, then, on this thread, each one claimed in the transaction that ended the last."""
+        loop = ReusedLoop()  # one event loop for this thread's attempts, not one per attempt
         following: Slot | None = slot
-        while following is not None:
-            following = self._work_one(following)
+        try:
+            while following is not None:
+                following = self._work_one(following, loop)
+        finally:
+            loop.close()
 
-    def _work_one(self, slot: Slot) -> Slot | None:
+    def _work_one(self, slot: Slot, loop: ReusedLoop) -> Slot | None:
         lease = slot.lease
         found = telemetry()
         try:
             if found is None:
-                slot.outcome = self._attempt(slot)
+                slot.outcome = self._attempt(slot, loop)
             else:  # an effectlog.fleet.attempt span, the run's spans inside it
                 slot.outcome = found.attempt(
-                    lease.request_id, self.runner_id, lease.run_id, lease.attempt_no, lambda: self._attempt(slot)
+                    lease.request_id, self.runner_id, lease.run_id, lease.attempt_no, lambda: self._attempt(slot, loop)
                 )
         except StaleLease as exc:
             slot.outcome = "fenced"
@@ -333,7 +340,7 @@ class Runner:
                 self._wake.set()
         return nxt
 
-    def _attempt(self, slot: Slot) -> str:
+    def _attempt(self, slot: Slot, loop: ReusedLoop) -> str:
         lease = slot.lease
         store = self.store
         journal = store.leased_journal(lease, before_append=lambda events: self._before_append(slot, events))
@@ -344,12 +351,15 @@ class Runner:
         # run's completion makes the attempt succeed in the same transaction: no commit of their own.
         journal.defer("prepare", "prepare")
         journal.succeed_on_completion = True
+        journal.hold_start = True  # run.started rides in the run's next commit (LeasedJournal): one commit fewer
         if isinstance(store, SqliteFleetStore):
             journal.claim_after = lambda tx: self._claim_after(store, tx)
         self._point(slot, "prepared", "")
         try:
             plan = resolve(parse_plan(lease.plan.encode(), f"request {lease.request_id}"), self.secrets)
-            runtime = Runtime(journal, adapters=self.registry, effects=self.config.effects, crash_hook=self._hook(slot))
+            runtime = Runtime(
+                journal, adapters=self.registry, effects=self.config.effects, crash_hook=self._hook(slot), rng=self.rng
+            )
         except (BadInput, StorageError) as exc:
             reason = f"cannot prepare: {exc}"
             return journal.reporting(
@@ -357,7 +367,7 @@ class Runner:
             )
         try:
             journal.defer("start", "start")
-            return self._drive(slot, runtime, plan, journal)
+            return self._drive(slot, runtime, plan, journal, loop)
         finally:
             slot.following = journal.claimed
             runtime.close()
@@ -375,7 +385,7 @@ class Runner:
             return []
         return store.claim_within(tx, self.runner_id, sorted(self.config.capabilities), self.config.lease_s, 1)
 
-    def _drive(self, slot: Slot, runtime: Runtime, plan: Plan, journal: LeasedJournal) -> str:
+    def _drive(self, slot: Slot, runtime: Runtime, plan: Plan, journal: LeasedJournal, loop: ReusedLoop) -> str:
         lease = slot.lease
         waits = 0
 
@@ -397,7 +407,7 @@ class Runner:
 
         while True:
             try:
-                outcome = runtime.run(plan)
+                outcome = runtime.run(plan, on=loop)
             except CancelObserved:
                 self._record_cancel(journal, lease)
                 return advance("cancel", op_key="final", reason="cancelled by an operator")
