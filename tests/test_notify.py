@@ -75,12 +75,15 @@ def dead_url() -> str:
         return f"http://127.0.0.1:{sock.getsockname()[1]}/hook"
 
 
-def effectlog(*args: str) -> subprocess.CompletedProcess[str]:
+def child_env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k != "EFFECTLOG_JOURNAL_KEY"}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(TESTS), env.get("PYTHONPATH", "")) if p)
-    return subprocess.run(
-        [sys.executable, "-m", "effectlog", *args], capture_output=True, text=True, timeout=90, check=False, env=env
-    )
+    return env
+
+
+def effectlog(*args: str) -> subprocess.CompletedProcess[str]:
+    argv = [sys.executable, "-m", "effectlog", *args]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=90, check=False, env=child_env())
 
 
 def write_plan(tmp: Path, run_id: str, step: dict[str, Any], adapters: dict[str, Any]) -> Path:
@@ -259,3 +262,39 @@ def test_a_suspended_runs_notification_carries_the_bound_approve_command_status_
     with SqliteJournal(journal) as opened:
         notify_new_waits([got.append], opened, journal, {"h1": opened.head("h1")[0] - 1})
     assert [stake[0]["command"]] == [n.command for n in got]
+
+
+def test_a_fleet_run_held_for_approval_notifies_a_command_bound_to_its_attempt_that_works(
+    receiver: Receiver, tmp_path: Path
+) -> None:
+    """`effectlog runner --notify-url`: a run held for approval is announced with the approve command bound
+    to the held attempt and call (`--attempt 1 --expect-digest D`, as `status` lists it); run as given (a
+    name filled in), it lets the waiting runner finish the request."""
+    import shlex
+    import time
+
+    from effectlog.fleet import open_store
+
+    store = str(tmp_path / "fleet.db")
+    plan = write_plan(tmp_path, "h9", HELD, NOOP)
+    assert 0 == effectlog("submit", str(plan), "--store", store, "--scope", "s", "--key", "k").returncode
+    argv = ["runner", "--store", store, "--exit-when-idle", "--poll-s", "0.01", "--notify-url", receiver.url]
+    runner = subprocess.Popen([sys.executable, "-m", "effectlog", *argv], env=child_env(), stderr=subprocess.PIPE)
+    try:
+        for _ in range(600):
+            if receiver.received or runner.poll() is not None:
+                break
+            time.sleep(0.05)
+        notes = [(n["kind"], n["run_id"], n["step_id"]) for n in receiver.received]
+        command = receiver.received[0]["command"] if receiver.received else ""
+        assert [("suspended", "h9", "pay")] == notes
+        assert (True, True) == (" --attempt 1 " in command, " --expect-digest " in command), command
+        decided = effectlog(*shlex.split(command.replace("NAME", "olga"))[1:])
+        assert 0 == decided.returncode, decided.stderr
+        assert 0 == runner.wait(timeout=60)
+    finally:
+        if runner.poll() is None:
+            runner.kill()
+            runner.wait()
+    with open_store(store) as s:
+        assert ["succeeded"] == [r.state for r in s.requests()]

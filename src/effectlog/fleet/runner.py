@@ -42,6 +42,7 @@ from effectlog.fleet.recovery import recover_once
 from effectlog.fleet.scheduler import waiting
 from effectlog.fleet.secrets import Provider, redact_all, resolve
 from effectlog.fleet.sqlite_store import SqliteFleetStore
+from effectlog.fold import StepState
 from effectlog.journal import Journal, load_run
 from effectlog.notify import Kind, Notification, cli_hooks, deliver, shown_location
 from effectlog.observe import requests_gauge, telemetry
@@ -430,21 +431,33 @@ class Runner:
                 return advance("fail", op_key="final", reason=outcome.message)
             waits += 1
             advance("await_decision", op_key=f"wait#{waits}", reason=outcome.message)
-            self._notify("suspended", lease.request_id, lease.attempt_no, plan.run_id, outcome.step_id, outcome.message)
+            held = load_run(journal, plan.run_id).step(outcome.step_id) if outcome.step_id and self.notifiers else None
+            self._notify(
+                "suspended", lease.request_id, lease.attempt_no, plan.run_id, outcome.step_id, outcome.message, held
+            )
             if not self._wait_for_decision(slot, journal, plan.run_id):
                 self._record_cancel(journal, lease)
                 return advance("cancel", op_key="final", reason="cancelled while waiting for a decision")
             advance("resume", op_key=f"resume#{waits}")
 
     def _notify(  # noqa: PLR0917 - one call site per occasion, each with all of them
-        self, kind: Kind, request_id: int, attempt_no: int, run_id: str, step_id: str | None, reason: str
+        self,
+        kind: Kind,
+        request_id: int,
+        attempt_no: int,
+        run_id: str,
+        step_id: str | None,
+        reason: str,
+        held: StepState | None = None,
     ) -> None:
-        """Tell a person a request waits for them (a failing hook is logged to stderr, the request goes on)."""
+        """Tell a person a request waits for them (a failing hook is logged to stderr, the request goes on).
+        A held step's approve command is bound to its attempt and call (``held``), as ``status`` lists it."""
         if not self.notifiers:
             return
         store = shown_location(self.config.store)
         if kind == "suspended" and step_id is not None:
-            command = approve_command(store, run_id, step_id)
+            bound = (held.args_digest, held.attempt) if held is not None else ("", None)
+            command = approve_command(store, run_id, step_id, *bound)
         else:
             command = (
                 f"effectlog operator requeue|fail|cancel --store {shlex.quote(store)} --request {request_id} "
