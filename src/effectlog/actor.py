@@ -85,10 +85,12 @@ class RunActor:
     # -- recording --------------------------------------------------------------------
 
     async def _record(self, *specs: EventSpec) -> None:
-        writer = self.rt.writer
-        events, new_state = prepare(self.state, specs, self.rt.clock())
+        rt = self.rt
+        writer = rt.writer
+        events, new_state = prepare(self.state, specs, rt.clock())
+        closed = new_state.closed
         # The batch that closes a run carries its seal, in the same transaction.
-        seal = seal_row(new_state) if writer.sealing and new_state.closed else None
+        seal = seal_row(new_state) if closed and writer.sealing else None
         changed = self._changed
         for event in events:
             if isinstance(event, ev.StepEvent):
@@ -108,10 +110,11 @@ class RunActor:
         self.events_written += len(events)
         if self.obs is not None:
             self.obs.recorded(events, began)
-        if self.rt.trace is not None:
+        trace = rt.trace
+        if trace is not None:
             for event in events:
-                self.rt.trace.record(event)
-            self.rt.trace.flush()
+                trace.record(event)
+            trace.flush()
 
     def _crash_point(self, point: str, step_id: str) -> None:
         if self.rt.crash_hook is not None:

@@ -151,6 +151,10 @@ _STEP_FIXED: dict[tuple[str, str], str] = {
 }
 
 
+# A new step's state after its first ``step.requested`` (``None`` if the spec gives it no fixed destination).
+_FIRST_REQUEST: str | None = _STEP_FIXED.get((_STEP.spec.initial, "step.requested"))
+
+
 def _admitted(run_state: str, tag: str) -> bool:
     key = (run_state, tag)
     known = _ADMITTED.get(key)
@@ -214,6 +218,15 @@ def _step_after(state: RunState, step: StepState | None, count: int, event: ev.S
     if state.kind == "plan" and sid not in state.plan_steps:
         raise _illegal(state, event, "step is not in the run's plan", sid)
     if step is None:
+        if type(event) is ev.StepRequested and event.attempt == 1 and _FIRST_REQUEST is not None:
+            # A new step's first request (every step's first event): the new step and the change below
+            # as one struct (the attempt check passed: a new step's attempt is 1; it was never approved).
+            return StepState(
+                step_id=sid, index=count, state=_FIRST_REQUEST, last_seq=event.seq, adapter=event.adapter,
+                kind=event.kind, idempotency_key=event.idempotency_key, idempotent=event.idempotent,
+                args_digest=event.args_digest, fingerprint=event.fingerprint, args=event.args,
+                requested_seq=event.seq,
+            )  # fmt: skip
         step = StepState(step_id=sid, index=count)
     if event.attempt != step.attempt:
         raise _illegal(state, event, f"{tag} for attempt {event.attempt}, current attempt is {step.attempt}", sid)

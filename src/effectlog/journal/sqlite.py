@@ -21,6 +21,7 @@ seals", so the schema version does not change.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import sqlite3
 import time
@@ -41,7 +42,7 @@ from effectlog.errors import (
     SequenceGap,
     StorageError,
 )
-from effectlog.events import Event, encode, index_columns
+from effectlog.events import PLAIN_STEP_PHASE, Event, encode_direct
 from effectlog.fold import Record, Row
 from effectlog.journal import checkpoint, filelocks, sidecars
 from effectlog.journal.bindings import check_binding, lease_holder
@@ -155,12 +156,15 @@ class SqliteJournal:
         checkpoint it into the file now, and write no more under a name that is gone."""
         assert self._file is not None
         try:  # _moved, inline: this runs before every commit
-            st = os.stat(self.path)
-            if st.st_ino == self._file.key[1] and st.st_dev == self._file.key[0]:
-                self._refuse_if_wal_lost()
-                return
+            st: os.stat_result | None = os.stat(self.path)
         except OSError:
-            pass
+            st = None
+        key = self._file.key
+        if st is not None and st.st_ino == key[1] and st.st_dev == key[0]:
+            wal = self._wal  # _refuse_if_wal_lost, inline
+            if wal is None or not wal.lost():
+                return
+            raise self._wal_lost()
         with contextlib.suppress(sqlite3.Error):
             self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         raise JournalAliased(
@@ -177,7 +181,10 @@ class SqliteJournal:
         is gone or another file refuses every later commit (``walwatch``, shared with the effect store)."""
         if self._wal is None or not self._wal.lost():
             return
-        raise JournalWalLost(
+        raise self._wal_lost()
+
+    def _wal_lost(self) -> JournalWalLost:
+        return JournalWalLost(
             f"{self.location}: the journal's WAL was removed or replaced by another process while this one had "
             "it open (this process's SQLite locks on the file were dropped: something in it opened and closed "
             "the journal file); nothing more is written by this process: run the command again"
@@ -499,7 +506,7 @@ class SqliteJournal:
         heads: dict[str, tuple[int, bytes]] = {}
         out: list[Record] = []
         named: list[Claim] = []
-        encoded = list(map(encode, events))
+        encoded = list(map(encode_direct, events))
         shared = self._file
         try:
             shared.enter(self.location, self.busy_timeout_s)  # the writers' gate (filelocks), left below
@@ -515,10 +522,15 @@ class SqliteJournal:
                         db.execute("COMMIT")
                         return out
                     named = self._write_owner_rows(events) if self._unnamed else []
-                    link, insert, columns = self.chain.link, cursor.execute, index_columns  # the hot path: bound once
+                    # The hot path, bound once: an unkeyed chain's link without its Python frame (as fold_rows
+                    # does), the claimed runs' cached heads (``head``'s first look), and the row's index
+                    # columns by type (``events.index_columns``, inline: a dict lookup instead of a call).
+                    chain, sha256 = self.chain, hashlib.sha256
+                    link, keyed = chain.link, chain.key is not None
+                    insert, plain, cached = cursor.execute, PLAIN_STEP_PHASE, self._heads
                     for event, body in zip(events, encoded, strict=True):
                         run_id, seq = event.run_id, event.seq
-                        last_seq, last_hash = heads.get(run_id) or self.head(run_id)
+                        last_seq, last_hash = heads.get(run_id) or cached.get(run_id) or self.head(run_id)
                         if seq <= last_seq:
                             out.append(self._existing(run_id, seq, body))
                             continue
@@ -526,12 +538,17 @@ class SqliteJournal:
                             raise SequenceGap(
                                 f"append expected seq {last_seq + 1}, got {seq}", run_id=run_id, seq=seq
                             )
-                        digest = link(last_hash, body)
+                        digest = link(last_hash, body) if keyed else sha256(last_hash + body).digest()
+                        phase = plain.get(type(event))
                         try:
-                            step_key, phase, attempt = columns(event)
                             # bytearray, not bytes: sqlite3 looks each bytes parameter up in its adapter
                             # registry (two failed attribute lookups, one formatting an error message it
                             # drops); a bytearray is bound as the same BLOB without that (tests/test_sqlite_blobs.py).
+                            if phase is not None:  # a plain step event: its columns are these fields
+                                step: Any = event
+                                step_key, attempt = step.step_id, step.attempt
+                            else:
+                                step_key, phase, attempt = event.step_key, event.phase, event.attempt_no
                             insert(INSERT, (run_id, seq, step_key, phase, attempt, bytearray(body), bytearray(digest)))
                         except sqlite3.IntegrityError:
                             raise self._dedup_conflict(event) from None
