@@ -77,6 +77,23 @@ from effectlog.journal.sqlite_schema import (
 )
 from effectlog.journal.walwatch import WalWatch
 
+# ``_append_owned``'s statements: ``INSERT`` with one ``VALUES`` tuple per row, for batches of up to this
+# many rows (a group commit of 32 runs holds at most 64), built once per size.
+_MAX_ROWS_PER_STATEMENT = 64
+_INSERT_ROWS: dict[int, str | None] = {}
+
+
+def _insert_rows(count: int) -> str | None:
+    """``INSERT`` for ``count`` rows in one statement; ``None`` past the limit or if ``INSERT`` is not
+    one ``VALUES (...)`` tuple (then every batch goes through ``_transact``)."""
+    sql = _INSERT_ROWS.get(count)
+    if sql is None and count not in _INSERT_ROWS:
+        head, found, values = INSERT.partition(" VALUES ")
+        plain = found and values.startswith("(") and values.endswith(")") and values.count("(") == 1
+        sql = f"{head} VALUES {', '.join([values] * count)}" if plain and 0 < count <= _MAX_ROWS_PER_STATEMENT else None
+        _INSERT_ROWS[count] = sql
+    return sql
+
 
 class SqliteJournal:
     """A journal in one SQLite file. ``writer=False`` opens it read-only (it must exist)."""
@@ -464,6 +481,10 @@ class SqliteJournal:
             if event.run_id not in claims:
                 break
         else:
+            if not seals and not checkpoints and not self._unnamed and self.before_commit is None:
+                done = self._append_owned(events)
+                if done is not None:
+                    return done
             if (not seals or all(seal[0] in claims for seal in seals)) and (
                 not checkpoints or all(row[0] in claims for row in checkpoints)
             ):
@@ -489,6 +510,64 @@ class SqliteJournal:
         if not events:
             return []
         return self._transact(events, (), fence=fence)
+
+    def _append_owned(self, events: Sequence[Event]) -> list[Record] | None:
+        """A plain batch of claimed runs (each event its run's next, no seal, segment or owner row, no test
+        hook) as one ``INSERT`` of all its rows, in autocommit: one statement is one transaction, atomic as
+        ``BEGIN IMMEDIATE`` + inserts + ``COMMIT`` (a statement that writes takes the write lock as
+        ``BEGIN IMMEDIATE`` does, through the same busy handler), with the same gate, the same moved-file
+        and WAL checks before it, and the same rows; two statements fewer per commit (about 10k
+        instructions each, BEGIN's and COMMIT's own in Python's sqlite3 and SQLite's VDBE).
+
+        ``None``: not such a batch, or the insert was refused (rolled back with its statement, so nothing
+        was written): ``_transact`` then appends it or names the refusal, as it does for every batch."""
+        sql = _insert_rows(len(events))
+        if sql is None:
+            return None
+        cached = self._heads
+        heads: dict[str, tuple[int, bytes]] = {}
+        params: list[Any] = []
+        out: list[Record] = []
+        chain, sha256, plain = self.chain, hashlib.sha256, PLAIN_STEP_PHASE
+        link, keyed = chain.link, chain.key is not None
+        for event, body in zip(events, map(encode_direct, events), strict=True):
+            run_id, seq = event.run_id, event.seq
+            head = heads.get(run_id) or cached.get(run_id)
+            if head is None or seq != head[0] + 1:
+                return None  # a head not known yet, a repeat or a gap: _transact's cases
+            digest = link(head[1], body) if keyed else sha256(head[1] + body).digest()
+            phase = plain.get(type(event))
+            if phase is not None:  # a plain step event: its columns are these fields (``index_columns``)
+                step: Any = event
+                step_key, attempt = step.step_id, step.attempt
+            else:
+                step_key, phase, attempt = event.step_key, event.phase, event.attempt_no
+            # bytearray, not bytes: see _transact
+            params += (run_id, seq, step_key, phase, attempt, bytearray(body), bytearray(digest))
+            heads[run_id] = (seq, digest)
+            out.append(Record(run_id, seq, body, digest))
+        shared, db = self._file, self._db
+        assert shared is not None
+        try:
+            shared.enter(self.location, self.busy_timeout_s)  # the writers' gate (filelocks)
+            try:
+                self._refuse_if_moved()
+                if db.in_transaction:
+                    return None  # a transaction is open on this connection: the statement would join it
+                try:
+                    self._cursor.execute(sql, params)
+                except sqlite3.IntegrityError:
+                    return None  # a duplicate: nothing written; _transact names the row
+                except BaseException:
+                    if db.in_transaction:
+                        db.execute("ROLLBACK")
+                    raise
+            finally:
+                shared.leave()
+        except sqlite3.Error as exc:
+            raise translate(exc, self.location) from None
+        cached.update(heads)  # every run of the batch is claimed here (the caller's condition)
+        return out
 
     def _transact(
         self,
