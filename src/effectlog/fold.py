@@ -135,8 +135,10 @@ def apply(state: RunState, event: ev.Event) -> RunState:
             f"expected seq {state.seq + 1}, found {event.seq}", run_id=state.run_id, seq=event.seq, step_id=sid
         )
     tag = _TAG_OF.get(type(event)) or ev.tag_of(event)
-    if isinstance(event, ev.StepEvent):
-        return _apply_step(state, event, tag)
+    if isinstance(event, ev.StepEvent):  # (no frame of its own: the live path applies every event here)
+        steps, sid = state.steps, event.step_id
+        new_step = _step_after(state, steps.get(sid), len(steps), event, tag)
+        return _replace(state, seq=event.seq, updated_ts=event.ts, steps=steps.set(sid, new_step))
     return _apply_run(state, event, tag)
 
 
@@ -201,12 +203,6 @@ def _apply_run(state: RunState, event: ev.Event, tag: str) -> RunState:
                 raise _illegal(state, event, f"run.completed with unfinished steps: {sorted(missing)}")
         changes.update(result=event.result)
     return _replace(state, **changes)
-
-
-def _apply_step(state: RunState, event: ev.StepEvent, tag: str) -> RunState:
-    steps = state.steps
-    new_step = _step_after(state, steps.get(event.step_id), len(steps), event, tag)
-    return _replace(state, seq=event.seq, updated_ts=event.ts, steps=steps.set(event.step_id, new_step))
 
 
 def _step_after(state: RunState, step: StepState | None, count: int, event: ev.StepEvent, tag: str) -> StepState:
