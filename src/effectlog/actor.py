@@ -252,7 +252,7 @@ class RunActor:
     async def _drive_step(self, decl: StepDecl) -> RunOutcome | None:
         sid = decl.id
         while True:
-            step = self.state.step(sid)
+            step = self.state.steps.get(sid)  # (``RunState.step``, without its frame: once per step)
             action = decide(step)
             if action is Action.SKIP:
                 return None
@@ -280,7 +280,8 @@ class RunActor:
                         },
                     )
                 )
-                self._crash_point("after_request", sid)
+                if self.rt.crash_hook is not None:  # (``_crash_point``, inline on the per-step path)
+                    self._crash_point("after_request", sid)
                 return await self._invoke(decl)
             if action is Action.RESEND:
                 assert step is not None
@@ -420,12 +421,12 @@ class RunActor:
         idempotent = self.plan.adapters[decl.adapter].idempotent
         max_sends = decl.retry.attempts if decl.retry is not None else 1
         sends = 1
-        entry = self.state.step(sid)
+        entry = self.state.steps.get(sid)
         # "Not applied" is definite only if no send of this attempt had an unknown outcome: a send
         # lost to a crash (a resume resends) or to a timeout may still land after a later refusal.
         every_send_refused = entry is not None and entry.resends == 0
         while True:
-            step = self.state.step(sid)
+            step = self.state.steps.get(sid)
             assert step is not None
             request = Request(
                 run_id=self.plan.run_id,
@@ -485,7 +486,8 @@ class RunActor:
                     (ev.RunStopped, {"step_id": sid, "reason": "uncertain effect"}),
                 )
                 return self._blocked_outcome(Action.STOP_UNCERTAIN, sid, why=reason)
-            self._crash_point("after_effect", sid)
+            if self.rt.crash_hook is not None:
+                self._crash_point("after_effect", sid)
             if not receipt.ok:
                 await self._record(
                     (ev.StepEffected, {"step_id": sid, "attempt": step.attempt, "receipt": receipt.data, "ok": False}),
@@ -495,7 +497,8 @@ class RunActor:
                 (ev.StepEffected, {"step_id": sid, "attempt": step.attempt, "receipt": receipt.data}),
                 (ev.StepConfirmed, {"step_id": sid, "attempt": step.attempt}),
             )
-            self._crash_point("after_confirm", sid)
+            if self.rt.crash_hook is not None:
+                self._crash_point("after_confirm", sid)
             return None
 
     async def _interrupted_in_tool(self, decl: StepDecl, attempt: int, reason: str, *, idempotent: bool) -> RunOutcome:

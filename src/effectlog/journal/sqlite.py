@@ -521,7 +521,8 @@ class SqliteJournal:
 
         ``None``: not such a batch, or the insert was refused (rolled back with its statement, so nothing
         was written): ``_transact`` then appends it or names the refusal, as it does for every batch."""
-        sql = _insert_rows(len(events))
+        count = len(events)
+        sql = _INSERT_ROWS.get(count) or _insert_rows(count)
         if sql is None:
             return None
         cached = self._heads
