@@ -567,7 +567,10 @@ class SqliteJournal:
                 shared.leave()
         except sqlite3.Error as exc:
             raise translate(exc, self.location) from None
-        cached.update(heads)  # every run of the batch is claimed here (the caller's condition)
+        claims = self._claims
+        for run_id, head in heads.items():
+            if run_id in claims:  # (all were when the batch began; as _transact, trust no released run's head)
+                cached[run_id] = head
         return out
 
     def _transact(
