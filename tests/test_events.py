@@ -223,3 +223,20 @@ def test_index_columns_are_the_properties(cls: type[ev.Event], data: st.DataObje
     expected = (event.step_key, event.phase, event.attempt_no)
     assert expected == ev.index_columns(event)
     assert expected == ev.index_columns(event)  # the second call reads the per-type cache
+
+
+@by_type
+@given(data=st.data())
+def test_plain_step_phase_gives_the_properties(cls: type[ev.Event], data: st.DataObject) -> None:
+    """The SQLite append's inline form of ``index_columns`` (``PLAIN_STEP_PHASE``: a type's fixed phase,
+    then the event's ``step_id`` and ``attempt``; else the properties) gives the row's dedup key the
+    properties give, for every event type, and knows every type up front (no lazy fill on the hot path)."""
+    event = data.draw(EVENT_STRATEGIES[cls])
+    assert cls in ev.PLAIN_STEP_PHASE
+    phase = ev.PLAIN_STEP_PHASE[cls]
+    inline = (
+        (event.step_id, phase, event.attempt)  # type: ignore[attr-defined]
+        if phase is not None
+        else (event.step_key, event.phase, event.attempt_no)
+    )
+    assert (event.step_key, event.phase, event.attempt_no) == inline

@@ -85,10 +85,12 @@ class RunActor:
     # -- recording --------------------------------------------------------------------
 
     async def _record(self, *specs: EventSpec) -> None:
-        writer = self.rt.writer
-        events, new_state = prepare(self.state, specs, self.rt.clock())
+        rt = self.rt
+        writer = rt.writer
+        events, new_state = prepare(self.state, specs, rt.clock())
+        closed = new_state.closed
         # The batch that closes a run carries its seal, in the same transaction.
-        seal = seal_row(new_state) if writer.sealing and new_state.closed else None
+        seal = seal_row(new_state) if closed and writer.sealing else None
         changed = self._changed
         for event in events:
             if isinstance(event, ev.StepEvent):
@@ -108,10 +110,11 @@ class RunActor:
         self.events_written += len(events)
         if self.obs is not None:
             self.obs.recorded(events, began)
-        if self.rt.trace is not None:
+        trace = rt.trace
+        if trace is not None:
             for event in events:
-                self.rt.trace.record(event)
-            self.rt.trace.flush()
+                trace.record(event)
+            trace.flush()
 
     def _crash_point(self, point: str, step_id: str) -> None:
         if self.rt.crash_hook is not None:
@@ -249,7 +252,7 @@ class RunActor:
     async def _drive_step(self, decl: StepDecl) -> RunOutcome | None:
         sid = decl.id
         while True:
-            step = self.state.step(sid)
+            step = self.state.steps.get(sid)  # (``RunState.step``, without its frame: once per step)
             action = decide(step)
             if action is Action.SKIP:
                 return None
@@ -277,7 +280,8 @@ class RunActor:
                         },
                     )
                 )
-                self._crash_point("after_request", sid)
+                if self.rt.crash_hook is not None:  # (``_crash_point``, inline on the per-step path)
+                    self._crash_point("after_request", sid)
                 return await self._invoke(decl)
             if action is Action.RESEND:
                 assert step is not None
@@ -417,12 +421,12 @@ class RunActor:
         idempotent = self.plan.adapters[decl.adapter].idempotent
         max_sends = decl.retry.attempts if decl.retry is not None else 1
         sends = 1
-        entry = self.state.step(sid)
+        entry = self.state.steps.get(sid)
         # "Not applied" is definite only if no send of this attempt had an unknown outcome: a send
         # lost to a crash (a resume resends) or to a timeout may still land after a later refusal.
         every_send_refused = entry is not None and entry.resends == 0
         while True:
-            step = self.state.step(sid)
+            step = self.state.steps.get(sid)
             assert step is not None
             request = Request(
                 run_id=self.plan.run_id,
@@ -482,7 +486,8 @@ class RunActor:
                     (ev.RunStopped, {"step_id": sid, "reason": "uncertain effect"}),
                 )
                 return self._blocked_outcome(Action.STOP_UNCERTAIN, sid, why=reason)
-            self._crash_point("after_effect", sid)
+            if self.rt.crash_hook is not None:
+                self._crash_point("after_effect", sid)
             if not receipt.ok:
                 await self._record(
                     (ev.StepEffected, {"step_id": sid, "attempt": step.attempt, "receipt": receipt.data, "ok": False}),
@@ -492,7 +497,8 @@ class RunActor:
                 (ev.StepEffected, {"step_id": sid, "attempt": step.attempt, "receipt": receipt.data}),
                 (ev.StepConfirmed, {"step_id": sid, "attempt": step.attempt}),
             )
-            self._crash_point("after_confirm", sid)
+            if self.rt.crash_hook is not None:
+                self._crash_point("after_confirm", sid)
             return None
 
     async def _interrupted_in_tool(self, decl: StepDecl, attempt: int, reason: str, *, idempotent: bool) -> RunOutcome:

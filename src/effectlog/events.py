@@ -283,6 +283,10 @@ def encode(event: Event) -> bytes:
     return _encoder.encode(event)
 
 
+# ``encode`` itself, the encoder's bound method: what the append paths ``map`` over a batch (no Python frame per event).
+encode_direct = _encoder.encode
+
+
 def decode(data: bytes) -> AnyEvent:
     """Typed decode; raises ``msgspec.ValidationError``/``DecodeError`` on bad bytes."""
     return _decoder.decode(data)
@@ -315,6 +319,11 @@ def index_columns(event: Event) -> tuple[str, str, int]:
     if tag is not None:
         return event.step_id, tag, event.attempt  # type: ignore[attr-defined]
     return event.step_key, event.phase, event.attempt_no
+
+
+# ``_PLAIN_STEP_ROW`` filled for every event type up front: the append path looks a type up in it inline
+# (one dict lookup instead of a call of ``index_columns``); a type not in it (a subclass) asks its properties.
+PLAIN_STEP_PHASE: dict[type[Event], str | None] = {cls: _plain_step_phase(cls) for cls in EVENT_TYPES}
 
 
 def tag_of(event: Event) -> str:

@@ -135,8 +135,10 @@ def apply(state: RunState, event: ev.Event) -> RunState:
             f"expected seq {state.seq + 1}, found {event.seq}", run_id=state.run_id, seq=event.seq, step_id=sid
         )
     tag = _TAG_OF.get(type(event)) or ev.tag_of(event)
-    if isinstance(event, ev.StepEvent):
-        return _apply_step(state, event, tag)
+    if isinstance(event, ev.StepEvent):  # (no frame of its own: the live path applies every event here)
+        steps, sid = state.steps, event.step_id
+        new_step = _step_after(state, steps.get(sid), len(steps), event, tag)
+        return _replace(state, seq=event.seq, updated_ts=event.ts, steps=steps.set(sid, new_step))
     return _apply_run(state, event, tag)
 
 
@@ -149,6 +151,10 @@ _ADMITTED: dict[tuple[str, str], bool] = {}
 _STEP_FIXED: dict[tuple[str, str], str] = {
     key: dests[None] for key, (by, dests) in _STEP.table.items() if by is None
 }
+
+
+# A new step's state after its first ``step.requested`` (``None`` if the spec gives it no fixed destination).
+_FIRST_REQUEST: str | None = _STEP_FIXED.get((_STEP.spec.initial, "step.requested"))
 
 
 def _admitted(run_state: str, tag: str) -> bool:
@@ -199,12 +205,6 @@ def _apply_run(state: RunState, event: ev.Event, tag: str) -> RunState:
     return _replace(state, **changes)
 
 
-def _apply_step(state: RunState, event: ev.StepEvent, tag: str) -> RunState:
-    steps = state.steps
-    new_step = _step_after(state, steps.get(event.step_id), len(steps), event, tag)
-    return _replace(state, seq=event.seq, updated_ts=event.ts, steps=steps.set(event.step_id, new_step))
-
-
 def _step_after(state: RunState, step: StepState | None, count: int, event: ev.StepEvent, tag: str) -> StepState:
     """The step's state after ``event`` (``count``: how many steps the run has seen). Reads only the
     run-level fields of ``state``, so the replay-only fold (``replay_fast``) shares it unchanged."""
@@ -214,6 +214,15 @@ def _step_after(state: RunState, step: StepState | None, count: int, event: ev.S
     if state.kind == "plan" and sid not in state.plan_steps:
         raise _illegal(state, event, "step is not in the run's plan", sid)
     if step is None:
+        if type(event) is ev.StepRequested and event.attempt == 1 and _FIRST_REQUEST is not None:
+            # A new step's first request (every step's first event): the new step and the change below
+            # as one struct (the attempt check passed: a new step's attempt is 1; it was never approved).
+            return StepState(
+                step_id=sid, index=count, state=_FIRST_REQUEST, last_seq=event.seq, adapter=event.adapter,
+                kind=event.kind, idempotency_key=event.idempotency_key, idempotent=event.idempotent,
+                args_digest=event.args_digest, fingerprint=event.fingerprint, args=event.args,
+                requested_seq=event.seq,
+            )  # fmt: skip
         step = StepState(step_id=sid, index=count)
     if event.attempt != step.attempt:
         raise _illegal(state, event, f"{tag} for attempt {event.attempt}, current attempt is {step.attempt}", sid)

@@ -36,8 +36,12 @@ class WalWatch:
         """Whether the WAL was removed or replaced since it was first seen (then nothing more may be
         committed through this connection). No WAL yet when first looked at: the first one that
         appears is this connection's."""
-        found = _identity(self._wal)
-        if self._seen is None:
-            self._seen = found
+        seen = self._seen
+        try:  # (``_identity``, inline: this runs before every commit)
+            st = os.stat(self._wal)
+        except OSError:
+            return seen is not None  # gone (a WAL first seen missing is not this connection's yet)
+        if seen is None:
+            self._seen = st.st_dev, st.st_ino
             return False
-        return found != self._seen
+        return st.st_ino != seen[1] or st.st_dev != seen[0]
