@@ -66,7 +66,9 @@ def test_a_duplicate_in_a_plain_batch_writes_nothing_and_is_named_as_before(tmp_
 
 
 # Claims its run, says so, waits for "go", then appends its history two events at a time and tries to
-# claim the other process's run half-way (which must be refused: its owner is alive and appending).
+# claim the other process's run half-way (which must be refused: its owner is alive and holds it), says
+# what happened, and keeps its own claim until told "close" (so the other's try never meets a run whose
+# owner already finished and let go, which a loaded machine made happen).
 RACER = """
 import os, sys
 from effectlog.errors import RunOwned
@@ -88,8 +90,9 @@ for i in range(1, len(history), 2):
             journal.claim(theirs)
         except RunOwned:
             refused = True
-journal.close()
 print("refused" if refused else "TAKEN", flush=True)
+sys.stdin.readline()
+journal.close()
 """
 
 
@@ -115,7 +118,12 @@ def test_two_processes_appending_plain_batches_at_once_lose_nothing_and_never_sh
         assert racer.stdin is not None
         racer.stdin.write("go\n")
         racer.stdin.flush()
-    said = [racer.communicate(timeout=120)[0].strip() for racer in racers]
+    said = []
+    for racer in racers:
+        assert racer.stdout is not None
+        said.append(racer.stdout.readline().strip())
+    for racer in racers:
+        racer.communicate("close\n", timeout=120)
     assert ["refused", "refused"] == said
     with SqliteJournal(path, writer=False) as journal:
         for run_id in ("a", "b"):
