@@ -1,0 +1,96 @@
+"""Round-8 attacks: the code that changed for speed (the SQLite fleet store and journal sharing one
+connection, the claim carried in a run's last commit, the one-statement lease fence, PostgreSQL's
+``claim_next`` function), the attempt-bound decisions, and the general classes with new cases. Each
+test is one suspicion, a failing reproduction first where it found a defect, kept as a regression
+test where it found none. Real SQLite files, real processes (``python -m effectlog`` or a child
+interpreter running a real ``Runner``)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from hardening_kit import cli_env
+
+# -- 1. an application's span processor that raises on the fleet's own spans ------------------------
+
+_FLEET_WITH_RAISING_PROCESSOR = textwrap.dedent(
+    """
+    import itertools, json, os, sys, threading
+    from pathlib import Path
+    import msgspec
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SpanProcessor
+    from effectlog.fleet import open_store
+    from effectlog.fleet.runner import Runner, RunnerConfig
+    from effectlog.plan import parse_plan
+
+    where, name, nth = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+    seen = itertools.count(1)
+
+    class Raises(SpanProcessor):
+        def on_start(self, span, parent_context=None):
+            if span.name == name and next(seen) == nth:
+                raise RuntimeError("collector down")
+
+    provider = TracerProvider()
+    provider.add_span_processor(Raises())
+    trace.set_tracer_provider(provider)
+
+    def hung():  # the defect's shape: the runner never returns; say what the store holds and stop
+        with open_store(str(where / "s.db")) as look:
+            print(json.dumps({"rc": "hung", "states": [r.state for r in look.requests()]}), flush=True)
+        os._exit(9)
+
+    threading.Timer(30, hung).start()
+    store = open_store(str(where / "s.db"))
+    for i in (1, 2):
+        plan = {"run_id": f"r{i}", "adapters": {"c": {"type": "effects.control"}},
+                "steps": [{"id": "s", "adapter": "c", "args": {"n": i}}]}
+        store.submit("t", f"k{i}", parse_plan(msgspec.json.encode(plan)))
+    config = RunnerConfig(
+        store=str(where / "s.db"), effects=str(where / "e.db"), exit_when_idle=True, recover=False, poll_s=0.1
+    )
+    try:
+        rc = Runner(config, store).serve()
+    except BaseException as exc:
+        rc = f"{type(exc).__name__}: {exc}"
+    print(json.dumps({"rc": rc, "states": [r.state for r in store.requests()]}), flush=True)
+    os._exit(0)
+    """
+)
+
+
+@pytest.mark.parametrize(
+    ("span", "nth"),
+    [("effectlog.fleet.claim", 1), ("effectlog.fleet.claim", 2), ("effectlog.fleet.attempt", 1)],
+    ids=["claim", "carried-claim", "attempt"],
+)
+def test_a_span_processor_that_raises_on_a_fleet_span_loses_no_request_and_hangs_no_runner(
+    tmp_path: Path, span: str, nth: int
+) -> None:
+    """Round 7 made the run's and the tool's spans report-only; the runner's own spans were not. An
+    application's span processor raising when ``effectlog.fleet.claim`` starts crashed the runner's main
+    loop with the request just leased (left leased until its lease ran out, then counted as an automatic
+    requeue); raising for the claim carried in a run's last commit killed the attempt thread inside its
+    ``finally``: the next request stayed leased and never ran, the finished attempt's slot stayed busy
+    for good, and the runner never exited (not even on SIGTERM); raising when ``effectlog.fleet.attempt``
+    starts, every request the runner leased was abandoned unreported ("error") and the runner went on
+    to lease the next. Telemetry is a report, never an outcome. Proves: both requests succeed, the
+    runner returns 0."""
+    proc = subprocess.run(
+        [sys.executable, "-c", _FLEET_WITH_RAISING_PROCESSOR, str(tmp_path), span, str(nth)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env=cli_env(),
+    )
+    lines = proc.stdout.strip().splitlines() or ["{}"]
+    assert {"rc": 0, "states": ["succeeded", "succeeded"]} == json.loads(lines[-1]), proc.stderr[-1500:]
