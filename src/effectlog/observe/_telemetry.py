@@ -223,9 +223,12 @@ class Telemetry:
             NS + "fleet.runner_id": runner_id,
             NS + "run.id": run_id,
         }
-        with reporting_only("the effectlog.fleet.claim span"):
-            with self.tracer.start_as_current_span(NS + "fleet.claim", attributes={**attrs, NS + "attempt": attempt}):
-                self.claims.add(1, {NS + "fleet.runner_id": runner_id})
+        attrs[NS + "attempt"] = attempt
+        with (
+            reporting_only("the effectlog.fleet.claim span"),
+            self.tracer.start_as_current_span(NS + "fleet.claim", attributes=attrs),
+        ):
+            self.claims.add(1, {NS + "fleet.runner_id": runner_id})
 
     def attempt(self, request_id: int, runner_id: str, run_id: str, attempt: int, call: Callable[[], str]) -> str:
         """``call()`` (the attempt) inside the ``fleet.attempt`` span; the span is report-only, the attempt is not."""
