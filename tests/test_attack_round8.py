@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from hardening_kit import cli_env
+from hardening_kit import cli_env, effectlog, one_line
 
 # -- 1. an application's span processor that raises on the fleet's own spans ------------------------
 
@@ -94,3 +94,24 @@ def test_a_span_processor_that_raises_on_a_fleet_span_loses_no_request_and_hangs
     )
     lines = proc.stdout.strip().splitlines() or ["{}"]
     assert {"rc": 0, "states": ["succeeded", "succeeded"]} == json.loads(lines[-1]), proc.stderr[-1500:]
+
+
+# -- 2. approve --expires-in that is no number of seconds --------------------------------------------
+
+
+@pytest.mark.parametrize("seconds", ["inf", "nan", "1e300", "-0"])
+def test_approve_expires_in_that_is_no_time_is_refused_in_one_line(tmp_path: Path, seconds: str) -> None:
+    """``approve --expires-in S`` checked only ``S <= 0``: ``nan`` passed it and ``inf`` (or anything past
+    about 1.8e299, whose nanoseconds overflow to infinity) too, and ``int(S * 1e9)`` then raised out of the
+    command as a traceback with exit 1. Proves: each is refused as bad input (exit 2) in one line naming
+    the flag, and the held step stays held (nothing written)."""
+    from console_kit import Setup, held_plan
+
+    setup = Setup(tmp_path)
+    setup.run(held_plan("h1"), 4)
+    before = setup.timeline("h1")
+    done = effectlog(
+        "approve", "--journal", setup.journal, "--run-id", "h1", "--step", "refund", "--by", "olga",
+        f"--expires-in={seconds}", cwd=tmp_path,
+    )  # fmt: skip
+    assert (2, True, before) == (done.returncode, "--expires-in" in one_line(done.stderr), setup.timeline("h1"))
