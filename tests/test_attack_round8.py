@@ -115,3 +115,52 @@ def test_approve_expires_in_that_is_no_time_is_refused_in_one_line(tmp_path: Pat
         f"--expires-in={seconds}", cwd=tmp_path,
     )  # fmt: skip
     assert (2, True, before) == (done.returncode, "--expires-in" in one_line(done.stderr), setup.timeline("h1"))
+
+
+# -- 3. command-line text that is not UTF-8 ----------------------------------------------------------
+
+_NOT_UTF8 = "\udcff"  # how Python decodes the byte 0xff of an argument (surrogateescape), as from a shell's $'\xff'
+
+
+@pytest.mark.parametrize(
+    ("flag", "argv"),
+    [
+        ("--by", ["approve", "--journal", "J", "--run-id", "h1", "--step", "refund", "--by", f"olga{_NOT_UTF8}"]),
+        (
+            "--reason",
+            ["deny", "--journal", "J", "--run-id", "h1", "--step", "refund", "--by", "olga", "--reason", _NOT_UTF8],
+        ),
+        ("--effects", ["run", "P", "--journal", "J", "--effects", f"e{_NOT_UTF8}.db"]),
+        ("--scope", ["submit", "--store", "S", "--scope", _NOT_UTF8, "--key", "k", "P"]),
+        ("--requires", ["submit", "--store", "S", "--scope", "t", "--key", "k", "--requires", _NOT_UTF8, "P"]),
+        ("--runner-id", ["runner", "--store", "S", "--exit-when-idle", "--runner-id", f"r{_NOT_UTF8}"]),
+    ],
+    ids=["approve-by", "deny-reason", "run-effects", "submit-scope", "submit-requires", "runner-id"],
+)
+def test_an_argument_that_is_not_utf8_is_refused_in_one_line_and_writes_nothing(
+    tmp_path: Path, flag: str, argv: list[str]
+) -> None:
+    """A byte that is not UTF-8 in an argument (a shell's ``$'\\xff'``, a name pasted from a Latin-1
+    file) reaches Python as a lone surrogate. Names and reasons are recorded as UTF-8 text, so
+    ``approve --by``/``deny --reason`` (the decision event), ``run --effects`` (the store's path pinned
+    in ``run.started``), ``submit --scope/--requires`` and ``runner --runner-id`` (fleet rows) raised
+    ``UnicodeEncodeError`` out of the command: a traceback with exit 1 (the runner's after opening the
+    store, in its first claim). Proves: each is refused as bad input (exit 2) in one line naming the
+    flag; the held run and the fleet store are unchanged."""
+    from console_kit import Setup, held_plan
+
+    setup = Setup(tmp_path)
+    setup.run(held_plan("h1"), 4)
+    store = tmp_path / "s.db"
+    plan = tmp_path / "q.json"
+    plan.write_text(json.dumps({**held_plan("q1"), "steps": [{"id": "s", "adapter": "payments", "args": {"n": 1}}]}))
+    assert (
+        0
+        == effectlog("submit", "--store", str(store), "--scope", "t", "--key", "q", str(plan), cwd=tmp_path).returncode
+    )
+    before = (setup.timeline("h1"), store.read_bytes())
+    swap = {"J": setup.journal, "S": str(store), "P": str(plan)}
+    done = effectlog(*[swap.get(a, a) for a in argv], cwd=tmp_path)
+    line = one_line(done.stderr)
+    assert (2, True) == (done.returncode, flag in line), line
+    assert before == (setup.timeline("h1"), store.read_bytes())
