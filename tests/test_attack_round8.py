@@ -164,3 +164,28 @@ def test_an_argument_that_is_not_utf8_is_refused_in_one_line_and_writes_nothing(
     line = one_line(done.stderr)
     assert (2, True) == (done.returncode, flag in line), line
     assert before == (setup.timeline("h1"), store.read_bytes())
+
+
+# -- 4. the attempt a console decision is bound to, given as a digit that is no number ---------------
+
+
+@pytest.mark.parametrize("attempt", ["\u00b2", "\u2460", "0", "-1", "2147483648", "1.0"])
+def test_a_decision_bound_to_an_attempt_that_is_no_whole_number_is_bad_input(tmp_path: Path, attempt: str) -> None:
+    """The console's decisions take the attempt the page showed (a hidden field, or ``attempt`` in the
+    API's body) and check it with ``str.isdigit()``, which is true for superscripts and circled
+    digits (``²``, ``①``) that ``int()`` refuses: the ValueError left the API as a 500 "internal
+    error" instead of its 400. Proves: every attempt that is not a whole number above 0 is a 400
+    ``bad_input`` and nothing is written."""
+    import httpx
+
+    from console_kit import TOKENS, Setup, console
+
+    setup = Setup(tmp_path)
+    setup.uncertain()
+    before = setup.timeline("charge-1")
+    auth = {"Authorization": "Bearer " + TOKENS["olga"]}
+    body = {"outcome": "applied", "evidence": "psp: paid", "attempt": attempt}
+    with console(setup) as base:
+        done = httpx.post(base + "/api/runs/charge-1/steps/charge/reconcile", headers=auth, json=body, timeout=30)
+    code = done.json().get("code") if done.headers.get("content-type", "").startswith("application/json") else ""
+    assert (400, "bad_input", before) == (done.status_code, code, setup.timeline("charge-1"))
