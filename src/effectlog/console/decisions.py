@@ -124,7 +124,8 @@ def _attempt(form: Mapping[str, Any]) -> int | None:
     given = str(form.get("attempt", "")).strip()
     if not given:
         return None
-    if not given.isdigit() or not 0 < int(given) < 2**31:
+    # isdigit() alone is true of superscripts and circled digits, which int() refuses
+    if not (given.isascii() and given.isdigit()) or not 0 < int(given) < 2**31:
         raise BadInput(f"attempt: a whole number above 0, not {given[:20]!r}")
     return int(given)
 
