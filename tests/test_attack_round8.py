@@ -189,3 +189,50 @@ def test_a_decision_bound_to_an_attempt_that_is_no_whole_number_is_bad_input(tmp
         done = httpx.post(base + "/api/runs/charge-1/steps/charge/reconcile", headers=auth, json=body, timeout=30)
     code = done.json().get("code") if done.headers.get("content-type", "").startswith("application/json") else ""
     assert (400, "bad_input", before) == (done.status_code, code, setup.timeline("charge-1"))
+
+
+# -- 5. a schema version in a file's meta table that is no version -------------------------------------
+
+
+@pytest.mark.parametrize("version", ["\u00b2", "x", "-1", "3.0"])
+@pytest.mark.parametrize("which", ["journal", "fleet store"])
+def test_a_schema_version_that_is_no_whole_number_is_an_unreadable_file_not_a_traceback(
+    tmp_path: Path, which: str, version: str
+) -> None:
+    """A journal's ``meta.schema_version`` was checked with ``str.isdigit()`` (true of ``²``, which
+    ``int()`` refuses) and a fleet store's ``meta.fleet_schema_version`` not at all: ``x`` or ``²`` raised
+    ValueError and ``-1`` a KeyError (a migration "from v-1") out of every command that opened the file,
+    a traceback with exit 1. A meta row edited by hand, restored from another tool or half-written is
+    what these checks are for. Proves: the command exits 2 in one line saying the file is unreadable,
+    and the file is unchanged."""
+    import sqlite3
+
+    from console_kit import Setup, held_plan
+
+    setup = Setup(tmp_path)
+    if which == "journal":
+        setup.run(held_plan("h1"), 4)
+        path, key, argv = Path(setup.journal), "schema_version", ["verify", "--journal", setup.journal]
+    else:
+        plan = tmp_path / "q.json"
+        plan.write_text(json.dumps(held_plan("q1")))
+        path = tmp_path / "s.db"
+        assert (
+            0
+            == effectlog(
+                "submit", "--store", str(path), "--scope", "t", "--key", "q", str(plan), cwd=tmp_path
+            ).returncode
+        )
+        key, argv = "fleet_schema_version", ["requests", "--store", str(path)]
+    db = sqlite3.connect(path)
+    with db:
+        db.execute("UPDATE meta SET value = ? WHERE key = ?", (version, key))
+    db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    db.close()
+    before = path.read_bytes()
+    done = effectlog(*argv, cwd=tmp_path)
+    assert (2, "journal_unreadable", before) == (
+        done.returncode,
+        one_line(done.stderr).split(":")[1].strip(),
+        path.read_bytes(),
+    )
