@@ -427,7 +427,7 @@ def cmd_approve(args: argparse.Namespace) -> int:
         nanoseconds = args.expires_in * 1e9
         # nan passes a "<= 0" check, and inf (or a number whose nanoseconds overflow to it) has no int
         if not (math.isfinite(nanoseconds) and nanoseconds > 0):
-            raise BadInput(f"--expires-in {args.expires_in}: give a positive, finite number of seconds")
+            raise BadInput(f"--expires-in {args.expires_in}: must be positive and finite (seconds)")
         expires = time.time_ns() + int(nanoseconds)
     journal = _existing_writer(args)
     try:
