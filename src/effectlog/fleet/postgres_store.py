@@ -349,7 +349,7 @@ class PostgresFleetStore(SqlFleetStore):
                 version = 1
             else:
                 row = conn.execute(f"SELECT value FROM {FLEET_SCHEMA}.meta WHERE key = 'schema_version'").fetchone()
-                version = int(row[0]) if row and str(row[0]).isdigit() else 0
+                version = int(row[0]) if row and str(row[0]).isascii() and str(row[0]).isdigit() else 0  # not ²
             if version > FLEET_SCHEMA_VERSION:
                 raise JournalUnreadable(
                     f"{self.location}: fleet schema v{version} is newer than this effectlog (v{FLEET_SCHEMA_VERSION})"
