@@ -236,3 +236,61 @@ def test_a_schema_version_that_is_no_whole_number_is_an_unreadable_file_not_a_tr
         one_line(done.stderr).split(":")[1].strip(),
         path.read_bytes(),
     )
+
+
+# -- 6. --max-attempts against claims carried in two runs' last commits at once ----------------------
+
+_TWO_CARRIED_CLAIMS = textwrap.dedent(
+    """
+    import json, os, sys, threading, time
+    from pathlib import Path
+    import msgspec
+    from effectlog.fleet import open_store
+    from effectlog.fleet.runner import Runner, RunnerConfig
+    from effectlog.plan import parse_plan
+
+    where = Path(sys.argv[1])
+    threading.Timer(60, lambda: os._exit(9)).start()
+    store = open_store(str(where / "s.db"))
+    for i in range(6):
+        plan = {"run_id": f"r{i}", "adapters": {"c": {"type": "effects.idempotent", "idempotent": True}},
+                "steps": [{"id": "s", "adapter": "c", "args": {"n": i}}]}
+        store.submit("t", f"k{i}", parse_plan(msgspec.json.encode(plan)))
+    first = threading.Lock()
+
+    class Runner2(Runner):
+        def _attempt(self, slot):  # the first attempt to finish lingers after its commit until another one's
+            outcome = super()._attempt(slot)
+            if first.acquire(blocking=False):
+                done = lambda: sum(r.state == "succeeded" for r in store.requests()) >= 2
+                deadline = time.monotonic() + 20
+                while not done() and time.monotonic() < deadline:
+                    time.sleep(0.01)
+            return outcome
+
+    config = RunnerConfig(
+        store=str(where / "s.db"), effects=str(where / "e.db"), capacity=2, max_attempts=3, recover=False, poll_s=0.05
+    )
+    rc = Runner2(config, store, log=open(os.devnull, "w")).serve()
+    print(json.dumps({"rc": rc, "attempts": len(store.attempts())}), flush=True)
+    os._exit(0)
+    """
+)
+
+
+def test_two_attempts_ending_together_carry_no_claim_past_max_attempts(tmp_path: Path) -> None:
+    """``runner --max-attempts N`` stops claiming once N attempts started; a claim carried in a run's
+    last commit checked ``started`` there, but ``started`` counted it only later, on the attempt's thread,
+    after the commit. Capacity 2, N = 3: the first two attempts end together, the first's commit carries
+    the third claim, and the second's commit, landing before the first's thread counted it, carried a
+    fourth. (Left to chance, one run in three did so here.) Proves: exactly 3 attempts are made."""
+    proc = subprocess.run(
+        [sys.executable, "-c", _TWO_CARRIED_CLAIMS, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env=cli_env(),
+    )
+    lines = proc.stdout.strip().splitlines() or ["{}"]
+    assert {"rc": 0, "attempts": 3} == json.loads(lines[-1]), proc.stderr[-1500:]
