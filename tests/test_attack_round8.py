@@ -294,3 +294,32 @@ def test_two_attempts_ending_together_carry_no_claim_past_max_attempts(tmp_path:
     )
     lines = proc.stdout.strip().splitlines() or ["{}"]
     assert {"rc": 0, "attempts": 3} == json.loads(lines[-1]), proc.stderr[-1500:]
+
+
+# -- 7. the command a notification carries, about the attempt the person will look at --------------
+
+
+@pytest.mark.parametrize(("which", "status", "verb"), [("held", 4, "approve"), ("uncertain", 3, "reconcile")])
+def test_a_notifications_command_is_bound_to_the_attempt_it_announces(
+    tmp_path: Path, which: str, status: int, verb: str
+) -> None:
+    """Round 7 bound the decisions to an attempt (``approve|deny|reconcile --attempt N``), and the run's
+    own message, ``run --json`` and the session's notifications print the bound command. The
+    notification of ``run --notify-command|--notify-url`` (and the runner's) still carried the unbound
+    one: a person acting on it after the step moved on to another attempt (reconciled "not applied" and
+    held again with the same args) decided a call they never saw. Proves: the command in the notification
+    names the attempt that is waiting (``--attempt 1``)."""
+    from console_kit import Setup, held_plan, uncertain_plan
+
+    setup = Setup(tmp_path)
+    plan = held_plan("n1") if which == "held" else uncertain_plan("n1")
+    (tmp_path / "n1.json").write_text(json.dumps(plan))
+    inbox = tmp_path / "inbox.jsonl"
+    done = effectlog(
+        "run", "n1.json", "--journal", setup.journal, "--effects", setup.effects, "--adapters", "lost_tools:ADAPTERS",
+        "--notify-command", f"cat >> {inbox}; echo >> {inbox}", cwd=tmp_path, env={"PYTHONPATH": str(tmp_path)},
+    )  # fmt: skip
+    notes = [json.loads(line) for line in inbox.read_text().splitlines() if line.strip()]
+    commands = [n["command"] for n in notes]
+    assert (status, 1, True) == (done.returncode, len(commands), f"effectlog {verb}" in commands[0]), done.stderr
+    assert "--attempt 1 " in commands[0], commands[0]
