@@ -29,6 +29,7 @@ import msgspec
 
 from effectlog import events as ev
 from effectlog.errors import BadInput
+from effectlog.journal import load_run
 from effectlog.stake import approve_command, reconcile_command
 
 Kind = Literal["suspended", "stopped", "operator_needed"]
@@ -167,23 +168,31 @@ def notify_new_waits(
     if not notifiers:
         return sent
     for run_id, seq in since.items():
-        for record in journal.read(run_id, seq):
-            event = ev.decode(record.body)
-            if isinstance(event, ev.RunSuspended | ev.RunStopped):
-                note = _notification(location, event)
-                deliver(notifiers, note)
-                sent.append(note)
+        waits = [
+            event
+            for event in map(ev.decode, (record.body for record in journal.read(run_id, seq)))
+            if isinstance(event, ev.RunSuspended | ev.RunStopped)
+        ]
+        if not waits:
+            continue
+        state = load_run(journal, run_id)  # the waiting step's attempt: the command is bound to it
+        for event in waits:
+            step = state.step(event.step_id)
+            note = _notification(location, event, step.attempt if step is not None else None)
+            deliver(notifiers, note)
+            sent.append(note)
     return sent
 
 
-def _notification(location: str, event: ev.RunSuspended | ev.RunStopped) -> Notification:
+def _notification(location: str, event: ev.RunSuspended | ev.RunStopped, attempt: int | None = None) -> Notification:
+    """The notification of a wait, its command bound to ``attempt`` (refused once the step moved on)."""
     if isinstance(event, ev.RunSuspended):
         return Notification(
             kind="suspended",
             run_id=event.run_id,
             step_id=event.step_id,
             reason=event.reason,
-            command=approve_command(location, event.run_id, event.step_id),
+            command=approve_command(location, event.run_id, event.step_id, attempt=attempt),
             journal=location,
             seq=event.seq,
         )
@@ -192,7 +201,7 @@ def _notification(location: str, event: ev.RunSuspended | ev.RunStopped) -> Noti
         run_id=event.run_id,
         step_id=event.step_id,
         reason=event.reason,
-        command=reconcile_command(location, event.run_id, event.step_id),
+        command=reconcile_command(location, event.run_id, event.step_id, attempt),
         journal=location,
         seq=event.seq,
     )

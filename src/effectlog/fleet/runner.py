@@ -442,21 +442,31 @@ class Runner:
                 return advance("fail", op_key="final", reason=outcome.message)
             waits += 1
             advance("await_decision", op_key=f"wait#{waits}", reason=outcome.message)
-            self._notify("suspended", lease.request_id, lease.attempt_no, plan.run_id, outcome.step_id, outcome.message)
+            held = next((s.attempt for s in outcome.steps if s.id == outcome.step_id), None)
+            self._notify(
+                "suspended", lease.request_id, lease.attempt_no, plan.run_id, outcome.step_id, outcome.message, held
+            )
             if not self._wait_for_decision(slot, journal, plan.run_id):
                 self._record_cancel(journal, lease)
                 return advance("cancel", op_key="final", reason="cancelled while waiting for a decision")
             advance("resume", op_key=f"resume#{waits}")
 
     def _notify(  # noqa: PLR0917 - one call site per occasion, each with all of them
-        self, kind: Kind, request_id: int, attempt_no: int, run_id: str, step_id: str | None, reason: str
+        self,
+        kind: Kind,
+        request_id: int,
+        attempt_no: int,
+        run_id: str,
+        step_id: str | None,
+        reason: str,
+        held: int | None = None,
     ) -> None:
         """Tell a person a request waits for them (a failing hook is logged to stderr, the request goes on)."""
         if not self.notifiers:
             return
         store = shown_location(self.config.store)
         if kind == "suspended" and step_id is not None:
-            command = approve_command(store, run_id, step_id)
+            command = approve_command(store, run_id, step_id, attempt=held)  # the step's attempt that waits
         else:
             command = (
                 f"effectlog operator requeue|fail|cancel --store {shlex.quote(store)} --request {request_id} "
