@@ -323,3 +323,40 @@ def test_a_notifications_command_is_bound_to_the_attempt_it_announces(
     commands = [n["command"] for n in notes]
     assert (status, 1, True) == (done.returncode, len(commands), f"effectlog {verb}" in commands[0]), done.stderr
     assert "--attempt 1 " in commands[0], commands[0]
+
+
+# -- 8. started with stdout or stderr closed ---------------------------------------------------------
+
+_CHATTY = """
+class Chatty:
+    def invoke(self, request):
+        print("a tool's chatter " * 8000)  # 136 KB on stdout
+        return {"ok": 1}
+
+ADAPTERS = {"test.chatty": lambda decl, ctx: Chatty()}
+"""
+
+
+@pytest.mark.parametrize("closed", [1, 2], ids=["stdout", "stderr"])
+def test_a_run_started_with_a_standard_descriptor_closed_keeps_the_journal_intact(tmp_path: Path, closed: int) -> None:
+    """A supervisor or a shell's ``2>&-``/``>&-`` starts ``effectlog run`` with fd 2 (or 1) closed, so
+    the first file the process opens, the journal, gets that number. ``tools_write_to_stderr`` then
+    pointed fd 1 at "stderr", the journal's descriptor: a tool's ``print`` wrote into the journal file
+    at offset 0, and the next checkpoint left it "malformed" (every run in it lost: ``journal_damaged``,
+    exit 7). With fd 1 closed, ``sys.stdout`` is None and the command died on it with a traceback
+    before running anything. Proves: the run completes (exit 0) and every run in the journal still
+    verifies."""
+    import os
+
+    (tmp_path / "chatty.py").write_text(_CHATTY)
+    journal = str(tmp_path / "j.db")
+    steps = [{"id": f"s{i}", "adapter": "t"} for i in range(40)]
+    adapters = {"t": {"type": "test.chatty", "version": "1", "idempotent": True}}
+    for run_id in ("before", "chatty"):
+        (tmp_path / f"{run_id}.json").write_text(json.dumps({"run_id": run_id, "adapters": adapters, "steps": steps}))
+    common = ("--journal", journal, "--adapters", "chatty:ADAPTERS", "--quiet")
+    env = {"PYTHONPATH": str(tmp_path)}
+    assert 0 == effectlog("run", "before.json", *common, cwd=tmp_path, env=env).returncode
+    done = effectlog("run", "chatty.json", *common, cwd=tmp_path, env=env, preexec=lambda: os.close(closed))
+    verified = effectlog("verify", "--journal", journal, cwd=tmp_path)
+    assert (0, 0, "ok: 2 run(s)") == (done.returncode, verified.returncode, verified.stdout[:12]), verified.stderr
