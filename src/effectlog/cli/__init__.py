@@ -13,7 +13,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
-from effectlog.cli.output import drop_stdout, err, keep_tools_off_stdout, out
+from effectlog.cli.output import drop_stdout, err, keep_tools_off_stdout, out, standard_descriptors_open
 from effectlog.cli.progress import end_logging, error_line, json_errors
 from effectlog.errors import BadInput, EffectlogError, ExitStatus, MissingDependency
 
@@ -130,6 +130,7 @@ def process_main() -> int:
     (``output.keep_tools_off_stdout``). ``main()`` called from Python gives fd 1 back to its
     caller when the tools are done instead.
     """
+    standard_descriptors_open()  # before any file is opened: see output.standard_descriptors_open
     keep_tools_off_stdout()
     return main()
 
