@@ -8,6 +8,7 @@ interpreter running a real ``Runner``)."""
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 import textwrap
@@ -360,3 +361,48 @@ def test_a_run_started_with_a_standard_descriptor_closed_keeps_the_journal_intac
     done = effectlog("run", "chatty.json", *common, cwd=tmp_path, env=env, preexec=lambda: os.close(closed))
     verified = effectlog("verify", "--journal", journal, cwd=tmp_path)
     assert (0, 0, "ok: 2 run(s)") == (done.returncode, verified.returncode, verified.stdout[:12]), verified.stderr
+
+
+# -- 9. SIGTERM while the run whose last commit would carry the next claim is finishing --------------
+
+
+@pytest.mark.parametrize("point", ["before_append:run.completed", "prepared"])
+def test_sigterm_before_the_carrying_commit_leaves_the_next_request_queued_and_the_runner_exits(
+    tmp_path: Path, point: str
+) -> None:
+    """SIGTERM means "finish running attempts, claim nothing more". The next claim now rides in the
+    commit that records a run's ``run.completed``: a signal that arrives before that commit must keep
+    it out (else the runner, told to stop, takes one more request, or strands it leased). Two requests;
+    the runner, stopped at ``point`` of the first attempt, gets SIGTERM, then goes on. Proves: the
+    first request succeeds, the second is still queued (never leased), the runner exits 0. (Found
+    nothing: kept as a regression test.)"""
+    from fleet_kit import RunnerProcess, wait_until, write_plan
+
+    store = str(tmp_path / "s.db")
+    for i in (1, 2):
+        plan = write_plan(tmp_path / f"p{i}.json", f"r{i}", [("s", "idem")])
+        assert (
+            0
+            == effectlog(
+                "submit", "--store", store, "--scope", "t", "--key", f"k{i}", str(plan), cwd=tmp_path
+            ).returncode
+        )
+    runner = RunnerProcess(
+        store,
+        tmp_path,
+        "A",
+        arm=point,
+        resumable=True,
+        extra=("--lease-s", "5", "--heartbeat-s", "0.5", "--poll-s", "0.05"),
+    )
+    try:
+        runner.reached()
+        runner.signal(signal.SIGTERM)
+        wait_until(lambda: "signal 15" in runner.log() or None, "the runner took the signal")  # then go on
+        runner.resume()
+        code = runner.wait()
+    finally:
+        runner.stop()
+    done = effectlog("requests", "--store", store, "--json", cwd=tmp_path)
+    states = [r["state"] for r in json.loads(done.stdout)]
+    assert (0, ["succeeded", "queued"]) == (code, states), runner.log()
