@@ -18,6 +18,8 @@ import pytest
 
 from hardening_kit import cli_env, effectlog, one_line
 
+pytest_plugins = ["pg_fixture"]
+
 # -- 1. an application's span processor that raises on the fleet's own spans ------------------------
 
 _FLEET_WITH_RAISING_PROCESSOR = textwrap.dedent(
@@ -406,3 +408,80 @@ def test_sigterm_before_the_carrying_commit_leaves_the_next_request_queued_and_t
     done = effectlog("requests", "--store", store, "--json", cwd=tmp_path)
     states = [r["state"] for r in json.loads(done.stdout)]
     assert (0, ["succeeded", "queued"]) == (code, states), runner.log()
+
+
+# -- 10. PostgreSQL: the claim function of fleet schema v3, and capabilities with odd text ---------
+
+_ODD_CAPABILITIES = [
+    "it's",
+    'a"b',
+    "back\\slash",
+    "%",
+    "_",
+    ".*",
+    "é",
+    "e\u0301",
+    "😀",
+    "[1]",
+    '{"a":1}',
+    "null",
+    " x ",
+    "A",
+    "a",
+]
+
+
+def _odd_capability_claims(store: object) -> dict[str, list[str]]:
+    """Each odd capability required by one request, offered by one runner: what each runner is leased."""
+    import msgspec
+
+    from effectlog.plan import parse_plan
+
+    for i, cap in enumerate(_ODD_CAPABILITIES):
+        plan = {
+            "run_id": f"r{i}",
+            "adapters": {"c": {"type": "effects.control"}},
+            "steps": [{"id": "s", "adapter": "c"}],
+        }
+        store.submit("t", f"k{i}", parse_plan(msgspec.json.encode(plan)), [cap])  # type: ignore[attr-defined]
+    got = {cap: [lease.run_id for lease in store.claim_next(f"runner{i}", [cap], 30.0, 5)]  # type: ignore[attr-defined]
+           for i, cap in enumerate(_ODD_CAPABILITIES)}  # fmt: skip
+    got["*"] = [lease.run_id for lease in store.claim_next("wild", ["%", ".*", "*", "_"], 30.0, 5)]  # type: ignore[attr-defined]
+    return got
+
+
+_EXACT = {**{cap: [f"r{i}"] for i, cap in enumerate(_ODD_CAPABILITIES)}, "*": []}
+
+
+def test_capabilities_with_quotes_wildcards_and_unicode_match_only_themselves_on_sqlite(tmp_path: Path) -> None:
+    """The claim matches a request's required capabilities against the runner's offer in SQL (SQLite:
+    ``json_each``; PostgreSQL: ``jsonb <@`` in ``claim_next``). Quotes, backslashes, LIKE and regex
+    metacharacters, JSON-looking text, case and Unicode (composed and decomposed é) must match
+    exactly, never as a pattern. Proves: each runner is leased exactly the request needing its
+    capability, and a runner offering ``%``/``.*``/``*``/``_`` nothing else. (Found nothing.)"""
+    from effectlog.fleet.sqlite_store import SqliteFleetStore
+
+    with SqliteFleetStore(tmp_path / "s.db") as store:
+        assert _EXACT == _odd_capability_claims(store)
+
+
+def test_capabilities_and_a_dropped_claim_function_on_postgresql(pg_url: str) -> None:
+    """PostgreSQL's half of the test above (found nothing), and: fleet schema v3 claims through the
+    function ``effectlog_fleet.claim_next``. Dropped (a DBA's clean-up, a restore that skipped
+    functions) while the schema version still says 3, every claim of every runner failed ("function
+    does not exist", logged at each poll) for good: a store that opened fine and never leased again.
+    Proves: a store opened after the function is gone makes it again, and the claim leases."""
+    import msgspec
+    import psycopg
+
+    from effectlog.fleet.postgres_store import PostgresFleetStore
+    from effectlog.plan import parse_plan
+
+    with PostgresFleetStore(pg_url) as store:
+        assert _EXACT == _odd_capability_claims(store)
+        plan = {"run_id": "z", "adapters": {"c": {"type": "effects.control"}}, "steps": [{"id": "s", "adapter": "c"}]}
+        store.submit("t", "z", parse_plan(msgspec.json.encode(plan)))
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute("DROP FUNCTION effectlog_fleet.claim_next(text, integer, text, double precision)")
+    with PostgresFleetStore(pg_url) as store:
+        assert ["z"] == [lease.run_id for lease in store.claim_next("y", [], 30.0, 1)]
