@@ -485,3 +485,34 @@ def test_capabilities_and_a_dropped_claim_function_on_postgresql(pg_url: str) ->
         conn.execute("DROP FUNCTION effectlog_fleet.claim_next(text, integer, text, double precision)")
     with PostgresFleetStore(pg_url) as store:
         assert ["z"] == [lease.run_id for lease in store.claim_next("y", [], 30.0, 1)]
+
+
+# -- 11. a runner whose --effects is mistyped ----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "effects", ["missing-dir/e.db", "s.db", "plan.json"], ids=["no-dir", "the-store", "not-sqlite"]
+)
+def test_a_runner_with_an_effect_store_it_cannot_use_claims_nothing(tmp_path: Path, effects: str) -> None:
+    """``effectlog run`` checks ``--effects`` before anything (``check_effect_store``); ``runner`` did not:
+    a mistyped path in a directory that does not exist, the store file itself, or a file that is no
+    SQLite database was found only when each attempt built its runtime, after the claim. So the
+    runner leased every request in the queue in turn and sent each to ``needs_operator`` (or, for the
+    store file itself, to ``failed``, which ends the request for good). Proves: the runner exits 2 in
+    one line naming ``--effects`` before claiming, and every request is still queued."""
+    from fleet_kit import write_plan
+
+    store = str(tmp_path / "s.db")
+    plan = write_plan(tmp_path / "plan.json", "r1", [("s", "control")])
+    for i in (1, 2):
+        (tmp_path / f"p{i}.json").write_text(plan.read_text().replace('"r1"', f'"r{i}"'))
+        assert (
+            0
+            == effectlog(
+                "submit", "--store", store, "--scope", "t", "--key", f"k{i}", f"p{i}.json", cwd=tmp_path
+            ).returncode
+        )
+    done = effectlog("runner", "--store", store, "--effects", effects, "--exit-when-idle", cwd=tmp_path)
+    line = one_line(done.stderr)
+    states = [r["state"] for r in json.loads(effectlog("requests", "--store", store, "--json", cwd=tmp_path).stdout)]
+    assert (2, True, ["queued", "queued"]) == (done.returncode, "--effects" in line, states), line
