@@ -160,6 +160,12 @@ def cmd_runner(args: argparse.Namespace) -> int:
 
     if (args.arm is None) != (args.notify_fd is None):
         raise BadInput("--arm and --notify-fd go together")
+    if args.effects is not None:
+        from effectlog.cli.run_cmds import check_effect_store
+
+        # As `run` does, before anything: found by each attempt instead, after its claim, a mistyped
+        # path sent every request of the queue in turn to needs_operator (or failed).
+        check_effect_store(args.effects)
     config = RunnerConfig(
         store=args.store,
         capabilities=frozenset(_caps(args.capabilities)),
