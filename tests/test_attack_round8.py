@@ -516,3 +516,45 @@ def test_a_runner_with_an_effect_store_it_cannot_use_claims_nothing(tmp_path: Pa
     line = one_line(done.stderr)
     states = [r["state"] for r in json.loads(effectlog("requests", "--store", store, "--json", cwd=tmp_path).stdout)]
     assert (2, True, ["queued", "queued"]) == (done.returncode, "--effects" in line, states), line
+
+
+# -- 12. a fleet decision from a page about an earlier attempt of the request ------------------------
+
+
+@pytest.mark.xfail(strict=True, reason="fleet operator decisions are not bound to an attempt (see the report)")
+def test_a_fleet_decision_posted_from_a_page_about_an_earlier_attempt_is_refused(tmp_path: Path) -> None:
+    """Round 7 bound the run decisions (approve, deny, reconcile) to the attempt the page showed; the
+    request page's decisions (requeue, fail for good, cancel) are not: the page shows "attempt 1:
+    needs_operator" and its forms carry no attempt, the API takes none. Attempt 1 needed an operator,
+    one operator requeued it, attempt 2 needed an operator for another reason; a second operator's
+    "Fail (for good)" from the page about attempt 1 (the body names attempt 1) ended the request over
+    a situation they never saw. Proves (once bound): 409, and the request is still waiting at attempt 2."""
+    import httpx
+    import msgspec
+
+    from console_kit import TOKENS, Setup, console, held_plan
+    from effectlog.fleet.sqlite_store import SqliteFleetStore
+    from effectlog.plan import parse_plan
+
+    setup = Setup(tmp_path)
+    setup.run(held_plan("h1"), 4)  # the console's journal
+    store = str(tmp_path / "s.db")
+    with SqliteFleetStore(store) as fleet:
+        plan = {"run_id": "f1", "adapters": {"c": {"type": "effects.control"}}, "steps": [{"id": "s", "adapter": "c"}]}
+        request = fleet.submit("t", "k", parse_plan(msgspec.json.encode(plan))).request.request_id
+        for attempt in (1, 2):
+            lease = fleet.claim(request, "r", 30.0)
+            assert lease is not None
+            fleet.advance(lease, "prepare", op_key="prepare")
+            fleet.advance(lease, "start", op_key="start")
+            fleet.advance(lease, "escalate", op_key="final", reason=f"attempt {attempt}: a person looks")
+            if attempt == 1:
+                fleet.operate(request, "requeue", by="ana", reason="looked at attempt 1")
+    auth = {"Authorization": "Bearer " + TOKENS["olga"]}
+    with console(setup, "--store", store) as base:
+        stale = httpx.post(
+            base + f"/api/requests/{request}/fail", headers=auth, json={"reason": "gone", "attempt": "1"}, timeout=30
+        )
+    with SqliteFleetStore(store) as fleet:
+        now = fleet.request(request)
+    assert (409, "needs_operator", 2) == (stale.status_code, now.state, now.attempt_no)
