@@ -521,14 +521,14 @@ def test_a_runner_with_an_effect_store_it_cannot_use_claims_nothing(tmp_path: Pa
 # -- 12. a fleet decision from a page about an earlier attempt of the request ------------------------
 
 
-@pytest.mark.xfail(strict=True, reason="fleet operator decisions are not bound to an attempt (see the report)")
 def test_a_fleet_decision_posted_from_a_page_about_an_earlier_attempt_is_refused(tmp_path: Path) -> None:
     """Round 7 bound the run decisions (approve, deny, reconcile) to the attempt the page showed; the
     request page's decisions (requeue, fail for good, cancel) are not: the page shows "attempt 1:
     needs_operator" and its forms carry no attempt, the API takes none. Attempt 1 needed an operator,
     one operator requeued it, attempt 2 needed an operator for another reason; a second operator's
     "Fail (for good)" from the page about attempt 1 (the body names attempt 1) ended the request over
-    a situation they never saw. Proves (once bound): 409, and the request is still waiting at attempt 2."""
+    a situation they never saw. Proves: the API refuses it (409), so does ``effectlog operator fail
+    --attempt 1`` (exit 5, one line), and the request is still waiting at attempt 2; ``--attempt 2`` decides."""
     import httpx
     import msgspec
 
@@ -555,6 +555,10 @@ def test_a_fleet_decision_posted_from_a_page_about_an_earlier_attempt_is_refused
         stale = httpx.post(
             base + f"/api/requests/{request}/fail", headers=auth, json={"reason": "gone", "attempt": "1"}, timeout=30
         )
+    pick = ["--store", store, "--request", str(request), "--by", "olga", "--reason", "gone"]
+    late = effectlog("operator", "fail", *pick, "--attempt", "1", cwd=tmp_path)
     with SqliteFleetStore(store) as fleet:
         now = fleet.request(request)
-    assert (409, "needs_operator", 2) == (stale.status_code, now.state, now.attempt_no)
+    assert (409, 5, "needs_operator", 2) == (stale.status_code, late.returncode, now.state, now.attempt_no)
+    assert "attempt 2" in one_line(late.stderr)
+    assert 0 == effectlog("operator", "fail", *pick, "--attempt", "2", cwd=tmp_path).returncode
