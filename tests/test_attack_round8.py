@@ -562,3 +562,69 @@ def test_a_fleet_decision_posted_from_a_page_about_an_earlier_attempt_is_refused
     assert (409, 5, "needs_operator", 2) == (stale.status_code, late.returncode, now.state, now.attempt_no)
     assert "attempt 2" in one_line(late.stderr)
     assert 0 == effectlog("operator", "fail", *pick, "--attempt", "2", cwd=tmp_path).returncode
+
+
+# -- 13. two retries of one failed run at once, on each backend ----------------------------------------
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+def test_a_second_retry_while_the_first_runs_is_refused_and_repeats_no_effect(
+    tmp_path: Path, backend: str, request: pytest.FixtureRequest
+) -> None:
+    """``effectlog retry`` holds the run's retry turn (a claim on ``"R retry"``) from its "once" check
+    to its fork's end, so two retries of one run never both fork it. Attacked with the first retry
+    held inside its fork (a step that waits) and a second started meanwhile, on SQLite and on
+    PostgreSQL, whose claims are advisory locks. Proves: the second exits 6 (``run_owned``) in one line,
+    the first completes, there is one fork, and the charge carried into it was made once. (Found
+    nothing: kept as a regression test.)"""
+    import shutil
+    import time
+
+    from effectlog.adapters.effects import EffectStore
+
+    journal = request.getfixturevalue("pg_url") if backend == "postgres" else str(tmp_path / "j.db")
+    effects = str(tmp_path / "e.db")
+    shutil.copy(Path(__file__).parent / "lifecycle_adapters.py", tmp_path / "lifecycle_adapters.py")
+    hold, started = tmp_path / "hold", tmp_path / "started"
+    plan = {
+        "run_id": "o1",
+        "adapters": {
+            "ledger": {"type": "effects.control", "version": "1", "idempotent": False},
+            "gate": {"type": "test.gate", "options": {"open": str(tmp_path / "open")}},
+            "slow": {"type": "test.slow", "idempotent": True, "options": {"hold": str(hold), "started": str(started)}},
+        },
+        "steps": [
+            {"id": "charge", "adapter": "ledger"},
+            {"id": "ship", "adapter": "gate"},
+            {"id": "wait", "adapter": "slow"},
+        ],
+    }
+    (tmp_path / "o1.json").write_text(json.dumps(plan))
+    common = ("--journal", journal, "--effects", effects, "--adapters", "lifecycle_adapters:ADAPTERS", "--quiet")
+    env = {"PYTHONPATH": str(tmp_path)}
+    assert 1 == effectlog("run", "o1.json", *common, cwd=tmp_path, env=env).returncode  # failed at ship
+    (tmp_path / "open").touch()
+    hold.touch()
+    retry = ("retry", "--run-id", "o1", "--by", "ops", "--reason", "gate open", *common)
+    first = subprocess.Popen(
+        [sys.executable, "-m", "effectlog", *retry], cwd=tmp_path, env=cli_env(env), stderr=subprocess.PIPE, text=True
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not Path(f"{started}-o1.retry1").exists():
+            assert first.poll() is None, first.stderr.read() if first.stderr else ""
+            assert time.monotonic() < deadline, "the first retry never reached its waiting step"
+            time.sleep(0.02)
+        second = effectlog(*retry, cwd=tmp_path, env=env)
+    finally:
+        hold.unlink()
+        code = first.wait(timeout=60)
+    store = EffectStore(effects, read_only=True)
+    charges = [r.run_id for r in store.rows() if r.step_id == "charge"]
+    store.close()
+    assert (0, 6, "run_owned", ["o1"]) == (
+        code,
+        second.returncode,
+        one_line(second.stderr).split(":")[1].strip(),
+        charges,
+    )
