@@ -628,3 +628,60 @@ def test_a_second_retry_while_the_first_runs_is_refused_and_repeats_no_effect(
         one_line(second.stderr).split(":")[1].strip(),
         charges,
     )
+
+
+# -- 14. the one-statement lease fence (SQLite) given leases that are not current ----------------------
+
+
+@pytest.mark.parametrize(
+    "tamper",
+    ["nan", "inf", "expired", "too-far", "other-token", "other-runner", "re-granted"],
+)
+def test_the_one_statement_fence_admits_no_batch_under_a_lease_that_is_not_current(tmp_path: Path, tamper: str) -> None:
+    """``SqliteLeaseFence`` checks the lease in the WHERE of the operation record's own INSERT and
+    falls back to the full check when it inserts nothing. Attacked with a lease whose expiry is NaN
+    (SQLite stores it as NULL), infinity, past, or further ahead than any lease granted; a lease
+    object with another token or runner; and a request re-granted (the attempt given up by an
+    operator and requeued, attempt 2 leased to another runner with token 2). Proves: each batch is
+    refused with ``StaleLease`` (the two-step run's second batch, no transition carried, takes the
+    one-statement path) and the run keeps only its first batch. (Found nothing: regression test.)"""
+    import sqlite3
+
+    import msgspec
+
+    from effectlog.errors import StaleLease
+    from effectlog.fleet import limits
+    from effectlog.fleet.contract import noop_plan, requested, started
+    from effectlog.fleet.sqlite_store import SqliteFleetStore
+
+    path = tmp_path / "s.db"
+    with SqliteFleetStore(path) as store:
+        request = store.submit("t", "k", noop_plan("f1", steps=2)).request.request_id
+        lease = store.claim(request, "r", 30.0)
+        assert lease is not None
+        first = store.leased_journal(lease)
+        first.append([started("f1")])  # carries nothing: lease current, one statement
+        if tamper in ("nan", "inf", "expired", "too-far"):
+            value = {"nan": float("nan"), "inf": float("inf"), "expired": store.now() - 1.0,
+                     "too-far": store.now() + limits.MAX_LEASE_S + 60}[tamper]  # fmt: skip
+            db = sqlite3.connect(path)
+            with db:
+                db.execute(
+                    "UPDATE fleet_attempts SET lease_expires_at = ? WHERE attempt_id = ?", (value, lease.attempt_id)
+                )
+            db.close()
+        elif tamper == "other-token":
+            lease = msgspec.structs.replace(lease, token=lease.token + 1)
+        elif tamper == "other-runner":
+            lease = msgspec.structs.replace(lease, runner_id="r2")
+        else:
+            store.advance(lease, "prepare", op_key="prepare")
+            store.advance(lease, "start", op_key="start")
+            store.advance(lease, "escalate", op_key="final", reason="a person looks")
+            store.operate(request, "requeue", by="ana", reason="again")
+            again = store.claim(request, "r2", 30.0)
+            assert again is not None
+            assert 2 == again.token
+        with pytest.raises(StaleLease):
+            store.leased_journal(lease).append([requested("f1", 2)])
+        assert 1 == store.journal().head("f1")[0]
