@@ -745,3 +745,44 @@ def test_a_busy_runners_threads_sharing_one_connection_lose_and_repeat_nothing(t
     lines = proc.stdout.strip().splitlines() or ["{}"]
     expected = {"rc": 0, "states": [["succeeded", 48]], "effects": [[1, 96]], "other": []}
     assert expected == json.loads(lines[-1]), proc.stderr[-1500:]
+
+
+def test_claims_through_the_v3_function_and_the_v2_statement_at_once_lease_each_request_once(pg_url: str) -> None:
+    """During a rolling upgrade to fleet schema v3, runners of the version before (their claim: the
+    pick-and-lease statements of ``SqlFleetStore._claim_next``, rows locked ``FOR UPDATE SKIP LOCKED``)
+    and of this one (the PL/pgSQL ``claim_next``) claim from one queue. Four claimers, two of each
+    kind, drain 120 requests at once. Proves: every request is leased exactly once, with token 1.
+    (Found nothing: regression test.)"""
+    import threading
+    from collections import Counter
+
+    from effectlog.fleet.contract import noop_plan
+    from effectlog.fleet.postgres_store import PostgresFleetStore
+    from effectlog.fleet.sqlstore import SqlFleetStore, _offer
+
+    with PostgresFleetStore(pg_url) as store:
+        for i in range(120):
+            store.submit("t", f"k{i}", noop_plan(f"r{i}"))
+    got: dict[str, list[tuple[int, int]]] = {}
+    go = threading.Barrier(4)
+
+    def claimer(name: str, old: bool) -> None:
+        with PostgresFleetStore(pg_url, pool_size=1) as mine:
+            go.wait()
+            leases = [None]
+            while leases:
+                if old:  # the statements of the version before v3, on this store's connection
+                    leases = SqlFleetStore._claim_next(mine, name, _offer(name, [], 60.0, 2), 60.0, 2)  # type: ignore[assignment]
+                else:
+                    leases = mine.claim_next(name, [], 60.0, 2)  # type: ignore[assignment]
+                got.setdefault(name, []).extend((lease.request_id, lease.token) for lease in leases)  # type: ignore[union-attr]
+
+    threads = [threading.Thread(target=claimer, args=(f"c{i}", i % 2 == 0)) for i in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    leased = Counter(request for pairs in got.values() for request, _ in pairs)
+    tokens = {token for pairs in got.values() for _, token in pairs}
+    assert (dict.fromkeys(range(1, 121), 1), {1}) == (dict(sorted(leased.items())), tokens)
+    assert all(got.get(f"c{i}") for i in (0, 1)), {name: len(pairs) for name, pairs in got.items()}
