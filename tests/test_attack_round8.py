@@ -786,3 +786,40 @@ def test_claims_through_the_v3_function_and_the_v2_statement_at_once_lease_each_
     tokens = {token for pairs in got.values() for _, token in pairs}
     assert (dict.fromkeys(range(1, 121), 1), {1}) == (dict(sorted(leased.items())), tokens)
     assert all(got.get(f"c{i}") for i in (0, 1)), {name: len(pairs) for name, pairs in got.items()}
+
+
+def test_a_claim_function_altered_to_hand_out_unleased_rows_lets_no_runner_write(pg_url: str) -> None:
+    """The claim function is a database object a user can replace. Replaced by one that returns the
+    oldest queued attempt as a lease without leasing it (a botched hand edit, an old dump's copy), every
+    runner is handed the same request. Proves: the lease is worth nothing to either of them: each one's
+    first append is refused (``StaleLease``: the attempt is not leased to it) and the run has no event,
+    so no tool is ever called twice on such a "lease". (Found nothing: regression test.)"""
+    import psycopg
+
+    from effectlog.errors import StaleLease
+    from effectlog.fleet.contract import noop_plan, started
+    from effectlog.fleet.postgres_store import PostgresFleetStore
+
+    with PostgresFleetStore(pg_url) as store:
+        store.submit("t", "k", noop_plan("f1"))
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            conn.execute(
+                "CREATE OR REPLACE FUNCTION effectlog_fleet.claim_next(p_offered text, p_limit integer, p_runner text,"
+                " p_lease_s double precision) RETURNS TABLE (attempt_id bigint, request_id bigint, attempt_no integer,"
+                " fencing_token bigint, lease_expires_at double precision, run_id text, plan text,"
+                " cancel_requested_at double precision, t double precision, base_seq bigint) LANGUAGE sql AS $$"
+                " SELECT a.attempt_id, a.request_id, a.attempt_no, 1::bigint,"
+                " extract(epoch FROM clock_timestamp())::float8 + p_lease_s, r.run_id, r.plan, r.cancel_requested_at,"
+                " extract(epoch FROM clock_timestamp())::float8, 0::bigint"
+                " FROM effectlog_fleet.attempts a JOIN effectlog_fleet.requests r USING (request_id)"
+                " WHERE a.state = 'queued' ORDER BY a.request_id LIMIT p_limit $$"
+            )
+        handed = [store.claim_next(name, [], 30.0, 1) for name in ("r1", "r2")]
+        assert [["f1"], ["f1"]] == [[lease.run_id for lease in leases] for leases in handed]
+        refused = 0
+        for (lease,) in handed:
+            try:
+                store.leased_journal(lease).append([started("f1")])
+            except StaleLease:
+                refused += 1
+        assert (2, 0) == (refused, store.journal().head("f1")[0])
