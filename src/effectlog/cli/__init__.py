@@ -13,9 +13,9 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
-from effectlog.cli.output import drop_stdout, err, keep_tools_off_stdout, out
+from effectlog.cli.output import drop_stdout, err, keep_tools_off_stdout, out, standard_descriptors_open
 from effectlog.cli.progress import end_logging, error_line, json_errors
-from effectlog.errors import EffectlogError, ExitStatus, MissingDependency
+from effectlog.errors import BadInput, EffectlogError, ExitStatus, MissingDependency
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -72,6 +72,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     json_errors(args)  # --log-format json: the error line is one JSON object too
     shutdown = _telemetry()
     try:
+        refuse_undecodable(args)
         status = handler(args)
     except EffectlogError as exc:
         status = _fail(exc)
@@ -96,6 +97,31 @@ def main(argv: Sequence[str] | None = None) -> int:
     return status
 
 
+def refuse_undecodable(args: argparse.Namespace) -> None:
+    """``BadInput`` for an argument that is not UTF-8 text, before anything is opened or written.
+
+    Python hands a byte that is not UTF-8 (a shell's ``$'\\xff'``) to the program as a lone
+    surrogate. What effectlog is given is recorded as UTF-8 (names, reasons, the effect store's
+    pinned path, fleet rows), where that raised ``UnicodeEncodeError`` half-way through a
+    command; one check here refuses it for every command and argument.
+    """
+    for dest, value in vars(args).items():
+        for text in value if isinstance(value, list | tuple) else (value,):
+            if isinstance(text, str) and not text.isascii():
+                try:
+                    text.encode()
+                except UnicodeEncodeError:
+                    flag = dest if dest in _POSITIONALS else "--" + dest.replace("_", "-")
+                    raise BadInput(
+                        f"argument {flag}: {text!r} is not UTF-8 text (effectlog records its arguments as "
+                        "UTF-8); nothing was done"
+                    ) from None
+
+
+# Arguments without a flag (dests as argparse names them): said as they are, not as --DEST.
+_POSITIONALS = frozenset({"plan", "command", "what", "machine", "action", "report"})
+
+
 def process_main() -> int:
     """The process entry point: ``python -m effectlog`` and the ``effectlog`` console script.
 
@@ -104,6 +130,7 @@ def process_main() -> int:
     (``output.keep_tools_off_stdout``). ``main()`` called from Python gives fd 1 back to its
     caller when the tools are done instead.
     """
+    standard_descriptors_open()  # before any file is opened: see output.standard_descriptors_open
     keep_tools_off_stdout()
     return main()
 

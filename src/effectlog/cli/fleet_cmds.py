@@ -15,6 +15,7 @@ from typing import Any
 from effectlog.cli.notify_args import add_notify_args
 from effectlog.cli.output import emit_json, out, table, tools_write_to_stderr
 from effectlog.cli.progress import add_runner_args, runner_log
+from effectlog.cli.run_cmds import _positive_int
 from effectlog.errors import BadInput
 from effectlog.fleet import FleetStore, limits, open_store
 from effectlog.fleet.decisions import operate
@@ -94,6 +95,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--request", type=_request_id, required=True, metavar="ID", help="the request to decide")
     p.add_argument("--reason", required=True, metavar="TEXT", help="why (recorded)")
     p.add_argument("--by", required=True, metavar="NAME", help="who decides (recorded)")
+    p.add_argument(
+        "--attempt",
+        metavar="N",
+        type=_positive_int,
+        help="only if the request is at attempt N (as requests shows it), the one you looked at; else exit 5",
+    )
     p.add_argument("--json", action="store_true", help="the request after the decision, as JSON")
     p.set_defaults(handler=cmd_operator)
 
@@ -160,6 +167,12 @@ def cmd_runner(args: argparse.Namespace) -> int:
 
     if (args.arm is None) != (args.notify_fd is None):
         raise BadInput("--arm and --notify-fd go together")
+    if args.effects is not None:
+        from effectlog.cli.run_cmds import check_effect_store
+
+        # As `run` does, before anything: found by each attempt instead, after its claim, a mistyped
+        # path sent every request of the queue in turn to needs_operator (or failed).
+        check_effect_store(args.effects)
     config = RunnerConfig(
         store=args.store,
         capabilities=frozenset(_caps(args.capabilities)),
@@ -192,7 +205,7 @@ def cmd_runner(args: argparse.Namespace) -> int:
 def cmd_operator(args: argparse.Namespace) -> int:
     store = _open(args)
     try:
-        view = operate(store, args.request, args.action, by=args.by, reason=args.reason)
+        view = operate(store, args.request, args.action, by=args.by, reason=args.reason, attempt=args.attempt)
     finally:
         store.close()
     if args.json:

@@ -34,6 +34,29 @@ class _Stdout:
 _STDOUT = _Stdout()
 
 
+def standard_descriptors_open() -> None:
+    """Point fds 0, 1 and 2 at /dev/null when the process was started with them closed (a
+    supervisor's or a shell's ``2>&-``); called first thing by the process entry point.
+
+    Otherwise the first file the process opens takes the free number: with fd 2 closed that was
+    the journal, ``tools_write_to_stderr`` pointed fd 1 at it, and a tool's ``print`` wrote into
+    the journal file (left "malformed" by the next checkpoint). Python set ``sys.stdout`` (or
+    ``sys.stderr``) to None for a closed descriptor: each gets a stream on /dev/null instead.
+    """
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            null = os.open(os.devnull, os.O_RDWR)  # the lowest free number: ``fd`` itself when it is the first
+            if null != fd:
+                os.dup2(null, fd)
+                os.close(null)
+    if sys.stdout is None:
+        sys.stdout = open(1, "w", encoding="utf-8", closefd=False)  # noqa: SIM115 - lives as long as the process
+    if sys.stderr is None:
+        sys.stderr = open(2, "w", encoding="utf-8", closefd=False)  # noqa: SIM115 - lives as long as the process
+
+
 def keep_tools_off_stdout() -> None:
     """Called by the process entry point only (``python -m effectlog``, the ``effectlog`` script).
 

@@ -417,15 +417,18 @@ def _step_json(state: RunState, step_id: str) -> dict[str, Any]:
 
 
 def cmd_approve(args: argparse.Namespace) -> int:
+    import math
     import time
 
     from effectlog.approvals import approve
 
     expires = None
     if args.expires_in is not None:
-        if args.expires_in <= 0:
-            raise BadInput("--expires-in must be positive")
-        expires = time.time_ns() + int(args.expires_in * 1e9)
+        nanoseconds = args.expires_in * 1e9
+        # nan passes a "<= 0" check, and inf (or a number whose nanoseconds overflow to it) has no int
+        if not (math.isfinite(nanoseconds) and nanoseconds > 0):
+            raise BadInput(f"--expires-in {args.expires_in}: must be positive and finite (seconds)")
+        expires = time.time_ns() + int(nanoseconds)
     journal = _existing_writer(args)
     try:
         state = approve(

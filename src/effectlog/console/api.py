@@ -113,10 +113,11 @@ def routes(config: Config) -> list[Route]:
         request_id: int = request.path_params["request_id"]
         action = request.path_params["action"]
         body = await _body(request)
-        reason = body.get("reason", "")
+        reason, attempt = body.get("reason", ""), decisions.attempt_of(body)  # the attempt the caller looked at
         await run_in_threadpool(
             lambda: decisions.with_store(
-                config, lambda st: decisions.operate(st, request_id, action, by=user.name, reason=reason)
+                config,
+                lambda st: decisions.operate(st, request_id, action, by=user.name, reason=reason, attempt=attempt),
             )
         )
         return await fleet_request(request, user)

@@ -239,8 +239,11 @@ def create_app(config: Config) -> Starlette:
         request_id: int = request.path_params["request_id"]
         action, reason = request.path_params["action"], str(form.get("reason", "")).strip()
         try:
+            attempt = decisions.attempt_of(form)  # the attempt the page showed
             await run_in_threadpool(
-                with_store(lambda st: decisions.operate(st, request_id, action, by=user.name, reason=reason))
+                with_store(
+                    lambda st: decisions.operate(st, request_id, action, by=user.name, reason=reason, attempt=attempt)
+                )
             )
         except (Conflict, JournalLocked) as exc:
             return await fleet_request(request, error=str(exc), status=409)

@@ -58,7 +58,9 @@ def with_store(config: Config, fn: Callable[[FleetStore], T]) -> T:
         store.close()
 
 
-def operate(store: FleetStore, request_id: int, action: str, *, by: str, reason: str) -> None:
+def operate(
+    store: FleetStore, request_id: int, action: str, *, by: str, reason: str, attempt: int | None = None
+) -> None:
     """A fleet decision, as ``effectlog operator requeue|fail|cancel`` makes it, under the operator's name."""
     from effectlog.fleet.decisions import operate as decide
 
@@ -66,7 +68,7 @@ def operate(store: FleetStore, request_id: int, action: str, *, by: str, reason:
         raise BadInput(f"no fleet decision {action!r}: requeue, fail or cancel")
     if not reason.strip():
         raise BadInput(f"{action}: give a reason")
-    decide(store, request_id, action, by=by, reason=reason)
+    decide(store, request_id, action, by=by, reason=reason, attempt=attempt)
 
 
 def decide(config: Config, action: str, run_id: str, step_id: str, *, by: str, form: Mapping[str, str]) -> None:
@@ -93,12 +95,12 @@ def decide(config: Config, action: str, run_id: str, step_id: str, *, by: str, f
                 by=by,
                 reason=form.get("reason", ""),
                 expect_digest=digest,
-                attempt=_attempt(form),
+                attempt=attempt_of(form),
             )
         elif action == "deny":
             if not form.get("reason", "").strip():
                 raise BadInput("deny: give a reason")
-            deny(journal, run_id, step_id, by=by, reason=form["reason"], attempt=_attempt(form))
+            deny(journal, run_id, step_id, by=by, reason=form["reason"], attempt=attempt_of(form))
         elif action == "reconcile-by-lookup":
             reconcile_by_lookup(journal, run_id, step_id, adapter_registry(config.adapters), effects=config.effects)
         elif action == "reconcile-from-ledger":
@@ -113,18 +115,19 @@ def decide(config: Config, action: str, run_id: str, step_id: str, *, by: str, f
                 outcome=outcome,  # type: ignore[arg-type]  # reconcile refuses anything else
                 evidence=form.get("evidence", ""),
                 operator=by,
-                about=_attempt(form),
+                about=attempt_of(form),
             )
     finally:
         journal.close()
 
 
-def _attempt(form: Mapping[str, Any]) -> int | None:
+def attempt_of(form: Mapping[str, Any]) -> int | None:
     """The attempt the page showed (its decision forms' hidden field): the one the person's decision is about."""
     given = str(form.get("attempt", "")).strip()
     if not given:
         return None
-    if not given.isdigit() or not 0 < int(given) < 2**31:
+    # isdigit() alone is true of superscripts and circled digits, which int() refuses
+    if not (given.isascii() and given.isdigit()) or not 0 < int(given) < 2**31:
         raise BadInput(f"attempt: a whole number above 0, not {given[:20]!r}")
     return int(given)
 

@@ -16,13 +16,16 @@ OPERATOR_TRIGGERS = {"requeue": "requeue", "fail": "give_up"}
 FLEET_DECISIONS = ("requeue", "fail", "cancel")
 
 
-def operate(store: FleetStore, request_id: int, action: str, *, by: str, reason: str) -> RequestView:
-    """Record ``action`` on request ``request_id`` by ``by``; the request after it."""
+def operate(
+    store: FleetStore, request_id: int, action: str, *, by: str, reason: str, attempt: int | None = None
+) -> RequestView:
+    """Record ``action`` on request ``request_id`` by ``by``; the request after it. ``attempt``: only
+    while the request is at that attempt (the one the operator looked at), else ``DecisionStale``."""
 
     def decide() -> RequestView:
         if action == "cancel":
-            return store.cancel(request_id, by=by, reason=reason)
-        return store.operate(request_id, OPERATOR_TRIGGERS[action], by=by, reason=reason)
+            return store.cancel(request_id, by=by, reason=reason, attempt=attempt)
+        return store.operate(request_id, OPERATOR_TRIGGERS[action], by=by, reason=reason, attempt=attempt)
 
     found = telemetry()
     return decide() if found is None else found.fleet_decision(action, request_id, by, decide)

@@ -227,6 +227,7 @@ BEGIN
 END $claim$"""
 
 # Parameters: the capabilities offered (a JSON array), limit, runner, lease seconds.
+CLAIM_SIGNATURE = f"{_S}.claim_next(text, integer, text, double precision)"
 CLAIM_NEXT = f"SELECT * FROM {_S}.claim_next(%s, %s, %s, %s)"
 
 
@@ -349,7 +350,7 @@ class PostgresFleetStore(SqlFleetStore):
                 version = 1
             else:
                 row = conn.execute(f"SELECT value FROM {FLEET_SCHEMA}.meta WHERE key = 'schema_version'").fetchone()
-                version = int(row[0]) if row and str(row[0]).isdigit() else 0
+                version = int(row[0]) if row and str(row[0]).isascii() and str(row[0]).isdigit() else 0  # not ²
             if version > FLEET_SCHEMA_VERSION:
                 raise JournalUnreadable(
                     f"{self.location}: fleet schema v{version} is newer than this effectlog (v{FLEET_SCHEMA_VERSION})"
@@ -360,6 +361,11 @@ class PostgresFleetStore(SqlFleetStore):
                 for sql in MIGRATIONS[step]:
                     conn.execute(sql)  # module constants, never input
                 conn.execute(f"UPDATE {FLEET_SCHEMA}.meta SET value = %s WHERE key = 'schema_version'", (str(step),))
+            # Every claim goes through the v3 function: one dropped since (a clean-up, a restore without
+            # functions) left a store that opened and never leased again. Made again if missing, never
+            # replaced when present (another effectlog of the same schema version may have written it).
+            if conn.execute(f"SELECT to_regprocedure('{CLAIM_SIGNATURE}') IS NULL").fetchone() == (True,):
+                conn.execute(_CLAIM_FUNCTION)
 
     def _connection(self) -> AbstractContextManager[psycopg.Connection[tuple[Any, ...]]]:
         """A pooled connection, in the process that opened the store only: in a child of fork() the pool's

@@ -101,12 +101,15 @@ class FleetStore(Protocol):
         """Apply ``decide`` (given the run's journal since the lease began) to an expired lease."""
         ...
 
-    def operate(self, request_id: int, trigger: str, *, by: str, reason: str) -> RequestView:
-        """An operator's transition (``requeue``, ``give_up``), audited in the history."""
+    def operate(
+        self, request_id: int, trigger: str, *, by: str, reason: str, attempt: int | None = None
+    ) -> RequestView:
+        """An operator's transition (``requeue``, ``give_up``), audited in the history; with ``attempt``,
+        only while the request is at that attempt (the one the operator looked at), else ``DecisionStale``."""
         ...
 
-    def cancel(self, request_id: int, *, by: str, reason: str) -> RequestView:
-        """Ask for a request's cancellation (a queued one is withdrawn at once)."""
+    def cancel(self, request_id: int, *, by: str, reason: str, attempt: int | None = None) -> RequestView:
+        """Ask for a request's cancellation (a queued one is withdrawn at once); ``attempt`` as in ``operate``."""
         ...
 
     # -- the runs' journal ------------------------------------------------------------

@@ -129,6 +129,7 @@ class Slot:
         self.thread: threading.Thread | None = None
         self.outcome = ""
         self.following: list[Lease] = []  # claimed in the transaction that ended this attempt (_claim_after)
+        self.carried = 0  # claims _claim_after counted in ``started`` (committed or not: see _work_one)
 
 
 class Runner:
@@ -147,6 +148,7 @@ class Runner:
         self.ended = 0
         self.started = 0
         self._mutex = threading.Lock()
+        self._claiming = threading.Lock()  # one claim decision (check ``started``, claim, count) at a time
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._done = threading.Event()
@@ -229,18 +231,21 @@ class Runner:
         """
         if self._stopping.is_set():
             return 0, False
-        free = self.config.capacity - len(self.slots)
-        if self.config.max_attempts is not None:
-            free = min(free, self.config.max_attempts - self.started)
-        if free <= 0:
-            return 0, True
-        try:
-            leases = self.store.claim_next(self.runner_id, sorted(self.config.capabilities), self.config.lease_s, free)
-        except EffectlogError as exc:
-            self.log(f"claim failed: {exc.code}: {exc}")
-            return 0, True
-        for lease in leases:
-            self._start(lease)
+        with self._claiming:
+            free = self.config.capacity - len(self.slots)
+            if self.config.max_attempts is not None:
+                free = min(free, self.config.max_attempts - self.started)
+            if free <= 0:
+                return 0, True
+            try:
+                leases = self.store.claim_next(
+                    self.runner_id, sorted(self.config.capabilities), self.config.lease_s, free
+                )
+            except EffectlogError as exc:
+                self.log(f"claim failed: {exc.code}: {exc}")
+                return 0, True
+            for lease in leases:
+                self._start(lease)
         if leases or not self.config.exit_when_idle:
             return len(leases), True
         offer = Offer(runner_id=self.runner_id, capabilities=self.config.capabilities, free=free)
@@ -333,10 +338,10 @@ class Runner:
             with self._mutex:
                 self.slots.pop(lease.attempt_id, None)
                 self.ended += 1
+                self.started -= slot.carried - len(slot.following)  # counted when claimed; a rollback took it back
                 if nxt is not None:
                     nxt.thread = slot.thread
                     self.slots[nxt.lease.attempt_id] = nxt
-                    self.started += 1
             if nxt is None:
                 self._wake.set()
         return nxt
@@ -354,7 +359,13 @@ class Runner:
         journal.succeed_on_completion = True
         journal.hold_start = True  # run.started rides in the run's next commit (LeasedJournal): one commit fewer
         if isinstance(store, SqliteFleetStore):
-            journal.claim_after = lambda tx: self._claim_after(store, tx)
+
+            def claim_after(tx: Tx) -> list[Lease]:
+                leases = self._claim_after(store, tx)
+                slot.carried += len(leases)  # counted in ``started``: see _work_one
+                return leases
+
+            journal.claim_after = claim_after
         self._point(slot, "prepared", "")
         try:
             plan = resolve(parse_plan(lease.plan.encode(), f"request {lease.request_id}"), self.secrets)
@@ -378,13 +389,24 @@ class Runner:
 
         One commit per run fewer: on SQLite the claim and the run's last append share the
         file's write lock anyway. Nothing is claimed while stopping or at ``max_attempts``.
+        The claim is counted in ``started`` here, under ``_claiming``: counted later, on the
+        attempt's thread after the commit, two attempts ending together each found room
+        for one more and the runner went past ``max_attempts``. This runs holding the
+        file's turn, which the main loop's claim waits for while it holds ``_claiming``: so
+        never wait here; when the loop is claiming, it fills this slot once it is free.
         """
-        if self._stopping.is_set():
+        if self._stopping.is_set() or not self._claiming.acquire(blocking=False):
             return []
-        limit = self.config.max_attempts
-        if limit is not None and self.started >= limit:
-            return []
-        return store.claim_within(tx, self.runner_id, sorted(self.config.capabilities), self.config.lease_s, 1)
+        try:
+            limit = self.config.max_attempts
+            if limit is not None and self.started >= limit:
+                return []
+            leases = store.claim_within(tx, self.runner_id, sorted(self.config.capabilities), self.config.lease_s, 1)
+            with self._mutex:
+                self.started += len(leases)
+            return leases
+        finally:
+            self._claiming.release()
 
     def _drive(self, slot: Slot, runtime: Runtime, plan: Plan, journal: LeasedJournal, loop: ReusedLoop) -> str:
         lease = slot.lease

@@ -172,8 +172,10 @@ class SqliteFleetStore(SqlFleetStore):
                 tx.run(sql)
             tx.run("INSERT INTO meta (key, value) VALUES ('fleet_schema_version', '1')")
             version = 1
-        else:
+        elif str(row[0]).isascii() and str(row[0]).isdigit() and int(row[0]) >= 1:  # not ², -1, x
             version = int(row[0])
+        else:
+            raise JournalUnreadable(f"{self.location}: not an effectlog fleet store (fleet schema version {row[0]!r})")
         if version > FLEET_SCHEMA_VERSION:
             raise JournalUnreadable(
                 f"{self.location}: fleet schema v{version} is newer than this effectlog (v{FLEET_SCHEMA_VERSION})"

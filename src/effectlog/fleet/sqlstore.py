@@ -22,7 +22,14 @@ from typing import Any
 import msgspec
 
 from effectlog.canonical import canonical_json, digest_bytes, trusted_json
-from effectlog.errors import BadInput, IdempotencyConflict, IntegrityError, NotReconcilable, PlanMismatch
+from effectlog.errors import (
+    BadInput,
+    DecisionStale,
+    IdempotencyConflict,
+    IntegrityError,
+    NotReconcilable,
+    PlanMismatch,
+)
 from effectlog.fleet import attempts as am
 from effectlog.fleet import limits
 from effectlog.fleet.fencing import Dialect, Tx, check_lease, check_op, record_operation, replayed
@@ -150,6 +157,20 @@ def _offer(runner_id: str, capabilities: Sequence[str], lease_s: float, limit: i
     limits.seconds("lease_s", lease_s, high=limits.MAX_LEASE_S)
     limits.count("claim limit", limit, low=1, high=limits.MAX_CAPACITY)
     return canonical_json(sorted(set(capabilities))).decode()
+
+
+def _bound(request_id: int, attempt: int | None, current: int) -> None:
+    """``DecisionStale`` unless the operator's decision is about the request's current attempt (None: not bound).
+
+    A page (or a notification) shows one attempt; by the time the decision is posted another
+    operator may have requeued it and the next attempt may wait for a person for another reason.
+    """
+    if attempt is not None and attempt != current:
+        raise DecisionStale(
+            f"request {request_id}: the decision is about attempt {attempt}, but the request is at attempt "
+            f"{current} now; look at it again before deciding; nothing was written",
+            request_id=request_id,
+        )
 
 
 def request_fingerprint(
@@ -607,13 +628,17 @@ class SqlFleetStore:
 
     # -- operators ------------------------------------------------------------------
 
-    def operate(self, request_id: int, trigger: str, *, by: str, reason: str) -> RequestView:
-        """An operator's transition of the request's current attempt (``requeue``, ``give_up``, ``withdraw``)."""
+    def operate(
+        self, request_id: int, trigger: str, *, by: str, reason: str, attempt: int | None = None
+    ) -> RequestView:
+        """An operator's transition of the request's current attempt (``requeue``, ``give_up``, ``withdraw``);
+        with ``attempt``, only while that is the current one (``_bound``)."""
         _check_text("--by", by)
         _check_text("--reason", reason)
         with self._tx() as tx:
             now = tx.now()
             attempt_id, state, attempt_no = self._current(tx, request_id)
+            _bound(request_id, attempt, attempt_no)
             if not am.allowed(state, trigger):
                 sources = sorted(am.BY_TRIGGER[trigger].source) if trigger in am.BY_TRIGGER else []
                 raise NotReconcilable(
@@ -624,7 +649,7 @@ class SqlFleetStore:
             self._operator_move(tx, request_id, attempt_id, state, trigger, by=by, reason=reason, now=now)
             return self._request(tx, request_id)
 
-    def cancel(self, request_id: int, *, by: str, reason: str) -> RequestView:
+    def cancel(self, request_id: int, *, by: str, reason: str, attempt: int | None = None) -> RequestView:
         """Record an operator's cancellation.
 
         A queued request is withdrawn at once; a leased one's owner sees it at its next heartbeat.
@@ -634,7 +659,8 @@ class SqlFleetStore:
         d = self.dialect
         with self._tx() as tx:
             now = tx.now()
-            attempt_id, state, _ = self._current(tx, request_id)
+            attempt_id, state, attempt_no = self._current(tx, request_id)
+            _bound(request_id, attempt, attempt_no)
             if state in am.FINAL:
                 raise NotReconcilable(f"request {request_id} has already ended ({state}); nothing was written")
             if state in am.AWAITING_OPERATOR:

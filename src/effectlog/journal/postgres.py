@@ -211,7 +211,7 @@ class PostgresJournal:
         if not (has_meta and has_events):
             raise JournalUnreadable(f"{self.location}: not an effectlog journal (unexpected tables)")
         found = conn.execute(f"SELECT value FROM {SCHEMA}.meta WHERE key = 'schema_version'").fetchone()
-        if found is None or not str(found[0]).isdigit():
+        if found is None or not (str(found[0]).isascii() and str(found[0]).isdigit()):  # not ²
             raise JournalUnreadable(f"{self.location}: not an effectlog journal (no schema version)")
         return int(found[0])
 

@@ -250,7 +250,7 @@ class SqliteJournal:
         if "meta" not in tables or "events" not in tables:
             raise JournalUnreadable(f"{self.location}: not an effectlog journal (unexpected tables)")
         row = self._db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
-        if row is None or not str(row[0]).isdigit():
+        if row is None or not (str(row[0]).isascii() and str(row[0]).isdigit()):  # not ²
             raise JournalUnreadable(f"{self.location}: not an effectlog journal (no schema version)")
         return int(row[0])
 

@@ -216,27 +216,46 @@ class Telemetry:
     # -- the fleet ------------------------------------------------------------------------------
 
     def claimed(self, request_id: int, runner_id: str, run_id: str, attempt: int) -> None:
+        """The ``fleet.claim`` span and count: report-only (a raising processor must not cost the lease just
+        taken, nor, for a claim carried in a run's last commit, the attempt thread that runs it)."""
         attrs: dict[str, Any] = {
             NS + "fleet.request_id": request_id,
             NS + "fleet.runner_id": runner_id,
             NS + "run.id": run_id,
         }
-        with self.tracer.start_as_current_span(NS + "fleet.claim", attributes={**attrs, NS + "attempt": attempt}):
+        attrs[NS + "attempt"] = attempt
+        with (
+            reporting_only("the effectlog.fleet.claim span"),
+            self.tracer.start_as_current_span(NS + "fleet.claim", attributes=attrs),
+        ):
             self.claims.add(1, {NS + "fleet.runner_id": runner_id})
 
     def attempt(self, request_id: int, runner_id: str, run_id: str, attempt: int, call: Callable[[], str]) -> str:
+        """``call()`` (the attempt) inside the ``fleet.attempt`` span; the span is report-only, the attempt is not."""
         attrs: dict[str, Any] = {
             NS + "fleet.request_id": request_id,
             NS + "fleet.runner_id": runner_id,
             NS + "run.id": run_id,
             NS + "attempt": attempt,
         }
-        with self.tracer.start_as_current_span(NS + "fleet.attempt", attributes=attrs) as span:
-            outcome = call()
+        span: Span = trace.INVALID_SPAN
+        with reporting_only("the effectlog.fleet.attempt span"):
+            span = self.tracer.start_span(NS + "fleet.attempt", attributes=attrs)
+        try:
+            with trace.use_span(span, end_on_exit=False, record_exception=False, set_status_on_exception=False):
+                outcome = call()
+        except BaseException as exc:
+            with reporting_only("the effectlog.fleet.attempt span"):
+                span.record_exception(exc)
+                span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
+                span.end()
+            raise
+        with reporting_only("the effectlog.fleet.attempt span"):
             span.set_attribute(NS + "outcome", outcome)
             if outcome in ("failed", "needs_operator", "lost"):
                 span.set_status(Status(StatusCode.ERROR, outcome))
-            return outcome
+            span.end()
+        return outcome
 
 
 def _gen_ai_response(span: Span, response: Mapping[str, Any], t: Telemetry, base: Mapping[str, Any]) -> None:
