@@ -13,10 +13,19 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from hardening_kit import cli_env, effectlog, one_line
+
+
+def _script_report(*args: str) -> tuple[Any, subprocess.CompletedProcess[str]]:
+    """Run a script in a child interpreter; its report is the JSON of its last line of stdout."""
+    argv = [sys.executable, "-c", *args]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False, env=cli_env())
+    lines = proc.stdout.strip().splitlines() or ["{}"]
+    return json.loads(lines[-1]), proc
 
 pytest_plugins = ["pg_fixture"]
 
@@ -87,16 +96,8 @@ def test_a_span_processor_that_raises_on_a_fleet_span_loses_no_request_and_hangs
     starts, every request the runner leased was abandoned unreported ("error") and the runner went on
     to lease the next. Telemetry is a report, never an outcome. Proves: both requests succeed, the
     runner returns 0."""
-    proc = subprocess.run(
-        [sys.executable, "-c", _FLEET_WITH_RAISING_PROCESSOR, str(tmp_path), span, str(nth)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-        env=cli_env(),
-    )
-    lines = proc.stdout.strip().splitlines() or ["{}"]
-    assert {"rc": 0, "states": ["succeeded", "succeeded"]} == json.loads(lines[-1]), proc.stderr[-1500:]
+    report, proc = _script_report(_FLEET_WITH_RAISING_PROCESSOR, str(tmp_path), span, str(nth))
+    assert {"rc": 0, "states": ["succeeded", "succeeded"]} == report, proc.stderr[-1500:]
 
 
 # -- 2. approve --expires-in that is no number of seconds --------------------------------------------
@@ -282,16 +283,8 @@ def test_two_attempts_ending_together_carry_no_claim_past_max_attempts(tmp_path:
     after the commit. Capacity 2, N = 3: the first two attempts end together, the first's commit carries
     the third claim, and the second's commit, landing before the first's thread counted it, carried a
     fourth. (Left to chance, one run in three did so here.) Proves: exactly 3 attempts are made."""
-    proc = subprocess.run(
-        [sys.executable, "-c", _TWO_CARRIED_CLAIMS, str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-        env=cli_env(),
-    )
-    lines = proc.stdout.strip().splitlines() or ["{}"]
-    assert {"rc": 0, "attempts": 3} == json.loads(lines[-1]), proc.stderr[-1500:]
+    report, proc = _script_report(_TWO_CARRIED_CLAIMS, str(tmp_path))
+    assert {"rc": 0, "attempts": 3} == report, proc.stderr[-1500:]
 
 
 # -- 7. the command a notification carries, about the attempt the person will look at --------------
@@ -729,17 +722,9 @@ def test_a_busy_runners_threads_sharing_one_connection_lose_and_repeat_nothing(t
     to an operator, or an effect made twice. Proves: 48 two-step requests all succeed, each of the 96
     effects is made once, and the log says nothing but claims, successes and the heartbeats of
     attempts that had just succeeded. (Found nothing: regression test.)"""
-    proc = subprocess.run(
-        [sys.executable, "-c", _BUSY_RUNNER, str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-        env=cli_env(),
-    )
-    lines = proc.stdout.strip().splitlines() or ["{}"]
+    report, proc = _script_report(_BUSY_RUNNER, str(tmp_path))
     expected = {"rc": 0, "states": [["succeeded", 48]], "effects": [[1, 96]], "other": []}
-    assert expected == json.loads(lines[-1]), proc.stderr[-1500:]
+    assert expected == report, proc.stderr[-1500:]
 
 
 def test_claims_through_the_v3_function_and_the_v2_statement_at_once_lease_each_request_once(pg_url: str) -> None:

@@ -169,6 +169,15 @@ def test_a_timed_out_shell_step_stops_the_run_after_its_process_group_is_killed(
     assert is_gone(int(pidfile.read_text()))
 
 
+def kill_daemon(pidfile: Path) -> None:
+    """SIGKILL the daemon whose pid the test's command wrote (it may take a moment to write it)."""
+    for _ in range(100):
+        if pidfile.exists() and pidfile.read_text().strip():
+            os.kill(int(pidfile.read_text()), 9)
+            return
+        time.sleep(0.05)
+
+
 def test_a_command_that_leaves_a_daemon_holding_its_output_is_done_when_it_exits(tmp_path: Path) -> None:
     """``sh -c 'setsid sleep 30 & echo started'``: a "start a service" step. The service (in a session of
     its own, so not the command's process group) keeps the stdout pipe open; the adapter waited for the
@@ -182,11 +191,7 @@ def test_a_command_that_leaves_a_daemon_holding_its_output_is_done_when_it_exits
         receipt = ShellAdapter().invoke(request({"argv": ["sh", "-c", script]}, timeout_s=20))
         took = time.monotonic() - began
     finally:
-        for _ in range(100):
-            if pidfile.exists() and pidfile.read_text().strip():
-                os.kill(int(pidfile.read_text()), 9)
-                break
-            time.sleep(0.05)
+        kill_daemon(pidfile)
     assert (True, 0, sha256(b"started\n")) == (receipt.ok, receipt.data["exit_status"], receipt.data["stdout_sha256"])
     assert took < 15, took  # bounded far below the service's 30 s and the 20 s timeout: not a wall-time benchmark
 
@@ -204,9 +209,5 @@ def test_a_timeout_returns_even_when_an_escaped_daemon_holds_the_output(tmp_path
             ShellAdapter().invoke(request({"argv": ["sh", "-c", script]}, timeout_s=0.5))
         took = time.monotonic() - began
     finally:
-        for _ in range(100):
-            if pidfile.exists() and pidfile.read_text().strip():
-                os.kill(int(pidfile.read_text()), 9)
-                break
-            time.sleep(0.05)
+        kill_daemon(pidfile)
     assert took < 15, took
