@@ -672,14 +672,17 @@ def targets(results: dict[str, Any]) -> list[tuple[str, bool, str, str]]:
                 runs >= 250,
                 f"{runs:.1f} at {at}",
                 f"a run is {lite['1']['commits_per_run']:.0f} commits one after another through the file's one"
-                " writer (the next claim rides in the run's last one; docs/fleet.md, Numbers), and commits are not"
-                " shared between runs, so more processes only add contention for the writer and the 2 cores. At 1"
+                " writer (run.started rides in the first step's request, the next claim in the run's last commit;"
+                " docs/fleet.md, Numbers), and commits are not shared between runs, so more processes only add"
+                " contention for the writer and the 2 cores. At 1"
                 f" process a run took {1000 / lite['1']['runs_per_s']:.1f} ms of wall time and"
-                f" {lite['1']['cpu_ms_per_run']:.1f} ms of runner CPU (its threads overlapping the fsyncs): one runner"
-                " is CPU-bound. Profiled before this session's cuts, the attempt's six journal appends took 1.7-2.0"
-                " ms of it (Python building, checking, encoding and hashing events, and each commit's fsync costs"
-                " CPU on this virtual machine); the runtime built for each attempt took about 0.25 ms (an event"
-                " loop, the plan parsed and checked). 250 needs less CPU per append or fewer appends per run",
+                f" {lite['1']['cpu_ms_per_run']:.1f} ms of runner CPU (its threads overlapping the fsyncs). The"
+                " rate follows the shared disk: in one hour of paired A/B rounds, 1-process rounds ranged from 32"
+                " to 367 runs/s on the same code (docs/fleet.md, Numbers, second pass). What is left in the code:"
+                " two more commits per run need the run actor to commit a step's confirmation with the next step's"
+                " request and the last one with run.completed (its commit boundaries, which the crash matrix"
+                " kills at), and about 60 µs per run of per-attempt checks (the adapter fingerprint re-reading its"
+                " module, protocol isinstance checks on the leased journal)",
             )
         )
     return out
