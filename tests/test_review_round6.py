@@ -4,10 +4,14 @@ traceback. Each test is one finding: a failing reproduction first, the fix after
 
 from __future__ import annotations
 
+import time
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from effectlog.adapters.protocol import Request
+from effectlog.adapters.shell import ShellAdapter, ShellTimeout
 from effectlog.canonical import canonical_json, digest
 from effectlog.errors import BadInput
 from effectlog.recordable import why_unrecordable
@@ -52,3 +56,30 @@ def test_deep_finite_value_still_encodes() -> None:
     expected = canonical_json(value)
     assert expected == canonical_json(value, "result")
     assert why_unrecordable(value) is None
+
+
+# -- shell adapter: a command that closes its output pipes, then outlives its timeout -----------------
+
+
+def test_shell_timeout_holds_for_a_command_that_closes_its_pipes(tmp_path: Path) -> None:
+    """``_outputs`` ended its loop when both pipes had ended and then waited for the command with no
+    timeout: a command that closes stdout and stderr (``exec >&- 2>&-``, a daemonising script) ran past
+    ``timeout_s`` unkilled, its step reported as done when it ended, and, under the runtime (which gives
+    up after timeout_s + grace and records the outcome unknown), kept running after the journal called
+    the effect uncertain, free to land after a reconciliation or a retry. The timeout must still hold:
+    ``ShellTimeout`` and the process group killed before its effect."""
+    marker = tmp_path / "effect"
+    script = f"exec >&- 2>&-; sleep 3; echo done > {marker}"
+    request = Request(
+        run_id="r1",
+        step_id="s1",
+        attempt=1,
+        idempotency_key="r1/s1/1",
+        args={"argv": ["sh", "-c", script]},
+        timeout_s=0.5,
+    )
+    with pytest.raises(ShellTimeout):
+        ShellAdapter().invoke(request)
+    time.sleep(3.5)  # past the command's own sleep: a command left alive would have written its effect
+    expected = False
+    assert expected == marker.exists()
