@@ -4,6 +4,7 @@ traceback. Each test is one finding: a failing reproduction first, the fix after
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ from effectlog.canonical import canonical_json, digest
 from effectlog.errors import BadInput
 from effectlog.recordable import why_unrecordable
 from effectlog.session.identity import finite
+from hardening_kit import cli_env, effectlog, one_line
 
 
 def _nested(leaf: Any, depth: int) -> Any:
@@ -83,3 +85,17 @@ def test_shell_timeout_holds_for_a_command_that_closes_its_pipes(tmp_path: Path)
     time.sleep(3.5)  # past the command's own sleep: a command left alive would have written its effect
     expected = False
     assert expected == marker.exists()
+
+
+# -- the entry point's fds 0-2: stdin closed ------------------------------------------------------------
+
+
+def test_a_command_reading_stdin_started_with_fd_0_closed_gives_one_line_not_a_traceback(tmp_path: Path) -> None:
+    """``standard_descriptors_open`` points a closed fd 0 at /dev/null but gave ``sys.stdin`` (None, as
+    Python sets it for a closed fd) no stream, as it does for stdout and stderr: ``console hash-password``
+    started with ``<&-`` died with ``AttributeError: 'NoneType' object has no attribute 'isatty'``. With
+    stdin read as /dev/null it is the documented refusal of an empty password (exit 2, one line)."""
+    done = effectlog("console", "hash-password", cwd=tmp_path, env=cli_env(), preexec=lambda: os.close(0))
+    line = one_line(done.stderr)
+    expected = (2, "effectlog: bad_input: hash-password: the password is empty")
+    assert expected == (done.returncode, line)
