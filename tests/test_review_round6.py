@@ -14,10 +14,11 @@ import pytest
 from effectlog.adapters.protocol import Request
 from effectlog.adapters.shell import ShellAdapter, ShellTimeout
 from effectlog.canonical import canonical_json, digest
+from effectlog.chain import Chain
 from effectlog.errors import BadInput
 from effectlog.recordable import why_unrecordable
 from effectlog.session.identity import finite
-from hardening_kit import cli_env, effectlog, one_line
+from hardening_kit import cli_env, effectlog, one_line, run_good_plan
 
 
 def _nested(leaf: Any, depth: int) -> Any:
@@ -99,3 +100,20 @@ def test_a_command_reading_stdin_started_with_fd_0_closed_gives_one_line_not_a_t
     line = one_line(done.stderr)
     expected = (2, "effectlog: bad_input: hash-password: the password is empty")
     assert expected == (done.returncode, line)
+
+
+# -- a journal key in the environment that is not UTF-8 --------------------------------------------------
+
+
+def test_a_journal_key_in_the_environment_that_is_not_utf8_is_used_as_its_bytes(tmp_path: Path) -> None:
+    """The argv check (non-UTF-8 arguments refused in one line) left the one other text every command
+    takes from outside: ``EFFECTLOG_JOURNAL_KEY`` set to bytes that are not UTF-8 (a key from a random
+    source) reached ``str.encode`` and every command died with ``UnicodeEncodeError``. The key is bytes
+    (``--key-file`` reads it as bytes): the environment's bytes are the key, and a journal written with
+    them verifies."""
+    journal = tmp_path / "keyed.db"
+    run_good_plan(journal, chain=Chain(b"\xffkey"))
+    env = cli_env({"EFFECTLOG_JOURNAL_KEY": "\udcffkey"})  # os.fsencode gives the child b"\xffkey"
+    done = effectlog("verify", "--journal", str(journal), cwd=tmp_path, env=env)
+    expected = (0, False)
+    assert expected == (done.returncode, "Traceback" in done.stderr), done.stderr
