@@ -4,6 +4,7 @@ traceback. Each test is one finding: a failing reproduction first, the fix after
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from pathlib import Path
@@ -15,7 +16,9 @@ from effectlog.adapters.protocol import Request
 from effectlog.adapters.shell import ShellAdapter, ShellTimeout
 from effectlog.canonical import canonical_json, digest
 from effectlog.chain import Chain
-from effectlog.errors import BadInput
+from effectlog.errors import BadInput, SecretUnavailable
+from effectlog.fleet.secrets import env_name, resolve
+from effectlog.plan import Plan, parse_plan
 from effectlog.recordable import why_unrecordable
 from effectlog.session.identity import finite
 from hardening_kit import cli_env, effectlog, one_line, run_good_plan
@@ -117,3 +120,33 @@ def test_a_journal_key_in_the_environment_that_is_not_utf8_is_used_as_its_bytes(
     done = effectlog("verify", "--journal", str(journal), cwd=tmp_path, env=env)
     expected = (0, False)
     assert expected == (done.returncode, "Traceback" in done.stderr), done.stderr
+
+
+# -- a fleet runner's secret value that is not UTF-8 text ---------------------------------------------
+
+
+def _secret_plan() -> Plan:
+    plan = {
+        "run_id": "pay-1",
+        "adapters": {"rec": {"type": "noop"}},
+        "steps": [{"id": "charge", "adapter": "rec", "args": {"card": "4111"}, "secret": ["card"]}],
+    }
+    pinned = parse_plan(json.dumps(plan).encode()).pinned()  # as the store keeps it: the card as its digest
+    return parse_plan(json.dumps(pinned).encode())
+
+
+@pytest.mark.parametrize("source", ["environment", "provider"])
+def test_a_secret_value_that_is_not_utf8_is_secret_unavailable(source: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Same class as the argv and journal-key cases, at the fleet's other outside text: a runner whose
+    ``EFFECTLOG_SECRET_CARD`` (or provider hook) gives a value that is not UTF-8 raised
+    ``UnicodeEncodeError`` from the digest check, past the attempt's prepare (which reports ``BadInput``
+    as a failed attempt), so the attempt was never reported, its lease ran out and each requeue did the
+    same. It is ``SecretUnavailable`` (a ``BadInput``) naming the arg, as any other wrong value is."""
+    plan = _secret_plan()
+    value = "\udcff4111"  # what Python makes of the bytes b"\xff4111" in the environment
+    provider = (lambda wanted: value) if source == "provider" else None
+    if source == "environment":
+        monkeypatch.setenv(env_name("card"), value)
+    with pytest.raises(SecretUnavailable) as caught:
+        resolve(plan, provider)
+    assert "steps.charge.args.card" in caught.value.message
