@@ -15,7 +15,6 @@ import msgspec
 from effectlog.errors import BadInput
 
 _encoder = msgspec.json.Encoder(order="sorted")
-_MAX_DEPTH = 256  # deeper than this, the encoder itself gives up
 
 
 def canonical_json(value: Any, where: str = "value") -> bytes:
@@ -54,27 +53,37 @@ def non_finite(value: Any, where: str = "value") -> str | None:
         plain = msgspec.to_builtins(value)  # structs, dataclasses, enums: as the encoder sees them
     except (Exception, RecursionError):
         plain = value
-    return _non_finite(plain, where, 0)
+    return _non_finite(plain, where)
 
 
-def _non_finite(value: Any, where: str, depth: int) -> str | None:
-    if isinstance(value, float):
-        if math.isfinite(value):
-            return None
-        return (
-            f"{where}: {value!r} is not a finite number; JSON has no NaN or infinity "
-            "(it would be recorded as null, the same as None)"
-        )
-    if depth > _MAX_DEPTH:
-        return None
-    if isinstance(value, dict):
-        items: Any = ((f"{where}.{k}", v) for k, v in value.items())
-    elif isinstance(value, list | tuple | set | frozenset):
-        items = ((f"{where}[{i}]", v) for i, v in enumerate(value))
-    else:
-        return None
-    for place, item in items:
-        found = _non_finite(item, place, depth + 1)
-        if found:
-            return found
+def _non_finite(value: Any, where: str) -> str | None:
+    """Depth first, in order, with no depth limit and no recursion: the encoder goes down to Python's
+    recursion limit (~1000 levels), so a NaN below a cut-off of the walk's would be written as null
+    unseen. The path is spelled out only for the value found (``_path``)."""
+    stack: list[tuple[Any, Any]] = [(value, None)]  # (a value, its place: (its parent's place, key or index))
+    pop, push = stack.pop, stack.append
+    while stack:
+        item, place = pop()
+        if isinstance(item, float):
+            if not math.isfinite(item):
+                return (
+                    f"{_path(where, place)}: {item!r} is not a finite number; JSON has no NaN or infinity "
+                    "(it would be recorded as null, the same as None)"
+                )
+        elif isinstance(item, dict):
+            for key, child in reversed(item.items()):
+                push((child, (place, str(key))))
+        elif isinstance(item, list | tuple | set | frozenset):
+            children = item if isinstance(item, list | tuple) else list(item)
+            for i in range(len(children) - 1, -1, -1):
+                push((children[i], (place, i)))
     return None
+
+
+def _path(where: str, place: Any) -> str:
+    """``where.key[i]...`` for a place of ``_non_finite``'s walk."""
+    parts: list[str] = []
+    while place is not None:
+        place, part = place
+        parts.append(f"[{part}]" if isinstance(part, int) else f".{part}")
+    return where + "".join(reversed(parts))

@@ -84,7 +84,8 @@ class ShellAdapter:
 
 def _outputs(proc: subprocess.Popen[bytes], timeout: float) -> tuple[bytes, bytes]:
     """The command's stdout and stderr until it exits (and its pipes end, or ``EXITED_DRAIN_S`` more
-    pass: a daemon it started may hold them for ever). ``TimeoutExpired`` once ``timeout`` passes first."""
+    pass: a daemon it started may hold them for ever). ``TimeoutExpired`` once ``timeout`` passes first,
+    whether its pipes are open or not."""
     assert proc.stdout is not None  # both are pipes (Popen with PIPE)
     assert proc.stderr is not None
     out_fd, err_fd = proc.stdout.fileno(), proc.stderr.fileno()
@@ -112,7 +113,9 @@ def _outputs(proc: subprocess.Popen[bytes], timeout: float) -> tuple[bytes, byte
                     chunks[key.fd].append(data)
                 else:
                     selector.unregister(key.fd)
-    proc.wait()
+    # Both pipes may end long before the command does (it closed them, ``exec >&- 2>&-``): the
+    # timeout still holds for the wait (``TimeoutExpired``: the caller kills the process group).
+    proc.wait(timeout=max(deadline - time.monotonic(), 0.0) if exited_at is None else None)
     _close(proc)
     return b"".join(chunks[out_fd]), b"".join(chunks[err_fd])
 

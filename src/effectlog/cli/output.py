@@ -41,7 +41,7 @@ def standard_descriptors_open() -> None:
     Otherwise the first file the process opens takes the free number: with fd 2 closed that was
     the journal, ``tools_write_to_stderr`` pointed fd 1 at it, and a tool's ``print`` wrote into
     the journal file (left "malformed" by the next checkpoint). Python set ``sys.stdout`` (or
-    ``sys.stderr``) to None for a closed descriptor: each gets a stream on /dev/null instead.
+    ``sys.stderr``, ``sys.stdin``) to None for a closed descriptor: each gets a stream on /dev/null instead.
     """
     for fd in (0, 1, 2):
         try:
@@ -51,6 +51,8 @@ def standard_descriptors_open() -> None:
             if null != fd:
                 os.dup2(null, fd)
                 os.close(null)
+    if sys.stdin is None:  # (read by console hash-password)
+        sys.stdin = open(0, encoding="utf-8", closefd=False)  # noqa: SIM115 - lives as long as the process
     if sys.stdout is None:
         sys.stdout = open(1, "w", encoding="utf-8", closefd=False)  # noqa: SIM115 - lives as long as the process
     if sys.stderr is None:

@@ -56,6 +56,15 @@ def from_environment(wanted: SecretWanted, environ: Mapping[str, str] | None = N
     text = (os.environ if environ is None else environ).get(env_name(wanted.name))
     if text is None:
         return None
+    try:
+        text.encode()
+    except UnicodeEncodeError:  # bytes that are not UTF-8: no submitted (JSON) value is this one
+        raise SecretUnavailable(
+            f"steps.{wanted.step_id}.args.{wanted.name}: {env_name(wanted.name)} is not UTF-8 text, so it is not "
+            "the submitted value",
+            run_id=wanted.run_id,
+            step_id=wanted.step_id,
+        ) from None
     if digest(text) == wanted.sha256:
         return text
     try:
@@ -92,10 +101,19 @@ def resolve(plan: Plan, provider: Provider | None = None) -> Plan:
                     run_id=plan.run_id,
                     step_id=step.id,
                 )
-            if digest(value) != sha:
+            try:
+                held = digest(value)
+            except (TypeError, ValueError, msgspec.EncodeError) as exc:  # not UTF-8 text, not JSON-encodable
+                raise SecretUnavailable(
+                    f"{where}: this runner's value for secret {name!r} has no JSON form, so it is not the "
+                    f"submitted one ({type(exc).__name__})",
+                    run_id=plan.run_id,
+                    step_id=step.id,
+                ) from None
+            if held != sha:
                 raise SecretUnavailable(
                     f"{where}: this runner's value for secret {name!r} is not the submitted one "
-                    f"(sha256 {digest(value)[:12]}..., submitted {sha[:12]}...)",
+                    f"(sha256 {held[:12]}..., submitted {sha[:12]}...)",
                     run_id=plan.run_id,
                     step_id=step.id,
                 )

@@ -53,8 +53,9 @@ def chain_from_env(key_file: str | None = None) -> Chain:
         if not key:
             raise BadInput(f"--key-file {key_file}: the key file is empty")
         return Chain(key)
-    env = os.environ.get("EFFECTLOG_JOURNAL_KEY", "")
-    return Chain(env.encode() if env else None)
+    # The environment's bytes, as --key-file's: a key that is not UTF-8 has no str.encode()
+    env = os.environb.get(b"EFFECTLOG_JOURNAL_KEY", b"")
+    return Chain(env or None)
 
 
 def open_journal(location: str, *, writer: bool = True, chain: Chain | None = None) -> Journal:
