@@ -119,3 +119,14 @@ def test_a_pydantic_ai_models_tool_call_with_nan_args_is_told_back_and_no_tool_r
     assert (["done", "done"], [5]) == (outputs, paid)
     assert [True, "paid 5.0"] == ["amount: nan is not a finite number" in told[0], told[1]], told
 
+
+
+def test_the_msgpack_precheck_sends_every_non_finite_float_to_the_walk_and_lets_lookalikes_pass() -> None:
+    """Values with a ``null`` are pre-checked in msgpack (a float with an all-ones exponent) before the
+    walk: every NaN/inf, at any place, still reaches the walk and is refused; a look-alike (a str holding
+    those bytes' characters, a huge int) is encoded as before."""
+    for value in (math.nan, -math.inf, [None, {"k": (1, math.inf)}], {"deep": [[[[-math.nan]]]], "n": None}):
+        with pytest.raises(BadInput, match="not a finite number"):
+            canonical_json(value)
+    lookalikes = {"s": "\u00cb\u007f\u00f0", "i": 2**64 - 1, "f": -1e308, "n": None}
+    assert b'{"f":-1e308,"i":18446744073709551615,"n":null,"s":"\xc3\x8b\x7f\xc3\xb0"}' == canonical_json(lookalikes)

