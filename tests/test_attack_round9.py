@@ -1,0 +1,105 @@
+"""Round-9 attacks: the run's life cycle (recover, fork, retry, repin, lineage) and the libraries users call
+directly (``effectlog.durable``, sessions, the framework integrations, effect stores), with cases nobody had
+tried. Each test is one suspicion, a failing reproduction first where it found a defect, kept as a
+regression test where it found none. Real SQLite files, real processes (``python -m effectlog``)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from effectlog import durable
+from effectlog.errors import BadInput
+from effectlog.session import SqliteCheckpointer
+
+# -- 1. a durable tool called from inside another durable tool's body, past the overlap check -------
+
+
+def test_an_async_tool_run_inside_a_sync_tools_body_is_refused_not_a_step_a_resume_skips(tmp_path: Path) -> None:
+    """A sync durable tool whose body drives an async durable tool with ``asyncio.run`` (a sync wrapper
+    around an async client) slipped past the overlap check (the inner call ran in a new task of a new
+    loop, so it queued for its turn instead of being refused): it became its own step, after the outer
+    one. On resume the outer step is recorded and does not run, so its inner call is not made, and the
+    block's next direct call of the same tool with the same args took the inner call's step and its
+    recorded result: a charge the program makes was never sent. Proves: the nested call is refused
+    (BadInput, "call another"), nothing of it is sent or recorded, and a block that makes the direct
+    call sends it."""
+    sent: list[int] = []
+
+    @durable.tool(idempotent=True)
+    async def charge(cents: int) -> str:
+        sent.append(cents)
+        return f"charged {cents}"
+
+    @durable.tool(idempotent=True)
+    def checkout() -> str:
+        return asyncio.run(charge(5))
+
+    journal = tmp_path / "j.db"
+    with pytest.raises(BadInput, match="call another"), durable.run("r", journal=journal):
+        checkout()
+    with durable.run("r2", journal=journal):
+        assert "charged 5" == asyncio.run(charge(5))
+    with SqliteCheckpointer(journal) as store:
+        tools = [(s.step_id, s.adapter, s.state) for s in store.load("r").steps]
+    assert ([5], [("step-0", "checkout", "requested")]) == (sent, tools)
+
+
+def test_an_async_tool_gathering_durable_tools_in_its_body_is_refused_not_a_deadlock(tmp_path: Path) -> None:
+    """An async durable tool whose body awaits ``asyncio.gather`` of other durable tools: the gathered
+    calls run in new tasks, so they queued for the run's turn, which the outer call holds until they
+    finish: the run hung for ever (here cut by ``wait_for``). Proves: the inner calls are refused
+    (BadInput, "call another") at once and none of them is sent."""
+    sent: list[int] = []
+
+    @durable.tool(idempotent=True)
+    async def charge(cents: int) -> int:
+        sent.append(cents)
+        return cents
+
+    @durable.tool(idempotent=True)
+    async def basket() -> list[int]:
+        return list(await asyncio.gather(charge(1), charge(2)))
+
+    async def block() -> None:
+        async with durable.run("r", journal=tmp_path / "j.db"):
+            await asyncio.wait_for(basket(), 10)
+
+    with pytest.raises(BadInput, match="call another"):
+        asyncio.run(block())
+    assert [] == sent
+
+
+# -- 2. a generator function declared as a durable tool ------------------------------------------
+
+
+def _gen(sent: list[int]) -> Any:
+    def ship(n: int) -> Any:
+        sent.append(n)
+        yield n
+
+    return ship
+
+
+def _agen(sent: list[int]) -> Any:
+    async def ship(n: int) -> Any:
+        sent.append(n)
+        yield n
+
+    return ship
+
+
+@pytest.mark.parametrize("make", [_gen, _agen], ids=["generator", "async-generator"])
+def test_a_generator_function_is_refused_as_a_durable_tool_when_declared(tmp_path: Path, make: Any) -> None:
+    """A generator (or async generator) function decorated as a durable tool: calling it runs none of its
+    body, it returns a generator, which no journal can hold. A non-idempotent one then stopped the run as
+    uncertain and asked a person to reconcile an effect that never happened (an idempotent one failed on
+    every pass, its intent left). Proves: the declaration is refused (BadInput naming the tool), before
+    any run or journal exists."""
+    sent: list[int] = []
+    with pytest.raises(BadInput, match="'ship'.*generator"):
+        durable.tool(idempotent=False)(make(sent))
+    assert ([], False) == (sent, (tmp_path / "j.db").exists())
