@@ -100,6 +100,6 @@ def test_a_generator_function_is_refused_as_a_durable_tool_when_declared(tmp_pat
     every pass, its intent left). Proves: the declaration is refused (BadInput naming the tool), before
     any run or journal exists."""
     sent: list[int] = []
-    with pytest.raises(BadInput, match="'ship'.*generator"):
+    with pytest.raises(BadInput, match=r"'ship'.*generator"):
         durable.tool(idempotent=False)(make(sent))
     assert ([], False) == (sent, (tmp_path / "j.db").exists())

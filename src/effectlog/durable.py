@@ -65,6 +65,9 @@ Approval = bool | Callable[[ToolCall], bool]
 
 _current: contextvars.ContextVar[Run | None] = contextvars.ContextVar("effectlog_durable_run", default=None)
 _key: contextvars.ContextVar[str | None] = contextvars.ContextVar("effectlog_durable_key", default=None)
+# The run whose tool body is running in this context: new tasks and new loops copy it, so a durable call
+# made from inside a tool's body is seen as one however it got there (asyncio.run, gather, create_task).
+_inside: contextvars.ContextVar[Run | None] = contextvars.ContextVar("effectlog_durable_inside", default=None)
 
 
 def current() -> Run:
@@ -189,6 +192,11 @@ def _declare(
         raise BadInput(f"{where} must declare idempotent=True or idempotent=False")
     if not tool_name:
         raise BadInput("a durable tool needs a name")
+    if inspect.isgeneratorfunction(fn) or inspect.isasyncgenfunction(fn):
+        raise BadInput(
+            f"{where} is a generator function: a call runs none of its body and returns a generator, which "
+            "no journal can hold; make it return its values (a list) instead"
+        )
     is_async = inspect.iscoroutinefunction(fn)
     if timeout_s is not None:
         if not is_async:
@@ -272,7 +280,11 @@ class _RunGateway:
     async def call_tool(self, name: str, args: Mapping[str, Any], *, idempotency_key: str) -> Any:
         pending = self._run._pending
         assert pending is not None
-        return await _invoke(pending, idempotency_key)
+        token = _inside.set(self._run)
+        try:
+            return await _invoke(pending, idempotency_key)
+        finally:
+            _inside.reset(token)
 
 
 async def _invoke(pending: _Pending, key: str) -> Any:
@@ -493,6 +505,16 @@ class Run:
             )
         self._check_one_function(decl)
         arguments = decl.bind(args, kwargs)
+        if _inside.get() is self:
+            # From a tool's body (a new loop or task of it included): its own step would follow the outer
+            # one, which a resume skips when recorded, so a later call would take the inner call's step.
+            busy = self._pending.decl.info.name if self._pending is not None else "another durable tool"
+            raise BadInput(
+                f"durable tool {decl.info.name!r} was called from inside {busy!r} in run {self.run_id!r}: "
+                "steps of a run never overlap, and a durable tool may not call another (call the inner "
+                "one's __wrapped__, or call both from the block)",
+                run_id=self.run_id,
+            )
         if not decl.is_async or (self._pending is not None and self._holder is asyncio.current_task()):
             if self._pending is not None or self._queued:
                 busy = self._pending.decl.info.name if self._pending is not None else "an async tool"
