@@ -103,3 +103,39 @@ def test_a_generator_function_is_refused_as_a_durable_tool_when_declared(tmp_pat
     with pytest.raises(BadInput, match=r"'ship'.*generator"):
         durable.tool(idempotent=False)(make(sent))
     assert ([], False) == (sent, (tmp_path / "j.db").exists())
+
+
+# -- 3. a session resumed with another toolbox: a tool now declared not idempotent ----------------
+
+
+def test_a_tool_redeclared_not_idempotent_is_not_sent_again_on_resume(tmp_path: Path) -> None:
+    """Pass 1 declares ``pay`` idempotent; its call sends and then raises (a lost reply), so the intent
+    stays for the next pass to send again with the same key. The code is then changed: ``pay`` is
+    declared ``idempotent=False`` (its owners learned the API ignores keys). The resume decided from the
+    journal's recorded flag alone and sent the call again, against the declaration now in force: a
+    second charge. Proves: the resume takes the stricter of the two declarations: the step stops as
+    uncertain (``UncertainEffect``, the run stopped), and ``pay`` was sent once."""
+    from effectlog.errors import UncertainEffect
+
+    sent: list[int] = []
+
+    def declare(idempotent: bool) -> Any:
+        @durable.tool(idempotent=idempotent, name="pay")
+        def pay(cents: int) -> str:
+            sent.append(cents)
+            if len(sent) == 1:
+                raise ConnectionError("reply lost")
+            return "paid"
+
+        return pay
+
+    journal = tmp_path / "j.db"
+    pay = declare(True)
+    with pytest.raises(ConnectionError), durable.run("r", journal=journal):
+        pay(5)
+    pay = declare(False)
+    with pytest.raises(UncertainEffect), durable.run("r", journal=journal):
+        pay(5)
+    with SqliteCheckpointer(journal) as store:
+        run = store.load("r").run
+    assert ([5], "stopped", "uncertain") == (sent, run.state, run.step("step-0").state)  # type: ignore[union-attr]
