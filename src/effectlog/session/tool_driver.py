@@ -101,6 +101,15 @@ class ToolDriver:
                 raise self._uncertain()
             if action is Action.RESEND:
                 assert step is not None
+                if not self.info.idempotent:
+                    # Recorded as idempotent, declared not idempotent now (the code changed between passes):
+                    # the stricter declaration wins, so the same key is not sent again to a tool said to ignore it.
+                    self._doubt(
+                        step,
+                        "requested before the process ended; no result recorded (the tool is no "
+                        "longer declared idempotent, so it is not sent again)",
+                    )
+                    raise self._uncertain()
                 s._resend(step)
                 return await self._invoke()
             return await self._execute(step)
