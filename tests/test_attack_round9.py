@@ -139,3 +139,42 @@ def test_a_tool_redeclared_not_idempotent_is_not_sent_again_on_resume(tmp_path: 
     with SqliteCheckpointer(journal) as store:
         run = store.load("r").run
     assert ([5], "stopped", "uncertain") == (sent, run.state, run.step("step-0").state)  # type: ignore[union-attr]
+
+
+# -- 4. a callable object declared as a durable tool ----------------------------------------------
+
+
+class _Client:
+    """A client object called like a function (a configured API client): ``durable.tool(name=...)(client)``."""
+
+    def __init__(self, sent: list[int]) -> None:
+        self.sent = sent
+
+    def __call__(self, cents: int) -> str:
+        self.sent.append(cents)
+        return f"paid {cents}"
+
+
+class _AsyncClient(_Client):
+    async def __call__(self, cents: int) -> str:  # type: ignore[override]
+        self.sent.append(cents)
+        return f"paid {cents}"
+
+
+@pytest.mark.parametrize("kind", [_Client, _AsyncClient], ids=["sync", "async"])
+def test_a_callable_object_is_a_durable_tool_called_once_and_replayed(tmp_path: Path, kind: type[_Client]) -> None:
+    """An object with ``__call__`` (no ``__qualname__`` of its own) declared as a durable tool: the
+    one-function-per-name check read ``fn.__qualname__`` and raised AttributeError at the first call (a
+    traceback from effectlog), and an ``async def __call__`` was taken for a sync function, so its call
+    returned an unawaited coroutine, which stopped the run as uncertain with nothing sent. Proves: the
+    call runs once and returns its value (awaited when ``__call__`` is async), and a second pass of the
+    completed run answers from the journal without calling it."""
+    sent: list[int] = []
+    pay = durable.tool(idempotent=False, name="pay")(kind(sent))
+
+    async def block() -> list[str]:
+        async with durable.run("r", journal=tmp_path / "j.db"):
+            value = pay(5)
+            return [await value if asyncio.iscoroutine(value) else value]
+
+    assert (["paid 5"], ["paid 5"], [5]) == (asyncio.run(block()), asyncio.run(block()), sent)
