@@ -178,3 +178,15 @@ def test_a_callable_object_is_a_durable_tool_called_once_and_replayed(tmp_path: 
             return [await value if asyncio.iscoroutine(value) else value]
 
     assert (["paid 5"], ["paid 5"], [5]) == (asyncio.run(block()), asyncio.run(block()), sent)
+
+
+def test_a_callable_object_called_outside_a_run_is_not_in_run() -> None:
+    """The outside-a-block error named ``fn.__name__``, which a callable object lacks: AttributeError
+    instead of ``NotInRun``. Proves: ``NotInRun`` naming the tool, nothing called."""
+    from effectlog.errors import NotInRun
+
+    sent: list[int] = []
+    pay = durable.tool(idempotent=False, name="pay")(_Client(sent))
+    with pytest.raises(NotInRun, match="'pay'"):
+        pay(5)
+    assert [] == sent

@@ -197,7 +197,10 @@ def _declare(
             f"{where} is a generator function: a call runs none of its body and returns a generator, which "
             "no journal can hold; make it return its values (a list) instead"
         )
-    is_async = inspect.iscoroutinefunction(fn)
+    # An object with an ``async def __call__`` (a configured client) is as async as a coroutine function.
+    is_async = inspect.iscoroutinefunction(fn) or (
+        callable(fn) and not inspect.isroutine(fn) and inspect.iscoroutinefunction(type(fn).__call__)
+    )
     if timeout_s is not None:
         if not is_async:
             raise BadInput(
@@ -230,9 +233,10 @@ def _declare(
 def _active(decl: Tool) -> Run:
     current = _current.get()
     if current is None:
+        plain = getattr(decl.fn, "__name__", decl.info.name)  # a callable object has no __name__
         raise NotInRun(
             f"durable tool {decl.info.name!r} was called outside a durable.run block; wrap the calls in "
-            f"`with durable.run(RUN_ID, journal=...)`, or call {decl.fn.__name__}.__wrapped__ for a plain, "
+            f"`with durable.run(RUN_ID, journal=...)`, or call {plain}.__wrapped__ for a plain, "
             "unjournaled call"
         )
     return current
@@ -534,7 +538,8 @@ class Run:
 
     def _check_one_function(self, decl: Tool) -> None:
         """A tool name is what the journal recognises a step by: two functions under one name would swap results."""
-        origin = f"{decl.fn.__module__}.{decl.fn.__qualname__}"
+        fn = decl.fn  # a callable object has no __qualname__ of its own: its class names it
+        origin = f"{getattr(fn, '__module__', '')}.{getattr(fn, '__qualname__', type(fn).__qualname__)}"
         known = self._origins.setdefault(decl.info.name, origin)
         if known != origin:
             raise BadInput(
