@@ -190,3 +190,58 @@ def test_a_callable_object_called_outside_a_run_is_not_in_run() -> None:
     with pytest.raises(NotInRun, match="'pay'"):
         pay(5)
     assert [] == sent
+
+
+# -- 5. a key given to a step after a code change ---------------------------------------------------
+
+
+def test_a_step_given_a_key_after_a_code_change_is_not_run_again_under_it(tmp_path: Path) -> None:
+    """Pass 1 (old code) calls ``lookup`` then ``charge``, both unkeyed (``step-0``, ``step-1``), and
+    stops before finishing. The code is changed to give ``charge`` a step key. Pass 2 replays ``step-0``,
+    then asks for the keyed step, which the journal does not hold, so it ran: the charge was sent a
+    second time under a new id, and only ``finish`` noticed (``ReplayDivergence``: ``step-1`` never
+    reached), after the effect. Proves: a pass does not run a new step while a step recorded earlier is
+    still unreached (``ReplayDivergence`` naming it, before anything is written), so the charge was sent
+    once; the old code resumes and completes the run."""
+    from effectlog.errors import ReplayDivergence
+    from effectlog.session import Session, ToolInfo
+
+    sent: list[str] = []
+
+    class Tools:
+        model = ""
+
+        def tool(self, name: str) -> ToolInfo:
+            return ToolInfo(name=name, idempotent=name == "lookup")
+
+        def tools(self) -> list[ToolInfo]:
+            return []
+
+        async def complete(self, body: Any, *, idempotency_key: str) -> dict[str, Any]:
+            raise AssertionError("no model calls")
+
+        async def call_tool(self, name: str, args: Any, *, idempotency_key: str) -> Any:
+            sent.append(name)
+            return name
+
+    async def drive(store: SqliteCheckpointer, charge_key: str | None, *, finish: bool) -> None:
+        session = Session("r", Tools(), store)
+        try:
+            await session.tool("lookup", {"who": "bob"})
+            await session.tool("charge", {"cents": 5}, key=charge_key)
+            if finish:
+                session.finish("done")
+        finally:
+            session.release()
+
+    with SqliteCheckpointer(tmp_path / "j.db") as store:
+        asyncio.run(drive(store, None, finish=False))
+        with pytest.raises(ReplayDivergence, match="step-1"):
+            asyncio.run(drive(store, "charge-bob", finish=True))
+        asyncio.run(drive(store, None, finish=True))
+        state = store.load("r").run
+    assert (["lookup", "charge"], "completed", ["step-0", "step-1"]) == (
+        sent,
+        state.state,
+        [s.step_id for s in state.ordered_steps()],
+    )
