@@ -245,3 +245,154 @@ def test_a_step_given_a_key_after_a_code_change_is_not_run_again_under_it(tmp_pa
         state.state,
         [s.step_id for s in state.ordered_steps()],
     )
+
+
+# -- 6. two blocks of one run id in one process (found nothing: regression tests) --------------------
+
+
+def test_a_durable_block_of_a_run_id_nested_in_another_of_the_same_id_is_refused(tmp_path: Path) -> None:
+    """``with durable.run("r")`` inside ``with durable.run("r")`` (a helper that opens its own block):
+    the inner block replays what it finds recorded (``pay(1)``, not sent again), a different call at a
+    recorded position is ``ReplayDivergence``, and its first write (completing the run at its end) is
+    refused (``RunOwned``: the outer block's first call claimed the run). Proves: each call sent once,
+    the run completed by the outer block with its two steps (found nothing)."""
+    from effectlog.errors import ReplayDivergence
+
+    from effectlog.errors import RunOwned
+
+    sent: list[int] = []
+
+    @durable.tool(idempotent=False)
+    def pay(cents: int) -> int:
+        sent.append(cents)
+        return cents
+
+    journal = tmp_path / "j.db"
+    with durable.run("r", journal=journal) as outer:
+        pay(1)
+        with pytest.raises(ReplayDivergence), durable.run("r", journal=journal):
+            pay(2)
+        with pytest.raises(RunOwned), durable.run("r", journal=journal):
+            assert 1 == pay(1)
+        pay(3)
+        outer.finish("ok")
+    with SqliteCheckpointer(journal) as store:
+        state = store.load("r").run
+    assert ([1, 3], "completed", 2) == (sent, state.state, len(state.steps))
+
+
+# -- 7. tool call ids from a model: duplicates and characters that matter (found nothing) ------------
+
+
+def _pydantic_agent(parts: list[Any], sent: list[int]) -> Any:
+    pytest.importorskip("pydantic_ai")
+    from pydantic_ai import Agent
+    from pydantic_ai.messages import ModelResponse, TextPart
+    from pydantic_ai.models.function import FunctionModel
+
+    def model(messages: list[Any], info: Any) -> ModelResponse:
+        if not any(isinstance(m, ModelResponse) for m in messages):
+            return ModelResponse(parts=parts)
+        return ModelResponse(parts=[TextPart("done")])
+
+    agent: Any = Agent(FunctionModel(model), output_type=str)
+
+    @agent.tool_plain
+    def charge(i: int) -> str:
+        sent.append(i)
+        return f"charged {i}"
+
+    return agent
+
+
+ODD_IDS = ["a\x00b", "x/../y", "u\u0308-\u00e9", "z" * 100_000, "step-3", "-", " ", "1-2", "model-0"]
+
+
+def test_pydantic_tool_call_ids_with_odd_characters_are_each_one_step_run_once(tmp_path: Path) -> None:
+    """A response whose tool call ids hold a NUL, slashes and dots, combining characters, 100,000
+    characters, a positional-looking ``step-3``, ``-``, a space, ``1-2`` (which next to the turn number
+    could read as another turn) and ``model-0`` (a model step's id): each call is its own step
+    ``tool-1-<id>``, run once, and a second pass of the completed run calls nothing (found nothing)."""
+    from pydantic_ai.messages import ToolCallPart
+
+    from effectlog.integrations.pydantic_ai import DurableAgent
+
+    sent: list[int] = []
+    parts = [ToolCallPart("charge", {"i": i}, tool_call_id=c) for i, c in enumerate(ODD_IDS)]
+    durable_agent = DurableAgent(_pydantic_agent(parts, sent), journal=tmp_path / "j.db")
+    outputs = [durable_agent.run_sync("pay", run_id="r").output for _ in range(2)]
+    with SqliteCheckpointer(tmp_path / "j.db") as store:
+        ids = [s.step_id for s in store.load("r").steps]
+    expected_ids = ["model-0", *[f"tool-1-{c}" for c in ODD_IDS], "model-1"]
+    assert (["done", "done"], list(range(len(ODD_IDS))), expected_ids) == (outputs, sent, ids)
+
+
+def test_pydantic_a_tool_call_id_twice_in_one_response_sends_neither(tmp_path: Path) -> None:
+    """A model answering two calls under one ``tool_call_id`` (``charge(5)`` and ``charge(7)``): two calls
+    and one step id would make one effect for two calls, or the second call's result the first's.
+    pydantic-ai refuses the response itself (``UnexpectedModelBehavior``) on every pass. Proves: neither
+    call is sent, on the first pass or a resume (found nothing)."""
+    from pydantic_ai.exceptions import UnexpectedModelBehavior
+    from pydantic_ai.messages import ToolCallPart
+
+    from effectlog.integrations.pydantic_ai import DurableAgent
+
+    sent: list[int] = []
+    parts = [ToolCallPart("charge", {"i": 5}, tool_call_id="x"), ToolCallPart("charge", {"i": 7}, tool_call_id="x")]
+    durable_agent = DurableAgent(_pydantic_agent(parts, sent), journal=tmp_path / "j.db")
+    for _ in range(2):
+        with pytest.raises(UnexpectedModelBehavior, match="unique"):
+            durable_agent.run_sync("pay", run_id="r")
+    assert [] == sent
+
+
+def test_openai_agents_one_call_id_twice_in_one_response(tmp_path: Path) -> None:
+    """The OpenAI Agents SDK with a response that repeats a call id: with other arguments the SDK refuses
+    the response (``ModelBehaviorError``), nothing sent; with the same call twice it runs it as one
+    invocation, and the journal has one step for it, sent once and replayed by a second pass (found
+    nothing: one effect for what the SDK itself treats as one call)."""
+    pytest.importorskip("agents")
+    from agents import Agent, OpenAIChatCompletionsModel, function_tool, set_tracing_disabled
+    from agents.exceptions import ModelBehaviorError
+    from openai import AsyncOpenAI
+
+    from effectlog.integrations.openai_agents import DurableRunner
+    from provider_standin import ProviderStandIn
+
+    set_tracing_disabled(True)
+
+    class OneId(ProviderStandIn):
+        def _generate(self, body: dict[str, Any]) -> dict[str, Any]:
+            out = super()._generate(body)
+            for call in out["choices"][0]["message"].get("tool_calls") or []:
+                call["id"] = "same"
+            return out
+
+    def outcome(calls: list[Any], journal: Path) -> tuple[list[Any], list[int]]:
+        sent: list[int] = []
+
+        @function_tool
+        def charge(amount: int) -> str:
+            """Charge."""
+            sent.append(amount)
+            return f"charged {amount}"
+
+        provider = OneId([calls, "done"]).start()
+        try:
+            client = AsyncOpenAI(base_url=provider.url, api_key="t", max_retries=0)
+            model = OpenAIChatCompletionsModel(model="m", openai_client=client)
+            agent = Agent(name="b", instructions="x", model=model, tools=[charge])
+            runner = DurableRunner(journal=journal)
+            outputs: list[Any] = []
+            for _ in range(2):
+                try:
+                    outputs.append(runner.run_sync(agent, "go", run_id="R").final_output)
+                except ModelBehaviorError:
+                    outputs.append("refused")
+            return outputs, sent
+        finally:
+            provider.stop()
+
+    other = outcome([("charge", {"amount": 5}), ("charge", {"amount": 7})], tmp_path / "a.db")
+    same = outcome([("charge", {"amount": 5}), ("charge", {"amount": 5})], tmp_path / "b.db")
+    assert ((["refused", "refused"], []), (["done", "done"], [5])) == (other, same)
