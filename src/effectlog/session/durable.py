@@ -111,6 +111,12 @@ class Session:
         self._spans_asked = False  # is telemetry on? asked once per pass (again after the run span ended)
         self._position = 0
         self._visited: set[str] = set()
+        # Positional steps recorded before this pass, by fingerprint: a new step that is one of them under
+        # another id (the code gave it a key) is that call again, not a new one.
+        self._earlier: dict[str, list[str]] = {}
+        for recorded in self._state.steps.values():
+            if ids.is_positional(recorded.step_id) and recorded.fingerprint:
+                self._earlier.setdefault(recorded.fingerprint, []).append(recorded.step_id)
         self.model_calls = 0  # calls made in this pass, not replayed ones
         self.tool_calls = 0
 
@@ -261,6 +267,25 @@ class Session:
         self._visited.add(sid)
         return sid
 
+    def _check_not_moved(self, sid: str, kind: str, name: str, fp: str) -> None:
+        """A step the journal does not hold, whose call a positional step recorded earlier made (same kind,
+        name and args) and this pass has not reached yet: the code moved that call to another id (gave it a
+        key), and running it would make its effect twice before ``finish`` noticed the unreached step."""
+        if self._state.closed:
+            return
+        moved = [other for other in self._earlier.get(fp, ()) if other not in self._visited]
+        if moved:
+            raise ReplayDivergence(
+                f"this pass asks for {kind} {name!r} as new step {sid!r}, and the journal recorded the same call "
+                f"at {moved[0]!r}, which this pass has not reached: the call moved to another step id (a key "
+                "given after it was recorded?); effectlog will not make it twice (keep its step id, or use a "
+                "new run id)",
+                run_id=self.run_id,
+                step_id=moved[0],
+                recorded=moved[0],
+                requested=sid,
+            )
+
     def _check_same(self, step: StepState, kind: str, name: str, fp: str) -> None:
         if step.fingerprint == fp:
             return
@@ -314,6 +339,8 @@ class Session:
             self._check_same(step, "model", name, fp)
             timing.raise_if_expired(self, step)
             self._check_body(step, body_digest)
+        else:
+            self._check_not_moved(sid, "model", name, fp)
         while True:
             step = self._state.step(sid)
             action = decide(step)
@@ -480,6 +507,8 @@ class Session:
         if step is not None:
             self._check_same(step, "tool", name, fp)
             timing.raise_if_expired(self, step)
+        else:
+            self._check_not_moved(sid, "tool", name, fp)
         if replaying and decide(step) not in (Action.SKIP, Action.FAIL):
             self._check_open("a tool call")  # a step the completed run never finished: RunClosed
         step_deadline = timing.to_ns(deadline)
