@@ -114,7 +114,7 @@ class Session:
         # Positional steps recorded before this pass, by fingerprint: a new step that is one of them under
         # another id (the code gave it a key) is that call again, not a new one.
         self._earlier: dict[str, list[str]] = {}
-        for recorded in self._state.steps.values():
+        for recorded in () if self._state.closed else self._state.steps.values():  # a closed run runs nothing new
             if ids.is_positional(recorded.step_id) and recorded.fingerprint:
                 self._earlier.setdefault(recorded.fingerprint, []).append(recorded.step_id)
         self.model_calls = 0  # calls made in this pass, not replayed ones
