@@ -256,9 +256,7 @@ def test_a_durable_block_of_a_run_id_nested_in_another_of_the_same_id_is_refused
     recorded position is ``ReplayDivergence``, and its first write (completing the run at its end) is
     refused (``RunOwned``: the outer block's first call claimed the run). Proves: each call sent once,
     the run completed by the outer block with its two steps (found nothing)."""
-    from effectlog.errors import ReplayDivergence
-
-    from effectlog.errors import RunOwned
+    from effectlog.errors import ReplayDivergence, RunOwned
 
     sent: list[int] = []
 
@@ -396,3 +394,86 @@ def test_openai_agents_one_call_id_twice_in_one_response(tmp_path: Path) -> None
     other = outcome([("charge", {"amount": 5}), ("charge", {"amount": 7})], tmp_path / "a.db")
     same = outcome([("charge", {"amount": 5}), ("charge", {"amount": 5})], tmp_path / "b.db")
     assert ((["refused", "refused"], []), (["done", "done"], [5])) == (other, same)
+
+
+def test_pydantic_a_run_killed_mid_tool_and_resumed_with_the_tool_renamed_sends_nothing(tmp_path: Path) -> None:
+    """A real child SIGKILLed inside ``charge`` right after its effect (the step ``requested``, no result),
+    then the code renames the tool to ``bill``. The recorded response asks for ``charge``, which the new
+    agent does not have: pydantic-ai would tell the model, and a model answering with ``bill`` would
+    make the charge again under a new step, past the one whose outcome is unknown. Proves: the resume
+    stops at the first model step (``IdempotencyConflict``: the tool list is part of the request body,
+    so the recorded request is not this pass's), and nothing is sent: neither model nor tool (found
+    nothing)."""
+    import os
+    import subprocess
+    import sys
+
+    from pydantic_ai import Agent
+    from pydantic_ai.messages import ModelResponse, TextPart, ToolCallPart
+    from pydantic_ai.models.function import FunctionModel
+
+    from effectlog.errors import IdempotencyConflict
+    from effectlog.integrations.pydantic_ai import DurableAgent
+
+    tests = Path(__file__).parent
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tests), os.environ.get("PYTHONPATH", "")])}
+    journal, calls = tmp_path / "j.db", tmp_path / "calls.txt"
+    child = [sys.executable, str(tests / "pydantic_ai_child.py"), str(journal), "r", str(calls), "charge"]
+    died = subprocess.run([*child, "die-in-tool"], env=env, capture_output=True, text=True, timeout=120)
+    asked: list[int] = []
+    sent: list[int] = []
+
+    def model(messages: list[Any], info: Any) -> ModelResponse:
+        turn = sum(isinstance(m, ModelResponse) for m in messages)
+        asked.append(turn)
+        if turn == 1:
+            return ModelResponse(parts=[ToolCallPart("bill", {"to": "bob", "amount": 5}, tool_call_id="call-2")])
+        return ModelResponse(parts=[TextPart("done")])
+
+    agent: Any = Agent(FunctionModel(model), output_type=str)
+
+    @agent.tool_plain
+    def bill(to: str, amount: int) -> str:
+        """Charge a customer (renamed)."""
+        sent.append(amount)
+        return "billed"
+
+    with pytest.raises(IdempotencyConflict, match="model-0"):
+        DurableAgent(agent, journal=journal).run_sync("charge bob 5", run_id="r")
+    effects = [line for line in calls.read_text().splitlines() if line.startswith("effect")]
+    assert (-9, 1, [], []) == (died.returncode, len(effects), asked, sent)
+
+
+# -- 8. finish() racing a tool step (found nothing) ----------------------------------------------------
+
+
+def test_finish_while_an_async_tool_is_in_flight_or_queued_leaves_no_effect_unaccounted(tmp_path: Path) -> None:
+    """``run.finish()`` called while one async durable call is in flight (its intent recorded) is
+    ``RunUnfinished`` (completing would leave its effect unaccounted for); called while a call is only
+    scheduled (no intent yet), it completes the run and the call, when its task runs, is ``RunClosed``
+    and sends nothing. Proves: one call sent, the run completed with one confirmed step (found
+    nothing)."""
+    from effectlog.errors import RunClosed, RunUnfinished
+
+    sent: list[int] = []
+
+    @durable.tool(idempotent=False)
+    async def pay(cents: int) -> int:
+        sent.append(cents)
+        await asyncio.sleep(0.05)
+        return cents
+
+    async def block() -> tuple[str, str]:
+        async with durable.run("r", journal=tmp_path / "j.db") as run:
+            flying = asyncio.ensure_future(pay(1))
+            await asyncio.sleep(0.01)
+            with pytest.raises(RunUnfinished):
+                run.finish("early")
+            await flying
+            queued = asyncio.ensure_future(pay(2))
+            run.finish("done")
+            with pytest.raises(RunClosed):
+                await queued
+            return run.result, run.session.state.state
+
+    assert (("done", "completed"), [1]) == (asyncio.run(block()), sent)
