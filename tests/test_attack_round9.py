@@ -477,3 +477,49 @@ def test_finish_while_an_async_tool_is_in_flight_or_queued_leaves_no_effect_unac
             return run.result, run.session.state.state
 
     assert (("done", "completed"), [1]) == (asyncio.run(block()), sent)
+
+
+# -- 9. idempotency keys of two steps of different runs ------------------------------------------------
+
+
+def test_two_session_steps_whose_ids_hold_a_nul_never_share_an_idempotency_key(tmp_path: Path) -> None:
+    """A step's key is ``sha256(run_id NUL step_id NUL attempt)``. Session run ids and step ids are any
+    text (a step id from a model's tool call id may hold a NUL, and so may an application's run id), so
+    run ``r`` with step ``x\\0y`` and run ``r\\0x`` with step ``y`` gave one key: a tool that keeps keys
+    (as the effect store does) answered the second run's call with the first run's receipt, and its
+    effect never happened. Proves: the two steps get two keys and each call is made (two effects), and a
+    key of ids without a NUL is the one the formula always gave (recorded keys stay valid)."""
+    import hashlib
+
+    from effectlog.adapters.protocol import idempotency_key
+    from effectlog.session import Session, ToolInfo
+
+    ledger: dict[str, str] = {}
+
+    class KeepsKeys:
+        model = ""
+
+        def tool(self, name: str) -> ToolInfo:
+            return ToolInfo(name=name, idempotent=True)
+
+        def tools(self) -> list[ToolInfo]:
+            return []
+
+        async def complete(self, body: Any, *, idempotency_key: str) -> dict[str, Any]:
+            raise AssertionError("no model calls")
+
+        async def call_tool(self, name: str, args: Any, *, idempotency_key: str) -> Any:
+            return ledger.setdefault(idempotency_key, f"paid {args['cents']}")
+
+    async def pay(store: SqliteCheckpointer, run_id: str, key: str, cents: int) -> Any:
+        session = Session(run_id, KeepsKeys(), store)
+        try:
+            return await session.tool("pay", {"cents": cents}, key=key)
+        finally:
+            session.release()
+
+    with SqliteCheckpointer(tmp_path / "j.db") as store:
+        first = asyncio.run(pay(store, "r", "x\x00y", 5))
+        second = asyncio.run(pay(store, "r\x00x", "y", 7))
+    old = "el1-" + hashlib.sha256(b"r\x00step-0\x001").hexdigest()[:40]
+    assert ("paid 5", "paid 7", 2, old) == (first, second, len(ledger), idempotency_key("r", "step-0", 1))
