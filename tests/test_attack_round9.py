@@ -523,3 +523,43 @@ def test_two_session_steps_whose_ids_hold_a_nul_never_share_an_idempotency_key(t
         second = asyncio.run(pay(store, "r\x00x", "y", 7))
     old = "el1-" + hashlib.sha256(b"r\x00step-0\x001").hexdigest()[:40]
     assert ("paid 5", "paid 7", 2, old) == (first, second, len(ledger), idempotency_key("r", "step-0", 1))
+
+
+def test_two_threads_each_in_a_durable_block_of_one_run_id_never_both_send(tmp_path: Path) -> None:
+    """Two threads of one process each open ``durable.run("t")`` on the same journal file (two workers
+    picking the same job) and call a slow non-idempotent tool: the claim is per run, not per thread or
+    connection, so the second block's first write is refused (``RunOwned``; or ``EventConflict`` if
+    the first had finished by then: the run moved since the block read it). Proves: each call sent
+    once, by one thread, and the other thread was refused (found nothing)."""
+    import threading
+    import time
+
+    from effectlog.errors import EventConflict, RunOwned
+
+    both_in = threading.Barrier(2)
+
+    sent: list[tuple[str, int]] = []
+    refused: list[str] = []
+
+    @durable.tool(idempotent=False)
+    def pay(cents: int) -> int:
+        sent.append((threading.current_thread().name, cents))
+        time.sleep(0.2)
+        return cents
+
+    def worker() -> None:
+        try:
+            with durable.run("t", journal=tmp_path / "j.db"):
+                both_in.wait(10)
+                pay(1)
+                pay(2)
+        except (RunOwned, EventConflict):
+            refused.append(threading.current_thread().name)
+
+    threads = [threading.Thread(target=worker, name=f"w{i}") for i in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    senders = {name for name, _ in sent}
+    assert ([1, 2], 1, 1, set()) == ([c for _, c in sent], len(senders), len(refused), senders & set(refused))
