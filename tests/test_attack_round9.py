@@ -563,3 +563,69 @@ def test_two_threads_each_in_a_durable_block_of_one_run_id_never_both_send(tmp_p
         thread.join()
     senders = {name for name, _ in sent}
     assert ([1, 2], 1, 1, set()) == ([c for _, c in sent], len(senders), len(refused), senders & set(refused))
+
+
+# -- 10. fork and retry while the fork runs (found nothing) -------------------------------------------
+
+
+def test_a_fork_of_a_retry_that_is_running_is_refused_and_a_second_retry_too(tmp_path: Path) -> None:
+    """A failed run P (``ship`` failed: the carrier was down) is retried; while the retry P.retry1 is in
+    its ``ship`` step (a real process, the run claimed), an operator forks P.retry1 (a fork of a fork
+    while it runs: its remaining steps would run twice) and another retries P again. Proves: the fork
+    is refused (exit 6, one line, the fork not created), the second retry is refused (exit 6: the first
+    retry still holds P's retry turn; once it ends, exit 5 naming P.retry1), ``lineage`` shows P.retry1
+    as P's fork meanwhile, and once released the retry completes: ``charged`` and ``shipped`` each once
+    in the ledger (found nothing)."""
+    import json
+    import subprocess
+    import sys
+    import time
+
+    from hardening_kit import cli_env, effectlog, one_line
+
+    ship = (
+        "test -f carrier-up || exit 1; touch started; "
+        "while [ ! -f go ]; do sleep 0.05; done; echo shipped >> ledger.txt"
+    )
+    plan = {
+        "run_id": "P",
+        "adapters": {"sh": {"type": "shell", "version": "1", "idempotent": False}},
+        "steps": [
+            {"id": "charge", "adapter": "sh", "args": {"argv": ["sh", "-c", "echo charged >> ledger.txt"]}},
+            {"id": "ship", "adapter": "sh", "args": {"argv": ["sh", "-c", ship]}},
+        ],
+    }
+    (tmp_path / "p.json").write_text(json.dumps(plan))
+    j = ("--journal", "j.db")
+    assert 1 == effectlog("run", "p.json", *j, cwd=tmp_path).returncode
+    (tmp_path / "carrier-up").touch()
+    retry = subprocess.Popen(
+        [sys.executable, "-m", "effectlog", "retry", *j, "--run-id", "P", "--by", "ann", "--reason", "carrier up"],
+        cwd=tmp_path, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while not (tmp_path / "started").exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        fork = effectlog(
+            "fork", *j, "--run-id", "P.retry1", "--new-run-id", "Q", "--by", "bo", "--reason", "x", cwd=tmp_path
+        )
+        again = effectlog("retry", *j, "--run-id", "P", "--by", "cy", "--reason", "x", cwd=tmp_path)
+        lineage = json.loads(effectlog("lineage", *j, "--run-id", "P", "--json", cwd=tmp_path).stdout)
+        q = effectlog("status", *j, "--run-id", "Q", cwd=tmp_path)
+    finally:
+        (tmp_path / "go").touch()
+        retry.communicate(timeout=120)
+    after = effectlog("retry", *j, "--run-id", "P", "--by", "cy", "--reason", "x", cwd=tmp_path)
+    assert (6, "P.retry1", 6, "retry", ["P.retry1"], True, 0, 5, "P.retry1") == (
+        fork.returncode,
+        "P.retry1" if "P.retry1" in one_line(fork.stderr) else fork.stderr,
+        again.returncode,
+        "retry" if "retry" in one_line(again.stderr) else again.stderr,
+        [f["run_id"] for f in lineage["forks"]],
+        q.returncode != 0,
+        retry.returncode,
+        after.returncode,
+        "P.retry1" if "P.retry1" in one_line(after.stderr) else after.stderr,
+    )
+    assert ["charged", "shipped"] == (tmp_path / "ledger.txt").read_text().split()
