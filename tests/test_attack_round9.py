@@ -629,3 +629,27 @@ def test_a_fork_of_a_retry_that_is_running_is_refused_and_a_second_retry_too(tmp
         "P.retry1" if "P.retry1" in one_line(after.stderr) else after.stderr,
     )
     assert ["charged", "shipped"] == (tmp_path / "ledger.txt").read_text().split()
+
+
+def test_a_durable_sleep_inside_a_durable_tools_body_is_refused(tmp_path: Path) -> None:
+    """``durable.sleep`` called from a durable tool's body became a step of its own after the tool's:
+    a resume skips the recorded tool, and so its sleep, so the block's next call took the sleep's
+    position and every later pass raised ``ReplayDivergence`` (the run could never complete with the
+    code that made it). Proves: the sleep is refused (BadInput, "inside"), the tool's outcome is left
+    for the next pass (idempotent: sent again), and a block that calls it then completes the run."""
+    sent: list[int] = []
+
+    @durable.tool(idempotent=True)
+    def wait_then_pay(cents: int) -> int:
+        if not sent:
+            sent.append(0)
+            durable.sleep(0.01)
+        sent.append(cents)
+        return cents
+
+    journal = tmp_path / "j.db"
+    with pytest.raises(BadInput, match="inside"), durable.run("s", journal=journal):
+        wait_then_pay(5)
+    with durable.run("s", journal=journal) as run:
+        assert 5 == wait_then_pay(5)
+    assert ([0, 5], True) == (sent, run.completed)
