@@ -455,21 +455,35 @@ class Run:
 
     # -- durable sleep -----------------------------------------------------------------------
 
+    def _not_inside_a_tool(self, what: str) -> None:
+        """A step made from a tool's body follows the tool's own, which a resume skips when recorded."""
+        if _inside.get() is self:
+            busy = self._pending.decl.info.name if self._pending is not None else "a durable tool"
+            raise BadInput(
+                f"durable {what} was called inside {busy!r} in run {self.run_id!r}: a step may not be made "
+                "from a durable tool's body (sleep in the block, before or after the call)",
+                run_id=self.run_id,
+            )
+
     def sleep(self, seconds: float) -> None:
         """Sleep ``seconds`` as a journaled step: a resumed block waits only what is left of it."""
         session = self.session
+        self._not_inside_a_tool("sleep")
         _drive_now(session.sleep(seconds, sleeper=self._sync_sleeper()))
 
     def sleep_until(self, t: float) -> None:
         """Sleep until the POSIX time ``t`` as a journaled step."""
         session = self.session
+        self._not_inside_a_tool("sleep_until")
         _drive_now(session.sleep_until(t, sleeper=self._sync_sleeper()))
 
     async def sleep_async(self, seconds: float) -> None:
         """``sleep`` for an ``async with`` block: waits with ``asyncio.sleep`` (or the run's sleeper)."""
+        self._not_inside_a_tool("sleep_async")
         await self.session.sleep(seconds)
 
     async def sleep_until_async(self, t: float) -> None:
+        self._not_inside_a_tool("sleep_until_async")
         await self.session.sleep_until(t)
 
     def _sync_sleeper(self) -> Sleeper:
