@@ -653,3 +653,28 @@ def test_a_durable_sleep_inside_a_durable_tools_body_is_refused(tmp_path: Path) 
     with durable.run("s", journal=journal) as run:
         assert 5 == wait_then_pay(5)
     assert ([0, 5], True) == (sent, run.completed)
+
+
+# -- 11. lineage of a run whose first event is damaged ------------------------------------------------
+
+
+def test_lineage_of_a_run_whose_first_event_does_not_decode_is_one_line(tmp_path: Path) -> None:
+    """``lineage`` reads a run's first event to name its parent without verifying the run; a first
+    event whose body does not decode (a damaged file, a hand edit) came out as a msgspec traceback,
+    exit 1. Proves: one line naming the run and seq 1, the integrity exit status (7), no traceback."""
+    import json
+    import sqlite3
+
+    from effectlog.errors import ExitStatus
+    from hardening_kit import GOOD_PLAN, effectlog, one_line
+
+    assert 0 == effectlog("run", "--journal", "j.db", str(GOOD_PLAN), cwd=tmp_path).returncode
+    run_id = json.loads(GOOD_PLAN.read_text())["run_id"]
+    db = sqlite3.connect(tmp_path / "j.db")
+    db.execute("DROP TRIGGER events_append_only_update")
+    db.execute("UPDATE events SET body = ? WHERE run_id = ? AND seq = 1", (b"\x00damaged", run_id))
+    db.commit()
+    db.close()
+    proc = effectlog("lineage", "--journal", "j.db", "--run-id", run_id, cwd=tmp_path)
+    line = one_line(proc.stderr)
+    assert (ExitStatus.INTEGRITY, True) == (proc.returncode, run_id in line and "seq 1" in line), line
