@@ -678,3 +678,75 @@ def test_lineage_of_a_run_whose_first_event_does_not_decode_is_one_line(tmp_path
     proc = effectlog("lineage", "--journal", "j.db", "--run-id", run_id, cwd=tmp_path)
     line = one_line(proc.stderr)
     assert (ExitStatus.INTEGRITY, True) == (proc.returncode, run_id in line and "seq 1" in line), line
+
+
+# -- 12. an agent used as a tool (OpenAI Agents SDK) ---------------------------------------------------
+
+
+def test_openai_agents_an_agent_as_tool_is_inside_its_tool_step_and_the_run_resumes(tmp_path: Path) -> None:
+    """``inner.as_tool()`` runs the inner agent with the outer run's ``RunConfig``, so an inner agent
+    naming its model by string got it from DurableRunner's provider: its model calls became steps of the
+    outer run (``model-1``), made inside the outer tool step and numbered in the outer run's count. A
+    resume skips the recorded tool step, and so the inner calls, so the outer's next model call took
+    ``model-1``: ``ReplayDivergence`` on every pass after the outer's last call failed once (the run
+    could never complete). Proves: the inner agent's calls are part of the tool step that makes them
+    (not steps of their own), and after the provider failed the outer's last call, the next pass
+    completes the run with steps model-0, tool-1-c1, model-1, the tool not run again."""
+    pytest.importorskip("agents")
+    import json
+
+    from agents import Agent, OpenAIChatCompletionsModel, OpenAIProvider, RunConfig, set_tracing_disabled
+    from openai import AsyncOpenAI
+
+    from effectlog.integrations.openai_agents import DurableRunner
+    from provider_standin import ProviderStandIn
+
+    set_tracing_disabled(True)
+
+    class Two(ProviderStandIn):
+        failed = False
+
+        def _generate(self, body: dict[str, Any]) -> dict[str, Any]:
+            messages = body.get("messages", [])
+            inner = any("INNER" in str(m.get("content")) for m in messages if m.get("role") == "system")
+            turn = sum(1 for m in messages if m.get("role") == "assistant")
+            self.billed += 1
+            message: dict[str, Any] = {"role": "assistant", "content": "inner says hi" if inner else "outer done"}
+            if not inner and turn == 0:
+                call = {"name": "ask_inner", "arguments": json.dumps({"input": "hi"})}
+                calls = [{"id": "c1", "type": "function", "function": call}]
+                message = {"role": "assistant", "content": None, "tool_calls": calls}
+            elif not inner and not self.failed:
+                self.failed = True
+                raise RuntimeError("the provider is down for the outer agent's last call")
+            return {
+                "id": f"gen-{self.billed}",
+                "object": "chat.completion",
+                "model": body.get("model", ""),
+                "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
+                "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+            }
+
+    provider = Two(["unused"]).start()
+    try:
+        client = AsyncOpenAI(base_url=provider.url, api_key="t", max_retries=0)
+        inner = Agent(name="inner", instructions="INNER agent", model="stand-in")
+        outer = Agent(
+            name="outer",
+            instructions="outer agent",
+            model=OpenAIChatCompletionsModel(model="m", openai_client=client),
+            tools=[inner.as_tool(tool_name="ask_inner", tool_description="ask the inner agent")],
+        )
+        config = RunConfig(model_provider=OpenAIProvider(openai_client=client, use_responses=False))
+        runner = DurableRunner(journal=tmp_path / "j.db", idempotent={"ask_inner"})
+        with pytest.raises(Exception, match="Connection"):
+            runner.run_sync(outer, "go", run_id="R", run_config=config)
+        inner_calls = provider.billed - 2  # outer: model-0 and the failed last call
+        output = runner.run_sync(outer, "go", run_id="R", run_config=config).final_output
+        billed_after = provider.billed
+    finally:
+        provider.stop()
+    with SqliteCheckpointer(tmp_path / "j.db") as store:
+        steps = [(s.step_id, s.state) for s in store.load("R").steps]
+    expected = [("model-0", "confirmed"), ("tool-1-c1", "confirmed"), ("model-1", "confirmed")]
+    assert ("outer done", expected, 1, 4) == (output, steps, inner_calls, billed_after)
