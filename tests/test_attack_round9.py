@@ -750,3 +750,51 @@ def test_openai_agents_an_agent_as_tool_is_inside_its_tool_step_and_the_run_resu
         steps = [(s.step_id, s.state) for s in store.load("R").steps]
     expected = [("model-0", "confirmed"), ("tool-1-c1", "confirmed"), ("model-1", "confirmed")]
     assert ("outer done", expected, 1, 4) == (output, steps, inner_calls, billed_after)
+
+
+# -- 13. a session step made from inside another step's call ------------------------------------------
+
+
+def test_a_session_step_made_inside_a_tool_call_of_the_same_session_is_refused(tmp_path: Path) -> None:
+    """The ``durable`` fix above, one layer down: a ``Session`` whose gateway's tool call makes another
+    step of the same session (a tool that calls the session again: an agent loop inside a tool). The
+    inner step was recorded after the outer's intent; a resume skips the recorded outer call and so the
+    inner one, and the loop's next direct call of the same tool and args took the inner call's step and
+    its result: an effect the program makes, never made. Proves: the inner step is refused (BadInput,
+    "inside"), nothing of it sent or recorded (the outer step's intent stays, for the next pass)."""
+    from effectlog.session import Session, ToolInfo
+
+    sent: list[str] = []
+
+    class Nesting:
+        model = ""
+        session: Session
+
+        def tool(self, name: str) -> ToolInfo:
+            return ToolInfo(name=name, idempotent=True)
+
+        def tools(self) -> list[ToolInfo]:
+            return []
+
+        async def complete(self, body: Any, *, idempotency_key: str) -> dict[str, Any]:
+            raise AssertionError("no model calls")
+
+        async def call_tool(self, name: str, args: Any, *, idempotency_key: str) -> Any:
+            if name == "checkout":
+                return await self.session.tool("charge", {"cents": 5})
+            sent.append(name)
+            return "charged"
+
+    async def drive(store: SqliteCheckpointer) -> None:
+        gateway = Nesting()
+        gateway.session = Session("r", gateway, store)
+        try:
+            await gateway.session.tool("checkout", {})
+        finally:
+            gateway.session.release()
+
+    with SqliteCheckpointer(tmp_path / "j.db") as store:
+        with pytest.raises(BadInput, match="inside"):
+            asyncio.run(drive(store))
+        steps = [(s.step_id, s.adapter, s.state) for s in store.load("r").steps]
+    assert ([], [("step-0", "checkout", "requested")]) == (sent, steps)
