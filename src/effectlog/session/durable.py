@@ -58,7 +58,7 @@ from effectlog.session.steps import (
 )
 from effectlog.session.store import Checkpointer
 from effectlog.session.timing import Sleeper
-from effectlog.session.tool_driver import ToolDriver
+from effectlog.session.tool_driver import CALLING, ToolDriver
 from effectlog.stake import approve_command, reconcile_command
 
 if TYPE_CHECKING:
@@ -231,7 +231,18 @@ class Session:
 
     # -- step identity ---------------------------------------------------------------------
 
+    def _check_not_inside_a_call(self, what: str) -> None:
+        """A step asked for from inside one of this session's tool calls would be recorded after that call's
+        intent and skipped with it by a resume, so a later step could take its id and its result."""
+        if CALLING.get() is self:
+            raise BadInput(
+                f"{what} was asked of run {self.run_id!r} from inside one of its own tool calls: steps of a "
+                "session never nest (make the call from the loop, before or after the tool)",
+                run_id=self.run_id,
+            )
+
     def _check_open(self, what: str) -> None:
+        self._check_not_inside_a_call(what)
         state = self._state
         if state.state == "completed":
             raise RunClosed(
