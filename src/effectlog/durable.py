@@ -65,6 +65,9 @@ Approval = bool | Callable[[ToolCall], bool]
 
 _current: contextvars.ContextVar[Run | None] = contextvars.ContextVar("effectlog_durable_run", default=None)
 _key: contextvars.ContextVar[str | None] = contextvars.ContextVar("effectlog_durable_key", default=None)
+# The run whose tool body is running in this context: new tasks and new loops copy it, so a durable call
+# made from inside a tool's body is seen as one however it got there (asyncio.run, gather, create_task).
+_inside: contextvars.ContextVar[Run | None] = contextvars.ContextVar("effectlog_durable_inside", default=None)
 
 
 def current() -> Run:
@@ -189,7 +192,15 @@ def _declare(
         raise BadInput(f"{where} must declare idempotent=True or idempotent=False")
     if not tool_name:
         raise BadInput("a durable tool needs a name")
-    is_async = inspect.iscoroutinefunction(fn)
+    if inspect.isgeneratorfunction(fn) or inspect.isasyncgenfunction(fn):
+        raise BadInput(
+            f"{where} is a generator function: a call runs none of its body and returns a generator, which "
+            "no journal can hold; make it return its values (a list) instead"
+        )
+    # An object with an ``async def __call__`` (a configured client) is as async as a coroutine function.
+    is_async = inspect.iscoroutinefunction(fn) or (
+        callable(fn) and not inspect.isroutine(fn) and inspect.iscoroutinefunction(type(fn).__call__)
+    )
     if timeout_s is not None:
         if not is_async:
             raise BadInput(
@@ -222,9 +233,10 @@ def _declare(
 def _active(decl: Tool) -> Run:
     current = _current.get()
     if current is None:
+        plain = getattr(decl.fn, "__name__", decl.info.name)  # a callable object has no __name__
         raise NotInRun(
             f"durable tool {decl.info.name!r} was called outside a durable.run block; wrap the calls in "
-            f"`with durable.run(RUN_ID, journal=...)`, or call {decl.fn.__name__}.__wrapped__ for a plain, "
+            f"`with durable.run(RUN_ID, journal=...)`, or call {plain}.__wrapped__ for a plain, "
             "unjournaled call"
         )
     return current
@@ -272,7 +284,11 @@ class _RunGateway:
     async def call_tool(self, name: str, args: Mapping[str, Any], *, idempotency_key: str) -> Any:
         pending = self._run._pending
         assert pending is not None
-        return await _invoke(pending, idempotency_key)
+        token = _inside.set(self._run)
+        try:
+            return await _invoke(pending, idempotency_key)
+        finally:
+            _inside.reset(token)
 
 
 async def _invoke(pending: _Pending, key: str) -> Any:
@@ -439,21 +455,35 @@ class Run:
 
     # -- durable sleep -----------------------------------------------------------------------
 
+    def _not_inside_a_tool(self, what: str) -> None:
+        """A step made from a tool's body follows the tool's own, which a resume skips when recorded."""
+        if _inside.get() is self:
+            busy = self._pending.decl.info.name if self._pending is not None else "a durable tool"
+            raise BadInput(
+                f"durable {what} was called inside {busy!r} in run {self.run_id!r}: a step may not be made "
+                "from a durable tool's body (sleep in the block, before or after the call)",
+                run_id=self.run_id,
+            )
+
     def sleep(self, seconds: float) -> None:
         """Sleep ``seconds`` as a journaled step: a resumed block waits only what is left of it."""
         session = self.session
+        self._not_inside_a_tool("sleep")
         _drive_now(session.sleep(seconds, sleeper=self._sync_sleeper()))
 
     def sleep_until(self, t: float) -> None:
         """Sleep until the POSIX time ``t`` as a journaled step."""
         session = self.session
+        self._not_inside_a_tool("sleep_until")
         _drive_now(session.sleep_until(t, sleeper=self._sync_sleeper()))
 
     async def sleep_async(self, seconds: float) -> None:
         """``sleep`` for an ``async with`` block: waits with ``asyncio.sleep`` (or the run's sleeper)."""
+        self._not_inside_a_tool("sleep_async")
         await self.session.sleep(seconds)
 
     async def sleep_until_async(self, t: float) -> None:
+        self._not_inside_a_tool("sleep_until_async")
         await self.session.sleep_until(t)
 
     def _sync_sleeper(self) -> Sleeper:
@@ -493,6 +523,16 @@ class Run:
             )
         self._check_one_function(decl)
         arguments = decl.bind(args, kwargs)
+        if _inside.get() is self:
+            # From a tool's body (a new loop or task of it included): its own step would follow the outer
+            # one, which a resume skips when recorded, so a later call would take the inner call's step.
+            busy = self._pending.decl.info.name if self._pending is not None else "another durable tool"
+            raise BadInput(
+                f"durable tool {decl.info.name!r} was called from inside {busy!r} in run {self.run_id!r}: "
+                "steps of a run never overlap, and a durable tool may not call another (call the inner "
+                "one's __wrapped__, or call both from the block)",
+                run_id=self.run_id,
+            )
         if not decl.is_async or (self._pending is not None and self._holder is asyncio.current_task()):
             if self._pending is not None or self._queued:
                 busy = self._pending.decl.info.name if self._pending is not None else "an async tool"
@@ -512,7 +552,8 @@ class Run:
 
     def _check_one_function(self, decl: Tool) -> None:
         """A tool name is what the journal recognises a step by: two functions under one name would swap results."""
-        origin = f"{decl.fn.__module__}.{decl.fn.__qualname__}"
+        fn = decl.fn  # a callable object has no __qualname__ of its own: its class names it
+        origin = f"{getattr(fn, '__module__', '')}.{getattr(fn, '__qualname__', type(fn).__qualname__)}"
         known = self._origins.setdefault(decl.info.name, origin)
         if known != origin:
             raise BadInput(

@@ -59,8 +59,17 @@ class SupportsLookup(Protocol):
 
 
 def idempotency_key(run_id: str, step_id: str, attempt: int) -> str:
-    """Deterministic from (run id, step id, attempt): the same after any crash, in any process."""
-    material = f"{run_id}\x00{step_id}\x00{attempt}".encode()
+    """Deterministic from (run id, step id, attempt): the same after any crash, in any process.
+
+    NUL separates the parts, which is unambiguous only while neither id holds one (plan ids cannot;
+    a session's run id or step id, such as a model's tool call id, may): ids holding a NUL are
+    length-prefixed instead. Their material has more than two NULs, so it never meets the material
+    of ids without one, whose keys (every recorded key of a plan run) are unchanged.
+    """
+    if "\x00" in run_id or "\x00" in step_id:
+        material = f"{len(run_id)}:{run_id}\x00{len(step_id)}:{step_id}\x00{attempt}".encode()
+    else:
+        material = f"{run_id}\x00{step_id}\x00{attempt}".encode()
     return "el1-" + hashlib.sha256(material).hexdigest()[:40]
 
 

@@ -207,7 +207,7 @@ def cmd_repin(args: argparse.Namespace) -> int:
 
 def cmd_lineage(args: argparse.Namespace) -> int:
     from effectlog import events as ev
-    from effectlog.errors import UnknownRun
+    from effectlog.errors import CorruptEvent, UnknownRun
     from effectlog.journal import chain_from_env, open_journal
     from effectlog.lifecycle import forks_of
 
@@ -216,7 +216,10 @@ def cmd_lineage(args: argparse.Namespace) -> int:
         first = next(iter(journal.read(args.run_id)), None)
         if first is None:
             raise UnknownRun(f"no run {args.run_id!r} in {args.journal}", run_id=args.run_id)
-        started = ev.decode(first.body)
+        try:
+            started = ev.decode(first.body)
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:  # lineage reads, it does not verify
+            raise CorruptEvent(f"event does not decode: {exc}", run_id=args.run_id, seq=first.seq) from None
         parent = started.forked_from if isinstance(started, ev.RunStarted) else ""
         from_step = started.from_step if isinstance(started, ev.RunStarted) else ""
         children = forks_of(journal, args.run_id)

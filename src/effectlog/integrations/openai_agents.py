@@ -269,6 +269,22 @@ class DurableModel(Model):
                 "a durable run retries by resuming (the same step, the same Idempotency-Key): leave it unset",
                 run_id=self._durable.session.run_id,
             )
+        if TOOL_KEY.get() is not None:
+            # Made from inside a durable tool's call: an agent used as a tool (``Agent.as_tool`` runs it with
+            # the outer run's RunConfig, so with this provider). Its calls are part of that tool step, which
+            # a resume skips when recorded; as steps of their own they would shift the outer run's count.
+            return await self.wrapped.get_response(
+                system_instructions,
+                input,
+                model_settings,
+                tools,
+                output_schema,
+                handoffs,
+                tracing,
+                previous_response_id=previous_response_id,
+                conversation_id=conversation_id,
+                prompt=prompt,
+            )
         schema: Any = None
         if output_schema is not None and not output_schema.is_plain_text():
             schema = output_schema.json_schema()

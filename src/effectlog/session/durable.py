@@ -58,7 +58,7 @@ from effectlog.session.steps import (
 )
 from effectlog.session.store import Checkpointer
 from effectlog.session.timing import Sleeper
-from effectlog.session.tool_driver import ToolDriver
+from effectlog.session.tool_driver import CALLING, ToolDriver
 from effectlog.stake import approve_command, reconcile_command
 
 if TYPE_CHECKING:
@@ -111,6 +111,12 @@ class Session:
         self._spans_asked = False  # is telemetry on? asked once per pass (again after the run span ended)
         self._position = 0
         self._visited: set[str] = set()
+        # Positional steps recorded before this pass, by fingerprint: a new step that is one of them under
+        # another id (the code gave it a key) is that call again, not a new one.
+        self._earlier: dict[str, list[str]] = {}
+        for recorded in () if self._state.closed else self._state.steps.values():  # a closed run runs nothing new
+            if ids.is_positional(recorded.step_id) and recorded.fingerprint:
+                self._earlier.setdefault(recorded.fingerprint, []).append(recorded.step_id)
         self.model_calls = 0  # calls made in this pass, not replayed ones
         self.tool_calls = 0
 
@@ -225,7 +231,18 @@ class Session:
 
     # -- step identity ---------------------------------------------------------------------
 
+    def _check_not_inside_a_call(self, what: str) -> None:
+        """A step asked for from inside one of this session's tool calls would be recorded after that call's
+        intent and skipped with it by a resume, so a later step could take its id and its result."""
+        if CALLING.get() is self:
+            raise BadInput(
+                f"{what} was asked of run {self.run_id!r} from inside one of its own tool calls: steps of a "
+                "session never nest (make the call from the loop, before or after the tool)",
+                run_id=self.run_id,
+            )
+
     def _check_open(self, what: str) -> None:
+        self._check_not_inside_a_call(what)
         state = self._state
         if state.state == "completed":
             raise RunClosed(
@@ -260,6 +277,25 @@ class Session:
             raise BadInput(f"step {sid!r} is used twice in one pass; step keys must be unique", run_id=self.run_id)
         self._visited.add(sid)
         return sid
+
+    def _check_not_moved(self, sid: str, kind: str, name: str, fp: str) -> None:
+        """A step the journal does not hold, whose call a positional step recorded earlier made (same kind,
+        name and args) and this pass has not reached yet: the code moved that call to another id (gave it a
+        key), and running it would make its effect twice before ``finish`` noticed the unreached step."""
+        if self._state.closed:
+            return
+        moved = [other for other in self._earlier.get(fp, ()) if other not in self._visited]
+        if moved:
+            raise ReplayDivergence(
+                f"this pass asks for {kind} {name!r} as new step {sid!r}, and the journal recorded the same call "
+                f"at {moved[0]!r}, which this pass has not reached: the call moved to another step id (a key "
+                "given after it was recorded?); effectlog will not make it twice (keep its step id, or use a "
+                "new run id)",
+                run_id=self.run_id,
+                step_id=moved[0],
+                recorded=moved[0],
+                requested=sid,
+            )
 
     def _check_same(self, step: StepState, kind: str, name: str, fp: str) -> None:
         if step.fingerprint == fp:
@@ -314,6 +350,8 @@ class Session:
             self._check_same(step, "model", name, fp)
             timing.raise_if_expired(self, step)
             self._check_body(step, body_digest)
+        else:
+            self._check_not_moved(sid, "model", name, fp)
         while True:
             step = self._state.step(sid)
             action = decide(step)
@@ -480,6 +518,8 @@ class Session:
         if step is not None:
             self._check_same(step, "tool", name, fp)
             timing.raise_if_expired(self, step)
+        else:
+            self._check_not_moved(sid, "tool", name, fp)
         if replaying and decide(step) not in (Action.SKIP, Action.FAIL):
             self._check_open("a tool call")  # a step the completed run never finished: RunClosed
         step_deadline = timing.to_ns(deadline)

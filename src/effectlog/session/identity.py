@@ -25,6 +25,11 @@ def positional_id(position: int) -> str:
     return f"step-{position}"
 
 
+def is_positional(step_id: str) -> bool:
+    """Whether ``step_id`` is a position's (keys never look like one: ``keyed_id`` refuses them)."""
+    return _POSITIONAL.fullmatch(step_id) is not None
+
+
 def keyed_id(key: str) -> str:
     """The id of a step the caller names: it does not depend on where the step falls."""
     if not key or not key.strip():

@@ -8,6 +8,7 @@ gateway is called; the result and its confirmation durable in one batch after.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 from typing import TYPE_CHECKING, Any
 
 from effectlog import events as ev
@@ -24,6 +25,10 @@ from effectlog.stake import reconcile_command, redact_args, redact_text
 
 if TYPE_CHECKING:
     from effectlog.session.durable import Session
+
+# The session whose tool call is running in this context (new tasks and loops copy it): a step that
+# session is asked for from here would be made inside the call, and a resume skips it with the call.
+CALLING: contextvars.ContextVar[Session | None] = contextvars.ContextVar("effectlog_session_calling", default=None)
 
 
 class ToolDriver:
@@ -101,6 +106,15 @@ class ToolDriver:
                 raise self._uncertain()
             if action is Action.RESEND:
                 assert step is not None
+                if not self.info.idempotent:
+                    # Recorded as idempotent, declared not idempotent now (the code changed between passes):
+                    # the stricter declaration wins, so the same key is not sent again to a tool said to ignore it.
+                    self._doubt(
+                        step,
+                        "requested before the process ended; no result recorded (the tool is no "
+                        "longer declared idempotent, so it is not sent again)",
+                    )
+                    raise self._uncertain()
                 s._resend(step)
                 return await self._invoke()
             return await self._execute(step)
@@ -184,7 +198,11 @@ class ToolDriver:
                 call = s._spans.tool(
                     call, step_id=sid, attempt=step.attempt, adapter=self.info.name, key=step.idempotency_key
                 )
-            value = await call
+            token = CALLING.set(s)
+            try:
+                value = await call
+            finally:
+                CALLING.reset(token)
             problem = why_unrecordable(value, f"the result of tool {self.info.name!r}")
             if problem is not None:
                 # The effect may have happened and its answer cannot be kept: an unknown outcome.
