@@ -130,3 +130,28 @@ def test_the_msgpack_precheck_sends_every_non_finite_float_to_the_walk_and_lets_
             canonical_json(value)
     lookalikes = {"s": "\u00cb\u007f\u00f0", "i": 2**64 - 1, "f": -1e308, "n": None}
     assert b'{"f":-1e308,"i":18446744073709551615,"n":null,"s":"\xc3\x8b\x7f\xc3\xb0"}' == canonical_json(lookalikes)
+
+
+def test_a_durable_call_with_args_nested_past_what_json_can_encode_is_bad_input(tmp_path: Path) -> None:
+    """Args nested 3,000 lists deep: the encoder gives up with RecursionError, which reached the caller of a
+    durable tool as a bare RecursionError. Proves: BadInput naming the args, and nothing is recorded."""
+    from effectlog import durable
+
+    calls: list[object] = []
+
+    @durable.tool(idempotent=True)
+    def store(value: object, idempotency_key: str = "") -> str:
+        calls.append(value)
+        return "ok"
+
+    deep: list[object] = []
+    cur = deep
+    for _ in range(3000):
+        nxt: list[object] = []
+        cur.append(nxt)
+        cur = nxt
+    with durable.run("deep", journal=str(tmp_path / "j.db")):
+        with pytest.raises(BadInput, match="nested too deep"):
+            store(deep)
+        assert "ok" == store([1])
+    assert [[1]] == calls

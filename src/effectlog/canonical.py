@@ -21,10 +21,14 @@ _encoder = msgspec.json.Encoder(order="sorted")
 def canonical_json(value: Any, where: str = "value") -> bytes:
     """Compact JSON with sorted object keys (struct fields sorted too).
 
-    NaN and the infinities are refused (``BadInput`` naming the place under ``where``): the encoder
+    A value nested deeper than the encoder goes is ``BadInput`` too. NaN and the infinities are refused
+    (``BadInput`` naming the place under ``where``): the encoder
     writes each as ``null``, so their bytes, digests and records would be ``None``'s. Only an encoding
     holding a ``null`` can hide one, so the walk is skipped for nearly every value."""
-    data = _encoder.encode(value)
+    try:
+        data = _encoder.encode(value)
+    except RecursionError:
+        raise BadInput(f"{where}: nested too deep to encode (JSON here goes about 1,000 levels down)") from None
     if b"null" in data and _may_hold_non_finite(value):
         problem = non_finite(value, where)
         if problem is not None:

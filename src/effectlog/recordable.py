@@ -19,8 +19,8 @@ def why_unrecordable(value: Any, where: str = "result") -> str | None:
     """``None`` if ``value`` encodes as canonical JSON; else what in it does not, and where."""
     try:
         canonical_json(value, where)
-    except BadInput as exc:  # a NaN or an infinity, named where it is
-        return exc.message
+    except BadInput as exc:  # a NaN or an infinity, or nested too deep: the walk names a cycle more precisely
+        return _first_problem(value, where, set(), 0) or exc.message
     except (Exception, RecursionError) as exc:  # TypeError, UnicodeEncodeError, OverflowError, msgspec's
         found = _first_problem(value, where, set(), 0)
         return found or f"{where}: {type(exc).__name__}: {' '.join(str(exc).split())}"
