@@ -178,7 +178,9 @@ def notify_new_waits(
             if isinstance(event, ev.StepEvent):
                 held[event.step_id] = (event.attempt, getattr(event, "args_digest", ""))
             elif isinstance(event, ev.RunSuspended | ev.RunStopped):
-                bound = held.get(event.step_id) or _held_now(journal, run_id, event.step_id)
+                bound = held.get(event.step_id)
+                if bound is None or not bound[1]:  # its held event is older, or carries no digest
+                    bound = _held_now(journal, run_id, event.step_id) or bound
                 note = _notification(location, event, bound)
                 deliver(notifiers, note)
                 sent.append(note)
