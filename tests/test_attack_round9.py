@@ -13,7 +13,23 @@ import pytest
 
 from effectlog import durable
 from effectlog.errors import BadInput
-from effectlog.session import SqliteCheckpointer
+from effectlog.session import SqliteCheckpointer, ToolInfo
+
+
+class ToolsOnly:
+    """A session gateway of idempotent tools and no model (subclasses give ``call_tool``)."""
+
+    model = ""
+
+    def tool(self, name: str) -> ToolInfo:
+        return ToolInfo(name=name, idempotent=True)
+
+    def tools(self) -> list[ToolInfo]:
+        return []
+
+    async def complete(self, body: Any, *, idempotency_key: str) -> dict[str, Any]:
+        raise AssertionError("no model calls")
+
 
 # -- 1. a durable tool called from inside another durable tool's body, past the overlap check -------
 
@@ -492,22 +508,11 @@ def test_two_session_steps_whose_ids_hold_a_nul_never_share_an_idempotency_key(t
     import hashlib
 
     from effectlog.adapters.protocol import idempotency_key
-    from effectlog.session import Session, ToolInfo
+    from effectlog.session import Session
 
     ledger: dict[str, str] = {}
 
-    class KeepsKeys:
-        model = ""
-
-        def tool(self, name: str) -> ToolInfo:
-            return ToolInfo(name=name, idempotent=True)
-
-        def tools(self) -> list[ToolInfo]:
-            return []
-
-        async def complete(self, body: Any, *, idempotency_key: str) -> dict[str, Any]:
-            raise AssertionError("no model calls")
-
+    class KeepsKeys(ToolsOnly):
         async def call_tool(self, name: str, args: Any, *, idempotency_key: str) -> Any:
             return ledger.setdefault(idempotency_key, f"paid {args['cents']}")
 
@@ -762,22 +767,12 @@ def test_a_session_step_made_inside_a_tool_call_of_the_same_session_is_refused(t
     inner one, and the loop's next direct call of the same tool and args took the inner call's step and
     its result: an effect the program makes, never made. Proves: the inner step is refused (BadInput,
     "inside"), nothing of it sent or recorded (the outer step's intent stays, for the next pass)."""
-    from effectlog.session import Session, ToolInfo
+    from effectlog.session import Session
 
     sent: list[str] = []
 
-    class Nesting:
-        model = ""
+    class Nesting(ToolsOnly):
         session: Session
-
-        def tool(self, name: str) -> ToolInfo:
-            return ToolInfo(name=name, idempotent=True)
-
-        def tools(self) -> list[ToolInfo]:
-            return []
-
-        async def complete(self, body: Any, *, idempotency_key: str) -> dict[str, Any]:
-            raise AssertionError("no model calls")
 
         async def call_tool(self, name: str, args: Any, *, idempotency_key: str) -> Any:
             if name == "checkout":

@@ -269,14 +269,12 @@ class DurableModel(Model):
                 "a durable run retries by resuming (the same step, the same Idempotency-Key): leave it unset",
                 run_id=self._durable.session.run_id,
             )
-        if TOOL_KEY.get() is not None:
-            # Made from inside a durable tool's call: an agent used as a tool (``Agent.as_tool`` runs it with
-            # the outer run's RunConfig, so with this provider). Its calls are part of that tool step, which
-            # a resume skips when recorded; as steps of their own they would shift the outer run's count.
+
+        async def respond(settings: ModelSettings) -> ModelResponse:
             return await self.wrapped.get_response(
                 system_instructions,
                 input,
-                model_settings,
+                settings,
                 tools,
                 output_schema,
                 handoffs,
@@ -285,6 +283,12 @@ class DurableModel(Model):
                 conversation_id=conversation_id,
                 prompt=prompt,
             )
+
+        if TOOL_KEY.get() is not None:
+            # Made from inside a durable tool's call: an agent used as a tool (``Agent.as_tool`` runs it with
+            # the outer run's RunConfig, so with this provider). Its calls are part of that tool step, which
+            # a resume skips when recorded; as steps of their own they would shift the outer run's count.
+            return await respond(model_settings)
         schema: Any = None
         if output_schema is not None and not output_schema.is_plain_text():
             schema = output_schema.json_schema()
@@ -303,19 +307,7 @@ class DurableModel(Model):
         async def send(key: str) -> dict[str, Any]:
             headers = dict(model_settings.extra_headers or {})
             keyed = dataclasses.replace(model_settings, extra_headers={**headers, IDEMPOTENCY_HEADER: key})
-            response = await self.wrapped.get_response(
-                system_instructions,
-                input,
-                keyed,
-                tools,
-                output_schema,
-                handoffs,
-                tracing,
-                previous_response_id=previous_response_id,
-                conversation_id=conversation_id,
-                prompt=prompt,
-            )
-            return _dump_response(response)
+            return _dump_response(await respond(keyed))
 
         return await self._durable.model_step(_model_name(self.wrapped), fields, send)
 
