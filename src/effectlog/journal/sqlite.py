@@ -77,22 +77,11 @@ from effectlog.journal.sqlite_schema import (
 )
 from effectlog.journal.walwatch import WalWatch
 
-# ``_append_owned``'s statements: ``INSERT`` with one ``VALUES`` tuple per row, for batches of up to this
-# many rows (a group commit of 32 runs holds at most 64), built once per size.
-_MAX_ROWS_PER_STATEMENT = 64
-_INSERT_ROWS: dict[int, str | None] = {}
-
-
-def _insert_rows(count: int) -> str | None:
-    """``INSERT`` for ``count`` rows in one statement; ``None`` past the limit or if ``INSERT`` is not
-    one ``VALUES (...)`` tuple (then every batch goes through ``_transact``)."""
-    sql = _INSERT_ROWS.get(count)
-    if sql is None and count not in _INSERT_ROWS:
-        head, found, values = INSERT.partition(" VALUES ")
-        plain = found and values.startswith("(") and values.endswith(")") and values.count("(") == 1
-        sql = f"{head} VALUES {', '.join([values] * count)}" if plain and 0 < count <= _MAX_ROWS_PER_STATEMENT else None
-        _INSERT_ROWS[count] = sql
-    return sql
+# ``_append_owned``'s statements: ``INSERT`` with one ``VALUES`` tuple per row (as the PostgreSQL journal
+# builds its batches), for 1 to 64 rows (a group commit of 32 runs holds at most 64); larger batches go
+# through ``_transact``.
+_MORE_ROWS = ", (?, ?, ?, ?, ?, ?, ?)"  # INSERT's VALUES list, one more row
+_INSERT_ROWS: dict[int, str] = {count: INSERT + _MORE_ROWS * (count - 1) for count in range(1, 65)}
 
 
 class SqliteJournal:
@@ -143,7 +132,7 @@ class SqliteJournal:
                 self._ensure_table("seals", SEALS_DDL)
                 self._ensure_table("owners", OWNERS_DDL)
                 self._ensure_table("checkpoints", checkpoint.SQLITE_DDL)
-                self._wal = WalWatch(self.path)  # checked before each commit: _refuse_if_wal_lost
+                self._wal = WalWatch(self.path)  # checked before each commit: _refuse_if_moved
         except BaseException:
             with contextlib.suppress(Exception):
                 if filelocks.may_close(self._db):
@@ -178,7 +167,7 @@ class SqliteJournal:
             st = None
         key = self._file.key
         if st is not None and st.st_ino == key[1] and st.st_dev == key[0]:
-            wal = self._wal  # _refuse_if_wal_lost, inline
+            wal = self._wal  # a lost WAL refuses every later commit (_wal_lost)
             if wal is None or not wal.lost():
                 return
             raise self._wal_lost()
@@ -189,18 +178,14 @@ class SqliteJournal:
             "was written is kept in the file (checkpointed), and nothing more is written: open it by its new name"
         )
 
-    def _refuse_if_wal_lost(self) -> None:
+    def _wal_lost(self) -> JournalWalLost:
         """While this connection is open, SQLite's shared lock on the file keeps any other process from
         deleting the WAL beside it. Closing any descriptor of the file in this process drops that lock
         (a tool that reads the journal file, say); another process's last close then checkpoints and
         deletes the WAL, and this connection would go on committing into the deleted one: commits
         nobody else sees, lost when this process ends while others have the file open. So a WAL that
-        is gone or another file refuses every later commit (``walwatch``, shared with the effect store)."""
-        if self._wal is None or not self._wal.lost():
-            return
-        raise self._wal_lost()
-
-    def _wal_lost(self) -> JournalWalLost:
+        is gone or another file refuses every later commit: checked in ``_refuse_if_moved`` (``walwatch``,
+        shared with the effect store)."""
         return JournalWalLost(
             f"{self.location}: the journal's WAL was removed or replaced by another process while this one had "
             "it open (this process's SQLite locks on the file were dropped: something in it opened and closed "
@@ -521,8 +506,7 @@ class SqliteJournal:
 
         ``None``: not such a batch, or the insert was refused (rolled back with its statement, so nothing
         was written): ``_transact`` then appends it or names the refusal, as it does for every batch."""
-        count = len(events)
-        sql = _INSERT_ROWS.get(count) or _insert_rows(count)
+        sql = _INSERT_ROWS.get(len(events))
         if sql is None:
             return None
         cached = self._heads
