@@ -4,7 +4,10 @@
 its ``hold`` option exists; it has no effect of its own, so it may be declared
 idempotent. ``test.gate`` raises ``NotApplied`` until the file named by its ``open``
 option exists (a known "not applied" failure). ``test.unsure`` always raises a
-connection error: its outcome is unknown.
+connection error: its outcome is unknown. ``test.lossy`` is an idempotent tool whose answers
+are lost: it makes its effect in the effect store under the request's key (deduplicated by
+the key), then raises a connection error unless the file named by its ``answers`` option
+exists.
 """
 
 from __future__ import annotations
@@ -43,8 +46,20 @@ class Unsure:
         raise ConnectionError("no answer from the endpoint")
 
 
+class Lossy:
+    def __init__(self, options: dict[str, Any], ctx: Any) -> None:
+        self.answers, self.store = str(options["answers"]), ctx.effect_store()
+
+    def invoke(self, request: Any) -> Any:
+        receipt = self.store.apply_idempotent(request)
+        if not Path(self.answers).exists():
+            raise ConnectionError("the answer was lost on the way back")
+        return receipt
+
+
 ADAPTERS = {
     "test.slow": lambda decl, ctx: Slow(decl.options),
     "test.gate": lambda decl, ctx: Gate(decl.options),
     "test.unsure": lambda decl, ctx: Unsure(),
+    "test.lossy": lambda decl, ctx: Lossy(decl.options, ctx),
 }
