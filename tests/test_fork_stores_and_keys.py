@@ -27,12 +27,11 @@ import pytest
 
 from effectlog import events as ev
 from effectlog.adapters.effects import EffectStore
-from effectlog.errors import ExitStatus, ForkRefused, LedgerMismatch
+from effectlog.errors import ExitStatus, LedgerMismatch
 from effectlog.journal import open_journal
 from effectlog.outcome import SimulatedCrash
 from effectlog.plan import Plan, parse_plan
 from effectlog.runtime import Runtime
-
 from lifecycle_adapters import ADAPTERS
 
 LEDGER = {"type": "effects.control", "version": "1", "idempotent": False}
@@ -91,12 +90,14 @@ def test_a_forks_uncertain_step_is_not_reconciled_from_a_ledger_that_is_not_its_
     with Runtime(str(journal), effects=effects, adapters=ADAPTERS) as rt:
         assert "failed" == rt.run(plan).state
     (tmp_path / "open").touch()
-    with Runtime(str(journal), effects=effects, adapters=ADAPTERS, crash_hook=crash_at("after_effect", "email")) as rt:
-        with pytest.raises(SimulatedCrash):
-            rt.retry("order-1", by="ops", reason="carrier back up")
+    hook = crash_at("after_effect", "email")
+    crashed = pytest.raises(SimulatedCrash)
+    with Runtime(str(journal), effects=effects, adapters=ADAPTERS, crash_hook=hook) as rt, crashed:
+        rt.retry("order-1", by="ops", reason="carrier back up")
     with Runtime(str(journal), effects=effects, adapters=ADAPTERS) as rt:
         child = rt.load("order-1.retry1")
-        assert child.effect_store is not None and child.effect_store.store_id == EffectStore(effects).store_id
+        assert child.effect_store is not None
+        assert EffectStore(effects).store_id == child.effect_store.store_id
         assert "stopped" == rt.run(_child_plan(plan)).state
         before = rt.load("order-1.retry1")
         with pytest.raises(LedgerMismatch) as info:
@@ -109,12 +110,16 @@ def test_a_forks_uncertain_step_is_not_reconciled_from_a_ledger_that_is_not_its_
 
 
 def test_a_fork_runs_against_its_parents_effect_store_or_not_at_all(tmp_path: Path) -> None:
-    """A retry given another effect store is refused (ledger_mismatch, exit 5) before anything is written.
+    """A retry given another effect store, or a path with none, is refused (ledger_mismatch, exit 5).
+
+    Nothing is written: no fork in the journal, no effect, and no empty store made at a
+    mistyped path.
 
     The parent's carried receipts and keys live in the store it pinned; a fork writing its
     effects elsewhere would leave its evidence split across two ledgers.
     """
     journal, effects, other = tmp_path / "j.db", tmp_path / "e.db", tmp_path / "other.db"
+    EffectStore(other).close()
     with Runtime(str(journal), effects=effects, adapters=ADAPTERS) as rt:
         assert "failed" == rt.run(gated(tmp_path)).state
     (tmp_path / "open").touch()
@@ -124,6 +129,12 @@ def test_a_fork_runs_against_its_parents_effect_store_or_not_at_all(tmp_path: Pa
         assert (ExitStatus.CONFLICT, ["order-1"]) == (info.value.exit_status, rt.journal.runs())
     assert Counter({("order-1", "charge"): 1}) == effect_counts(effects)
     assert Counter() == effect_counts(other)
+    missing = tmp_path / "mistyped.db"
+    with Runtime(str(journal), effects=missing, adapters=ADAPTERS) as rt:
+        with pytest.raises(LedgerMismatch, match="does not exist"):
+            rt.retry("order-1", by="ops", reason="carrier back up")
+        assert ["order-1"] == rt.journal.runs()
+    assert not missing.exists()
 
 
 def lossy(tmp: Path, *, idempotent: bool = True) -> Plan:
@@ -133,9 +144,12 @@ def lossy(tmp: Path, *, idempotent: bool = True) -> Plan:
         json.dumps(
             {
                 "run_id": "book-1",
-                "adapters": {"api": {"type": "test.lossy", "idempotent": idempotent, "options": options}, "ledger": LEDGER},
+                "adapters": {
+                    "api": {"type": "test.lossy", "idempotent": idempotent, "options": options},
+                    "ledger": LEDGER,
+                },
                 "steps": [
-                    {"id": "reserve", "adapter": "api", "args": {"seat": "12A"}, "retry": {"attempts": 2, "backoff_base_s": 0}},
+                    {"id": "reserve", "adapter": "api", "args": {"seat": "12A"}, "retry": {"attempts": 2}},
                     {"id": "log", "adapter": "ledger", "args": {"n": 1}},
                 ],
             }
@@ -186,9 +200,10 @@ def test_a_retry_that_dies_after_resending_the_parents_key_sends_it_again_on_res
     with Runtime(str(journal), effects=effects, adapters=ADAPTERS) as rt:
         assert "failed" == rt.run(plan).state
     (tmp_path / "answers").touch()
-    with Runtime(str(journal), effects=effects, adapters=ADAPTERS, crash_hook=crash_at("after_effect", "reserve")) as rt:
-        with pytest.raises(SimulatedCrash):
-            rt.retry("book-1", by="ops", reason="again")
+    hook = crash_at("after_effect", "reserve")
+    crashed = pytest.raises(SimulatedCrash)
+    with Runtime(str(journal), effects=effects, adapters=ADAPTERS, crash_hook=hook) as rt, crashed:
+        rt.retry("book-1", by="ops", reason="again")
     with Runtime(str(journal), effects=effects, adapters=ADAPTERS) as rt:
         assert "completed" == rt.run(_child_plan(plan, "book-1.retry1")).state
         keys = {rt.load(r).step("reserve").idempotency_key for r in ("book-1", "book-1.retry1")}

@@ -330,11 +330,16 @@ def test_fork_from_an_earlier_step_runs_that_step_again_under_a_new_key(tmp_path
     assert 2 == effect_counts(effects)[("order-1", "charge")] + effect_counts(effects)[("order-2", "charge")]
 
 
-def test_a_fork_is_refused_from_an_unknown_outcome_or_an_open_run_and_writes_nothing(tmp_path: Path) -> None:
-    """Exit 5, naming the step and why, for a step that failed with an unknown outcome and for an open run.
+def test_a_fork_is_refused_from_an_open_run_and_resends_an_unknown_outcome_under_the_parents_key(
+    tmp_path: Path,
+) -> None:
+    """Exit 5, naming why, for an open run; an idempotent step of unknown outcome is sent again, same key.
 
-    Also: a completed run has nothing to retry, a new run id that exists is refused, and
-    the Python API raises ForkRefused for the same cases. The journal is unchanged.
+    The endpoint still does not answer, so the retry fails again (exit 1) with the same
+    key sent, and the parent is unchanged (tests/test_fork_stores_and_keys.py proves the
+    effect happens once when the answers come back). Also: a completed run has nothing to
+    retry, a new run id that exists is refused, and the Python API raises ForkRefused for
+    the same cases. The journal is unchanged by every refusal.
     """
     journal = tmp_path / "j.db"
     common = ("--journal", str(journal), "--adapters", ADAPTERS)
@@ -349,13 +354,13 @@ def test_a_fork_is_refused_from_an_unknown_outcome_or_an_open_run_and_writes_not
     assert ExitStatus.RUN_FAILED == effectlog("run", str(unsure), *common).returncode
     before = tags(journal, "call-1")
     done = effectlog("retry", "--run-id", "call-1", "--by", "ops", "--reason", "try again", *common)
-    assert ExitStatus.CONFLICT == done.returncode
-    assert [] == [w for w in ("fork_refused", "'call'", "unknown outcome") if w not in done.stderr], done.stderr
-    assert 1 == len(done.stderr.strip().splitlines())
+    assert ExitStatus.RUN_FAILED == done.returncode, done.stderr
     assert before == tags(journal, "call-1")
+    parent, child = state_of(journal, "call-1"), state_of(journal, "call-1.retry1")
+    assert parent.steps["call"].idempotency_key == child.steps["call"].idempotency_key
+    assert ("failed", None) == (child.steps["call"].state, child.steps["call"].applied)
     with Runtime(str(journal)) as rt:
-        assert [] == rt.forks("call-1")
-        assert ["call-1"] == rt.journal.runs()
+        assert ["call-1.retry1"] == [f.run_id for f in rt.forks("call-1")]
 
     held = write_plan(
         tmp_path,

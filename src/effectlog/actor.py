@@ -75,6 +75,9 @@ class RunActor:
             point = resume_point(runtime.journal, plan.run_id, plan)
             self.state, self._segment_seq, self._changed = point.state, point.segment_seq, point.touched
             self._tracker, self._skip = point.tracker, point.skip
+        # Why a step requested before this process sends its key again, when not a crash (a fork's
+        # step of unknown outcome in its parent: lifecycle/fork.py); read once.
+        self.first_sends: dict[str, str] = {}
         self.events_written = 0
         self.adapter_calls = 0
         # Spans, metrics, log records (docs/observability.md): None unless an OpenTelemetry SDK is
@@ -220,13 +223,7 @@ class RunActor:
                     f"adapter {name!r} differs from the one pinned by the run ({'; '.join(diffs)}){hint}",
                     run_id=plan.run_id,
                 )
-        pinned, given = recorded.effect_store, self.rt.context.pinned_store()
-        if pinned is not None and given is not None and pinned.store_id != given.store_id:
-            raise LedgerMismatch(
-                f"effect store {given.path} (id {given.store_id or 'none'}) is not the one the run pinned "
-                f"({pinned.path}, id {pinned.store_id}); resume with --effects {pinned.path}",
-                run_id=plan.run_id,
-            )
+        refuse_other_store(recorded.effect_store, self.rt.context.pinned_store(), run_id=plan.run_id)
 
     def _blocked_outcome(self, action: Action, step_id: str, why: str = "") -> RunOutcome:
         if action is Action.STOP_UNCERTAIN:
@@ -292,7 +289,7 @@ class RunActor:
                             "step_id": sid,
                             "attempt": step.attempt,
                             "resend": step.resends + 1,
-                            "reason": "resumed after a crash: same key",
+                            "reason": self.first_sends.pop(sid, "resumed after a crash: same key"),
                         },
                     )
                 )
@@ -556,6 +553,22 @@ class RunActor:
             (ev.RunFailed, {"step_id": sid, "reason": reason}),
         )
         return self._outcome(f"run {self.plan.run_id} failed at step {sid!r}: {reason}")
+
+
+def refuse_other_store(
+    pinned: ev.EffectStoreIdentity | None, given: ev.EffectStoreIdentity | None, *, run_id: str
+) -> None:
+    """``LedgerMismatch`` if the adapters opened an effect store other than the one the run pinned.
+
+    A resume, and a fork of the run (whose carried receipts and keys live in that store), run
+    against the pinned store or not at all.
+    """
+    if pinned is not None and given is not None and pinned.store_id != given.store_id:
+        raise LedgerMismatch(
+            f"effect store {given.path} (id {given.store_id or 'none'}) is not the one the run pinned "
+            f"({pinned.path}, id {pinned.store_id}); give --effects {pinned.path}",
+            run_id=run_id,
+        )
 
 
 async def _in_thread(fn: Callable[[Request], Any], request: Request, timeout: float | None) -> Any:

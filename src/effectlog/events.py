@@ -146,6 +146,9 @@ class StepRequested(StepEvent, frozen=True, kw_only=True, tag="step.requested"):
     kind: Literal["tool", "model"] = "tool"
     fingerprint: str = ""  # sessions: digest of (kind, name, canonical args) for divergence checks
     args: dict[str, Any] | None = None  # sessions' tool steps: the args, secret values as their digests
+    # A fork's step that failed with an unknown outcome in its parent, on an idempotent tool: the
+    # fork sends it again under the parent's key (this field names the parent), never a new one.
+    key_from: str = ""
 
 
 class StepResent(StepEvent, frozen=True, kw_only=True, tag="step.resent"):

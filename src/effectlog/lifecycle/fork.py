@@ -11,16 +11,26 @@ nothing: a closed run's history is final, its chain head and seal never move aft
 closing event, and two forks of one run never contend for it. ``forks_of`` finds the
 children by reading the first event of each run of the journal.
 
+The fork pins the effect store as any run does, and it must be the parent's own
+(``LedgerMismatch`` otherwise): the carried receipts and keys live there, and a fork's
+reconciliation reads no other ledger.
+
+A step from the fork point on that failed with an unknown outcome on an **idempotent** tool
+(every send of its key lost) is sent again, under the parent's key: the fork's first batch
+records it ``step.requested`` with that key and ``key_from`` naming the parent, and the
+fork re-sends it as a resume re-sends any idempotent request. The tool deduplicates by its
+key, so its effect happens once whichever send landed.
+
 Refused (``ForkRefused``, exit 5) whenever a new run could repeat an effect nobody knows
 the outcome of: a parent that is still open (resume it instead), a step before the fork
-point that is not done, or a step from the fork point on that is requested or uncertain,
-or that failed with an unknown outcome. Those are reconciled, or looked up by their key,
-first: nothing uncertain is guessed.
+point that is not done, or a step from the fork point on that is requested or uncertain.
+Those are reconciled, or looked up by their key, first: nothing uncertain is guessed.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
@@ -28,14 +38,14 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from effectlog import events as ev
-from effectlog.errors import BadInput, ForkRefused, RunOwned, UnknownRun, UnknownStep
+from effectlog.errors import BadInput, ForkRefused, LedgerMismatch, RunOwned, UnknownRun, UnknownStep
 from effectlog.fleet.secrets import Provider
 from effectlog.fold import RunState, StepState
 from effectlog.journal import Journal, load_run
 from effectlog.journal.ownership import describe
 from effectlog.lifecycle.pinned import pinned_plan
 from effectlog.outcome import RunOutcome
-from effectlog.plan import ID_PATTERN, Plan
+from effectlog.plan import ID_PATTERN, Plan, args_digest
 
 if TYPE_CHECKING:
     from effectlog.actor import RunActor
@@ -51,6 +61,7 @@ class ForkPoint(msgspec.Struct, frozen=True, kw_only=True):
     child: str
     from_step: str
     carried: tuple[str, ...]  # the steps before the fork point, in plan order
+    resent: tuple[str, ...] = ()  # idempotent steps of unknown outcome: sent again under the parent's key
     plan: Plan  # the child's plan: the parent's, under the child's run id
 
 
@@ -82,12 +93,17 @@ def _unknown_outcome(step: StepState) -> str | None:
         return "is uncertain: reconcile it with evidence first"
     if step.state == "requested":
         return "was requested and its outcome never recorded: resume or reconcile it first"
-    if step.state == "failed" and step.applied is None and step.ok is None:
+    if _lost(step) and not step.idempotent:
         return (
             f"failed with an unknown outcome ({step.reason}); its effect may exist under key "
             f"{step.idempotency_key}: effectlog will not run it again under a new key"
         )
     return None
+
+
+def _lost(step: StepState) -> bool:
+    """Failed with an unknown outcome: the tool was sent the request and no answer came back."""
+    return step.state == "failed" and step.applied is None and step.ok is None
 
 
 def first_unfinished(state: RunState, plan: Plan) -> str | None:
@@ -142,16 +158,28 @@ def fork_point(
                 run_id=run_id,
                 step_id=sid,
             )
+    resent: list[str] = []
     for sid in ids[cut:]:
         step = parent.step(sid)
         why = _unknown_outcome(step) if step is not None else None
         if why is not None:
             raise ForkRefused(f"cannot fork from {start!r}: step {sid!r} {why}", run_id=run_id, step_id=sid)
+        if step is not None and _lost(step):
+            decl = base.step(sid)
+            if not (base.adapters[decl.adapter].idempotent and args_digest(decl) == step.args_digest):
+                raise ForkRefused(  # the pinned plan is the parent's: a mismatch means a damaged record
+                    f"cannot fork from {start!r}: step {sid!r} failed with an unknown outcome and the plan no "
+                    "longer declares the same idempotent request: it will not be sent again",
+                    run_id=run_id,
+                    step_id=sid,
+                )
+            resent.append(sid)
     return ForkPoint(
         parent=run_id,
         child=new_run_id,
         from_step=start,
         carried=tuple(ids[:cut]),
+        resent=tuple(resent),
         plan=msgspec.structs.replace(base, run_id=new_run_id),
     )
 
@@ -165,6 +193,7 @@ def carried_specs(parent: RunState, point: ForkPoint, by: str, reason: str, acto
                 "plan": point.plan.pinned(),
                 "plan_digest": point.plan.digest,
                 "adapters": actor.identities,
+                "effect_store": actor.rt.context.pinned_store(),
                 "forked_from": point.parent,
                 "from_step": point.from_step,
                 "by": by,
@@ -191,6 +220,24 @@ def carried_specs(parent: RunState, point: ForkPoint, by: str, reason: str, acto
                 },
             )
         )
+    for sid in point.resent:
+        step = parent.step(sid)
+        assert step is not None
+        specs.append(
+            (
+                ev.StepRequested,
+                {
+                    "step_id": sid,
+                    "attempt": 1,
+                    "adapter": step.adapter,
+                    "idempotency_key": step.idempotency_key,
+                    "args_digest": step.args_digest,
+                    "idempotent": True,
+                    "key_from": point.parent,
+                },
+            )
+        )
+        actor.first_sends[sid] = f"the parent run {point.parent} never heard back from this key: same key"
     return specs
 
 
@@ -206,7 +253,7 @@ async def afork(
     secrets: Provider | None = None,
 ) -> RunOutcome:
     """Fork ``run_id`` as ``new_run_id`` and drive the fork; the parent is only read."""
-    from effectlog.actor import RunActor
+    from effectlog.actor import RunActor, refuse_other_store
 
     if not by.strip() or not reason.strip():
         raise BadInput("a fork needs --by (who) and --reason (why): both are recorded", run_id=run_id)
@@ -216,9 +263,17 @@ async def afork(
     claim = journal.claim(new_run_id, "run")
     try:
         parent = load_run(journal, run_id)  # again, under the claim: what is carried is what is recorded
+        given = runtime.context.effects
+        if parent.effect_store is not None and given is not None and not os.path.exists(given):
+            raise LedgerMismatch(  # before the adapters open it: a mistyped path creates no empty store
+                f"effect store {given} does not exist; the run pinned {parent.effect_store.path} "
+                f"(id {parent.effect_store.store_id}): give --effects {parent.effect_store.path}",
+                run_id=run_id,
+            )
         actor = RunActor(runtime, point.plan)
         if actor.state.seq != 0:
             raise ForkRefused(f"run {new_run_id!r} already exists; choose a new run id", run_id=run_id)
+        refuse_other_store(parent.effect_store, runtime.context.pinned_store(), run_id=run_id)
         runtime.writer.active_runs += 1
         try:
             await actor._record(*carried_specs(parent, point, by, reason, actor))  # one atomic batch
