@@ -17,7 +17,6 @@ store itself:
 from __future__ import annotations
 
 import json
-import sqlite3
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -33,17 +32,9 @@ from effectlog.outcome import SimulatedCrash
 from effectlog.plan import Plan, parse_plan
 from effectlog.runtime import Runtime
 from lifecycle_adapters import ADAPTERS
+from test_lifecycle import effect_counts
 
 LEDGER = {"type": "effects.control", "version": "1", "idempotent": False}
-
-
-def effect_counts(effects: Path) -> Counter[tuple[str, str]]:
-    """How many times each (run, step) effect was made, read from the effect store itself."""
-    db = sqlite3.connect(f"{effects.resolve().as_uri()}?mode=ro", uri=True)
-    try:
-        return Counter((r, s) for r, s in db.execute("SELECT run_id, step_id FROM effects"))
-    finally:
-        db.close()
 
 
 def gated(tmp: Path, run_id: str = "order-1") -> Plan:
