@@ -1,0 +1,100 @@
+"""Review round 7: attacks on a fork's pinned effect store and the re-send of a parent's key.
+
+The change under review (066eae3): a fork pins its parent's effect store, and a retry of a
+run that failed on an idempotent step of unknown outcome records that step, in the fork's
+first batch, as ``step.requested`` under the PARENT's key (``key_from``), which the fork
+re-sends. Each test here is a case the change's own tests did not cover; effects are
+counted in the effect store itself (real SQLite files), CLI behaviour through real
+``python -m effectlog`` processes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+
+from effectlog.errors import ExitStatus, ForkRefused
+from effectlog.plan import Plan, parse_plan
+from effectlog.runtime import Runtime
+from lifecycle_adapters import ADAPTERS, Lossy
+from test_lifecycle import effect_counts, effectlog, state_of, tags
+
+pytest_plugins = ["pg_fixture"]
+
+LEDGER = {"type": "effects.control", "version": "1", "idempotent": False}
+CLI_ADAPTERS = "lifecycle_adapters:ADAPTERS"
+
+
+def booking(tmp: Path, *, run_id: str = "book-1", check: bool = True, approval: bool = False) -> Plan:
+    """[check (not applied while ``open`` is missing)], reserve (idempotent, answers lost while
+    ``answers`` is missing, the effect made once per key), log (an effect on every call)."""
+    reserve: dict[str, Any] = {"id": "reserve", "adapter": "api", "args": {"seat": "12A"}}
+    if approval:
+        reserve["approval"] = "required"
+    steps = [{"id": "check", "adapter": "gate"}] if check else []
+    steps += [reserve, {"id": "log", "adapter": "ledger", "args": {"n": 1}}]
+    return parse_plan(
+        json.dumps(
+            {
+                "run_id": run_id,
+                "adapters": {
+                    "gate": {"type": "test.gate", "options": {"open": str(tmp / "open")}},
+                    "api": {"type": "test.lossy", "idempotent": True, "options": {"answers": str(tmp / "answers")}},
+                    "ledger": LEDGER,
+                },
+                "steps": steps,
+            }
+        ).encode()
+    )
+
+
+def lost_parent(tmp: Path, journal: Path, effects: Path, **kw: Any) -> Plan:
+    """Run ``booking``: check passes, reserve's effect is made and its answer lost; the run fails."""
+    plan = booking(tmp, **kw)
+    (tmp / "open").touch()
+    with Runtime(str(journal), effects=effects, adapters=ADAPTERS) as rt:
+        failed = rt.run(plan)
+        assert ("failed", None) == (failed.state, rt.load(plan.run_id).step("reserve").applied)
+    assert 1 == effect_counts(effects)[(plan.run_id, "reserve")]
+    return plan
+
+
+# -- a fork from before the lost step that ends before reaching it ------------------------
+
+
+def test_a_fork_that_ends_before_its_resent_step_can_be_retried_and_the_effect_happens_once(tmp_path: Path) -> None:
+    """A fork from a step before the lost one, failing there, is retried; the reservation is still made once.
+
+    The fork's first batch records the lost step ``requested`` under the parent's key, ahead
+    of the steps it runs first. When one of those fails, the fork closes with that step
+    requested and never sent. Its retry was refused ("requested ... resume or reconcile it
+    first"), yet a closed run is never resumed and only an uncertain step is reconciled: a
+    dead end, contrary to docs/lifecycle.md ("the fork ... can be retried in turn"). A
+    requested step of an idempotent tool in a closed run has an unknown outcome under its
+    key exactly as a lost one does: the retry sends that same key again.
+    """
+    journal, effects = tmp_path / "j.db", tmp_path / "e.db"
+    lost_parent(tmp_path, journal, effects)
+    (tmp_path / "open").unlink()
+    with Runtime(str(journal), effects=effects, adapters=ADAPTERS) as rt:
+        ended = rt.fork("book-1", "book-1.f", by="ops", reason="check again", from_step="check")
+        assert ("failed", "requested") == (ended.state, rt.load("book-1.f").step("reserve").state)
+    (tmp_path / "open").touch()
+    (tmp_path / "answers").touch()
+    common = ("--journal", str(journal), "--adapters", CLI_ADAPTERS, "--effects", str(effects))
+    done = effectlog("retry", "--run-id", "book-1.f", "--by", "ops", "--reason", "again", *common)
+    assert ExitStatus.DONE == done.returncode, done.stderr
+    keys = {r: state_of(journal, r).steps["reserve"].idempotency_key for r in ("book-1", "book-1.f", "book-1.f.retry1")}
+    assert 1 == len(set(keys.values())), keys
+    assert "completed" == state_of(journal, "book-1.f.retry1").state
+    assert 1 == sum(n for (_, step), n in effect_counts(effects).items() if step == "reserve")
