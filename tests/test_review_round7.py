@@ -98,3 +98,38 @@ def test_a_fork_that_ends_before_its_resent_step_can_be_retried_and_the_effect_h
     assert 1 == len(set(keys.values())), keys
     assert "completed" == state_of(journal, "book-1.f.retry1").state
     assert 1 == sum(n for (_, step), n in effect_counts(effects).items() if step == "reserve")
+
+
+# -- the parent's key re-sent through another implementation ----------------------------------
+
+
+class UpgradedLossy(Lossy):
+    """``test.lossy`` after an upgrade that moved its endpoint: the new one keeps its own key table
+    (here: the key under another namespace), so it has never seen a key the old one was sent."""
+
+    def invoke(self, request: Any) -> Any:
+        moved = msgspec.structs.replace(request, idempotency_key=f"v2/{request.idempotency_key}")
+        return super().invoke(moved)
+
+
+def test_a_parents_key_is_not_resent_through_an_implementation_other_than_the_one_it_was_sent_to(
+    tmp_path: Path,
+) -> None:
+    """A retry whose idempotent tool's implementation changed since the parent sent the key is refused.
+
+    A resume of a requested step with a changed adapter is refused (``plan_mismatch``), and
+    ``repin`` is refused while a step is requested (lifecycle/repin.py: "that step was
+    started by the old implementation and must be finished ... under it"), because a new
+    implementation may do something else with the same key. The fork's re-send of its
+    parent's key skipped that check: the upgraded tool did not know the key and reserved the
+    seat a second time. Refused now (exit 5), nothing written, one reservation.
+    """
+    journal, effects = tmp_path / "j.db", tmp_path / "e.db"
+    lost_parent(tmp_path, journal, effects, check=False)
+    (tmp_path / "answers").touch()
+    upgraded = {**ADAPTERS, "test.lossy": lambda decl, ctx: UpgradedLossy(decl.options, ctx)}
+    with Runtime(str(journal), effects=effects, adapters=upgraded) as rt:
+        with pytest.raises(ForkRefused, match="'api'") as info:
+            rt.retry("book-1", by="ops", reason="endpoint upgraded")
+        assert (ExitStatus.CONFLICT, ["book-1"]) == (info.value.exit_status, rt.journal.runs())
+    assert Counter({("book-1", "reserve"): 1}) == effect_counts(effects)
