@@ -19,11 +19,14 @@ A step from the fork point on that failed with an unknown outcome on an **idempo
 (every send of its key lost) is sent again, under the parent's key: the fork's first batch
 records it ``step.requested`` with that key and ``key_from`` naming the parent, and the
 fork re-sends it as a resume re-sends any idempotent request. The tool deduplicates by its
-key, so its effect happens once whichever send landed.
+key, so its effect happens once whichever send landed. A fork that closed before it sent such
+a step (forked from an earlier step that failed) holds it ``requested``: its retry sends the
+same key again, in the same way.
 
 Refused (``ForkRefused``, exit 5) whenever a new run could repeat an effect nobody knows
 the outcome of: a parent that is still open (resume it instead), a step before the fork
-point that is not done, or a step from the fork point on that is requested or uncertain.
+point that is not done, or a step from the fork point on that is uncertain, or requested on a
+tool that is not idempotent.
 Those are reconciled, or looked up by their key, first: nothing uncertain is guessed.
 """
 
@@ -91,7 +94,7 @@ def _unknown_outcome(step: StepState) -> str | None:
     """Why the step's effect is not known (so it must not run again under a new key), or None."""
     if step.state == "uncertain":
         return "is uncertain: reconcile it with evidence first"
-    if step.state == "requested":
+    if step.state == "requested" and not step.idempotent:
         return "was requested and its outcome never recorded: resume or reconcile it first"
     if _lost(step) and not step.idempotent:
         return (
@@ -102,8 +105,9 @@ def _unknown_outcome(step: StepState) -> str | None:
 
 
 def _lost(step: StepState) -> bool:
-    """Failed with an unknown outcome: the tool was sent the request and no answer came back."""
-    return step.state == "failed" and step.applied is None and step.ok is None
+    """The outcome under the step's key is unknown in a closed run: failed with no answer, or still
+    requested (a fork's re-sent step, recorded in its first batch, when the fork ended before it)."""
+    return step.state == "requested" or (step.state == "failed" and step.applied is None and step.ok is None)
 
 
 def first_unfinished(state: RunState, plan: Plan) -> str | None:
