@@ -21,7 +21,8 @@ records it ``step.requested`` with that key and ``key_from`` naming the parent, 
 fork re-sends it as a resume re-sends any idempotent request. The tool deduplicates by its
 key, so its effect happens once whichever send landed. A fork that closed before it sent such
 a step (forked from an earlier step that failed) holds it ``requested``: its retry sends the
-same key again, in the same way.
+same key again, in the same way. The key goes only to the implementation the parent sent it to
+(the adapter identity it pinned), as on a resume.
 
 Refused (``ForkRefused``, exit 5) whenever a new run could repeat an effect nobody knows
 the outcome of: a parent that is still open (resume it instead), a step before the fork
@@ -278,6 +279,7 @@ async def afork(
         if actor.state.seq != 0:
             raise ForkRefused(f"run {new_run_id!r} already exists; choose a new run id", run_id=run_id)
         refuse_other_store(parent.effect_store, runtime.context.pinned_store(), run_id=run_id)
+        _refuse_other_sender(parent, point, actor.identities)
         runtime.writer.active_runs += 1
         try:
             await actor._record(*carried_specs(parent, point, by, reason, actor))  # one atomic batch
@@ -286,6 +288,25 @@ async def afork(
             runtime.writer.active_runs -= 1
     finally:
         journal.release(claim)
+
+
+def _refuse_other_sender(parent: RunState, point: ForkPoint, identities: dict[str, ev.AdapterIdentity]) -> None:
+    """``ForkRefused`` if a step re-sent under the parent's key would go to another adapter than the
+    parent sent it to: as for a resume (and ``repin``, refused while a step is requested), a new
+    implementation may not know the key, and the effect would happen a second time."""
+    for sid in point.resent:
+        step = parent.step(sid)
+        assert step is not None
+        pinned, given = parent.adapters.get(step.adapter), identities.get(step.adapter)
+        if pinned != given:
+            raise ForkRefused(
+                f"cannot fork from {point.from_step!r}: step {sid!r} would be sent again under the parent's key "
+                f"{step.idempotency_key}, but adapter {step.adapter!r} is not the implementation the parent sent "
+                "it to (its pinned identity differs): a new implementation may not know that key. Retry with "
+                "the adapter the parent pinned",
+                run_id=point.parent,
+                step_id=sid,
+            )
 
 
 @contextlib.contextmanager
