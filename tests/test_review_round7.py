@@ -11,11 +11,7 @@ counted in the effect store itself (real SQLite files), CLI behaviour through re
 from __future__ import annotations
 
 import json
-import os
 import signal
-import subprocess
-import sys
-import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -27,7 +23,7 @@ from effectlog.errors import ExitStatus, ForkRefused
 from effectlog.plan import Plan, parse_plan
 from effectlog.runtime import Runtime
 from lifecycle_adapters import ADAPTERS, Lossy
-from test_lifecycle import effect_counts, effectlog, state_of, tags
+from test_lifecycle import SAFETY_S, effect_counts, effectlog, start, state_of, tags, wait_for, write_plan
 
 pytest_plugins = ["pg_fixture"]
 
@@ -133,3 +129,83 @@ def test_a_parents_key_is_not_resent_through_an_implementation_other_than_the_on
             rt.retry("book-1", by="ops", reason="endpoint upgraded")
         assert (ExitStatus.CONFLICT, ["book-1"]) == (info.value.exit_status, rt.journal.runs())
     assert Counter({("book-1", "reserve"): 1}) == effect_counts(effects)
+
+
+# -- real processes: a fork killed with the key in hand, two forks sending it at once ------------
+
+HELD = "review7_adapters:ADAPTERS"
+
+
+def held_parent(tmp: Path, journal: Path, effects: Path) -> tuple[str, ...]:
+    """``effectlog run`` of reserve (``test.heldlossy``) then log: reserve's answer lost, the run fails.
+    Returns the common CLI arguments (journal, adapters, effects)."""
+    options = {"answers": str(tmp / "answers"), "sent": str(tmp / "sent"), "hold": str(tmp / "hold")}
+    plan = {
+        "run_id": "book-1",
+        "adapters": {"api": {"type": "test.heldlossy", "idempotent": True, "options": options}, "ledger": LEDGER},
+        "steps": [
+            {"id": "reserve", "adapter": "api", "args": {"seat": "12A"}},
+            {"id": "log", "adapter": "ledger", "args": {"n": 1}},
+        ],
+    }
+    common = ("--journal", str(journal), "--adapters", HELD, "--effects", str(effects))
+    ran = effectlog("run", str(write_plan(tmp, plan)), *common)
+    assert ExitStatus.RUN_FAILED == ran.returncode, ran.stderr
+    assert Counter({("book-1", "reserve"): 1}) == effect_counts(effects)
+    return common
+
+
+def test_a_retry_killed_with_the_parents_key_in_hand_is_recovered_and_sends_that_key_once_more(
+    tmp_path: Path,
+) -> None:
+    """SIGKILL of `effectlog retry` inside the re-send; `effectlog recover` re-sends the same key: one effect.
+
+    The fork is left open with the step requested (the parent's key, one re-send recorded);
+    recovery resumes it from the plan its journal pinned and sends that key again, never a
+    new one: one reservation across parent and fork, the fork completed.
+    """
+    journal, effects = tmp_path / "j.db", tmp_path / "e.db"
+    common = held_parent(tmp_path, journal, effects)
+    (tmp_path / "hold").touch()
+    retry = start("retry", "--run-id", "book-1", "--by", "ops", "--reason", "again", *common)
+    wait_for(tmp_path / "sent-book-1.retry1", retry)
+    retry.send_signal(signal.SIGKILL)
+    retry.communicate(timeout=SAFETY_S)
+    child = state_of(journal, "book-1.retry1")
+    parent_key = state_of(journal, "book-1").steps["reserve"].idempotency_key
+    assert ("running", "requested", 1) == (child.state, child.steps["reserve"].state, child.steps["reserve"].resends)
+    (tmp_path / "hold").unlink()
+    (tmp_path / "answers").touch()
+    recovered = effectlog("recover", *common, "--json")
+    assert 0 == recovered.returncode, recovered.stderr
+    assert [("book-1.retry1", "resumed", "completed")] == [
+        (r["run_id"], r["action"], r["state"]) for r in json.loads(recovered.stdout)
+    ]
+    assert parent_key == state_of(journal, "book-1.retry1").steps["reserve"].idempotency_key
+    assert 2 == tags(journal, "book-1.retry1").count("step.resent")
+    assert Counter({("book-1", "reserve"): 1, ("book-1.retry1", "log"): 1}) == effect_counts(effects)
+
+
+def test_two_forks_of_one_parent_sending_its_key_at_the_same_time_make_one_effect(tmp_path: Path) -> None:
+    """Two `effectlog fork` processes of one failed parent, both held with the parent's key, released together.
+
+    Both re-send the same key at once; the tool deduplicates it: one reservation, and both
+    forks record the same receipt (its effect id). (Each fork's later steps are its own, run
+    on purpose: an explicit fork says so.)
+    """
+    journal, effects = tmp_path / "j.db", tmp_path / "e.db"
+    common = held_parent(tmp_path, journal, effects)
+    (tmp_path / "hold").touch()
+    (tmp_path / "answers").touch()
+    forks = {
+        name: start("fork", "--run-id", "book-1", "--new-run-id", name, "--by", "ops", "--reason", "both", *common)
+        for name in ("f1", "f2")
+    }
+    for name, proc in forks.items():
+        wait_for(tmp_path / f"sent-{name}", proc)
+    (tmp_path / "hold").unlink()
+    outputs = {name: proc.communicate(timeout=SAFETY_S) for name, proc in forks.items()}
+    assert {"f1": 0, "f2": 0} == {name: proc.returncode for name, proc in forks.items()}, outputs
+    receipts = {name: state_of(journal, name).steps["reserve"].receipt["effect_id"] for name in forks}
+    assert 1 == len(set(receipts.values())), receipts
+    assert Counter({("book-1", "reserve"): 1, ("f1", "log"): 1, ("f2", "log"): 1}) == effect_counts(effects)
