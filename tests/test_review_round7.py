@@ -19,7 +19,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from effectlog.errors import ExitStatus, ForkRefused
+from effectlog.errors import ExitStatus, ForkRefused, SecretUnavailable
 from effectlog.plan import Plan, parse_plan
 from effectlog.runtime import Runtime
 from lifecycle_adapters import ADAPTERS, Lossy
@@ -209,3 +209,70 @@ def test_two_forks_of_one_parent_sending_its_key_at_the_same_time_make_one_effec
     receipts = {name: state_of(journal, name).steps["reserve"].receipt["effect_id"] for name in forks}
     assert 1 == len(set(receipts.values())), receipts
     assert Counter({("book-1", "reserve"): 1, ("f1", "log"): 1, ("f2", "log"): 1}) == effect_counts(effects)
+
+
+# -- secrets, PostgreSQL ------------------------------------------------------------------------
+
+
+def secret_booking(tmp: Path) -> Plan:
+    """reserve (idempotent, answers lost) with a secret arg, then log: the journal holds the card's digest."""
+    return parse_plan(
+        json.dumps(
+            {
+                "run_id": "book-1",
+                "adapters": {
+                    "api": {"type": "test.lossy", "idempotent": True, "options": {"answers": str(tmp / "answers")}},
+                    "ledger": LEDGER,
+                },
+                "steps": [
+                    {"id": "reserve", "adapter": "api", "args": {"seat": "12A", "card": "4111"}, "secret": ["card"]},
+                    {"id": "log", "adapter": "ledger", "args": {"n": 1}},
+                ],
+            }
+        ).encode()
+    )
+
+
+def test_a_retry_resends_a_step_with_secret_args_only_with_the_same_values_supplied(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The re-sent step's secret arg comes from the whole plan given, or the environment; another value is refused.
+
+    With no value the retry is refused by name (nothing written); with the whole plan given
+    (``plan=``) the key is re-sent with the real args, which the tool finds under the
+    parent's key with the same body: one reservation.
+    """
+    monkeypatch.delenv("EFFECTLOG_SECRET_CARD", raising=False)
+    journal, effects = tmp_path / "j.db", tmp_path / "e.db"
+    plan = secret_booking(tmp_path)
+    with Runtime(str(journal), effects=effects, adapters=ADAPTERS) as rt:
+        assert "failed" == rt.run(plan).state
+    (tmp_path / "answers").touch()
+    with Runtime(str(journal), effects=effects, adapters=ADAPTERS) as rt:
+        with pytest.raises(SecretUnavailable, match="EFFECTLOG_SECRET_CARD"):
+            rt.retry("book-1", by="ops", reason="again")
+        monkeypatch.setenv("EFFECTLOG_SECRET_CARD", "5500")
+        with pytest.raises(SecretUnavailable, match="not the submitted one"):
+            rt.retry("book-1", by="ops", reason="again")
+        assert ["book-1"] == rt.journal.runs()
+        assert "completed" == rt.retry("book-1", by="ops", reason="again", plan=plan).state
+    assert Counter({("book-1", "reserve"): 1, ("book-1.retry1", "log"): 1}) == effect_counts(effects)
+
+
+def test_postgres_a_fork_ended_before_its_resent_step_is_retried_and_the_effect_happens_once(
+    tmp_path: Path, pg_url: str
+) -> None:
+    """On PostgreSQL: the lost step re-sent by a retry, and by the retry of a fork that ended before it: one effect."""
+    effects = tmp_path / "e.db"
+    plan = booking(tmp_path)
+    (tmp_path / "open").touch()
+    with Runtime(pg_url, effects=effects, adapters=ADAPTERS) as rt:
+        assert "failed" == rt.run(plan).state
+        (tmp_path / "open").unlink()
+        assert "failed" == rt.fork("book-1", "book-1.f", by="ops", reason="x", from_step="check").state
+        (tmp_path / "open").touch()
+        (tmp_path / "answers").touch()
+        assert "completed" == rt.retry("book-1.f", by="ops", reason="y").state
+        keys = {rt.load(r).step("reserve").idempotency_key for r in ("book-1", "book-1.f", "book-1.f.retry1")}
+    assert 1 == len(keys)
+    assert 1 == sum(n for (_, step), n in effect_counts(effects).items() if step == "reserve")
