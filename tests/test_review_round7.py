@@ -20,6 +20,7 @@ import msgspec
 import pytest
 
 from effectlog.errors import ExitStatus, ForkRefused, SecretUnavailable
+from effectlog.journal import open_journal
 from effectlog.plan import Plan, parse_plan
 from effectlog.runtime import Runtime
 from lifecycle_adapters import ADAPTERS, Lossy
@@ -52,6 +53,14 @@ def booking(tmp: Path, *, run_id: str = "book-1", check: bool = True, approval: 
             }
         ).encode()
     )
+
+
+def runs_in(journal: Path) -> list[str]:
+    j = open_journal(str(journal), writer=False)
+    try:
+        return j.runs()
+    finally:
+        j.close()
 
 
 def lost_parent(tmp: Path, journal: Path, effects: Path, **kw: Any) -> Plan:
@@ -276,3 +285,32 @@ def test_postgres_a_fork_ended_before_its_resent_step_is_retried_and_the_effect_
         keys = {rt.load(r).step("reserve").idempotency_key for r in ("book-1", "book-1.f", "book-1.f.retry1")}
     assert 1 == len(keys)
     assert 1 == sum(n for (_, step), n in effect_counts(effects).items() if step == "reserve")
+
+
+# -- the store a retry is given ----------------------------------------------------------------
+
+
+def test_a_retry_given_an_empty_file_for_its_store_is_refused_and_leaves_the_file_empty(tmp_path: Path) -> None:
+    """`effectlog retry --effects F`, F an existing empty file (not the parent's store): exit 5, F untouched.
+
+    The missing-path check ran before the adapters opened the store, but an existing file
+    passed it, and the adapters' writer open made it a new effect store (schema and a new
+    store id) before ``refuse_other_store`` refused it: a refused command changed a file
+    (20 KB of effectlog tables in a file the user named by mistake). The store is now
+    identified read-only first. Also: when the pinned store itself moved away, the message
+    no longer tells the user to give the very path that is missing.
+    """
+    journal, effects, empty = tmp_path / "j.db", tmp_path / "e.db", tmp_path / "empty.db"
+    lost_parent(tmp_path, journal, effects, check=False)
+    empty.touch()
+    common = ("--journal", str(journal), "--adapters", CLI_ADAPTERS)
+    refused = effectlog("retry", "--run-id", "book-1", "--by", "ops", "--reason", "x", *common, "--effects", str(empty))
+    assert (ExitStatus.CONFLICT, 1) == (refused.returncode, len(refused.stderr.strip().splitlines())), refused.stderr
+    assert "ledger_mismatch" in refused.stderr
+    assert (0, ["book-1"]) == (empty.stat().st_size, runs_in(journal))
+    moved = tmp_path / "moved.db"
+    effects.rename(moved)
+    gone = effectlog("retry", "--run-id", "book-1", "--by", "ops", "--reason", "x", *common, "--effects", str(effects))
+    assert ExitStatus.CONFLICT == gone.returncode, gone.stderr
+    assert f"give --effects {effects}" not in gone.stderr, gone.stderr
+    assert not effects.exists()
