@@ -291,7 +291,7 @@ def test_postgres_a_fork_ended_before_its_resent_step_is_retried_and_the_effect_
 
 
 def test_a_retry_given_an_empty_file_for_its_store_is_refused_and_leaves_the_file_empty(tmp_path: Path) -> None:
-    """`effectlog retry --effects F`, F an existing empty file (not the parent's store): exit 5, F untouched.
+    """`effectlog retry --effects F`, F an existing empty file (not the parent's store): refused, F untouched.
 
     The missing-path check ran before the adapters opened the store, but an existing file
     passed it, and the adapters' writer open made it a new effect store (schema and a new
@@ -305,8 +305,8 @@ def test_a_retry_given_an_empty_file_for_its_store_is_refused_and_leaves_the_fil
     empty.touch()
     common = ("--journal", str(journal), "--adapters", CLI_ADAPTERS)
     refused = effectlog("retry", "--run-id", "book-1", "--by", "ops", "--reason", "x", *common, "--effects", str(empty))
-    assert (ExitStatus.CONFLICT, 1) == (refused.returncode, len(refused.stderr.strip().splitlines())), refused.stderr
-    assert "ledger_mismatch" in refused.stderr
+    assert (ExitStatus.BAD_INPUT, 1) == (refused.returncode, len(refused.stderr.strip().splitlines())), refused.stderr
+    assert "not an effect store" in refused.stderr
     assert (0, ["book-1"]) == (empty.stat().st_size, runs_in(journal))
     moved = tmp_path / "moved.db"
     effects.rename(moved)

@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from effectlog import events as ev
+from effectlog.adapters.effects import EffectStore
 from effectlog.errors import BadInput, ForkRefused, LedgerMismatch, RunOwned, UnknownRun, UnknownStep
 from effectlog.fleet.secrets import Provider
 from effectlog.fold import RunState, StepState
@@ -268,13 +269,7 @@ async def afork(
     claim = journal.claim(new_run_id, "run")
     try:
         parent = load_run(journal, run_id)  # again, under the claim: what is carried is what is recorded
-        given = runtime.context.effects
-        if parent.effect_store is not None and given is not None and not os.path.exists(given):
-            raise LedgerMismatch(  # before the adapters open it: a mistyped path creates no empty store
-                f"effect store {given} does not exist; the run pinned {parent.effect_store.path} "
-                f"(id {parent.effect_store.store_id}): give --effects {parent.effect_store.path}",
-                run_id=run_id,
-            )
+        _refuse_other_store_unopened(parent.effect_store, runtime.context.effects, run_id=run_id)
         actor = RunActor(runtime, point.plan)
         if actor.state.seq != 0:
             raise ForkRefused(f"run {new_run_id!r} already exists; choose a new run id", run_id=run_id)
@@ -288,6 +283,31 @@ async def afork(
             runtime.writer.active_runs -= 1
     finally:
         journal.release(claim)
+
+
+def _refuse_other_store_unopened(pinned: ev.EffectStoreIdentity | None, given: str | None, *, run_id: str) -> None:
+    """``LedgerMismatch`` if ``given`` is not the store the parent pinned, found before the adapters open it:
+    their writer open makes a store of a missing path or of an existing empty file. Read-only here, so a
+    refused fork changes no file."""
+    if pinned is None or given is None:
+        return
+    where = (
+        f"the run pinned the store {pinned.store_id} at {pinned.path}"
+        + (", which is not there any more: give --effects where that store is now" if not os.path.exists(pinned.path)
+           else f": give --effects {pinned.path}")
+    )  # fmt: skip
+    if not os.path.exists(given):
+        raise LedgerMismatch(f"effect store {given} does not exist; {where}", run_id=run_id)
+    store = EffectStore(given, read_only=True)  # BadInput (exit 2) for a file that is no effect store
+    try:
+        identity = store.identity
+    finally:
+        store.close()
+    if identity.store_id != pinned.store_id:
+        raise LedgerMismatch(
+            f"effect store {given} (id {identity.store_id or 'none'}) is not the one the run pinned; {where}",
+            run_id=run_id,
+        )
 
 
 def _refuse_other_sender(parent: RunState, point: ForkPoint, identities: dict[str, ev.AdapterIdentity]) -> None:
