@@ -4,6 +4,8 @@
 effect in the effect store once per key and loses its answer unless ``answers`` exists) that
 first says it was called (a file ``<sent>-<run id>``) and holds while ``hold`` exists, so a
 test can kill the process, or release two processes at once, with the key in hand.
+``test.lazylossy`` is ``test.lossy`` opening the effect store only when first called, as an
+adapter may (the run then pins no store: a run pins the store its adapters opened when built).
 """
 
 from __future__ import annotations
@@ -28,4 +30,17 @@ class HeldLossy(Lossy):
         return super().invoke(request)
 
 
-ADAPTERS = {**LIFECYCLE, "test.heldlossy": lambda decl, ctx: HeldLossy(decl.options, ctx)}
+class LazyLossy(Lossy):
+    def __init__(self, options: dict[str, Any], ctx: Any) -> None:
+        self.answers, self.ctx = str(options["answers"]), ctx
+
+    def invoke(self, request: Any) -> Any:
+        self.store = self.ctx.effect_store()
+        return super().invoke(request)
+
+
+ADAPTERS = {
+    **LIFECYCLE,
+    "test.heldlossy": lambda decl, ctx: HeldLossy(decl.options, ctx),
+    "test.lazylossy": lambda decl, ctx: LazyLossy(decl.options, ctx),
+}

@@ -19,11 +19,13 @@ from typing import Any
 import msgspec
 import pytest
 
+from effectlog.adapters.effects import EffectStore
 from effectlog.errors import ExitStatus, ForkRefused, SecretUnavailable
 from effectlog.journal import open_journal
 from effectlog.plan import Plan, parse_plan
 from effectlog.runtime import Runtime
 from lifecycle_adapters import ADAPTERS, Lossy
+from review7_adapters import ADAPTERS as REVIEW7_ADAPTERS
 from test_lifecycle import SAFETY_S, effect_counts, effectlog, start, state_of, tags, wait_for, write_plan
 
 pytest_plugins = ["pg_fixture"]
@@ -314,3 +316,37 @@ def test_a_retry_given_an_empty_file_for_its_store_is_refused_and_leaves_the_fil
     assert ExitStatus.CONFLICT == gone.returncode, gone.stderr
     assert f"give --effects {effects}" not in gone.stderr, gone.stderr
     assert not effects.exists()
+
+
+def test_a_parents_key_is_not_resent_when_the_parent_pinned_no_store_and_the_fork_is_given_one(
+    tmp_path: Path,
+) -> None:
+    """The parent pinned no effect store (an older run, or a tool opening the store when called): refused.
+
+    The parent's key was recorded in ``e.db``, but its ``run.started`` names no store, so
+    nothing can tell whether the store a retry is given is that one. The retry given
+    another store re-sent the key there, where it was unknown: a second reservation (before
+    066eae3 this retry was refused). Now refused (exit 5), nothing written.
+    """
+    journal, effects, other = tmp_path / "j.db", tmp_path / "e.db", tmp_path / "other.db"
+    EffectStore(other).close()
+    plan = parse_plan(
+        json.dumps(
+            {
+                "run_id": "book-1",
+                "adapters": {
+                    "api": {"type": "test.lazylossy", "idempotent": True, "options": {"answers": str(tmp_path / "a")}}
+                },
+                "steps": [{"id": "reserve", "adapter": "api", "args": {"seat": "12A"}}],
+            }
+        ).encode()
+    )
+    with Runtime(str(journal), effects=effects, adapters=REVIEW7_ADAPTERS) as rt:
+        assert "failed" == rt.run(plan).state
+        assert rt.load("book-1").effect_store is None
+    (tmp_path / "a").touch()
+    with Runtime(str(journal), effects=other, adapters=REVIEW7_ADAPTERS) as rt:
+        with pytest.raises(ForkRefused, match="pinned no effect store") as info:
+            rt.retry("book-1", by="ops", reason="again")
+        assert (ExitStatus.CONFLICT, ["book-1"]) == (info.value.exit_status, rt.journal.runs())
+    assert (Counter({("book-1", "reserve"): 1}), Counter()) == (effect_counts(effects), effect_counts(other))
