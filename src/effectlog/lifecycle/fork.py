@@ -270,6 +270,15 @@ async def afork(
     try:
         parent = load_run(journal, run_id)  # again, under the claim: what is carried is what is recorded
         _refuse_other_store_unopened(parent.effect_store, runtime.context.effects, run_id=run_id)
+        if point.resent and parent.effect_store is None and runtime.context.effects is not None:
+            raise ForkRefused(  # the key's record may be in any store: nothing shows the one given is it
+                f"cannot fork from {point.from_step!r}: step {point.resent[0]!r} would be sent again under the "
+                f"parent's key, but the parent pinned no effect store, so nothing shows that "
+                f"{runtime.context.effects} is where that key was recorded; if the step's tool keeps its own "
+                "keys, retry without --effects",
+                run_id=run_id,
+                step_id=point.resent[0],
+            )
         actor = RunActor(runtime, point.plan)
         if actor.state.seq != 0:
             raise ForkRefused(f"run {new_run_id!r} already exists; choose a new run id", run_id=run_id)
