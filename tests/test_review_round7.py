@@ -350,3 +350,50 @@ def test_a_parents_key_is_not_resent_when_the_parent_pinned_no_store_and_the_for
             rt.retry("book-1", by="ops", reason="again")
         assert (ExitStatus.CONFLICT, ["book-1"]) == (info.value.exit_status, rt.journal.runs())
     assert (Counter({("book-1", "reserve"): 1}), Counter()) == (effect_counts(effects), effect_counts(other))
+
+
+def test_a_fork_from_an_earlier_step_killed_before_its_resent_step_is_recovered_with_segments(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`effectlog fork --from-step first` SIGKILLed inside `first`, `reserve` requested ahead of it; recovered.
+
+    With a checkpoint segment at every batch (``EFFECTLOG_CHECKPOINT_EVERY=1``), so the
+    resume starts from a frontier whose open steps include a requested step after a pending
+    one. `effectlog recover` runs `first` and `log`, sends the parent's key once more for
+    `reserve`: one reservation, one log, the journal verifies.
+    """
+    monkeypatch.setenv("EFFECTLOG_CHECKPOINT_EVERY", "1")
+    journal, effects = tmp_path / "j.db", tmp_path / "e.db"
+    options = {"answers": str(tmp_path / "answers"), "sent": str(tmp_path / "sent"), "hold": str(tmp_path / "hold")}
+    slow = {"hold": str(tmp_path / "hold-first"), "started": str(tmp_path / "started")}
+    plan = {
+        "run_id": "book-1",
+        "adapters": {
+            "slow": {"type": "test.slow", "idempotent": True, "options": slow},
+            "api": {"type": "test.heldlossy", "idempotent": True, "options": options},
+            "ledger": LEDGER,
+        },
+        "steps": [
+            {"id": "first", "adapter": "slow"},
+            {"id": "reserve", "adapter": "api", "args": {"seat": "12A"}},
+            {"id": "log", "adapter": "ledger", "args": {"n": 1}},
+        ],
+    }
+    common = ("--journal", str(journal), "--adapters", HELD, "--effects", str(effects))
+    assert ExitStatus.RUN_FAILED == effectlog("run", str(write_plan(tmp_path, plan)), *common).returncode
+    (tmp_path / "hold-first").touch()
+    fork = start(
+        "fork", "--run-id", "book-1", "--new-run-id", "f", "--from-step", "first", "--by", "o", "--reason", "x", *common
+    )
+    wait_for(tmp_path / "started-f", fork)
+    fork.send_signal(signal.SIGKILL)
+    fork.communicate(timeout=SAFETY_S)
+    steps = state_of(journal, "f").steps
+    assert ("requested", "requested") == (steps["first"].state, steps["reserve"].state)
+    (tmp_path / "hold-first").unlink()
+    (tmp_path / "answers").touch()
+    recovered = effectlog("recover", *common, "--json")
+    assert 0 == recovered.returncode, recovered.stderr
+    assert [("f", "completed")] == [(r["run_id"], r["state"]) for r in json.loads(recovered.stdout)]
+    assert Counter({("book-1", "reserve"): 1, ("f", "log"): 1}) == effect_counts(effects)
+    assert 0 == effectlog("verify", "--journal", str(journal)).returncode
