@@ -397,3 +397,26 @@ def test_a_fork_from_an_earlier_step_killed_before_its_resent_step_is_recovered_
     assert [("f", "completed")] == [(r["run_id"], r["state"]) for r in json.loads(recovered.stdout)]
     assert Counter({("book-1", "reserve"): 1, ("f", "log"): 1}) == effect_counts(effects)
     assert 0 == effectlog("verify", "--journal", str(journal)).returncode
+
+
+def test_a_fork_from_an_earlier_step_does_not_take_its_parents_unknown_effect_as_its_own(tmp_path: Path) -> None:
+    """`effectlog fork --from-step check` past a lost `reserve`: refused (exit 5), nothing written.
+
+    A fork from an earlier step runs the steps from there again on purpose, under its own
+    keys (docs/lifecycle.md): a confirmed `reserve` would be made again. A lost one was sent
+    again under the PARENT's key, so the tool answered with the parent's reservation: the
+    fork ("same booking again") recorded `reserve` confirmed with a receipt that is the
+    parent's effect, and the reservation it asked for was silently never made. Whether the
+    parent's key landed is unknown, so neither key is right without the operator: retry
+    the run first (the parent's key sent again, its outcome settled), then fork that run.
+    """
+    journal, effects = tmp_path / "j.db", tmp_path / "e.db"
+    lost_parent(tmp_path, journal, effects)
+    (tmp_path / "answers").touch()
+    common = ("--journal", str(journal), "--adapters", CLI_ADAPTERS, "--effects", str(effects))
+    fork = ("fork", "--run-id", "book-1", "--new-run-id", "book-2", "--from-step", "check")
+    done = effectlog(*fork, "--by", "ops", "--reason", "same booking again", *common)
+    assert (ExitStatus.CONFLICT, 1) == (done.returncode, len(done.stderr.strip().splitlines())), done.stderr
+    assert [] == [w for w in ("fork_refused", "'reserve'", "retry") if w not in done.stderr], done.stderr
+    assert ["book-1"] == runs_in(journal)
+    assert Counter({("book-1", "reserve"): 1}) == effect_counts(effects)
