@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import signal
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -19,10 +20,13 @@ from typing import Any
 import msgspec
 import pytest
 
+from effectlog import events as ev
 from effectlog.adapters.effects import EffectStore
+from effectlog.adapters.protocol import idempotency_key
 from effectlog.errors import ExitStatus, ForkRefused, SecretUnavailable
-from effectlog.journal import open_journal
-from effectlog.plan import Plan, parse_plan
+from effectlog.journal import load_run, open_journal
+from effectlog.plan import Plan, args_digest, parse_plan
+from effectlog.recorder import record_now
 from effectlog.runtime import Runtime
 from lifecycle_adapters import ADAPTERS, Lossy
 from review7_adapters import ADAPTERS as REVIEW7_ADAPTERS
@@ -79,24 +83,62 @@ def lost_parent(tmp: Path, journal: Path, effects: Path, **kw: Any) -> Plan:
 # -- a fork from before the lost step that ends before reaching it ------------------------
 
 
-def test_a_fork_that_ends_before_its_resent_step_can_be_retried_and_the_effect_happens_once(tmp_path: Path) -> None:
-    """A fork from a step before the lost one, failing there, is retried; the reservation is still made once.
+def fork_written_by_066eae3(journal: Path, plan: Plan, child: str) -> None:
+    """What 066eae3's `effectlog fork --from-step check` wrote when `check` failed: the fork closed with
+    `reserve` requested (the parent's key, ``key_from``) in its first batch and never sent.
 
-    The fork's first batch records the lost step ``requested`` under the parent's key, ahead
-    of the steps it runs first. When one of those fails, the fork closes with that step
-    requested and never sent. Its retry was refused ("requested ... resume or reconcile it
-    first"), yet a closed run is never resumed and only an uncertain step is reconciled: a
-    dead end, contrary to docs/lifecycle.md ("the fork ... can be retried in turn"). A
-    requested step of an idempotent tool in a closed run has an unknown outcome under its
-    key exactly as a lost one does: the retry sends that same key again.
+    Written with the recorder, event for event as that code did (run.started, step.requested
+    for reserve; then check requested, failed, run failed), since the code no longer makes
+    such a fork (see the test after next); journals written by it keep them.
+    """
+    j = open_journal(str(journal))
+    try:
+        parent = load_run(j, plan.run_id)
+        reserve, mine = parent.step("reserve"), msgspec.structs.replace(plan, run_id=child)
+        started = {"plan": mine.pinned(), "plan_digest": mine.digest, "adapters": parent.adapters}
+        lineage = {"forked_from": plan.run_id, "from_step": "check", "by": "ops", "reason": "check again"}
+        resent = {"step_id": "reserve", "attempt": 1, "adapter": "api", "idempotency_key": reserve.idempotency_key}
+        resent |= {"args_digest": reserve.args_digest, "idempotent": True, "key_from": plan.run_id}
+        state = record_now(
+            j,
+            load_run(j, child),
+            [(ev.RunStarted, {**started, "effect_store": parent.effect_store, **lineage}), (ev.StepRequested, resent)],
+            time.time_ns,
+        )
+        why = "not applied: the gate is closed"
+        check = {"step_id": "check", "attempt": 1, "adapter": "gate", "idempotent": False}
+        check |= {"idempotency_key": idempotency_key(child, "check", 1), "args_digest": args_digest(mine.step("check"))}
+        record_now(j, state, [(ev.StepRequested, check)], time.time_ns)
+        failed = {"step_id": "check", "attempt": 1, "reason": why, "applied": False}
+        record_now(
+            j,
+            load_run(j, child),
+            [(ev.StepFailed, failed), (ev.RunFailed, {"step_id": "check", "reason": why})],
+            time.time_ns,
+        )
+    finally:
+        j.close()
+
+
+def test_a_fork_that_ends_before_its_resent_step_can_be_retried_and_the_effect_happens_once(tmp_path: Path) -> None:
+    """A closed fork holding its parent's lost step requested, never sent, is retried: the reservation is made once.
+
+    066eae3 recorded the lost step ``requested`` under the parent's key in a fork's first
+    batch, ahead of the steps a fork from an earlier step runs first; when one of those
+    failed, the fork closed with that step requested and never sent. Its retry was refused
+    ("requested ... resume or reconcile it first"), yet a closed run is never resumed and
+    only an uncertain step is reconciled: a dead end, contrary to docs/lifecycle.md ("the
+    fork ... can be retried in turn"). A requested step of an idempotent tool in a closed
+    run has an unknown outcome under its key exactly as a lost one does: the retry sends
+    that same key again.
     """
     journal, effects = tmp_path / "j.db", tmp_path / "e.db"
-    lost_parent(tmp_path, journal, effects)
-    (tmp_path / "open").unlink()
-    with Runtime(str(journal), effects=effects, adapters=ADAPTERS) as rt:
-        ended = rt.fork("book-1", "book-1.f", by="ops", reason="check again", from_step="check")
-        assert ("failed", "requested") == (ended.state, rt.load("book-1.f").step("reserve").state)
-    (tmp_path / "open").touch()
+    plan = lost_parent(tmp_path, journal, effects)
+    fork_written_by_066eae3(journal, plan, "book-1.f")
+    assert ("failed", "requested") == (
+        state_of(journal, "book-1.f").state,
+        state_of(journal, "book-1.f").steps["reserve"].state,
+    )
     (tmp_path / "answers").touch()
     common = ("--journal", str(journal), "--adapters", CLI_ADAPTERS, "--effects", str(effects))
     done = effectlog("retry", "--run-id", "book-1.f", "--by", "ops", "--reason", "again", *common)
@@ -105,6 +147,7 @@ def test_a_fork_that_ends_before_its_resent_step_can_be_retried_and_the_effect_h
     assert 1 == len(set(keys.values())), keys
     assert "completed" == state_of(journal, "book-1.f.retry1").state
     assert 1 == sum(n for (_, step), n in effect_counts(effects).items() if step == "reserve")
+    assert 0 == effectlog("verify", "--journal", str(journal)).returncode
 
 
 # -- the parent's key re-sent through another implementation ----------------------------------
@@ -167,14 +210,16 @@ def held_parent(tmp: Path, journal: Path, effects: Path) -> tuple[str, ...]:
 
 
 def test_a_retry_killed_with_the_parents_key_in_hand_is_recovered_and_sends_that_key_once_more(
-    tmp_path: Path,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """SIGKILL of `effectlog retry` inside the re-send; `effectlog recover` re-sends the same key: one effect.
 
     The fork is left open with the step requested (the parent's key, one re-send recorded);
-    recovery resumes it from the plan its journal pinned and sends that key again, never a
-    new one: one reservation across parent and fork, the fork completed.
+    recovery resumes it from the plan its journal pinned (and from a checkpoint segment: one
+    at every batch, ``EFFECTLOG_CHECKPOINT_EVERY=1``) and sends that key again, never a new
+    one: one reservation across parent and fork, the fork completed, the journal verified.
     """
+    monkeypatch.setenv("EFFECTLOG_CHECKPOINT_EVERY", "1")
     journal, effects = tmp_path / "j.db", tmp_path / "e.db"
     common = held_parent(tmp_path, journal, effects)
     (tmp_path / "hold").touch()
@@ -195,6 +240,7 @@ def test_a_retry_killed_with_the_parents_key_in_hand_is_recovered_and_sends_that
     assert parent_key == state_of(journal, "book-1.retry1").steps["reserve"].idempotency_key
     assert 2 == tags(journal, "book-1.retry1").count("step.resent")
     assert Counter({("book-1", "reserve"): 1, ("book-1.retry1", "log"): 1}) == effect_counts(effects)
+    assert 0 == effectlog("verify", "--journal", str(journal)).returncode
 
 
 def test_two_forks_of_one_parent_sending_its_key_at_the_same_time_make_one_effect(tmp_path: Path) -> None:
@@ -270,23 +316,31 @@ def test_a_retry_resends_a_step_with_secret_args_only_with_the_same_values_suppl
     assert Counter({("book-1", "reserve"): 1, ("book-1.retry1", "log"): 1}) == effect_counts(effects)
 
 
-def test_postgres_a_fork_ended_before_its_resent_step_is_retried_and_the_effect_happens_once(
+def test_postgres_a_retry_whose_resent_key_is_lost_again_is_retried_with_that_key_once_more(
     tmp_path: Path, pg_url: str
 ) -> None:
-    """On PostgreSQL: the lost step re-sent by a retry, and by the retry of a fork that ended before it: one effect."""
+    """On PostgreSQL, the key chain: parent lost, its retry lost again, the retry's retry answered: one effect.
+
+    Every run of the chain records `reserve` under the first parent's key; each fork's
+    ``key_from`` names the run it was forked from.
+    """
     effects = tmp_path / "e.db"
-    plan = booking(tmp_path)
-    (tmp_path / "open").touch()
+    plan = booking(tmp_path, check=False)
     with Runtime(pg_url, effects=effects, adapters=ADAPTERS) as rt:
         assert "failed" == rt.run(plan).state
-        (tmp_path / "open").unlink()
-        assert "failed" == rt.fork("book-1", "book-1.f", by="ops", reason="x", from_step="check").state
-        (tmp_path / "open").touch()
+        assert "failed" == rt.retry("book-1", by="ops", reason="x").state
         (tmp_path / "answers").touch()
-        assert "completed" == rt.retry("book-1.f", by="ops", reason="y").state
-        keys = {rt.load(r).step("reserve").idempotency_key for r in ("book-1", "book-1.f", "book-1.f.retry1")}
-    assert 1 == len(keys)
-    assert 1 == sum(n for (_, step), n in effect_counts(effects).items() if step == "reserve")
+        assert "completed" == rt.retry("book-1.retry1", by="ops", reason="y").state
+        chain = ("book-1", "book-1.retry1", "book-1.retry1.retry1")
+        keys = {rt.load(r).step("reserve").idempotency_key for r in chain}
+        froms = [
+            e.key_from
+            for r in chain[1:]
+            for e in (ev.decode(x.body) for x in rt.journal.read(r))
+            if isinstance(e, ev.StepRequested) and e.step_id == "reserve"
+        ]
+    assert (1, ["book-1", "book-1.retry1"]) == (len(keys), froms)
+    assert Counter({("book-1", "reserve"): 1, ("book-1.retry1.retry1", "log"): 1}) == effect_counts(effects)
 
 
 # -- the store a retry is given ----------------------------------------------------------------
@@ -352,53 +406,6 @@ def test_a_parents_key_is_not_resent_when_the_parent_pinned_no_store_and_the_for
     assert (Counter({("book-1", "reserve"): 1}), Counter()) == (effect_counts(effects), effect_counts(other))
 
 
-def test_a_fork_from_an_earlier_step_killed_before_its_resent_step_is_recovered_with_segments(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """`effectlog fork --from-step first` SIGKILLed inside `first`, `reserve` requested ahead of it; recovered.
-
-    With a checkpoint segment at every batch (``EFFECTLOG_CHECKPOINT_EVERY=1``), so the
-    resume starts from a frontier whose open steps include a requested step after a pending
-    one. `effectlog recover` runs `first` and `log`, sends the parent's key once more for
-    `reserve`: one reservation, one log, the journal verifies.
-    """
-    monkeypatch.setenv("EFFECTLOG_CHECKPOINT_EVERY", "1")
-    journal, effects = tmp_path / "j.db", tmp_path / "e.db"
-    options = {"answers": str(tmp_path / "answers"), "sent": str(tmp_path / "sent"), "hold": str(tmp_path / "hold")}
-    slow = {"hold": str(tmp_path / "hold-first"), "started": str(tmp_path / "started")}
-    plan = {
-        "run_id": "book-1",
-        "adapters": {
-            "slow": {"type": "test.slow", "idempotent": True, "options": slow},
-            "api": {"type": "test.heldlossy", "idempotent": True, "options": options},
-            "ledger": LEDGER,
-        },
-        "steps": [
-            {"id": "first", "adapter": "slow"},
-            {"id": "reserve", "adapter": "api", "args": {"seat": "12A"}},
-            {"id": "log", "adapter": "ledger", "args": {"n": 1}},
-        ],
-    }
-    common = ("--journal", str(journal), "--adapters", HELD, "--effects", str(effects))
-    assert ExitStatus.RUN_FAILED == effectlog("run", str(write_plan(tmp_path, plan)), *common).returncode
-    (tmp_path / "hold-first").touch()
-    fork = start(
-        "fork", "--run-id", "book-1", "--new-run-id", "f", "--from-step", "first", "--by", "o", "--reason", "x", *common
-    )
-    wait_for(tmp_path / "started-f", fork)
-    fork.send_signal(signal.SIGKILL)
-    fork.communicate(timeout=SAFETY_S)
-    steps = state_of(journal, "f").steps
-    assert ("requested", "requested") == (steps["first"].state, steps["reserve"].state)
-    (tmp_path / "hold-first").unlink()
-    (tmp_path / "answers").touch()
-    recovered = effectlog("recover", *common, "--json")
-    assert 0 == recovered.returncode, recovered.stderr
-    assert [("f", "completed")] == [(r["run_id"], r["state"]) for r in json.loads(recovered.stdout)]
-    assert Counter({("book-1", "reserve"): 1, ("f", "log"): 1}) == effect_counts(effects)
-    assert 0 == effectlog("verify", "--journal", str(journal)).returncode
-
-
 def test_a_fork_from_an_earlier_step_does_not_take_its_parents_unknown_effect_as_its_own(tmp_path: Path) -> None:
     """`effectlog fork --from-step check` past a lost `reserve`: refused (exit 5), nothing written.
 
@@ -417,6 +424,6 @@ def test_a_fork_from_an_earlier_step_does_not_take_its_parents_unknown_effect_as
     fork = ("fork", "--run-id", "book-1", "--new-run-id", "book-2", "--from-step", "check")
     done = effectlog(*fork, "--by", "ops", "--reason", "same booking again", *common)
     assert (ExitStatus.CONFLICT, 1) == (done.returncode, len(done.stderr.strip().splitlines())), done.stderr
-    assert [] == [w for w in ("fork_refused", "'reserve'", "retry") if w not in done.stderr], done.stderr
+    assert [] == [w for w in ("fork_refused", "'reserve'", "Retry the run first") if w not in done.stderr], done.stderr
     assert ["book-1"] == runs_in(journal)
     assert Counter({("book-1", "reserve"): 1}) == effect_counts(effects)
