@@ -27,7 +27,8 @@ same key again, in the same way. The key goes only to the implementation the par
 Refused (``ForkRefused``, exit 5) whenever a new run could repeat an effect nobody knows
 the outcome of: a parent that is still open (resume it instead), a step before the fork
 point that is not done, or a step from the fork point on that is uncertain, or requested on a
-tool that is not idempotent.
+tool that is not idempotent, or of unknown outcome behind a step the fork makes again (done in
+the parent): the parent's key would hand the fork the parent's effect as its own.
 Those are reconciled, or looked up by their key, first: nothing uncertain is guessed.
 """
 
@@ -165,12 +166,24 @@ def fork_point(
                 step_id=sid,
             )
     resent: list[str] = []
+    again: str | None = None  # the first step from the fork point on done in the parent: made again on purpose
     for sid in ids[cut:]:
         step = parent.step(sid)
         why = _unknown_outcome(step) if step is not None else None
         if why is not None:
             raise ForkRefused(f"cannot fork from {start!r}: step {sid!r} {why}", run_id=run_id, step_id=sid)
+        if again is None and _is_done(step):
+            again = sid
         if step is not None and _lost(step):
+            if again is not None:
+                raise ForkRefused(  # under the parent's key, the fork would take the parent's effect as its own
+                    f"cannot fork from {start!r}: step {sid!r} has an unknown outcome under the parent's key "
+                    f"{step.idempotency_key}, and this fork makes {again!r} again on purpose: under that key it "
+                    f"would take the parent's effect as its own, under a new one it could make it twice. Retry "
+                    f"the run first (sends that key again), then fork that run from {start!r}",
+                    run_id=run_id,
+                    step_id=sid,
+                )
             decl = base.step(sid)
             if not (base.adapters[decl.adapter].idempotent and args_digest(decl) == step.args_digest):
                 raise ForkRefused(  # the pinned plan is the parent's: a mismatch means a damaged record
