@@ -427,3 +427,10 @@ def test_a_fork_from_an_earlier_step_does_not_take_its_parents_unknown_effect_as
     assert [] == [w for w in ("fork_refused", "'reserve'", "Retry the run first") if w not in done.stderr], done.stderr
     assert ["book-1"] == runs_in(journal)
     assert Counter({("book-1", "reserve"): 1}) == effect_counts(effects)
+    # The way on the message gives: the retry settles the parent's key, the fork of the retry books again.
+    assert 0 == effectlog("retry", "--run-id", "book-1", "--by", "ops", "--reason", "settle", *common).returncode
+    fork = ("fork", "--run-id", "book-1.retry1", "--new-run-id", "book-2", "--from-step", "check")
+    again = effectlog(*fork, "--by", "ops", "--reason", "same booking again", *common)
+    assert 0 == again.returncode, again.stderr
+    reserved = Counter({("book-1", "reserve"): 1, ("book-2", "reserve"): 1})
+    assert reserved == Counter({k: n for k, n in effect_counts(effects).items() if k[1] == "reserve"})
