@@ -313,11 +313,12 @@ def _refuse_other_store_unopened(pinned: ev.EffectStoreIdentity | None, given: s
     refused fork changes no file."""
     if pinned is None or given is None:
         return
-    where = (
-        f"the run pinned the store {pinned.store_id} at {pinned.path}"
-        + (", which is not there any more: give --effects where that store is now" if not os.path.exists(pinned.path)
-           else f": give --effects {pinned.path}")
-    )  # fmt: skip
+    moved = not os.path.exists(pinned.path)
+    where = f"the run pinned the store {pinned.store_id} at {pinned.path}" + (
+        ", which is not there any more: give --effects where that store is now"
+        if moved
+        else f": give --effects {pinned.path}"
+    )
     if not os.path.exists(given):
         raise LedgerMismatch(f"effect store {given} does not exist; {where}", run_id=run_id)
     store = EffectStore(given, read_only=True)  # BadInput (exit 2) for a file that is no effect store
