@@ -19,11 +19,16 @@ A step from the fork point on that failed with an unknown outcome on an **idempo
 (every send of its key lost) is sent again, under the parent's key: the fork's first batch
 records it ``step.requested`` with that key and ``key_from`` naming the parent, and the
 fork re-sends it as a resume re-sends any idempotent request. The tool deduplicates by its
-key, so its effect happens once whichever send landed.
+key, so its effect happens once whichever send landed. A fork that closed before it sent such
+a step (forked from an earlier step that failed) holds it ``requested``: its retry sends the
+same key again, in the same way. The key goes only to the implementation the parent sent it to
+(the adapter identity it pinned), as on a resume.
 
 Refused (``ForkRefused``, exit 5) whenever a new run could repeat an effect nobody knows
 the outcome of: a parent that is still open (resume it instead), a step before the fork
-point that is not done, or a step from the fork point on that is requested or uncertain.
+point that is not done, or a step from the fork point on that is uncertain, or requested on a
+tool that is not idempotent, or of unknown outcome behind a step the fork makes again (done in
+the parent): the parent's key would hand the fork the parent's effect as its own.
 Those are reconciled, or looked up by their key, first: nothing uncertain is guessed.
 """
 
@@ -38,6 +43,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from effectlog import events as ev
+from effectlog.adapters.effects import EffectStore
 from effectlog.errors import BadInput, ForkRefused, LedgerMismatch, RunOwned, UnknownRun, UnknownStep
 from effectlog.fleet.secrets import Provider
 from effectlog.fold import RunState, StepState
@@ -91,7 +97,7 @@ def _unknown_outcome(step: StepState) -> str | None:
     """Why the step's effect is not known (so it must not run again under a new key), or None."""
     if step.state == "uncertain":
         return "is uncertain: reconcile it with evidence first"
-    if step.state == "requested":
+    if step.state == "requested" and not step.idempotent:
         return "was requested and its outcome never recorded: resume or reconcile it first"
     if _lost(step) and not step.idempotent:
         return (
@@ -102,8 +108,9 @@ def _unknown_outcome(step: StepState) -> str | None:
 
 
 def _lost(step: StepState) -> bool:
-    """Failed with an unknown outcome: the tool was sent the request and no answer came back."""
-    return step.state == "failed" and step.applied is None and step.ok is None
+    """The outcome under the step's key is unknown in a closed run: failed with no answer, or still
+    requested (a fork's re-sent step, recorded in its first batch, when the fork ended before it)."""
+    return step.state == "requested" or (step.state == "failed" and step.applied is None and step.ok is None)
 
 
 def first_unfinished(state: RunState, plan: Plan) -> str | None:
@@ -159,12 +166,24 @@ def fork_point(
                 step_id=sid,
             )
     resent: list[str] = []
+    again: str | None = None  # the first step from the fork point on done in the parent: made again on purpose
     for sid in ids[cut:]:
         step = parent.step(sid)
         why = _unknown_outcome(step) if step is not None else None
         if why is not None:
             raise ForkRefused(f"cannot fork from {start!r}: step {sid!r} {why}", run_id=run_id, step_id=sid)
+        if again is None and _is_done(step):
+            again = sid
         if step is not None and _lost(step):
+            if again is not None:
+                raise ForkRefused(  # under the parent's key, the fork would take the parent's effect as its own
+                    f"cannot fork from {start!r}: step {sid!r} has an unknown outcome under the parent's key "
+                    f"{step.idempotency_key}, and this fork makes {again!r} again on purpose: under that key it "
+                    f"would take the parent's effect as its own, under a new one it could make it twice. Retry "
+                    f"the run first (sends that key again), then fork that run from {start!r}",
+                    run_id=run_id,
+                    step_id=sid,
+                )
             decl = base.step(sid)
             if not (base.adapters[decl.adapter].idempotent and args_digest(decl) == step.args_digest):
                 raise ForkRefused(  # the pinned plan is the parent's: a mismatch means a damaged record
@@ -263,17 +282,21 @@ async def afork(
     claim = journal.claim(new_run_id, "run")
     try:
         parent = load_run(journal, run_id)  # again, under the claim: what is carried is what is recorded
-        given = runtime.context.effects
-        if parent.effect_store is not None and given is not None and not os.path.exists(given):
-            raise LedgerMismatch(  # before the adapters open it: a mistyped path creates no empty store
-                f"effect store {given} does not exist; the run pinned {parent.effect_store.path} "
-                f"(id {parent.effect_store.store_id}): give --effects {parent.effect_store.path}",
+        _refuse_other_store_unopened(parent.effect_store, runtime.context.effects, run_id=run_id)
+        if point.resent and parent.effect_store is None and runtime.context.effects is not None:
+            raise ForkRefused(  # the key's record may be in any store: nothing shows the one given is it
+                f"cannot fork from {point.from_step!r}: step {point.resent[0]!r} would be sent again under the "
+                f"parent's key, but the parent pinned no effect store, so nothing shows that "
+                f"{runtime.context.effects} is where that key was recorded; if the step's tool keeps its own "
+                "keys, retry without --effects",
                 run_id=run_id,
+                step_id=point.resent[0],
             )
         actor = RunActor(runtime, point.plan)
         if actor.state.seq != 0:
             raise ForkRefused(f"run {new_run_id!r} already exists; choose a new run id", run_id=run_id)
         refuse_other_store(parent.effect_store, runtime.context.pinned_store(), run_id=run_id)
+        _refuse_other_sender(parent, point, actor.identities)
         runtime.writer.active_runs += 1
         try:
             await actor._record(*carried_specs(parent, point, by, reason, actor))  # one atomic batch
@@ -282,6 +305,51 @@ async def afork(
             runtime.writer.active_runs -= 1
     finally:
         journal.release(claim)
+
+
+def _refuse_other_store_unopened(pinned: ev.EffectStoreIdentity | None, given: str | None, *, run_id: str) -> None:
+    """``LedgerMismatch`` if ``given`` is not the store the parent pinned, found before the adapters open it:
+    their writer open makes a store of a missing path or of an existing empty file. Read-only here, so a
+    refused fork changes no file."""
+    if pinned is None or given is None:
+        return
+    moved = not os.path.exists(pinned.path)
+    where = f"the run pinned the store {pinned.store_id} at {pinned.path}" + (
+        ", which is not there any more: give --effects where that store is now"
+        if moved
+        else f": give --effects {pinned.path}"
+    )
+    if not os.path.exists(given):
+        raise LedgerMismatch(f"effect store {given} does not exist; {where}", run_id=run_id)
+    store = EffectStore(given, read_only=True)  # BadInput (exit 2) for a file that is no effect store
+    try:
+        identity = store.identity
+    finally:
+        store.close()
+    if identity.store_id != pinned.store_id:
+        raise LedgerMismatch(
+            f"effect store {given} (id {identity.store_id or 'none'}) is not the one the run pinned; {where}",
+            run_id=run_id,
+        )
+
+
+def _refuse_other_sender(parent: RunState, point: ForkPoint, identities: dict[str, ev.AdapterIdentity]) -> None:
+    """``ForkRefused`` if a step re-sent under the parent's key would go to another adapter than the
+    parent sent it to: as for a resume (and ``repin``, refused while a step is requested), a new
+    implementation may not know the key, and the effect would happen a second time."""
+    for sid in point.resent:
+        step = parent.step(sid)
+        assert step is not None
+        pinned, given = parent.adapters.get(step.adapter), identities.get(step.adapter)
+        if pinned != given:
+            raise ForkRefused(
+                f"cannot fork from {point.from_step!r}: step {sid!r} would be sent again under the parent's key "
+                f"{step.idempotency_key}, but adapter {step.adapter!r} is not the implementation the parent sent "
+                "it to (its pinned identity differs): a new implementation may not know that key. Retry with "
+                "the adapter the parent pinned",
+                run_id=point.parent,
+                step_id=sid,
+            )
 
 
 @contextlib.contextmanager
