@@ -218,6 +218,9 @@ def transaction(handle: Handle, *, write: bool = True) -> Iterator[SqliteTx]:
             raise
 
 
+_LEASE_HEADS = 64  # FleetSqliteJournal._lease_heads: runs whose head a lease's last batch left, at most
+
+
 # The lease check of ``fencing.check_op`` (current runner and token, a live state, an expiry ahead and
 # no further than MAX_LEASE_S) as the WHERE of the operation record's own INSERT: a batch that
 # carries no transition is admitted and recorded by one statement. OR IGNORE: a batch this attempt
@@ -241,7 +244,15 @@ class SqliteLeaseFence(LeaseFence):
     still holds when the events go in.
     """
 
+    fresh = False  # admitted as a batch not written before (its rows went in): FleetSqliteJournal._lease_heads
+
     def admit_inserting(
+        self, conn: Any, events: Sequence[Event], encoded: Sequence[bytes], insert: tuple[str, Sequence[Any]] | None
+    ) -> bool:
+        self.fresh = self._admit(conn, events, encoded, insert)
+        return self.fresh
+
+    def _admit(
         self, conn: Any, events: Sequence[Event], encoded: Sequence[bytes], insert: tuple[str, Sequence[Any]] | None
     ) -> bool:
         if insert is None and not (self.carry is not None and self.carry.wants(events)):
@@ -269,6 +280,15 @@ class FleetSqliteJournal(SqliteJournal):
         self, path: str | os.PathLike[str], *, chain: Chain | None = None, durability: Durability = "full"
     ) -> None:
         super().__init__(path, chain=chain, durability=durability)
+        # The head a lease's last committed batch left, by run: (attempt id, token, head). Its next batch
+        # chains onto it instead of reading the head (one statement per append fewer), and only once the
+        # lease check in its own transaction has passed (``_fenced.head``, read by ``head``): while the
+        # lease is current nobody else writes the run. Were the head stale all the same, the events'
+        # primary key (run, seq) refuses the first row, so a stale head can refuse a batch, never fork the
+        # chain. Bounded: a runner holds a few leases at a time.
+        self._lease_heads: dict[str, tuple[int, int, tuple[int, bytes]]] = {}
+        self._lease_heads_lock = threading.Lock()  # threads of a runner append different runs at once
+        self._fenced = threading.local()
 
     @property
     def connection(self) -> sqlite3.Connection:
@@ -278,7 +298,38 @@ class FleetSqliteJournal(SqliteJournal):
     def append_fenced(self, events: Sequence[Event], lease: Lease | None, carry: Carry | None = None) -> list[Record]:
         if lease is None:
             return self.append(events)  # not under a lease: an operator's or a plain writer's batch
-        return self.append_under(events, SqliteLeaseFence(lease, SQLITE, SqliteTx, carry))
+        if not events:
+            return []
+        run_id, heads, guard = events[0].run_id, self._lease_heads, self._lease_heads_lock
+        with guard:
+            known = heads.pop(run_id, None)  # taken out: a batch that fails leaves no head behind
+        local = self._fenced
+        if known is not None and known[:2] == (lease.attempt_id, lease.token):
+            local.head = (run_id, known[2])
+        fence = SqliteLeaseFence(lease, SQLITE, SqliteTx, carry)
+        try:
+            records = self.append_under(events, fence)
+        finally:
+            local.head = None
+        if fence.fresh and all(r.run_id == run_id for r in records):  # written now, not a batch written before
+            last = records[-1]
+            with guard:
+                while len(heads) >= _LEASE_HEADS:
+                    heads.pop(next(iter(heads)))  # the oldest
+                heads[run_id] = (lease.attempt_id, lease.token, (last.seq, last.hash))
+        return records
+
+    def head(self, run_id: str) -> tuple[int, bytes]:
+        known: tuple[str, tuple[int, bytes]] | None = getattr(self._fenced, "head", None)  # this thread's fenced append
+        if known is not None and known[0] == run_id:
+            return known[1]
+        return super().head(run_id)
+
+    def append(self, events: Sequence[Event]) -> list[Record]:
+        with self._lease_heads_lock:
+            for event in events:  # a plain writer's batch moves a run's head past what a lease last left
+                self._lease_heads.pop(event.run_id, None)
+        return super().append(events)
 
     def __enter__(self) -> FleetSqliteJournal:
         return self
