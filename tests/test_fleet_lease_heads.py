@@ -140,6 +140,19 @@ print(json.dumps(out), flush=True)
 """
 
 
+def rival(url: str, which: str, leases: list[dict[str, object]]) -> subprocess.Popen[str]:
+    """A RIVAL process holding ``leases``, once it said ready (the old one: after writing seq 1 of each run)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", RIVAL, url, which], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    assert proc.stdin is not None
+    assert proc.stdout is not None
+    proc.stdin.write(json.dumps(leases) + "\n")
+    proc.stdin.flush()
+    assert "ready" == proc.stdout.readline().strip()
+    return proc
+
+
 def test_two_processes_an_old_token_with_a_remembered_head_and_a_new_one_only_the_new_one_wins(
     store: SqliteFleetStore, tmp_path: Path
 ) -> None:
@@ -153,21 +166,13 @@ def test_two_processes_an_old_token_with_a_remembered_head_and_a_new_one_only_th
     def fields(lease: Lease) -> dict[str, object]:
         return {f: getattr(lease, f) for f in lease.__struct_fields__}
 
-    a = subprocess.Popen([sys.executable, "-c", RIVAL, url, "old"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    assert a.stdin is not None and a.stdout is not None
-    a.stdin.write(json.dumps([fields(x) for x in old]) + "\n")
-    a.stdin.flush()
-    assert "ready" == a.stdout.readline().strip()
+    a = rival(url, "old", [fields(x) for x in old])
     while store.now() <= max(x.expires_at for x in old):
         pass
     recover_once(store)
     new = [store.claim(x.request_id, "new", 60.0) for x in old]
     assert [(2, 1)] * 20 == [(x.token, x.base_seq) for x in new if x is not None]
-    b = subprocess.Popen([sys.executable, "-c", RIVAL, url, "new"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    assert b.stdin is not None and b.stdout is not None
-    b.stdin.write(json.dumps([fields(x) for x in new if x is not None]) + "\n")
-    b.stdin.flush()
-    assert "ready" == b.stdout.readline().strip()
+    b = rival(url, "new", [fields(x) for x in new if x is not None])
     moment = store.now() + 0.5
     for proc in (a, b):
         assert proc.stdin is not None
