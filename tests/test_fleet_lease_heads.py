@@ -1,6 +1,7 @@
-"""A SQLite lease's batches chain onto the head its last committed batch left (``FleetSqliteJournal``),
-instead of reading the run's head each time, and that head is trusted only inside a transaction whose
-lease check passed: an old token with a remembered head is still refused, in another process too.
+"""A SQLite lease's batches that carry no transition chain onto the head its last committed batch left
+(``FleetSqliteJournal``) instead of reading the run's head, and only when the lease check in their own
+transaction found no event after that head: an old token with a remembered head is still refused (in
+another process too), and a row another writer added is read and chained onto, never forked from.
 """
 
 from __future__ import annotations
@@ -106,6 +107,25 @@ def test_a_head_moved_by_another_writer_refuses_the_batch_and_forks_nothing(stor
         journal.append([requested("run-1", 3, "s1", idempotent=True), requested("run-1", 4, "s2", idempotent=True)])
     rows = db.execute("SELECT seq, step_id FROM events WHERE run_id = 'run-1' ORDER BY seq").fetchall()
     assert [(1, ""), (2, "s0"), (3, "other")] == rows
+
+
+def test_a_row_another_writer_chained_on_is_read_and_chained_onto(store: SqliteFleetStore) -> None:
+    """A lease is not its run's only writer: a person's approval is written while the attempt waits. After
+    the lease's batch (seq 2, remembered) another writer chained seq 3 onto it; the lease's next batch finds
+    an event after the remembered head in its lease check, reads the head, and chains seq 4 onto seq 3."""
+    lease = lease_of(store, "k", "run-1")
+    journal = store.leased_journal(lease)
+    journal.append([started("run-1")])
+    journal.append([requested("run-1", 2, idempotent=True)])  # remembered: seq 2
+    db, chain = store.journal().connection, store.journal().chain
+    body, head = db.execute("SELECT body, hash FROM events WHERE run_id = 'run-1' AND seq = 2").fetchone()
+    db.execute(  # the other writer's row: a copy of seq 2's body, chained onto seq 2 as the journal does
+        "INSERT INTO events (run_id, seq, step_id, phase, attempt, body, hash)"
+        " VALUES ('run-1', 3, 'other', 'x', 9, ?, ?)",
+        (bytes(body), chain.link(bytes(head), bytes(body))),
+    )
+    journal.append([requested("run-1", 4, "s1", idempotent=True)])
+    assert [1, 2, 3, 4] == chained(store, "run-1")
 
 
 RIVAL = """

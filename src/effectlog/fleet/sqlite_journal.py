@@ -233,6 +233,13 @@ _RECORD_IF_CURRENT = (
 )
 
 
+# The same, when the lease's last batch left the run's head at a seq this process remembers: also only while
+# no event follows that seq (one probe of the events' key), so the head is the one remembered.
+_RECORD_IF_CURRENT_AT = (
+    _RECORD_IF_CURRENT + " AND NOT EXISTS (SELECT 1 FROM events e WHERE e.run_id = ? AND e.seq > ?)"
+)
+
+
 class SqliteLeaseFence(LeaseFence):
     """``LeaseFence`` with the common case in one statement: check the lease and record the batch.
 
@@ -245,6 +252,10 @@ class SqliteLeaseFence(LeaseFence):
     """
 
     fresh = False  # admitted as a batch not written before (its rows went in): FleetSqliteJournal._lease_heads
+    # The head this lease's last batch left (FleetSqliteJournal), and once the check found it is still the
+    # run's head, in the batch's transaction: what the journal chains the batch onto without reading it.
+    remembered: tuple[int, bytes] | None = None
+    trusted: tuple[int, bytes] | None = None
 
     def admit_inserting(
         self, conn: Any, events: Sequence[Event], encoded: Sequence[bytes], insert: tuple[str, Sequence[Any]] | None
@@ -259,10 +270,15 @@ class SqliteLeaseFence(LeaseFence):
             check_batch_runs(events, self.lease)
             tx = self.tx_of(conn)
             op_key, body = self._op = batch_identity(events, encoded)
-            lease, now = self.lease, tx.now()
+            lease, now, head = self.lease, tx.now(), self.remembered
             params = (op_key, body, now, lease.attempt_id, lease.runner_id, lease.token, now, now + limits.MAX_LEASE_S)
-            if tx.run(_RECORD_IF_CURRENT, params) == 1:
+            if head is None:
+                inserted = tx.run(_RECORD_IF_CURRENT, params)
+            else:
+                inserted = tx.run(_RECORD_IF_CURRENT_AT, (*params, lease.run_id, head[0]))
+            if inserted == 1:
                 self._checked = Checked("", False, now, None, recorded=True)
+                self.trusted = head
                 return True
         return super().admit_inserting(conn, events, encoded, insert)
 
@@ -281,11 +297,11 @@ class FleetSqliteJournal(SqliteJournal):
     ) -> None:
         super().__init__(path, chain=chain, durability=durability)
         # The head a lease's last committed batch left, by run: (attempt id, token, head). Its next batch
-        # chains onto it instead of reading the head (one statement per append fewer), and only once the
-        # lease check in its own transaction has passed (``_fenced.head``, read by ``head``): while the
-        # lease is current nobody else writes the run. Were the head stale all the same, the events'
-        # primary key (run, seq) refuses the first row, so a stale head can refuse a batch, never fork the
-        # chain. Bounded: a runner holds a few leases at a time.
+        # that carries no transition chains onto it instead of reading the head (one statement per append
+        # fewer), and only once the lease check in its own transaction also found no event after that head
+        # (``SqliteLeaseFence.trusted``, read by ``head`` on this thread): a lease is not the only writer of
+        # its run (a person's approval is written while the attempt waits for it). Otherwise the head is
+        # read as before. Bounded: a runner holds a few leases at a time.
         self._lease_heads: dict[str, tuple[int, int, tuple[int, bytes]]] = {}
         self._lease_heads_lock = threading.Lock()  # threads of a runner append different runs at once
         self._fenced = threading.local()
@@ -303,14 +319,15 @@ class FleetSqliteJournal(SqliteJournal):
         run_id, heads, guard = events[0].run_id, self._lease_heads, self._lease_heads_lock
         with guard:
             known = heads.pop(run_id, None)  # taken out: a batch that fails leaves no head behind
-        local = self._fenced
-        if known is not None and known[:2] == (lease.attempt_id, lease.token):
-            local.head = (run_id, known[2])
         fence = SqliteLeaseFence(lease, SQLITE, SqliteTx, carry)
+        if known is not None and known[:2] == (lease.attempt_id, lease.token) and lease.run_id == run_id:
+            fence.remembered = known[2]
+        local = self._fenced
+        local.fence = fence
         try:
             records = self.append_under(events, fence)
         finally:
-            local.head = None
+            local.fence = None
         if fence.fresh and all(r.run_id == run_id for r in records):  # written now, not a batch written before
             last = records[-1]
             with guard:
@@ -320,9 +337,9 @@ class FleetSqliteJournal(SqliteJournal):
         return records
 
     def head(self, run_id: str) -> tuple[int, bytes]:
-        known: tuple[str, tuple[int, bytes]] | None = getattr(self._fenced, "head", None)  # this thread's fenced append
-        if known is not None and known[0] == run_id:
-            return known[1]
+        fence: SqliteLeaseFence | None = getattr(self._fenced, "fence", None)  # this thread's fenced append
+        if fence is not None and fence.trusted is not None and fence.lease.run_id == run_id:
+            return fence.trusted
         return super().head(run_id)
 
     def append(self, events: Sequence[Event]) -> list[Record]:
