@@ -218,6 +218,9 @@ def transaction(handle: Handle, *, write: bool = True) -> Iterator[SqliteTx]:
             raise
 
 
+_LEASE_HEADS = 64  # FleetSqliteJournal._lease_heads: runs whose head a lease's last batch left, at most
+
+
 # The lease check of ``fencing.check_op`` (current runner and token, a live state, an expiry ahead and
 # no further than MAX_LEASE_S) as the WHERE of the operation record's own INSERT: a batch that
 # carries no transition is admitted and recorded by one statement. OR IGNORE: a batch this attempt
@@ -227,6 +230,13 @@ _RECORD_IF_CURRENT = (
     " SELECT a.attempt_id, ?, ?, '', ? FROM fleet_attempts a WHERE a.attempt_id = ? AND a.runner_id = ?"
     f" AND a.fencing_token = ? AND a.state IN {am.sql_list(am.LIVE)} AND a.lease_expires_at > ?"
     " AND a.lease_expires_at <= ?"
+)
+
+
+# The same, when the lease's last batch left the run's head at a seq this process remembers: also only while
+# no event follows that seq (one probe of the events' key), so the head is the one remembered.
+_RECORD_IF_CURRENT_AT = (
+    _RECORD_IF_CURRENT + " AND NOT EXISTS (SELECT 1 FROM events e WHERE e.run_id = ? AND e.seq > ?)"
 )
 
 
@@ -241,17 +251,34 @@ class SqliteLeaseFence(LeaseFence):
     still holds when the events go in.
     """
 
+    fresh = False  # admitted as a batch not written before (its rows went in): FleetSqliteJournal._lease_heads
+    # The head this lease's last batch left (FleetSqliteJournal), and once the check found it is still the
+    # run's head, in the batch's transaction: what the journal chains the batch onto without reading it.
+    remembered: tuple[int, bytes] | None = None
+    trusted: tuple[int, bytes] | None = None
+
     def admit_inserting(
+        self, conn: Any, events: Sequence[Event], encoded: Sequence[bytes], insert: tuple[str, Sequence[Any]] | None
+    ) -> bool:
+        self.fresh = self._admit(conn, events, encoded, insert)
+        return self.fresh
+
+    def _admit(
         self, conn: Any, events: Sequence[Event], encoded: Sequence[bytes], insert: tuple[str, Sequence[Any]] | None
     ) -> bool:
         if insert is None and not (self.carry is not None and self.carry.wants(events)):
             check_batch_runs(events, self.lease)
             tx = self.tx_of(conn)
             op_key, body = self._op = batch_identity(events, encoded)
-            lease, now = self.lease, tx.now()
+            lease, now, head = self.lease, tx.now(), self.remembered
             params = (op_key, body, now, lease.attempt_id, lease.runner_id, lease.token, now, now + limits.MAX_LEASE_S)
-            if tx.run(_RECORD_IF_CURRENT, params) == 1:
+            if head is None:
+                inserted = tx.run(_RECORD_IF_CURRENT, params)
+            else:
+                inserted = tx.run(_RECORD_IF_CURRENT_AT, (*params, lease.run_id, head[0]))
+            if inserted == 1:
                 self._checked = Checked("", False, now, None, recorded=True)
+                self.trusted = head
                 return True
         return super().admit_inserting(conn, events, encoded, insert)
 
@@ -269,6 +296,15 @@ class FleetSqliteJournal(SqliteJournal):
         self, path: str | os.PathLike[str], *, chain: Chain | None = None, durability: Durability = "full"
     ) -> None:
         super().__init__(path, chain=chain, durability=durability)
+        # The head a lease's last committed batch left, by run: (attempt id, token, head). Its next batch
+        # that carries no transition chains onto it instead of reading the head (one statement per append
+        # fewer), and only once the lease check in its own transaction also found no event after that head
+        # (``SqliteLeaseFence.trusted``, read by ``head`` on this thread): a lease is not the only writer of
+        # its run (a person's approval is written while the attempt waits for it). Otherwise the head is
+        # read as before. Bounded: a runner holds a few leases at a time.
+        self._lease_heads: dict[str, tuple[int, int, tuple[int, bytes]]] = {}
+        self._lease_heads_lock = threading.Lock()  # threads of a runner append different runs at once
+        self._fenced = threading.local()
 
     @property
     def connection(self) -> sqlite3.Connection:
@@ -278,7 +314,39 @@ class FleetSqliteJournal(SqliteJournal):
     def append_fenced(self, events: Sequence[Event], lease: Lease | None, carry: Carry | None = None) -> list[Record]:
         if lease is None:
             return self.append(events)  # not under a lease: an operator's or a plain writer's batch
-        return self.append_under(events, SqliteLeaseFence(lease, SQLITE, SqliteTx, carry))
+        if not events:
+            return []
+        run_id, heads, guard = events[0].run_id, self._lease_heads, self._lease_heads_lock
+        with guard:
+            known = heads.pop(run_id, None)  # taken out: a batch that fails leaves no head behind
+        fence = SqliteLeaseFence(lease, SQLITE, SqliteTx, carry)
+        if known is not None and known[:2] == (lease.attempt_id, lease.token) and lease.run_id == run_id:
+            fence.remembered = known[2]
+        local = self._fenced
+        local.fence = fence
+        try:
+            records = self.append_under(events, fence)
+        finally:
+            local.fence = None
+        if fence.fresh and all(r.run_id == run_id for r in records):  # written now, not a batch written before
+            last = records[-1]
+            with guard:
+                while len(heads) >= _LEASE_HEADS:
+                    heads.pop(next(iter(heads)))  # the oldest
+                heads[run_id] = (lease.attempt_id, lease.token, (last.seq, last.hash))
+        return records
+
+    def head(self, run_id: str) -> tuple[int, bytes]:
+        fence: SqliteLeaseFence | None = getattr(self._fenced, "fence", None)  # this thread's fenced append
+        if fence is not None and fence.trusted is not None and fence.lease.run_id == run_id:
+            return fence.trusted
+        return super().head(run_id)
+
+    def append(self, events: Sequence[Event]) -> list[Record]:
+        with self._lease_heads_lock:
+            for event in events:  # a plain writer's batch moves a run's head past what a lease last left
+                self._lease_heads.pop(event.run_id, None)
+        return super().append(events)
 
     def __enter__(self) -> FleetSqliteJournal:
         return self
