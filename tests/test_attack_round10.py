@@ -1,0 +1,94 @@
+"""Round-10 attacks on the storage side and a run's ownership: aliases, second actors, journal files as
+bad input and rows outside the chain, with cases nobody had tried. Each test is one suspicion, a failing
+reproduction first where it found a defect, kept as a regression test where it found none. Real SQLite
+files, real processes (``python -m effectlog``), real SIGSTOP/SIGKILL where they matter."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import sqlite3
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from hardening_kit import GOOD_PLAN, cli_env, effectlog, one_line, respect_file_modes
+
+pytest_plugins = ["pg_fixture"]
+
+
+def _state(journal: Path | str, run_id: str, cwd: Path) -> tuple[int, str]:
+    """``status --json`` of one run: exit status and state ("" when there is none)."""
+    proc = effectlog("status", "--journal", str(journal), "--run-id", run_id, "--json", cwd=cwd)
+    return proc.returncode, json.loads(proc.stdout).get("state", "") if proc.returncode == 0 else ""
+
+
+def _effects_plan(path: Path, run_id: str) -> Path:
+    """A one-step plan of run ``run_id`` through the effect store (``effects.idempotent``)."""
+    plan = {
+        "run_id": run_id,
+        "adapters": {"tool": {"type": "effects.idempotent", "idempotent": True}},
+        "steps": [{"id": "s1", "adapter": "tool", "args": {"cents": 5}}],
+    }
+    path.write_text(json.dumps(plan))
+    return path
+
+
+# -- 1. a journal, store or effect store path that is no regular file -------------------------------
+
+
+def _not_a_file(kind: str, tmp_path: Path) -> str:
+    """A path naming something that is no regular file: /dev/null, a FIFO, a unix socket, a symlink to
+    /dev/null (every name SQLite would open and put its ``-journal``/``-wal`` beside)."""
+    if kind == "dev-null":
+        return "/dev/null"
+    target = tmp_path / "odd.db"
+    if kind == "fifo":
+        os.mkfifo(target)
+    elif kind == "socket":
+        sock = socket.socket(socket.AF_UNIX)
+        sock.bind(str(target))
+        sock.close()
+    else:
+        target.symlink_to("/dev/null")
+    return str(target)
+
+
+@pytest.mark.parametrize("what", ["journal", "effects", "store"])
+@pytest.mark.parametrize("kind", ["dev-null", "fifo", "socket", "symlink-to-dev-null"])
+def test_a_device_fifo_or_socket_named_as_a_sqlite_file_is_refused_and_nothing_is_made_beside_it(
+    tmp_path: Path, kind: str, what: str
+) -> None:
+    """``effectlog run --journal /dev/null`` (to "throw the journal away") opened the device with SQLite,
+    which failed with "disk I/O error" after creating ``/dev/null-journal``: a stray file in /dev (as
+    root) that every later SQLite open of /dev/null reads as a hot journal. A FIFO or a socket gave the
+    same error. ``submit --store`` did the same; ``--effects`` already said "not a file". Proves: for a
+    journal, an effect store and a fleet store, such a path is refused in one line naming it (exit 2),
+    and no file appears beside it (nor beside /dev/null)."""
+    path = _not_a_file(kind, tmp_path)
+    beside = ["/dev/null" + s for s in ("-journal", "-wal", "-shm")]
+    before = {name for name in beside if os.path.exists(name)}
+    files_before = sorted(p.name for p in tmp_path.iterdir())
+    argv = {
+        "journal": ["run", "--journal", path, str(GOOD_PLAN)],
+        "effects": ["run", "--journal", str(tmp_path / "j.db"), "--effects", path,
+                    str(_effects_plan(tmp_path / "fx.json", "fx"))],
+        "store": ["submit", "--store", path, "--scope", "s", "--key", "k", str(GOOD_PLAN)],
+    }[what]
+    files_before = sorted(p.name for p in tmp_path.iterdir())
+    try:
+        proc = effectlog(*argv, cwd=tmp_path)
+        made = {name for name in beside if os.path.exists(name)} - before
+    finally:
+        for name in {n for n in beside if os.path.exists(n)} - before:
+            os.unlink(name)  # the stray file SQLite made beside /dev/null
+    line = one_line(proc.stderr)
+    assert (2, True, set()) == (proc.returncode, path in line, made), line
+    assert files_before == sorted(p.name for p in tmp_path.iterdir() if p.name not in ("j.db",)
+                                  and not p.name.startswith("j.db-"))
