@@ -479,3 +479,14 @@ class DecisionStale(Conflict):
     attempt follows an uncertain send and is a call nobody has looked at."""
 
     code = "decision_stale"
+
+
+# -- branch attack10 (round-10 attacks) ----------------------------------------------
+
+
+class NotARegularFile(BadInput):
+    """A journal, fleet store or effect store path naming a device, FIFO or socket (``/dev/null``, a
+    symlink to it): SQLite would open it and make its ``-journal`` beside it before failing (exit 2,
+    nothing written)."""
+
+    code = "not_a_file"

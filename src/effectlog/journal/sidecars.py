@@ -12,8 +12,9 @@ file is checked here before SQLite opens it.
 from __future__ import annotations
 
 import os
+import stat
 
-from effectlog.errors import SidecarClash
+from effectlog.errors import NotARegularFile, SidecarClash
 from effectlog.journal import filelocks
 
 SUFFIXES = ("-wal", "-shm", "-journal")
@@ -40,7 +41,17 @@ def _database(path: str, *, empty_too: bool) -> bool:
 
 def refuse_clash(path: str, what: str) -> None:
     """``SidecarClash`` if ``path`` (a ``what``: journal, effect store, fleet store) is another SQLite
-    file's sidecar, or if one of its own sidecar names holds a database of its own."""
+    file's sidecar, or if one of its own sidecar names holds a database of its own; ``NotARegularFile`` if
+    ``path`` is a device, FIFO or socket (``/dev/null``: SQLite made ``/dev/null-journal`` beside the
+    device before failing with "disk I/O error"). A directory is left to its opener's own message."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        mode = None  # not there (yet): made as a regular file by its opener
+    if mode is not None and not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+        raise NotARegularFile(
+            f"{path}: a device, FIFO or socket, not a {what} file (give it a file's path); nothing was written"
+        )
     for name in dict.fromkeys((path, os.path.realpath(path))):
         if filelocks.open_here(name):
             # Open here already, so checked at that open; and its sidecars are its own now, locked by
