@@ -92,3 +92,51 @@ def test_a_device_fifo_or_socket_named_as_a_sqlite_file_is_refused_and_nothing_i
     assert (2, True, set()) == (proc.returncode, path in line, made), line
     assert files_before == sorted(p.name for p in tmp_path.iterdir() if p.name not in ("j.db",)
                                   and not p.name.startswith("j.db-"))
+
+
+# -- 2. an application's own SQLite database given as a journal, store or effect store ---------------
+
+
+def _application_db(path: Path, shape: str) -> None:
+    """An application's own SQLite database in rollback-journal mode: unrelated tables, or tables named
+    ``meta`` and ``events`` of another shape with a ``schema_version`` of 1 in ``meta`` (a common layout)."""
+    db = sqlite3.connect(path)
+    if shape == "unrelated":
+        db.executescript("CREATE TABLE users (id INTEGER PRIMARY KEY, name TEXT); INSERT INTO users VALUES (1, 'ann');")
+    else:
+        db.executescript(
+            "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT);"
+            "INSERT INTO meta VALUES ('schema_version', '1');"
+            "CREATE TABLE events (id INTEGER PRIMARY KEY, run_id TEXT, name TEXT);"
+            "INSERT INTO events VALUES (1, 'u1', 'login');"
+        )
+    db.commit()
+    db.close()
+
+
+@pytest.mark.parametrize("what", ["journal", "effects", "store"])
+@pytest.mark.parametrize("shape", ["unrelated", "meta-and-events-of-another-shape"])
+def test_an_applications_own_sqlite_database_is_refused_byte_for_byte_unchanged(
+    tmp_path: Path, shape: str, what: str
+) -> None:
+    """``effectlog run --journal app.db`` naming an application's own SQLite database (a mistyped
+    path) was refused ("not an effectlog journal") only after the journal switched the file to WAL
+    (header bytes 18-19: every program using it now makes -wal and -shm files, and one on a network
+    file system can no longer open it); with tables named ``meta`` and ``events`` and a
+    ``schema_version`` of 1 it was taken for a journal: seals, owners and checkpoints tables and their
+    triggers were added to the application's database, then "no such column: e.seq" (storage). The
+    effect store and the fleet store switched the file to WAL too. Proves: refused in one line (exit
+    2), the database byte for byte as it was, no file left beside it but SQLite's empty ones."""
+    app = tmp_path / "app.db"
+    _application_db(app, shape)
+    before = app.read_bytes()
+    argv = {
+        "journal": ["run", "--journal", str(app), str(GOOD_PLAN)],
+        "effects": ["run", "--journal", str(tmp_path / "j.db"), "--effects", str(app),
+                    str(_effects_plan(tmp_path / "fx.json", "fx"))],
+        "store": ["submit", "--store", str(app), "--scope", "s", "--key", "k", str(GOOD_PLAN)],
+    }[what]
+    proc = effectlog(*argv, cwd=tmp_path)
+    line = one_line(proc.stderr)
+    left = sorted(p.name for p in tmp_path.glob("app.db-*") if p.stat().st_size)
+    assert (2, True, True, []) == (proc.returncode, "app.db" in line, before == app.read_bytes(), left), line
