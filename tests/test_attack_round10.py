@@ -140,3 +140,29 @@ def test_an_applications_own_sqlite_database_is_refused_byte_for_byte_unchanged(
     line = one_line(proc.stderr)
     left = sorted(p.name for p in tmp_path.glob("app.db-*") if p.stat().st_size)
     assert (2, True, True, []) == (proc.returncode, "app.db" in line, before == app.read_bytes(), left), line
+
+
+# -- 3. a journal in a read-only directory --------------------------------------------------------
+
+
+@pytest.mark.parametrize("command", [["status"], ["verify"], ["timeline", "--run-id", "good-run"], ["head", "--run-id", "good-run"]])
+def test_a_closed_journal_in_a_read_only_directory_can_be_read_and_verified(tmp_path: Path, command: list[str]) -> None:
+    """A journal copied to a read-only place (an archive mount, a backup snapshot, a directory of mode
+    0555, a container's read-only volume) after its runs ended: nothing beside it (the last close
+    checkpointed and deleted the WAL). SQLite cannot make the ``-shm`` a reader of a WAL database needs
+    there, so ``status``, ``verify``, ``timeline`` and ``head`` all failed with "journal is read-only
+    (attempt to write a readonly database)": the one command that proves an archived journal intact
+    could not read it. Proves: each reads it (exit 0, ``verify`` says ok), and the directory holds the
+    same files as before."""
+    place = tmp_path / "archive"
+    place.mkdir()
+    journal = place / "j.db"
+    assert 0 == effectlog("run", "--journal", str(journal), str(GOOD_PLAN), cwd=tmp_path).returncode
+    before = sorted(p.name for p in place.iterdir())
+    place.chmod(0o555)
+    try:
+        proc = effectlog(*command[:1], "--journal", str(journal), *command[1:], cwd=tmp_path, preexec=respect_file_modes)
+    finally:
+        place.chmod(0o755)
+    assert (["j.db"], 0, "") == (before, proc.returncode, proc.stderr)
+    assert command[0] != "verify" or proc.stdout.startswith("ok:")
