@@ -232,8 +232,26 @@ class SqliteJournal:
                 uri = Path(self.path).as_uri() + "?mode=ro"
                 db = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False)
                 db.execute("PRAGMA busy_timeout = 5000")
+                db = self._read_only_directory(db, uri)
         except sqlite3.Error as exc:
             raise translate(exc, self.location) from None
+        return db
+
+    def _read_only_directory(self, db: sqlite3.Connection, uri: str) -> sqlite3.Connection:
+        """A reader of a WAL database needs its ``-shm``, which SQLite cannot make in a directory it may not
+        write (an archive, a snapshot, a read-only volume): status and verify of a journal kept there
+        failed ("attempt to write a readonly database"). With no WAL beside the file, the file alone
+        holds the whole history (the last close checkpointed it), so it is read as it is, ``immutable``;
+        a WAL there (a writer that can write the directory, or one killed) is still refused."""
+        try:
+            db.execute("SELECT count(*) FROM sqlite_master").fetchone()
+            return db
+        except sqlite3.OperationalError as exc:
+            if exc.sqlite_errorname != "SQLITE_READONLY_DIRECTORY" or os.path.lexists(self.path + "-wal"):
+                raise
+        db.close()
+        db = sqlite3.connect(uri + "&immutable=1", uri=True, isolation_level=None, check_same_thread=False)
+        db.execute("PRAGMA busy_timeout = 5000")
         return db
 
     def _version(self, db: sqlite3.Connection | None = None) -> int:
