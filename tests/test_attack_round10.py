@@ -29,11 +29,12 @@ def _state(journal: Path | str, run_id: str, cwd: Path) -> tuple[int, str]:
     return proc.returncode, json.loads(proc.stdout).get("state", "") if proc.returncode == 0 else ""
 
 
-def _effects_plan(path: Path, run_id: str) -> Path:
-    """A one-step plan of run ``run_id`` through the effect store (``effects.idempotent``)."""
+def _effects_plan(path: Path, run_id: str, adapter_type: str = "effects.idempotent") -> Path:
+    """A one-step plan of run ``run_id`` through the effect store (``effects.idempotent``), or an adapter
+    of ``adapter_type``."""
     plan = {
         "run_id": run_id,
-        "adapters": {"tool": {"type": "effects.idempotent", "idempotent": True}},
+        "adapters": {"tool": {"type": adapter_type, "idempotent": True}},
         "steps": [{"id": "s1", "adapter": "tool", "args": {"cents": 5}}],
     }
     path.write_text(json.dumps(plan))
@@ -166,3 +167,65 @@ def test_a_closed_journal_in_a_read_only_directory_can_be_read_and_verified(tmp_
         place.chmod(0o755)
     assert (["j.db"], 0, "") == (before, proc.returncode, proc.stderr)
     assert command[0] != "verify" or proc.stdout.startswith("ok:")
+
+
+# -- 4. a journal or store file bind-mounted on its own ---------------------------------------------
+
+_IN_OWN_MOUNTS = r"""
+import json, subprocess, sys
+original, mounted, argv = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+subprocess.run(["mount", "--bind", original, mounted], check=True)
+proc = subprocess.run([sys.executable, "-m", "effectlog", *argv], capture_output=True, text=True)
+print(json.dumps([proc.returncode, proc.stderr]))
+"""
+
+
+def _in_own_mount_namespace(tmp_path: Path, original: Path, mounted: Path, argv: list[str]) -> tuple[int, str]:
+    """``argv`` run as ``python -m effectlog`` in a mount namespace of its own, where ``mounted`` is a bind
+    mount of the file ``original`` (as ``docker run -v /srv/j.db:/data/j.db`` makes one); skips where no
+    mount namespace can be made (not root)."""
+    mounted.touch()
+    try:
+        proc = subprocess.run(
+            ["unshare", "--mount", "--propagation", "private", sys.executable, "-c", _IN_OWN_MOUNTS,
+             str(original), str(mounted), json.dumps(argv)],
+            cwd=tmp_path, env=cli_env(), capture_output=True, text=True, timeout=120, check=False,
+        )
+    except FileNotFoundError:
+        pytest.skip("no unshare(1)")
+    if proc.returncode != 0:
+        pytest.skip(f"cannot bind-mount in a mount namespace of its own: {proc.stderr.strip()[-200:]}")
+    status, stderr = json.loads(proc.stdout)
+    return int(status), str(stderr)
+
+
+@pytest.mark.parametrize("what", ["journal", "effects", "store"])
+def test_a_file_bind_mounted_on_its_own_is_refused_as_a_second_name(tmp_path: Path, what: str) -> None:
+    """A journal file bind-mounted on its own (``docker run -v /srv/j.db:/data/j.db``, a systemd
+    ``BindPaths=`` of the file) is one inode under two names in two directories, with one link: the hard
+    link check sees nothing, and the name check only a second name in use at that instant. SQLite keeps
+    the WAL in the directory of the name it opens: a run through the mount that was SIGKILLed (``docker
+    kill``) left its committed events in ``/data/j.db-wal``; under the file's own name the run did not
+    exist (``status`` showed only the runs checkpointed before), so running it there sent its
+    non-idempotent step again, and an effect store lost its keys the same way. Proves: a journal, an
+    effect store and a fleet store whose file is a mount point of its own are refused before SQLite
+    opens them (exit 6, one line naming the bind mount), and the file is as it was."""
+    original, mounted = tmp_path / "a.db", tmp_path / "mounted.db"
+    if what == "effects":
+        fx = _effects_plan(tmp_path / "fx.json", "fx")
+        assert 0 == effectlog("run", "--journal", str(tmp_path / "j0.db"), "--effects", str(original), str(fx),
+                              cwd=tmp_path).returncode
+        argv = ["run", "--journal", str(tmp_path / "j.db"), "--effects", str(mounted),
+                str(_effects_plan(tmp_path / "fx2.json", "fx2"))]
+    elif what == "store":
+        assert 0 == effectlog("submit", "--store", str(original), "--scope", "s", "--key", "k0", str(GOOD_PLAN),
+                              cwd=tmp_path).returncode
+        argv = ["submit", "--store", str(mounted), "--scope", "s", "--key", "k",
+                str(_effects_plan(tmp_path / "p.json", "r", "noop"))]
+    else:
+        assert 0 == effectlog("run", "--journal", str(original), str(GOOD_PLAN), cwd=tmp_path).returncode
+        argv = ["run", "--journal", str(mounted), str(_effects_plan(tmp_path / "p.json", "r", "noop"))]
+    before = original.read_bytes()
+    status, stderr = _in_own_mount_namespace(tmp_path, original, mounted, argv)
+    line = one_line(stderr)
+    assert (6, True, True) == (status, "mount" in line and "mounted.db" in line, before == original.read_bytes()), line
