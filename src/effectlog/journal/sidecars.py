@@ -12,9 +12,10 @@ file is checked here before SQLite opens it.
 from __future__ import annotations
 
 import os
+import re
 import stat
 
-from effectlog.errors import NotARegularFile, SidecarClash
+from effectlog.errors import FileBindMounted, NotARegularFile, SidecarClash
 from effectlog.journal import filelocks
 
 SUFFIXES = ("-wal", "-shm", "-journal")
@@ -39,6 +40,21 @@ def _database(path: str, *, empty_too: bool) -> bool:
     return head == _DATABASE_HEADER or (empty_too and head == b"")
 
 
+def _mount_points() -> set[str]:
+    """This process's mount points (``/proc/self/mountinfo``, field 5, its octal escapes decoded); none where
+    there is no such file."""
+    try:
+        with open("/proc/self/mountinfo", "rb") as file:
+            lines = file.read().splitlines()
+    except OSError:
+        return set()
+    escaped = (line.split(b" ")[4] for line in lines if line.count(b" ") >= 4)
+    return {
+        re.sub(rb"\\([0-7]{3})", lambda m: bytes([int(m[1], 8)]), point).decode("utf-8", "surrogateescape")
+        for point in escaped
+    }
+
+
 def refuse_clash(path: str, what: str) -> None:
     """``SidecarClash`` if ``path`` (a ``what``: journal, effect store, fleet store) is another SQLite
     file's sidecar, or if one of its own sidecar names holds a database of its own; ``NotARegularFile`` if
@@ -51,6 +67,12 @@ def refuse_clash(path: str, what: str) -> None:
     if mode is not None and not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
         raise NotARegularFile(
             f"{path}: a device, FIFO or socket, not a {what} file (give it a file's path); nothing was written"
+        )
+    if mode is not None and stat.S_ISREG(mode) and os.path.realpath(path) in _mount_points():
+        raise FileBindMounted(
+            f"{path}: the file is bind-mounted on its own ({os.path.realpath(path)} is a mount point): SQLite keeps "
+            f"the {what}'s WAL beside the name it opens, so each place the file is mounted would have a WAL of its "
+            "own; mount the directory that holds it instead; nothing was written"
         )
     for name in dict.fromkeys((path, os.path.realpath(path))):
         if filelocks.open_here(name):
