@@ -229,3 +229,30 @@ def test_a_file_bind_mounted_on_its_own_is_refused_as_a_second_name(tmp_path: Pa
     status, stderr = _in_own_mount_namespace(tmp_path, original, mounted, argv)
     line = one_line(stderr)
     assert (6, True, True) == (status, "mount" in line and "mounted.db" in line, before == original.read_bytes()), line
+
+
+# -- 5. a PostgreSQL connection string in keyword form --------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "location",
+    ["host=127.0.0.1 port=5432 dbname=effectlog user=app", "dbname=effectlog", "service=payments", " host = db "],
+)
+@pytest.mark.parametrize("what", ["journal", "store"])
+def test_a_postgresql_connection_string_in_keyword_form_is_not_taken_for_a_file_name(
+    tmp_path: Path, location: str, what: str
+) -> None:
+    """libpq takes a connection string as a URL or as ``keyword=value`` pairs (``psql "host=db
+    dbname=effectlog"``, ``PGSERVICE``-style settings, many ``DATABASE_URL``s). ``--journal "host=db
+    dbname=effectlog"`` was taken for a SQLite file of that name in the working directory: the run
+    completed there, exit 0. Hosts meant to share one PostgreSQL journal (or fleet store) each wrote a
+    file of their own, so each drove the run and sent its steps: a second journal, no owner in common.
+    Proves: such a location is refused in one line (exit 2) saying to give a ``postgresql://`` URL (or
+    ``./`` before a file of that name), and no file is made."""
+    plan = _effects_plan(tmp_path / "p.json", "r", "noop")
+    argv = (["run", "--journal", location, str(plan)] if what == "journal"
+            else ["submit", "--store", location, "--scope", "s", "--key", "k", str(plan)])
+    proc = effectlog(*argv, cwd=tmp_path)
+    line = one_line(proc.stderr)
+    made = sorted(p.name for p in tmp_path.iterdir() if p.name != "p.json")
+    assert (2, True, []) == (proc.returncode, "postgresql://" in line, made), line
