@@ -499,3 +499,12 @@ class FileBindMounted(JournalLocked):
     killed process) would be missing under the others (exit 6, nothing written)."""
 
     code = "file_bind_mounted"
+
+
+class LocationAmbiguous(BadInput):
+    """A journal or store location that is a PostgreSQL connection string in ``keyword=value`` form
+    (``host=db dbname=effectlog``), which was taken for the name of a SQLite file in the working
+    directory: hosts meant to share one database each wrote a file of their own (exit 2, nothing
+    written)."""
+
+    code = "location_ambiguous"

@@ -15,7 +15,7 @@ import os
 import re
 import stat
 
-from effectlog.errors import FileBindMounted, NotARegularFile, SidecarClash
+from effectlog.errors import FileBindMounted, LocationAmbiguous, NotARegularFile, SidecarClash
 from effectlog.journal import filelocks
 
 SUFFIXES = ("-wal", "-shm", "-journal")
@@ -40,6 +40,13 @@ def _database(path: str, *, empty_too: bool) -> bool:
     return head == _DATABASE_HEADER or (empty_too and head == b"")
 
 
+# The start of a libpq connection string in keyword form (``host=db dbname=effectlog``): its keywords.
+_CONNINFO = re.compile(
+    r"\s*(host|hostaddr|port|dbname|user|password|passfile|service|sslmode|options|application_name"
+    r"|connect_timeout|target_session_attrs|sslrootcert|channel_binding|gssencmode)\s*="
+)
+
+
 def _mount_points() -> set[str]:
     """This process's mount points (``/proc/self/mountinfo``, field 5, its octal escapes decoded); none where
     there is no such file."""
@@ -60,6 +67,12 @@ def refuse_clash(path: str, what: str) -> None:
     file's sidecar, or if one of its own sidecar names holds a database of its own; ``NotARegularFile`` if
     ``path`` is a device, FIFO or socket (``/dev/null``: SQLite made ``/dev/null-journal`` beside the
     device before failing with "disk I/O error"). A directory is left to its opener's own message."""
+    if _CONNINFO.match(path):
+        shown = re.sub(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S*)", r"\1***", path)  # as the URLs' are
+        raise LocationAmbiguous(
+            f"{shown}: a PostgreSQL connection string in keyword form, not a {what} file: give it as a "
+            "postgresql:// URL (or a file of that name as ./NAME); nothing was written"
+        )
     try:
         mode = os.stat(path).st_mode
     except OSError:
