@@ -10,14 +10,15 @@ import os
 import signal
 import socket
 import sqlite3
-import stat
 import subprocess
 import sys
 import time
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 
+from effectlog.pgcluster import PgCluster
 from hardening_kit import GOOD_PLAN, cli_env, effectlog, one_line, respect_file_modes
 
 pytest_plugins = ["pg_fixture"]
@@ -146,7 +147,9 @@ def test_an_applications_own_sqlite_database_is_refused_byte_for_byte_unchanged(
 # -- 3. a journal in a read-only directory --------------------------------------------------------
 
 
-@pytest.mark.parametrize("command", [["status"], ["verify"], ["timeline", "--run-id", "good-run"], ["head", "--run-id", "good-run"]])
+@pytest.mark.parametrize(
+    "command", [["status"], ["verify"], ["timeline", "--run-id", "good-run"], ["head", "--run-id", "good-run"]]
+)
 def test_a_closed_journal_in_a_read_only_directory_can_be_read_and_verified(tmp_path: Path, command: list[str]) -> None:
     """A journal copied to a read-only place (an archive mount, a backup snapshot, a directory of mode
     0555, a container's read-only volume) after its runs ended: nothing beside it (the last close
@@ -162,7 +165,8 @@ def test_a_closed_journal_in_a_read_only_directory_can_be_read_and_verified(tmp_
     before = sorted(p.name for p in place.iterdir())
     place.chmod(0o555)
     try:
-        proc = effectlog(*command[:1], "--journal", str(journal), *command[1:], cwd=tmp_path, preexec=respect_file_modes)
+        argv = [command[0], "--journal", str(journal), *command[1:]]
+        proc = effectlog(*argv, cwd=tmp_path, preexec=respect_file_modes)
     finally:
         place.chmod(0o755)
     assert (["j.db"], 0, "") == (before, proc.returncode, proc.stderr)
@@ -256,3 +260,101 @@ def test_a_postgresql_connection_string_in_keyword_form_is_not_taken_for_a_file_
     line = one_line(proc.stderr)
     made = sorted(p.name for p in tmp_path.iterdir() if p.name != "p.json")
     assert (2, True, []) == (proc.returncode, "postgresql://" in line, made), line
+
+
+# -- 6. second actors while the owner is alive: stopped with SIGSTOP, or reached by another URL ----------
+
+
+def _slow_plan(path: Path, run_id: str, effects: Path, seconds: int = 2) -> Path:
+    """Run ``run_id``: s1 (not idempotent) appends ``x`` to ``effects`` and then takes ``seconds``; s2
+    appends ``y``."""
+    sh = {"type": "shell", "idempotent": False}
+    plan = {
+        "run_id": run_id,
+        "adapters": {"sh": sh},
+        "steps": [
+            {"id": "s1", "adapter": "sh", "args": {"argv": ["sh", "-c", f"echo x >> '{effects}'; sleep {seconds}"]}},
+            {"id": "s2", "adapter": "sh", "args": {"argv": ["sh", "-c", f"echo y >> '{effects}'"]}},
+        ],
+    }
+    path.write_text(json.dumps(plan))
+    return path
+
+
+def _owner_inside_s1(journal: str, plan: Path, effects: Path, cwd: Path) -> subprocess.Popen[str]:
+    """``effectlog run`` of ``plan`` started and waited for until s1's effect is out (the run is claimed)."""
+    owner = subprocess.Popen(
+        [sys.executable, "-m", "effectlog", "run", "--journal", journal, str(plan)],
+        cwd=cwd, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    deadline = time.monotonic() + 60
+    while not effects.exists():
+        assert owner.poll() is None, owner.communicate()
+        assert time.monotonic() < deadline, "s1 never started"
+        time.sleep(0.02)
+    return owner
+
+
+def test_an_owner_stopped_with_sigstop_keeps_its_run_and_finishes_it_once_continued(tmp_path: Path) -> None:
+    """The process driving a run is stopped (Ctrl-Z, a debugger, a frozen container) inside a
+    non-idempotent step, past the step's own duration. A stopped process is alive: its OS claim must
+    hold, so nobody takes the run over while it may still commit. Proves: while it is stopped, a
+    second ``run`` is refused (exit 6), ``recover`` skips the run, ``reconcile`` of the step in flight is
+    refused (exit 6), and ``status`` names the owner; continued, it finishes: each effect once, the run
+    completed and verified."""
+    effects = tmp_path / "effects.txt"
+    plan = _slow_plan(tmp_path / "p.json", "r1", effects)
+    journal = str(tmp_path / "j.db")
+    owner = _owner_inside_s1(journal, plan, effects, tmp_path)
+    owner.send_signal(signal.SIGSTOP)
+    try:
+        time.sleep(2.5)  # past s1's own 2 s: its shell ended while its owner is stopped
+        second = effectlog("run", "--journal", journal, str(plan), cwd=tmp_path)
+        recover = effectlog("recover", "--journal", journal, "--json", cwd=tmp_path)
+        reconcile = effectlog("reconcile", "--journal", journal, "--run-id", "r1", "--step", "s1", "--outcome",
+                              "not-applied", "--evidence", "none seen", "--operator", "ana", cwd=tmp_path)
+        status = effectlog("status", "--journal", journal, "--run-id", "r1", "--json", cwd=tmp_path)
+    finally:
+        owner.send_signal(signal.SIGCONT)
+    _, err = owner.communicate(timeout=60)
+    assert (6, 6) == (second.returncode, reconcile.returncode), (second.stderr, reconcile.stderr)
+    assert ["skipped"] == [r.get("action") for r in json.loads(recover.stdout)], recover.stdout
+    assert "running" == json.loads(status.stdout)["state"], status.stdout
+    assert (0, ["x", "y"]) == (owner.returncode, effects.read_text().split()), err
+    assert (0, "completed") == _state(journal, "r1", tmp_path)
+    assert 0 == effectlog("verify", "--journal", journal, cwd=tmp_path).returncode
+
+
+def test_on_postgresql_one_database_reached_by_other_urls_is_one_owner(
+    tmp_path: Path, pg_url: str, pg_cluster: PgCluster
+) -> None:
+    """One PostgreSQL database reached by URLs that differ in every way a URL can while meaning the same
+    database: ``localhost`` for ``127.0.0.1``, the unix socket, query options in another order, another
+    role with the same rights. A run's owner is a session advisory lock, which is per database, whatever
+    the route: none of them may be a second owner. Proves: while a run through one URL is inside a
+    non-idempotent step, ``run`` through each other URL is refused (exit 6) and writes nothing; the owner
+    finishes with each effect once."""
+    psycopg = pytest.importorskip("psycopg")
+    parts = urlsplit(pg_url)
+    database, port = parts.path.lstrip("/"), parts.port
+    socket_dir = str(pg_cluster.tmp)
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute("CREATE ROLE twin LOGIN SUPERUSER")
+    try:
+        others = [
+            f"postgresql://postgres@localhost:{port}/{database}",
+            f"postgresql://postgres@/{database}?host={socket_dir}&port={port}",
+            f"postgresql://postgres@127.0.0.1:{port}/{database}?connect_timeout=10&application_name=twin",
+            f"postgres://twin@127.0.0.1:{port}/{database}?application_name=twin&connect_timeout=10",
+        ]
+        effects = tmp_path / "effects.txt"
+        plan = _slow_plan(tmp_path / "p.json", "pg1", effects, seconds=8)  # outlasts the four refusals
+        owner = _owner_inside_s1(pg_url, plan, effects, tmp_path)
+        refused = [effectlog("run", "--journal", url, str(plan), cwd=tmp_path) for url in others]
+        _, err = owner.communicate(timeout=60)
+        assert [6] * len(others) == [p.returncode for p in refused], [p.stderr for p in refused]
+        assert (0, ["x", "y"]) == (owner.returncode, effects.read_text().split()), err
+    finally:
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            conn.execute("DROP OWNED BY twin")
+            conn.execute("DROP ROLE twin")
