@@ -358,3 +358,34 @@ def test_on_postgresql_one_database_reached_by_other_urls_is_one_owner(
         with psycopg.connect(pg_url, autocommit=True) as conn:
             conn.execute("DROP OWNED BY twin")
             conn.execute("DROP ROLE twin")
+
+
+# -- 7. a journal replaced by a rename while a run holds it ----------------------------------------
+
+
+def test_a_journal_replaced_by_a_rename_while_in_use_is_refused_and_keeps_its_own_history(tmp_path: Path) -> None:
+    """A restore or a sync (``mv restored.db j.db``; rsync writes a temporary file and renames it over)
+    replaces j.db while a run holds the old file. The replacement has no WAL of its own: SQLite opens
+    ``j.db-wal`` and ``j.db-shm``, the old file's, still in use. A second ``effectlog run`` on j.db then
+    read the old file's pages from that WAL as the new file's: ``status`` showed the old file's runs and
+    not the replacement's, and its commits went into the shared WAL, whose frames the old file's owner
+    checkpointed into its own (unlinked) file while the second process's close checkpointed them over
+    the replacement: the replacement's own runs were gone, ``verify`` said ok. Proves: the second run is
+    refused (exit 6, one line) and sends nothing; once the old owner has stopped, j.db holds the
+    replacement's history, which verifies."""
+    effects = tmp_path / "effects.txt"
+    old_plan = _slow_plan(tmp_path / "a.json", "A", effects, seconds=4)
+    new_plan = _effects_plan(tmp_path / "b.json", "B", "noop")
+    journal, replacement = tmp_path / "j.db", tmp_path / "restored.db"
+    assert 0 == effectlog("run", "--journal", str(replacement), str(GOOD_PLAN), cwd=tmp_path).returncode
+    owner = _owner_inside_s1(str(journal), old_plan, effects, tmp_path)
+    os.rename(replacement, journal)
+    second = effectlog("run", "--journal", str(journal), str(new_plan), cwd=tmp_path)
+    owner.communicate(timeout=60)
+    line = one_line(second.stderr)
+    assert (6, "j.db" in line) == (second.returncode, True), line
+    assert ["x"] == effects.read_text().split()
+    listing = effectlog("status", "--journal", str(journal), "--json", cwd=tmp_path)
+    runs = sorted((r["run_id"], r["state"]) for r in json.loads(listing.stdout))
+    assert [("good-run", "completed")] == runs, listing.stdout
+    assert 0 == effectlog("verify", "--journal", str(journal), cwd=tmp_path).returncode
