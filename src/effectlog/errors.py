@@ -492,11 +492,12 @@ class NotARegularFile(BadInput):
     code = "not_a_file"
 
 
-class FileBindMounted(JournalLocked):
+class FileBindMounted(JournalAliased, StoreAliased):
     """A journal, fleet store or effect store file that is a mount point of its own (a bind mount of the
     file, as ``docker run -v /srv/j.db:/data/j.db`` makes): SQLite keeps the WAL in the directory of the
     name it opens, so the file would have one WAL per place it is mounted, and commits left in one (a
-    killed process) would be missing under the others (exit 6, nothing written)."""
+    killed process) would be missing under the others (exit 6, nothing written). A second name of the file,
+    so both ``JournalAliased`` and (for an effect store) ``StoreAliased``."""
 
     code = "file_bind_mounted"
 
