@@ -389,3 +389,43 @@ def test_a_journal_replaced_by_a_rename_while_in_use_is_refused_and_keeps_its_ow
     runs = sorted((r["run_id"], r["state"]) for r in json.loads(listing.stdout))
     assert [("good-run", "completed")] == runs, listing.stdout
     assert 0 == effectlog("verify", "--journal", str(journal), cwd=tmp_path).returncode
+
+
+# -- 8. two `effectlog run` of one run started together ---------------------------------------------
+
+_AT_THE_GATE = (
+    "import os, sys; os.read(0, 1); os.execv(sys.executable, [sys.executable, '-m', 'effectlog', *sys.argv[1:]])"
+)
+
+
+def test_two_runs_of_one_run_released_together_send_each_step_once(tmp_path: Path) -> None:
+    """Two ``effectlog run`` of the same new run, held at a gate and released by one write each, round after
+    round (two cron jobs firing at the same second, a retried deploy hook): the claim, the owner row,
+    the first append and the alias checks all race at the journal's creation or first use. Proves: in
+    every round the non-idempotent step's effect happens once, each process ends 0 (it found the run
+    completed) or 6 (owned), and the journal verifies."""
+    journal = tmp_path / "j.db"
+    for round_no in range(8):
+        effects = tmp_path / f"fx{round_no}.txt"
+        plan = {
+            "run_id": f"r{round_no}",
+            "adapters": {"sh": {"type": "shell", "idempotent": False}},
+            "steps": [{"id": "s1", "adapter": "sh", "args": {"argv": ["sh", "-c", f"echo x >> '{effects}'"]}}],
+        }
+        path = tmp_path / f"p{round_no}.json"
+        path.write_text(json.dumps(plan))
+        procs = [
+            subprocess.Popen(
+                [sys.executable, "-c", _AT_THE_GATE, "run", "--journal", str(journal), str(path)],
+                cwd=tmp_path, env=cli_env(), stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL, text=True,
+            )
+            for _ in range(2)
+        ]
+        for proc in procs:
+            assert proc.stdin is not None
+            proc.stdin.write("go")
+            proc.stdin.close()
+        statuses = sorted(proc.wait(timeout=120) for proc in procs)
+        assert (["x"], True) == (effects.read_text().split(), statuses in ([0, 0], [0, 6])), (round_no, statuses)
+    assert 0 == effectlog("verify", "--journal", str(journal), cwd=tmp_path).returncode
