@@ -429,3 +429,46 @@ def test_two_runs_of_one_run_released_together_send_each_step_once(tmp_path: Pat
         statuses = sorted(proc.wait(timeout=120) for proc in procs)
         assert (["x"], True) == (effects.read_text().split(), statuses in ([0, 0], [0, 6])), (round_no, statuses)
     assert 0 == effectlog("verify", "--journal", str(journal), cwd=tmp_path).returncode
+
+
+# -- 9. the journal's name changed under a live owner ------------------------------------------------
+
+
+def test_the_journals_directory_renamed_mid_step_stops_the_owner_and_the_step_is_not_sent_again(
+    tmp_path: Path,
+) -> None:
+    """The directory holding the journal is renamed (a deploy swapping ``current``, an operator tidying)
+    while a non-idempotent step runs: the owner's name for the file leads nowhere, and a commit there
+    would go to a WAL nobody opening the new name reads. Proves: the owner refuses its next commit
+    (exit 6, one line), and the run under the new name finds the step uncertain (exit 3), not sent
+    again."""
+    effects = tmp_path / "effects.txt"
+    plan = _slow_plan(tmp_path / "p.json", "r1", effects)
+    (tmp_path / "d").mkdir()
+    owner = _owner_inside_s1(str(tmp_path / "d" / "j.db"), plan, effects, tmp_path)
+    (tmp_path / "d").rename(tmp_path / "d2")
+    _, err = owner.communicate(timeout=60)
+    again = effectlog("run", "--journal", str(tmp_path / "d2" / "j.db"), str(plan), cwd=tmp_path)
+    assert (6, 3, ["x"]) == (owner.returncode, again.returncode, effects.read_text().split()), (err, again.stderr)
+
+
+def test_a_hard_link_made_while_a_run_holds_the_journal_is_refused_and_the_owner_finishes_once(
+    tmp_path: Path,
+) -> None:
+    """A hard link to the journal made while a run holds it (a backup by ``cp -l``, a snapshot tool):
+    the link is checked at open, never again by the owner. Proves: a run through the link is refused
+    (exit 6) while the owner runs, the owner finishes each step once, and after it, both names are
+    refused until the link is removed; then the run is completed and verifies."""
+    effects = tmp_path / "effects.txt"
+    plan = _slow_plan(tmp_path / "p.json", "r1", effects)
+    journal, link = tmp_path / "j.db", tmp_path / "k.db"
+    owner = _owner_inside_s1(str(journal), plan, effects, tmp_path)
+    os.link(journal, link)
+    through_link = effectlog("run", "--journal", str(link), str(plan), cwd=tmp_path)
+    _, err = owner.communicate(timeout=60)
+    after = [effectlog("run", "--journal", str(name), str(plan), cwd=tmp_path).returncode for name in (journal, link)]
+    link.unlink()
+    assert (6, 0, [6, 6], ["x", "y"]) == (
+        through_link.returncode, owner.returncode, after, effects.read_text().split()
+    ), err
+    assert (0, "completed") == _state(journal, "r1", tmp_path)
