@@ -472,3 +472,44 @@ def test_a_hard_link_made_while_a_run_holds_the_journal_is_refused_and_the_owner
         through_link.returncode, owner.returncode, after, effects.read_text().split()
     ), err
     assert (0, "completed") == _state(journal, "r1", tmp_path)
+
+
+def test_an_effect_store_replaced_by_a_rename_while_in_use_is_refused_to_the_next_run(tmp_path: Path) -> None:
+    """The effect store twin of the replaced journal: a run holds fx.db open (its s2 is running) when
+    another store is renamed over fx.db. Proves: a second run naming fx.db is refused (exit 6, one line)
+    before it reads or writes the old store's live WAL as the new one's, and the new store's ledger
+    holds only its own effect."""
+    effects = tmp_path / "effects.txt"
+    fx = {"type": "effects.idempotent", "idempotent": True}
+    sh = {"type": "shell", "idempotent": False}
+    first = tmp_path / "a.json"
+    first.write_text(json.dumps({
+        "run_id": "A", "adapters": {"fx": fx, "sh": sh},
+        "steps": [
+            {"id": "s1", "adapter": "fx", "args": {"cents": 1}},
+            {"id": "s2", "adapter": "sh", "args": {"argv": ["sh", "-c", f"echo x >> '{effects}'; sleep 3"]}},
+            {"id": "s3", "adapter": "fx", "args": {"cents": 3}},
+        ],
+    }))
+    store, replacement = tmp_path / "fx.db", tmp_path / "restored.db"
+    made = effectlog("run", "--journal", str(tmp_path / "jc.db"), "--effects", str(replacement),
+                     str(_effects_plan(tmp_path / "c.json", "C")), cwd=tmp_path)
+    assert 0 == made.returncode, made.stderr
+    owner = subprocess.Popen(
+        [sys.executable, "-m", "effectlog", "run", "--journal", str(tmp_path / "ja.db"), "--effects", str(store),
+         str(first)],
+        cwd=tmp_path, env=cli_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )
+    deadline = time.monotonic() + 60
+    while not effects.exists():
+        assert owner.poll() is None, owner.communicate()
+        assert time.monotonic() < deadline, "s2 never started"
+        time.sleep(0.02)
+    os.rename(replacement, store)
+    second = effectlog("run", "--journal", str(tmp_path / "jb.db"), "--effects", str(store),
+                       str(_effects_plan(tmp_path / "b.json", "B")), cwd=tmp_path)
+    owner.communicate(timeout=60)
+    line = one_line(second.stderr)
+    assert (6, True) == (second.returncode, "fx.db" in line), line
+    ledger = effectlog("effects", "--effects", str(store), "--json", cwd=tmp_path)
+    assert ["C"] == [row["run_id"] for row in json.loads(ledger.stdout)], ledger.stdout
