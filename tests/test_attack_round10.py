@@ -513,3 +513,24 @@ def test_an_effect_store_replaced_by_a_rename_while_in_use_is_refused_to_the_nex
     assert (6, True) == (second.returncode, "fx.db" in line), line
     ledger = effectlog("effects", "--effects", str(store), "--json", cwd=tmp_path)
     assert ["C"] == [row["run_id"] for row in json.loads(ledger.stdout)], ledger.stdout
+
+
+def test_on_postgresql_a_search_path_that_shadows_a_builtin_is_still_one_owner(
+    tmp_path: Path, pg_url: str
+) -> None:
+    """The journal's tables are schema-qualified, but the run's lock key was ``hashtext(run_id)``,
+    resolved through the session's ``search_path``: pg_catalog comes first only when the path does not
+    name it. A database with an application's own ``public.hashtext(text)`` (or any same-named helper)
+    reached once with the default path and once with ``search_path=public,pg_catalog`` (a role's
+    ``ALTER ROLE ... SET search_path``, a URL's ``options``) gave one run two lock keys: two live owners.
+    Proves: the second ``run`` is refused (exit 6) and each effect happens once."""
+    psycopg = pytest.importorskip("psycopg")
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute("CREATE FUNCTION public.hashtext(text) RETURNS integer LANGUAGE sql IMMUTABLE AS 'SELECT 7'")
+    other = pg_url + "?options=-c%20search_path%3Dpublic%2Cpg_catalog"
+    effects = tmp_path / "effects.txt"
+    plan = _slow_plan(tmp_path / "p.json", "sp1", effects, seconds=6)
+    owner = _owner_inside_s1(pg_url, plan, effects, tmp_path)
+    second = effectlog("run", "--journal", other, str(plan), cwd=tmp_path)
+    _, err = owner.communicate(timeout=60)
+    assert (6, ["x", "y"]) == (second.returncode, effects.read_text().split()), (second.stderr, err)
