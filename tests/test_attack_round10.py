@@ -534,3 +534,28 @@ def test_on_postgresql_a_search_path_that_shadows_a_builtin_is_still_one_owner(
     second = effectlog("run", "--journal", other, str(plan), cwd=tmp_path)
     _, err = owner.communicate(timeout=60)
     assert (6, ["x", "y"]) == (second.returncode, effects.read_text().split()), (second.stderr, err)
+
+
+@pytest.mark.parametrize("kind", ["fifo", "directory", "symlink-to-dev-null"])
+def test_something_not_a_file_at_the_wal_name_hangs_nothing_and_makes_nothing(tmp_path: Path, kind: str) -> None:
+    """The journal's ``-wal`` name taken by a FIFO, a directory or a symlink to /dev/null (a leftover of a
+    tool, a hand-made mess). The WAL mark (above) opens that name before SQLite does: a plain open of a
+    FIFO blocks until a writer comes, so every command on the journal hung. Proves: ``status`` and ``run``
+    each end (a one-line error, exit 2, or success for ``status``), and nothing appears beside /dev/null."""
+    journal = tmp_path / "k.db"
+    assert 0 == effectlog("run", "--journal", str(journal), str(GOOD_PLAN), cwd=tmp_path).returncode
+    wal = tmp_path / "k.db-wal"
+    if kind == "fifo":
+        os.mkfifo(wal)
+    elif kind == "directory":
+        wal.mkdir()
+    else:
+        wal.symlink_to("/dev/null")
+    beside = {n for n in ("/dev/null-journal", "/dev/null-wal", "/dev/null-shm") if os.path.exists(n)}
+    status = effectlog("status", "--journal", str(journal), cwd=tmp_path)
+    run = effectlog("run", "--journal", str(journal), str(_effects_plan(tmp_path / "p.json", "r", "noop")),
+                    cwd=tmp_path)
+    assert status.returncode in (0, 2), status.stderr
+    assert status.returncode == 0 or one_line(status.stderr)
+    assert (2, True) == (run.returncode, bool(one_line(run.stderr))), run.stderr
+    assert beside == {n for n in ("/dev/null-journal", "/dev/null-wal", "/dev/null-shm") if os.path.exists(n)}
