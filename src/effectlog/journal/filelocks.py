@@ -24,6 +24,7 @@ import errno
 import fcntl
 import hashlib
 import os
+import stat
 import struct
 import threading
 import time
@@ -365,9 +366,12 @@ def _mark_wal(path: str, key: tuple[int, int], *, create: bool) -> int:
     So each process holds a shared lock on its database file's byte of the WAL, and a lock held on any
     other byte refuses the open (``JournalAliased``, nothing read or written)."""
     wal = path + "-wal"
-    try:
-        fd = os.open(wal, os.O_RDONLY | os.O_CLOEXEC | (os.O_CREAT if create else 0), 0o600)
+    try:  # O_NONBLOCK: a FIFO at that name would block a plain open for ever
+        fd = os.open(wal, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | (os.O_CREAT if create else 0), 0o600)
     except FileNotFoundError:
+        return -1
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)  # no WAL of any file (a FIFO, a device): SQLite says what it makes of it
         return -1
     digest = hashlib.blake2b(struct.pack("QQ", *key), digest_size=8).digest()
     mine = WAL_MARK_BASE + int.from_bytes(digest, "big") % WAL_MARK_SPAN
