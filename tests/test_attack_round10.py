@@ -559,3 +559,46 @@ def test_something_not_a_file_at_the_wal_name_hangs_nothing_and_makes_nothing(tm
     assert status.returncode == 0 or one_line(status.stderr)
     assert (2, True) == (run.returncode, bool(one_line(run.stderr))), run.stderr
     assert beside == {n for n in ("/dev/null-journal", "/dev/null-wal", "/dev/null-shm") if os.path.exists(n)}
+
+
+# -- 10. fleet tables edited by hand -------------------------------------------------------------
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="fleet tables are outside the chain: a run does not record the request it serves, so nothing "
+    "can tell a request re-pointed at a new run id from a new request (see the attack10 report)",
+)
+def test_a_request_re_pointed_at_a_new_run_id_by_hand_does_not_run_its_steps_again(tmp_path: Path) -> None:
+    """A request that succeeded (its non-idempotent step applied) is edited by hand in the SQLite store:
+    the triggers that keep a request's identity dropped, its ``run_id`` and the ``run_id`` in its stored
+    plan changed, a queued attempt added (a botched repair, a restore script, someone who can write the
+    file). The next runner claims it and starts the new run id from scratch: the step is sent a second
+    time, and ``verify`` says ok (each run verifies on its own; the fleet tables are outside the chain).
+    Proves (when fixed): the step is not sent again, or ``verify`` names the request served twice."""
+    effects = tmp_path / "effects.txt"
+    plan = {
+        "run_id": "f1",
+        "adapters": {"sh": {"type": "shell", "idempotent": False}},
+        "steps": [{"id": "s1", "adapter": "sh", "args": {"argv": ["sh", "-c", f"echo x >> '{effects}'"]}}],
+    }
+    (tmp_path / "p.json").write_text(json.dumps(plan))
+    store = str(tmp_path / "st.db")
+    assert 0 == effectlog("submit", "--store", store, "--scope", "s", "--key", "k", "p.json", cwd=tmp_path).returncode
+    assert 0 == effectlog("runner", "--store", store, "--exit-when-idle", "-q", cwd=tmp_path).returncode
+    db = sqlite3.connect(store)
+    for (trigger,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'trigger' AND name LIKE 'fleet%'"):
+        db.execute(f'DROP TRIGGER "{trigger}"')
+    db.execute(
+        "UPDATE fleet_requests SET run_id = 'f1-edited', finished_at = NULL, "
+        "plan = replace(plan, '\"run_id\":\"f1\"', '\"run_id\":\"f1-edited\"')"
+    )
+    db.execute(
+        "INSERT INTO fleet_attempts (request_id, attempt_no, state, created_at) "
+        "SELECT request_id, 2, 'queued', created_at FROM fleet_attempts"
+    )
+    db.commit()
+    db.close()
+    effectlog("runner", "--store", store, "--exit-when-idle", "-q", cwd=tmp_path)
+    verify = effectlog("verify", "--journal", store, cwd=tmp_path)
+    assert ["x"] == effects.read_text().split() or verify.returncode != 0
