@@ -479,3 +479,33 @@ class DecisionStale(Conflict):
     attempt follows an uncertain send and is a call nobody has looked at."""
 
     code = "decision_stale"
+
+
+# -- branch attack10 (round-10 attacks) ----------------------------------------------
+
+
+class NotARegularFile(BadInput):
+    """A journal, fleet store or effect store path naming a device, FIFO or socket (``/dev/null``, a
+    symlink to it): SQLite would open it and make its ``-journal`` beside it before failing (exit 2,
+    nothing written)."""
+
+    code = "not_a_file"
+
+
+class FileBindMounted(JournalAliased, StoreAliased):
+    """A journal, fleet store or effect store file that is a mount point of its own (a bind mount of the
+    file, as ``docker run -v /srv/j.db:/data/j.db`` makes): SQLite keeps the WAL in the directory of the
+    name it opens, so the file would have one WAL per place it is mounted, and commits left in one (a
+    killed process) would be missing under the others (exit 6, nothing written). A second name of the file,
+    so both ``JournalAliased`` and (for an effect store) ``StoreAliased``."""
+
+    code = "file_bind_mounted"
+
+
+class LocationAmbiguous(BadInput):
+    """A journal or store location that is a PostgreSQL connection string in ``keyword=value`` form
+    (``host=db dbname=effectlog``), which was taken for the name of a SQLite file in the working
+    directory: hosts meant to share one database each wrote a file of their own (exit 2, nothing
+    written)."""
+
+    code = "location_ambiguous"

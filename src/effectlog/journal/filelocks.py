@@ -24,6 +24,7 @@ import errno
 import fcntl
 import hashlib
 import os
+import stat
 import struct
 import threading
 import time
@@ -31,7 +32,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from effectlog.errors import JournalInherited, JournalLocked
+from effectlog.errors import JournalAliased, JournalInherited, JournalLocked
 
 # 256 MiB .. 384 MiB: far from SQLite's lock bytes (PENDING_BYTE is at 1 GiB), and a
 # range wide enough (2**27 slots) that two run ids sharing a byte is a curiosity.
@@ -53,6 +54,13 @@ LOBBY = SLOT_BASE - 3
 # held by another open file description on any other byte of this range is another name in use.
 NAME_BASE = 0x0F00_0000
 NAME_SPAN = 0x0010_0000
+
+# Bytes of the *-wal* file (far past any WAL's size; SQLite takes no locks on it): each process holds a
+# shared lock on the byte of the database file (its device and inode) it uses the WAL for. A lock on any
+# other byte is another database file at this name: the file was replaced by a rename while a process had
+# it open, and SQLite would read and write that file's WAL as this one's (``_mark_wal``).
+WAL_MARK_BASE = 1 << 40
+WAL_MARK_SPAN = 1 << 20
 
 _FLOCK = "hhqqi4x"  # struct flock on Linux: type, whence, start, len, pid (0 for OFD locks)
 
@@ -106,6 +114,7 @@ class SharedFile:
         self.names: set[str] = set()  # the names this process opened the file by (each holds its byte)
         self.turn = threading.Lock()  # this process's writers of the file (OFD locks of one descriptor do not exclude)
         self.inherited = False  # in a child of fork(): the parent's description, not this one's (_forget_inherited)
+        self.wal_fd = -1  # the -wal file's descriptor holding this file's mark (``_mark_wal``), -1 if none
 
     @contextmanager
     def gate(self, where: str, timeout_s: float) -> Iterator[None]:
@@ -314,13 +323,22 @@ def acquire(path: str, *, write: bool = True) -> SharedFile:
         with _registry_lock:
             shared = _files.get(key)
             if shared is None:
+                try:
+                    wal_fd = _mark_wal(path, key, create=write)
+                except BaseException:
+                    os.close(fd)  # not shared yet: no lock of this process's SQLite on the file rides on it
+                    fd = -1
+                    raise
                 shared = _files[key] = SharedFile(key, fd, writable=write)
+                shared.wal_fd = wal_fd
                 # The name's byte before IN_USE, for earlier versions' check (see IN_USE): a process
                 # they see holding IN_USE holds its name's byte already.
                 _ofd(fd, fcntl.F_OFD_SETLK, fcntl.F_RDLCK, name_slot(path))
                 _ofd(fd, fcntl.F_OFD_SETLK, fcntl.F_RDLCK, IN_USE)
                 fd = -1  # kept: it is the shared one now
             elif write and not shared.writable:
+                if shared.wal_fd < 0:  # a reader found no WAL there: the writer makes it and marks it
+                    shared.wal_fd = _mark_wal(path, key, create=True)
                 _spare.setdefault(key, []).append(shared.fd)  # keeps its IN_USE lock until the file is closed
                 shared.fd, shared.writable, fd = fd, True, -1
                 _ofd(shared.fd, fcntl.F_OFD_SETLK, fcntl.F_RDLCK, IN_USE)
@@ -335,6 +353,41 @@ def acquire(path: str, *, write: bool = True) -> SharedFile:
 
 
 _spare: dict[tuple[int, int], list[int]] = {}
+
+
+def _mark_wal(path: str, key: tuple[int, int], *, create: bool) -> int:
+    """Mark the WAL beside ``path`` as the one of the database file ``key``; its descriptor (-1 when there
+    is no WAL and ``create`` is false: a reader makes none).
+
+    SQLite finds a database's WAL and shared-memory index by name. A file replaced by a rename while a
+    process has the old one open (a restore, an rsync) leaves the old file's live WAL and index beside
+    the new one: SQLite read the old file's pages from them as the new file's, and the commits of both
+    went into one WAL, checkpointed into both files: the new file's history overwritten, ``verify`` ok.
+    So each process holds a shared lock on its database file's byte of the WAL, and a lock held on any
+    other byte refuses the open (``JournalAliased``, nothing read or written)."""
+    wal = path + "-wal"
+    try:  # O_NONBLOCK: a FIFO at that name would block a plain open for ever
+        fd = os.open(wal, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | (os.O_CREAT if create else 0), 0o600)
+    except FileNotFoundError:
+        return -1
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)  # no WAL of any file (a FIFO, a device): SQLite says what it makes of it
+        return -1
+    digest = hashlib.blake2b(struct.pack("QQ", *key), digest_size=8).digest()
+    mine = WAL_MARK_BASE + int.from_bytes(digest, "big") % WAL_MARK_SPAN
+    try:
+        _ofd(fd, fcntl.F_OFD_SETLK, fcntl.F_RDLCK, mine)
+        for start, end in ((WAL_MARK_BASE, mine), (mine + 1, WAL_MARK_BASE + WAL_MARK_SPAN)):
+            if end > start and _ofd(fd, fcntl.F_OFD_GETLK, fcntl.F_WRLCK, start, end - start) != fcntl.F_UNLCK:
+                raise JournalAliased(
+                    f"{path}: {wal} is the WAL of another file that was at this name and is still open (the file "
+                    "was replaced by a rename while a process had it open); SQLite would take that file's WAL for "
+                    "this one's: stop the process using the old file first; nothing was read or written"
+                )
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 def second_name(shared: SharedFile, path: str) -> str | None:
@@ -374,6 +427,8 @@ def release(shared: SharedFile) -> None:
         _files.pop(shared.key, None)
         for fd in [shared.fd, *_spare.pop(shared.key, [])]:
             os.close(fd)
+        if shared.wal_fd >= 0:
+            os.close(shared.wal_fd)
 
 
 # Files this process's parent (or an earlier ancestor) had open when it forked this process. SQLite

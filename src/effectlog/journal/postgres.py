@@ -86,6 +86,7 @@ from effectlog.journal.postgres_schema import (
     RUN_LOCK_CLASS,
     SCHEMA,
     UPSERT_OWNER,
+    pin_search_path,
     redact,
     translate,
 )
@@ -187,6 +188,7 @@ class PostgresJournal:
             raise translate(exc, self.location) from None
 
     def _configure(self, conn: psycopg.Connection[Any]) -> None:
+        pin_search_path(conn)
         # READ COMMITTED whatever the server's default: the head query after the run
         # lock must take a fresh snapshot that includes the previous holder's commit.
         conn.isolation_level = psycopg.IsolationLevel.READ_COMMITTED
@@ -398,6 +400,7 @@ class PostgresJournal:
                 raise RunOwned(f"the connection holding this process's claims was lost (runs {lost})")
         if conn is None:
             conn = psycopg.connect(self._url, **{**self._kwargs, "application_name": "effectlog-owner"})
+            pin_search_path(conn)
             self._owner_conn = conn
         return conn
 

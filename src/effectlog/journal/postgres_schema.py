@@ -3,6 +3,7 @@ statements, and how psycopg's errors read to a user. ``PostgresJournal`` uses th
 
 from __future__ import annotations
 
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
@@ -18,6 +19,16 @@ SCHEMA = "effectlog"
 MIGRATE_LOCK_CLASS = 0x45464C00
 RUN_LOCK_CLASS = 0x45464C01
 OWNER_LOCK_CLASS = 0x45464C02
+
+
+def pin_search_path(conn: psycopg.Connection[Any]) -> None:
+    """Resolve every name this session's statements leave unqualified (``hashtext``, the advisory lock
+    functions, operators) in pg_catalog alone. The session's own ``search_path`` (a role's setting, a
+    URL's ``options``) may name a schema before pg_catalog: an application's ``public.hashtext(text)``
+    then gave one run a second lock key, and a second live owner. effectlog names its own tables with
+    their schema, so nothing else is looked up there."""
+    conn.execute("SET search_path = pg_catalog, pg_temp")
+
 
 # Ordered migrations: index i brings schema version i to i + 1. DDL is transactional
 # in PostgreSQL, so a migration applies whole or not at all.

@@ -12,8 +12,10 @@ file is checked here before SQLite opens it.
 from __future__ import annotations
 
 import os
+import re
+import stat
 
-from effectlog.errors import SidecarClash
+from effectlog.errors import FileBindMounted, LocationAmbiguous, NotARegularFile, SidecarClash
 from effectlog.journal import filelocks
 
 SUFFIXES = ("-wal", "-shm", "-journal")
@@ -38,9 +40,53 @@ def _database(path: str, *, empty_too: bool) -> bool:
     return head == _DATABASE_HEADER or (empty_too and head == b"")
 
 
+# The start of a libpq connection string in keyword form (``host=db dbname=effectlog``): its keywords.
+_CONNINFO = re.compile(
+    r"\s*(host|hostaddr|port|dbname|user|password|passfile|service|sslmode|options|application_name"
+    r"|connect_timeout|target_session_attrs|sslrootcert|channel_binding|gssencmode)\s*="
+)
+
+
+def _mount_points() -> set[str]:
+    """This process's mount points (``/proc/self/mountinfo``, field 5, its octal escapes decoded); none where
+    there is no such file."""
+    try:
+        with open("/proc/self/mountinfo", "rb") as file:
+            lines = file.read().splitlines()
+    except OSError:
+        return set()
+    escaped = (line.split(b" ")[4] for line in lines if line.count(b" ") >= 4)
+    return {
+        re.sub(rb"\\([0-7]{3})", lambda m: bytes([int(m[1], 8)]), point).decode("utf-8", "surrogateescape")
+        for point in escaped
+    }
+
+
 def refuse_clash(path: str, what: str) -> None:
     """``SidecarClash`` if ``path`` (a ``what``: journal, effect store, fleet store) is another SQLite
-    file's sidecar, or if one of its own sidecar names holds a database of its own."""
+    file's sidecar, or if one of its own sidecar names holds a database of its own; ``NotARegularFile`` if
+    ``path`` is a device, FIFO or socket (``/dev/null``: SQLite made ``/dev/null-journal`` beside the
+    device before failing with "disk I/O error"). A directory is left to its opener's own message."""
+    if _CONNINFO.match(path):
+        shown = re.sub(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S*)", r"\1***", path)  # as the URLs' are
+        raise LocationAmbiguous(
+            f"{shown}: a PostgreSQL connection string in keyword form, not a {what} file: give it as a "
+            "postgresql:// URL (or a file of that name as ./NAME); nothing was written"
+        )
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        mode = None  # not there (yet): made as a regular file by its opener
+    if mode is not None and not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+        raise NotARegularFile(
+            f"{path}: a device, FIFO or socket, not a {what} file (give it a file's path); nothing was written"
+        )
+    if mode is not None and stat.S_ISREG(mode) and os.path.realpath(path) in _mount_points():
+        raise FileBindMounted(
+            f"{path}: the file is bind-mounted on its own ({os.path.realpath(path)} is a mount point): SQLite keeps "
+            f"the {what}'s WAL beside the name it opens, so each place the file is mounted would have a WAL of its "
+            "own; mount the directory that holds it instead; nothing was written"
+        )
     for name in dict.fromkeys((path, os.path.realpath(path))):
         if filelocks.open_here(name):
             # Open here already, so checked at that open; and its sidecars are its own now, locked by

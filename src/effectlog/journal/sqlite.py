@@ -77,6 +77,9 @@ from effectlog.journal.sqlite_schema import (
 )
 from effectlog.journal.walwatch import WalWatch
 
+# The events table's columns, in order (``MIGRATIONS``): a table of that name with others is not a journal's.
+EVENT_COLUMNS = ["run_id", "seq", "step_id", "phase", "attempt", "body", "hash"]
+
 # ``_append_owned``'s statements: ``INSERT`` with one ``VALUES`` tuple per row (as the PostgreSQL journal
 # builds its batches), for 1 to 64 rows (a group commit of 32 runs holds at most 64); larger batches go
 # through ``_transact``.
@@ -211,6 +214,11 @@ class SqliteJournal:
             if self.writer:
                 db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
                 db.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_s * 1000)}")
+                try:  # before the switch to WAL, which writes the file: an application's database stays as it was
+                    self._version(db)
+                except BaseException:
+                    db.close()
+                    raise
                 mode = db.execute("PRAGMA journal_mode = WAL").fetchone()[0]
                 if mode != "wal":
                     raise StorageError(f"{self.location}: could not switch the journal to WAL (got {mode})")
@@ -224,20 +232,45 @@ class SqliteJournal:
                 uri = Path(self.path).as_uri() + "?mode=ro"
                 db = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False)
                 db.execute("PRAGMA busy_timeout = 5000")
+                db = self._read_only_directory(db, uri)
         except sqlite3.Error as exc:
             raise translate(exc, self.location) from None
         return db
 
-    def _version(self) -> int:
-        tables = {r[0] for r in self._db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    def _read_only_directory(self, db: sqlite3.Connection, uri: str) -> sqlite3.Connection:
+        """A reader of a WAL database needs its ``-shm``, which SQLite cannot make in a directory it may not
+        write (an archive, a snapshot, a read-only volume): status and verify of a journal kept there
+        failed ("attempt to write a readonly database"). With no WAL beside the file, the file alone
+        holds the whole history (the last close checkpointed it), so it is read as it is, ``immutable``;
+        a WAL there (a writer that can write the directory, or one killed) is still refused."""
+        try:
+            db.execute("SELECT count(*) FROM sqlite_master").fetchone()
+            return db
+        except sqlite3.OperationalError as exc:
+            if exc.sqlite_errorname != "SQLITE_READONLY_DIRECTORY" or os.path.lexists(self.path + "-wal"):
+                raise
+        db.close()
+        db = sqlite3.connect(uri + "&immutable=1", uri=True, isolation_level=None, check_same_thread=False)
+        db.execute("PRAGMA busy_timeout = 5000")
+        return db
+
+    def _version(self, db: sqlite3.Connection | None = None) -> int:
+        db = db or self._db
+        tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
         if not tables:
             return 0
         if "meta" not in tables or "events" not in tables:
             raise JournalUnreadable(f"{self.location}: not an effectlog journal (unexpected tables)")
-        row = self._db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+        row = db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
         if row is None or not (str(row[0]).isascii() and str(row[0]).isdigit()):  # not ²
             raise JournalUnreadable(f"{self.location}: not an effectlog journal (no schema version)")
-        return int(row[0])
+        version = int(row[0])
+        # An application's own ``meta`` and ``events`` tables (a common pair of names) are no journal:
+        # taken for one, the writer added its tables to that database before failing on a missing column.
+        columns = [r[0] for r in db.execute("SELECT name FROM pragma_table_info('events')")]
+        if version <= SCHEMA_VERSION and columns != EVENT_COLUMNS:
+            raise JournalUnreadable(f"{self.location}: not an effectlog journal (its events table is another's)")
+        return version
 
     def _migrate(self) -> None:
         try:
