@@ -61,7 +61,7 @@ class RunActor:
     def __init__(self, runtime: Runtime, plan: Plan) -> None:
         self.rt = runtime
         self.plan = plan
-        self.adapters, self.identities = runtime.registry.build(plan, runtime.context)
+        self.adapters, self.identities, self.store_users = runtime.registry.build(plan, runtime.context)
         # A closed run is reported from its seal (no step states built); an open one resumes.
         closed = load_closed(runtime.journal, plan.run_id)
         self._closed_steps: Sequence[StepSummary] | None = None
@@ -153,6 +153,7 @@ class RunActor:
                         "plan_digest": plan.digest,
                         "adapters": self.identities,
                         "effect_store": self.rt.context.pinned_store(),
+                        "store_adapters": self.store_users,
                         **(self.obs.fields() if self.obs is not None else {}),
                     },
                 )

@@ -28,7 +28,7 @@ def blind_run(
     path = Path(results_path)
     done: dict[str, object] = json.loads(path.read_text()) if path.exists() else {}
     context = AdapterContext(effects=effects)
-    adapters, _ = Registry(entry_point_group=False).build(plan, context)
+    adapters = Registry(entry_point_group=False).build(plan, context).adapters
     calls = 0
     try:
         for step in plan.steps:

@@ -66,6 +66,9 @@ class RunStarted(Event, frozen=True, kw_only=True, tag="run.started"):
     plan_digest: str = ""
     adapters: dict[str, AdapterIdentity] = {}
     effect_store: EffectStoreIdentity | None = None  # the store evidence may be read from (issue 12)
+    # The plan's adapters whose factory asked for that store: their effects are its rows, so only their
+    # steps may be reconciled from its ledger (empty in runs older than this field: not known).
+    store_adapters: tuple[str, ...] = ()
     # A fork (`effectlog fork`/`retry`): the parent run, the step it runs again from, who and why.
     forked_from: str = ""
     from_step: str = ""

@@ -240,6 +240,22 @@ def open_run_store(state: RunState, path: str) -> EffectStore:
     return store
 
 
+def _refuse_if_not_a_store_user(journal: Journal, state: RunState, adapter: str, path: str) -> None:
+    """The effect store is evidence only for steps whose adapter writes it: refused (``BadInput``) for
+    an adapter the run recorded as not asking for the store. Its absence from the store's rows says
+    nothing about an effect made elsewhere. A run older than ``run.started.store_adapters`` cannot tell."""
+    first = next(iter(journal.read(state.run_id)), None)
+    started = ev.decode(first.body) if first is not None else None
+    users = started.store_adapters if isinstance(started, ev.RunStarted) else ()
+    if users and adapter not in users:
+        raise BadInput(
+            f"--from-ledger {path}: the step's adapter {adapter!r} does not write the effect store (it keeps its "
+            "own records), so the store's rows are no evidence for it: reconcile with --lookup, or by hand; "
+            "nothing was written",
+            run_id=state.run_id,
+        )
+
+
 def _check_store(state: RunState, given: ev.EffectStoreIdentity | None, where: str) -> None:
     pinned = state.effect_store
     if pinned is None or given is None or pinned.store_id == given.store_id:
@@ -267,6 +283,7 @@ def reconcile_from_ledger(
     state, step = load_step(journal, run_id, step_id, needs=("uncertain",), action="reconcile")
     _check_attempt(state, step, attempt)
     request, _ = recorded_request(state, step)
+    _refuse_if_not_a_store_user(journal, state, step.adapter, path)
     store = open_run_store(state, path)
     try:
         found = store.lookup(request, body=step.args_digest or None)  # the journal's digest of the real args

@@ -11,7 +11,7 @@ import os
 import sys
 from collections.abc import Callable, Mapping
 from importlib.metadata import EntryPoint, entry_points
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgspec
 
@@ -30,8 +30,10 @@ class AdapterContext(msgspec.Struct, kw_only=True):
     effects: str | None = None
     read_only: bool = False  # reconciliation: the store is evidence, opened without writing a byte
     _store: EffectStore | None = None
+    asks: int = 0  # calls of effect_store(): Registry.build tells which factories asked for the store
 
     def effect_store(self) -> EffectStore:
+        self.asks += 1
         if self.effects is None:
             raise BadInput("this plan uses effects.* adapters: give an effect store (--effects FILE)")
         if self._store is None:
@@ -73,6 +75,14 @@ def load_object(spec: str) -> Any:
         except AttributeError:
             raise AdapterNotFound(f"{spec}: {module_name!r} has no attribute {attr!r}") from None
     return obj
+
+
+class Built(NamedTuple):
+    """A plan's adapters, built: by name, their pinned identities, and which asked for the effect store."""
+
+    adapters: dict[str, Any]
+    identities: dict[str, AdapterIdentity]
+    store_users: tuple[str, ...]
 
 
 class Registry:
@@ -117,13 +127,18 @@ class Registry:
             raise BadInput(f"--adapters {spec}: expected a mapping of adapter type to factory")
         self.factories.update(obj)
 
-    def build(self, plan: Plan, context: AdapterContext) -> tuple[dict[str, Any], dict[str, AdapterIdentity]]:
-        """Instantiate every adapter the plan declares, with the identity that gets pinned."""
+    def build(self, plan: Plan, context: AdapterContext) -> Built:
+        """Instantiate every adapter the plan declares, with the identity that gets pinned, and
+        the names of those whose factory asked for the effect store (their effects are its rows)."""
         adapters: dict[str, Any] = {}
         identities: dict[str, AdapterIdentity] = {}
+        store_users: list[str] = []
         for name, decl in plan.adapters.items():
+            asks = context.asks
             adapters[name], identities[name] = self.build_one(name, decl, context)
-        return adapters, identities
+            if context.asks != asks:
+                store_users.append(name)
+        return Built(adapters, identities, tuple(store_users))
 
     def build_one(self, name: str, decl: AdapterDecl, context: AdapterContext) -> tuple[Any, AdapterIdentity]:
         """One adapter the plan declares (reconciliation builds only the step's own)."""

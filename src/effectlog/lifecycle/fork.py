@@ -213,6 +213,7 @@ def carried_specs(parent: RunState, point: ForkPoint, by: str, reason: str, acto
                 "plan_digest": point.plan.digest,
                 "adapters": actor.identities,
                 "effect_store": actor.rt.context.pinned_store(),
+                "store_adapters": actor.store_users,
                 "forked_from": point.parent,
                 "from_step": point.from_step,
                 "by": by,

@@ -77,7 +77,7 @@ def repin(
                 run_id=run_id,
                 step_id=step.step_id,
             )
-    _, identities = registry.build(decls, context)
+    identities = registry.build(decls, context).identities
     changed_new: dict[str, ev.AdapterIdentity] = {}
     changed_old: dict[str, ev.AdapterIdentity] = {}
     for name in sorted(set(state.adapters) | set(identities)):
