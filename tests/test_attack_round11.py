@@ -1,0 +1,194 @@
+"""Round-11 attacks: the user's world (hostile tools, user lookups and evidence, odd plans and CLI inputs,
+the framework integrations) with cases nobody had tried. Each test is one suspicion, a failing
+reproduction first where it found a defect, kept as a regression test where it found none. Real SQLite
+files, real processes (``python -m effectlog``) where the CLI is the point.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hardening_kit import SAFETY_TIMEOUT_S, cli_env, last_line
+
+# A user adapter module: each send is written to sends.jsonl (step, key, the body as the tool got it)
+# before the tool does what its mode says.
+TOOLS = '''
+import json
+import os
+
+from effectlog.adapters import Evidence
+from effectlog.errors import NotApplied
+
+
+class BadStr(Exception):
+    def __str__(self):
+        raise ValueError("no str for you")
+
+
+class Hostile:
+    def __init__(self, options):
+        self.mode = options["mode"]
+        self.applied = options.get("applied")
+
+    def invoke(self, request):
+        with open("sends.jsonl", "a") as fh:
+            fh.write(json.dumps([request.step_id, request.idempotency_key, request.args]) + "\\n")
+        mode = self.mode
+        if mode == "mutate":
+            # Normalises its args in place and takes the token out before logging: a lost reply after it.
+            request.args["amount"] = request.args["amount"] * 100
+            token = request.args.pop("token")
+            request.args.setdefault("tags", []).append("charged")
+            if sum(1 for _ in open("sends.jsonl")) < 3:
+                raise ConnectionError(f"reply lost (token {token})")
+            return {"ok": True}
+        if mode == "str-raises":
+            raise BadStr()
+        if mode == "surrogate":
+            raise OSError("cannot read " + os.fsdecode(b"/srv/in/\\xff.csv"))  # a Latin-1 file name
+        if mode == "not-applied-surrogate":
+            raise NotApplied("refused \\udcff.csv")
+        if mode == "raise":
+            raise ConnectionError("reply lost")
+        raise AssertionError(mode)
+
+    def lookup(self, request):
+        return Evidence(applied=self.applied, detail="asked the provider")
+
+
+ADAPTERS = {"hostile": lambda decl, ctx: Hostile(decl.options)}
+'''
+
+
+class World:
+    """A directory with the hostile tools module, a plan, and ``effectlog`` to run in it."""
+
+    def __init__(self, where: Path) -> None:
+        self.dir = where
+        (where / "hostile_tools.py").write_text(TOOLS)
+        self.env = cli_env({"PYTHONPATH": str(where)})
+
+    def plan(self, mode: str, *, idempotent: bool, sends: int = 1, **step: Any) -> None:
+        options: dict[str, Any] = {"mode": mode, **step.pop("options", {})}
+        pay: dict[str, Any] = {"id": "pay", "adapter": "tool", **step}
+        if sends > 1:
+            pay["retry"] = {"attempts": sends, "backoff_base_s": 0, "backoff_cap_s": 0}
+        plan = {
+            "run_id": "r",
+            "adapters": {"tool": {"type": "hostile", "idempotent": idempotent, "options": options}},
+            "steps": [pay],
+        }
+        (self.dir / "plan.json").write_text(json.dumps(plan))
+
+    def effectlog(self, *argv: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "effectlog", *argv],
+            cwd=self.dir,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=SAFETY_TIMEOUT_S,
+            check=False,
+        )
+
+    def run(self) -> subprocess.CompletedProcess[str]:
+        return self.effectlog("run", "plan.json", "--journal", "j.db", "--adapters", "hostile_tools:ADAPTERS")
+
+    def sends(self) -> list[list[Any]]:
+        path = self.dir / "sends.jsonl"
+        return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+    def status(self) -> dict[str, Any]:
+        done = self.effectlog("status", "--journal", "j.db", "--run-id", "r", "--json")
+        assert 0 == done.returncode, done.stderr
+        status: dict[str, Any] = json.loads(done.stdout)
+        return status
+
+    def journal_bytes(self) -> bytes:
+        with sqlite3.connect(self.dir / "j.db") as db:
+            return b"".join(bytes(row[0]) for row in db.execute("SELECT body FROM events"))
+
+
+@pytest.fixture
+def world(tmp_path: Path) -> World:
+    return World(tmp_path)
+
+
+def _steps(status: dict[str, Any]) -> list[tuple[str, str]]:
+    return [(s["id"], s["state"]) for s in status["steps"]]
+
+
+# -- (1) hostile tools -------------------------------------------------------------------------------
+
+
+def test_a_tool_mutating_its_request_args_gets_the_recorded_body_on_every_send(world: World) -> None:
+    """An idempotent tool that edits ``request.args`` in place (scales the amount, pops the secret token,
+    appends a tag) and then loses its reply: the plan's own args were handed to it, so each re-send of
+    the same key carried another body (amount 500, then 50,000, no token: a key bound to one body reused
+    for others), and the error text was redacted against the edited args, so the secret token was written
+    to the journal in clear. Proves: every send of the key gets exactly the body the journal digested,
+    and the secret never reaches the journal."""
+    world.plan("mutate", idempotent=True, sends=3, args={"amount": 5, "token": "tok-SECRET-1"}, secret=["token"])
+
+    done = world.run()
+    sent = world.sends()
+
+    assert 0 == done.returncode, done.stderr
+    assert [["pay", sent[0][1], {"amount": 5, "token": "tok-SECRET-1"}]] * 3 == sent
+    assert b"tok-SECRET-1" not in world.journal_bytes()
+
+
+def test_a_durable_tool_retried_within_its_call_gets_the_args_it_was_called_with(tmp_path: Path) -> None:
+    """``@durable.tool(idempotent=True, retry=2)`` whose body appends to a list arg and sets a key of a
+    dict arg before its reply is lost: each retry of the same key was sent the edited objects (the
+    ``fee`` twice over), not the call the journal fingerprinted. Proves: every try gets the arguments
+    as called (the fingerprinted ones), and the caller's objects are not the tool's to edit (a resumed
+    pass, which does not call the tool, would leave them as they were)."""
+    from effectlog import durable
+
+    sent: list[tuple[list[str], dict[str, Any]]] = []
+
+    @durable.tool(idempotent=True, retry=2)
+    def charge(items: list[str], meta: dict[str, Any]) -> str:
+        sent.append((list(items), dict(meta)))
+        items.append("fee")
+        meta["token"] = "x"
+        if len(sent) < 3:
+            raise ConnectionError("reply lost")
+        return "ok"
+
+    items, meta = ["a"], {"k": 1}
+    with durable.run("r", journal=str(tmp_path / "j.db")):
+        charge(items, meta)
+
+    assert [(["a"], {"k": 1})] * 3 == sent
+    assert (["a"], {"k": 1}) == (items, meta)
+
+
+@pytest.mark.parametrize("idempotent", [False, True], ids=["not-idempotent", "idempotent"])
+@pytest.mark.parametrize("mode", ["str-raises", "surrogate", "not-applied-surrogate"])
+def test_a_tool_error_whose_text_cannot_be_printed_or_encoded_is_one_line(
+    world: World, mode: str, idempotent: bool
+) -> None:
+    """A tool raising an exception whose ``__str__`` raises, an ``OSError`` whose message names a file whose
+    name is not UTF-8 (``os.fsdecode`` gives lone surrogates), or ``NotApplied`` with such a message: the
+    reason was formatted with ``str(exc)`` and encoded into the journal as is, so ``effectlog run`` ended
+    with a traceback and exit 1, the step left requested. Proves: the run ends with its documented
+    status (uncertain: 3; idempotent, sends spent: 1; not applied: 1), one error line naming the step,
+    the step in its state, and the one send."""
+    world.plan(mode, idempotent=idempotent)
+
+    done = world.run()
+    line = last_line(done.stderr)
+
+    expected = "failed" if idempotent or mode == "not-applied-surrogate" else "uncertain"
+    assert (3 if expected == "uncertain" else 1, True) == (done.returncode, "step 'pay'" in line), done.stderr
+    assert [("pay", expected)] == _steps(world.status())
+    assert 1 == len(world.sends())
