@@ -192,3 +192,38 @@ def test_a_tool_error_whose_text_cannot_be_printed_or_encoded_is_one_line(
     assert (3 if expected == "uncertain" else 1, True) == (done.returncode, "step 'pay'" in line), done.stderr
     assert [("pay", expected)] == _steps(world.status())
     assert 1 == len(world.sends())
+
+
+def test_a_durable_tool_error_whose_text_cannot_be_printed_or_encoded_is_recorded(tmp_path: Path) -> None:
+    """The ``durable`` twin: a non-idempotent tool raising an exception whose ``__str__`` raises gave its
+    caller that ``__str__``'s ValueError (the step left requested), and ``NotApplied`` naming a file that
+    is not UTF-8 gave a UnicodeEncodeError from the journal. Proves: the first is ``UncertainEffect`` with
+    the step uncertain, the second is the tool's ``NotApplied`` with the step failed, each reason escaped."""
+    from effectlog import durable
+    from effectlog.errors import NotApplied, UncertainEffect
+    from effectlog.session import SqliteCheckpointer
+
+    class BadStr(Exception):
+        def __str__(self) -> str:
+            raise ValueError("no str for you")
+
+    @durable.tool(idempotent=False)
+    def send() -> None:
+        raise BadStr()
+
+    @durable.tool(idempotent=False)
+    def upload() -> None:
+        raise NotApplied("refused " + "/srv/in/\udcff.csv")
+
+    journal = str(tmp_path / "j.db")
+    with pytest.raises(UncertainEffect), durable.run("a", journal=journal):
+        send()
+    with pytest.raises(NotApplied), durable.run("b", journal=journal):
+        upload()
+    with SqliteCheckpointer(journal) as store:
+        states = [(s.state, s.reason) for run in ("a", "b") for s in store.load(run).steps]
+
+    assert [
+        ("uncertain", "outcome unknown: BadStr: <its str() raised ValueError>"),
+        ("failed", "refused /srv/in/\\udcff.csv"),
+    ] == states
