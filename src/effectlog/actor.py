@@ -30,6 +30,8 @@ from effectlog.errors import (
     StoreWalLost,
     ToolAborted,
     UnusableResult,
+    describe,
+    printable,
 )
 from effectlog.fold import StepState
 from effectlog.journal import checkpoint, load_closed, resume_point
@@ -451,11 +453,11 @@ class RunActor:
                 raise
             except IdempotencyConflict as exc:
                 # The tool holds this key for another body: not applied, and no re-send can change that.
-                reason = redact(decl, f"idempotency conflict: {exc.message}")
+                reason = redact(decl, f"idempotency conflict: {printable(exc.message)}")
                 outcome = await self._fail(sid, step.attempt, reason, applied=False)
                 return msgspec.structs.replace(outcome, exit_status=int(exc.exit_status))
             except NotApplied as exc:
-                reason = redact(decl, f"not applied: {exc.reason}")
+                reason = redact(decl, f"not applied: {printable(exc.reason)}")
                 if idempotent and sends < max_sends:
                     resent = await self._backoff_resend(decl, step.attempt, sends, reason)
                     if resent is None:
@@ -467,7 +469,7 @@ class RunActor:
                 return await self._fail(sid, step.attempt, reason, applied=False if every_send_refused else None)
             except Exception as exc:
                 every_send_refused = False
-                said = exc.reason if isinstance(exc, ToolAborted | UnusableResult) else f"{type(exc).__name__}: {exc}"
+                said = exc.reason if isinstance(exc, ToolAborted | UnusableResult) else describe(exc)
                 reason = redact(decl, f"outcome unknown: {' '.join(said.split())}")  # a tool may echo its args
                 if isinstance(exc, ToolAborted) and exc.interrupted:
                     return await self._interrupted_in_tool(decl, step.attempt, reason, idempotent=idempotent)
@@ -601,7 +603,7 @@ def _guarded(fn: Callable[[Request], Any], request: Request) -> Any:
     except (StopIteration, StopAsyncIteration) as exc:
         # Neither may cross a coroutine or be set on a future (a thread's answer would be lost
         # and the run would wait for ever): carried as an unknown outcome like any other.
-        raise ToolAborted(f"the tool raised {type(exc).__name__}: {exc}") from None
+        raise ToolAborted(f"the tool raised {describe(exc)}") from None
     except Exception:
         raise
     except SimulatedCrash:
@@ -611,7 +613,7 @@ def _guarded(fn: Callable[[Request], Any], request: Request) -> Any:
     except KeyboardInterrupt:
         raise ToolAborted("the tool was interrupted (KeyboardInterrupt)", interrupted=True) from None
     except BaseException as exc:
-        raise ToolAborted(f"the tool raised {type(exc).__name__}: {exc}") from None
+        raise ToolAborted(f"the tool raised {describe(exc)}") from None
 
 
 def _settle(future: asyncio.Future[Any], result: Any, exc: BaseException | None) -> None:

@@ -27,7 +27,7 @@ from effectlog import events as ev
 from effectlog.adapters.effects import EffectStore
 from effectlog.adapters.protocol import Evidence, Request
 from effectlog.adapters.registry import AdapterContext, Registry
-from effectlog.errors import BadInput, EvidenceStale, LedgerMismatch, LookupUndecided, PlanMismatch
+from effectlog.errors import BadInput, EvidenceStale, LedgerMismatch, LookupUndecided, PlanMismatch, describe
 from effectlog.fold import RunState, StepState
 from effectlog.journal import Journal
 from effectlog.observe import decision
@@ -198,7 +198,7 @@ def _ask(lookup: Any, request: Request, decl: StepDecl, who: str, journal: str) 
         found = lookup(request)
     except Exception as exc:
         raise LookupUndecided(
-            redact(decl, f"{who}: lookup failed ({type(exc).__name__}: {exc}); the step stays uncertain: {hint}"),
+            redact(decl, f"{who}: lookup failed ({describe(exc)}); the step stays uncertain: {hint}"),
             run_id=request.run_id,
             step_id=request.step_id,
         ) from None

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from effectlog import events as ev
 from effectlog.adapters.protocol import idempotency_key
-from effectlog.errors import BadInput, NotApplied, UncertainEffect, UnusableResult
+from effectlog.errors import BadInput, NotApplied, UncertainEffect, UnusableResult, describe, printable
 from effectlog.fold import StepState
 from effectlog.recordable import why_unrecordable
 from effectlog.recovery import Action, decide
@@ -208,13 +208,13 @@ class ToolDriver:
                 # The effect may have happened and its answer cannot be kept: an unknown outcome.
                 raise UnusableResult(f"the tool's result cannot be recorded: {problem}")
         except NotApplied as exc:
-            reason = self._redact(exc.reason)
+            reason = self._redact(printable(exc.reason))
             s._record((ev.StepFailed, {"step_id": sid, "attempt": step.attempt, "reason": reason, "applied": False}))
             return self._step("failed", replayed=False, reason=reason)
         except Exception as exc:
             if step.idempotent:
                 raise  # the intent stays: the next pass sends the same key again
-            said = exc.reason if isinstance(exc, UnusableResult) else f"{type(exc).__name__}: {exc}"
+            said = exc.reason if isinstance(exc, UnusableResult) else describe(exc)
             self._doubt(step, self._redact(f"outcome unknown: {said}"))
             raise self._uncertain() from exc
         except (asyncio.CancelledError, KeyboardInterrupt) as exc:
