@@ -46,7 +46,7 @@ from effectlog.outcome import (
     outcome_of,
     reconcile_hint,
 )
-from effectlog.plan import Plan, StepDecl, args_digest, redact
+from effectlog.plan import Plan, StepDecl, args_digest, own_copy, redact
 from effectlog.recordable import why_unrecordable
 from effectlog.recorder import EventSpec, prepare
 from effectlog.recovery import Action, decide, still_blocked
@@ -351,7 +351,7 @@ class RunActor:
                     run_id=self.plan.run_id,
                     step_id=decl.id,
                     adapter=decl.adapter,
-                    args=decl.args,
+                    args=own_copy(decl.args),
                     idempotent=self.plan.adapters[decl.adapter].idempotent,
                 )
             )
@@ -435,7 +435,7 @@ class RunActor:
                 step_id=sid,
                 attempt=step.attempt,
                 idempotency_key=step.idempotency_key,
-                args=decl.args,
+                args=own_copy(decl.args),
                 timeout_s=decl.timeout_s,
             )
             try:

@@ -33,7 +33,7 @@ from effectlog.journal import Journal
 from effectlog.observe import decision
 from effectlog.operator import append, load_step
 from effectlog.outcome import reconcile_hint
-from effectlog.plan import Plan, StepDecl, redact
+from effectlog.plan import Plan, StepDecl, own_copy, redact
 from effectlog.recorder import Clock
 from effectlog.trace import Trace
 
@@ -119,7 +119,7 @@ def recorded_request(state: RunState, step: StepState, plan: Plan | None = None)
         step_id=step.step_id,
         attempt=step.attempt,
         idempotency_key=step.idempotency_key,
-        args=decl.args,
+        args=own_copy(decl.args),
         timeout_s=decl.timeout_s,
     )
     return request, decl

@@ -15,6 +15,7 @@ from effectlog import events as ev
 from effectlog.adapters.protocol import idempotency_key
 from effectlog.errors import BadInput, NotApplied, UncertainEffect, UnusableResult, describe, printable
 from effectlog.fold import StepState
+from effectlog.plan import own_copy
 from effectlog.recordable import why_unrecordable
 from effectlog.recovery import Action, decide
 from effectlog.session import identity as ids
@@ -193,7 +194,7 @@ class ToolDriver:
         assert step is not None
         try:
             s.tool_calls += 1
-            call = s.gateway.call_tool(self.info.name, self.args, idempotency_key=step.idempotency_key)
+            call = s.gateway.call_tool(self.info.name, own_copy(self.args), idempotency_key=step.idempotency_key)
             if s._spans is not None:  # an `effectlog.tool` span under the step's span (OpenTelemetry configured)
                 call = s._spans.tool(
                     call, step_id=sid, attempt=step.attempt, adapter=self.info.name, key=step.idempotency_key
