@@ -227,3 +227,29 @@ def test_a_durable_tool_error_whose_text_cannot_be_printed_or_encoded_is_recorde
         ("uncertain", "outcome unknown: BadStr: <its str() raised ValueError>"),
         ("failed", "refused /srv/in/\\udcff.csv"),
     ] == states
+
+
+# -- (2) keys and evidence ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("applied", [None, "false", "no", 0, 1], ids=repr)
+def test_a_lookup_whose_evidence_is_no_yes_or_no_is_refused_and_writes_nothing(world: World, applied: Any) -> None:
+    """``reconcile --lookup`` recorded ``"applied" if found.applied else "not_applied"``: a user's lookup
+    building ``Evidence(applied=resp["applied"])`` from a provider answering ``null`` ("unknown") or
+    ``"false"`` (a string) was taken as not applied (the step back to pending: the next run sends a new
+    attempt, a second effect if the first had landed) or as applied (the effect taken as done, the run
+    moving on without it). ``Evidence`` is a msgspec Struct: its constructor checks no types, as
+    ``Receipt.ok``'s is checked for a tool's answer. Proves: anything but a bool is refused in one line
+    (exit 2) naming the type, nothing is written, and the step stays uncertain."""
+    world.plan("raise", idempotent=False, options={"applied": applied})
+    assert 3 == world.run().returncode
+    before = world.journal_bytes()
+
+    done = world.effectlog(
+        "reconcile", "--journal", "j.db", "--run-id", "r", "--step", "pay", "--lookup",
+        "--adapters", "hostile_tools:ADAPTERS",
+    )  # fmt: skip
+
+    assert (2, True) == (done.returncode, "Evidence.applied" in last_line(done.stderr)), done.stderr
+    assert before == world.journal_bytes()
+    assert [("pay", "uncertain")] == _steps(world.status())
