@@ -27,7 +27,7 @@ from effectlog import events as ev
 from effectlog.adapters.effects import EffectStore
 from effectlog.adapters.protocol import Evidence, Request
 from effectlog.adapters.registry import AdapterContext, Registry
-from effectlog.errors import BadInput, EvidenceStale, LedgerMismatch, LookupUndecided, PlanMismatch, describe
+from effectlog.errors import BadInput, EvidenceStale, LedgerMismatch, LookupUndecided, PlanMismatch, describe, printable
 from effectlog.fold import RunState, StepState
 from effectlog.journal import Journal
 from effectlog.observe import decision
@@ -215,7 +215,17 @@ def _ask(lookup: Any, request: Request, decl: StepDecl, who: str, journal: str) 
             run_id=request.run_id,
             step_id=request.step_id,
         )
-    return found
+    # Evidence is a Struct whose constructor checks no types: Evidence(applied=None) ("the provider could not
+    # tell") or applied="false" would be read by truthiness, a new attempt or an effect taken as done.
+    if not isinstance(found.applied, bool):
+        raise BadInput(
+            f"{who}: lookup returned Evidence.applied={printable(found.applied)[:60]} "
+            f"({type(found.applied).__name__}), expected True or False (return None when it cannot tell); "
+            "nothing was recorded",
+            run_id=request.run_id,
+            step_id=request.step_id,
+        )
+    return msgspec.structs.replace(found, detail=printable(found.detail))
 
 
 # -- the built-in effect store's shortcut --------------------------------------------------
