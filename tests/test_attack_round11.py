@@ -20,6 +20,7 @@ from hardening_kit import SAFETY_TIMEOUT_S, cli_env, last_line
 # A user adapter module: each send is written to sends.jsonl (step, key, the body as the tool got it)
 # before the tool does what its mode says.
 TOOLS = '''
+import dataclasses
 import json
 import os
 
@@ -30,6 +31,24 @@ from effectlog.errors import NotApplied
 class BadStr(Exception):
     def __str__(self):
         raise ValueError("no str for you")
+
+
+@dataclasses.dataclass
+class Quote:
+    """A result read through a property-like field: each read answers anew (a live view, a cache that
+    expires), and with ``expires`` the second read raises."""
+
+    price: int = 0
+    expires: bool = False
+
+    def __getattribute__(self, name):
+        if name != "price":
+            return object.__getattribute__(self, name)
+        reads = object.__getattribute__(self, "__dict__").setdefault("_reads", [])
+        reads.append(1)
+        if len(reads) > 1 and object.__getattribute__(self, "expires"):
+            raise RuntimeError("quote expired")
+        return len(reads)
 
 
 class Hostile:
@@ -57,6 +76,8 @@ class Hostile:
             raise NotApplied("refused \\udcff.csv")
         if mode == "raise":
             raise ConnectionError("reply lost")
+        if mode in ("live-view", "expiring"):
+            return {"quote": Quote(expires=mode == "expiring")}
         raise AssertionError(mode)
 
     def lookup(self, request):
@@ -253,3 +274,58 @@ def test_a_lookup_whose_evidence_is_no_yes_or_no_is_refused_and_writes_nothing(w
     assert (2, True) == (done.returncode, "Evidence.applied" in last_line(done.stderr)), done.stderr
     assert before == world.journal_bytes()
     assert [("pay", "uncertain")] == _steps(world.status())
+
+
+@pytest.mark.parametrize("mode", ["live-view", "expiring"])
+def test_a_result_that_answers_anew_each_time_it_is_read_is_recorded_as_read_once(world: World, mode: str) -> None:
+    """A tool returns a dataclass whose field answers anew each read (msgspec reads fields with getattr):
+    the result was encoded once to check it, once into the event and once more into the checkpoint
+    segment built from the live state, so the segment held another price than the event and ``verify``
+    failed the journal for good (exit 7, "a checkpoint disagrees with the replay"); a field that raised
+    on its second read ended ``effectlog run`` with a traceback, exit 1, the step's answer lost. Proves:
+    the answer is read once, every record of it is that reading: the run completes, ``verify`` passes,
+    one send."""
+    world.plan(mode, idempotent=False)
+    world.env["EFFECTLOG_CHECKPOINT_EVERY"] = "1"
+
+    done = world.run()
+    checked = world.effectlog("verify", "--journal", "j.db")
+
+    assert 0 == done.returncode, done.stderr
+    assert (0, "") == (checked.returncode, checked.stderr)
+    assert [("pay", "confirmed")] == _steps(world.status())
+    assert 1 == len(world.sends())
+
+
+def test_a_durable_result_that_raises_on_its_second_read_is_recorded_from_its_first(tmp_path: Path) -> None:
+    """The ``durable`` twin: the result was read to check it and again to normalise it, outside the
+    check, so the second read's RuntimeError reached the caller with the step left requested. Proves:
+    the call returns the first reading, recorded, and a resumed pass returns the same."""
+    import dataclasses
+
+    from effectlog import durable
+
+    @dataclasses.dataclass
+    class Quote:
+        price: int = 0
+
+        def __getattribute__(self, name: str) -> Any:
+            if name != "price":
+                return object.__getattribute__(self, name)
+            reads = object.__getattribute__(self, "__dict__").setdefault("_reads", [])
+            reads.append(1)
+            if len(reads) > 1:
+                raise RuntimeError("quote expired")
+            return 7
+
+    @durable.tool(idempotent=False)
+    def quote() -> Quote:
+        return Quote()
+
+    journal = str(tmp_path / "j.db")
+    with durable.run("r", journal=journal):
+        live = quote()
+    with durable.run("r", journal=journal):
+        again = quote()
+
+    assert ({"price": 7}, {"price": 7}) == (live, again)
