@@ -47,7 +47,7 @@ from effectlog.outcome import (
     reconcile_hint,
 )
 from effectlog.plan import Plan, StepDecl, args_digest, own_copy, redact
-from effectlog.recordable import why_unrecordable
+from effectlog.recordable import as_recorded
 from effectlog.recorder import EventSpec, prepare
 from effectlog.recovery import Action, decide, still_blocked
 from effectlog.seal import seal_row
@@ -412,10 +412,10 @@ class RunActor:
         receipt = result if isinstance(result, Receipt) else Receipt(data=result)
         if not isinstance(receipt.ok, bool):
             raise UnusableResult(f"the tool's result cannot be recorded: Receipt.ok is a {type(receipt.ok).__name__}")
-        problem = why_unrecordable(receipt.data)
+        data, problem = as_recorded(receipt.data)
         if problem is not None:
             raise UnusableResult(f"the tool's result cannot be recorded: {problem}")
-        return receipt
+        return Receipt(data=data, ok=receipt.ok)  # read once: the event, segments and state all hold this
 
     async def _invoke(self, decl: StepDecl) -> RunOutcome | None:
         sid = decl.id

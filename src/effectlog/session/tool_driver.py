@@ -16,9 +16,8 @@ from effectlog.adapters.protocol import idempotency_key
 from effectlog.errors import BadInput, NotApplied, UncertainEffect, UnusableResult, describe, printable
 from effectlog.fold import StepState
 from effectlog.plan import own_copy
-from effectlog.recordable import why_unrecordable
+from effectlog.recordable import as_recorded
 from effectlog.recovery import Action, decide
-from effectlog.session import identity as ids
 from effectlog.session.steps import Reconciled, ToolCall, ToolStep
 from effectlog.session.timing import expire_if_late
 from effectlog.session.tools import ToolInfo
@@ -204,7 +203,7 @@ class ToolDriver:
                 value = await call
             finally:
                 CALLING.reset(token)
-            problem = why_unrecordable(value, f"the result of tool {self.info.name!r}")
+            value, problem = as_recorded(value, f"the result of tool {self.info.name!r}")  # read once
             if problem is not None:
                 # The effect may have happened and its answer cannot be kept: an unknown outcome.
                 raise UnusableResult(f"the tool's result cannot be recorded: {problem}")
@@ -226,7 +225,6 @@ class ToolDriver:
                 self._doubt(step, f"outcome unknown: {type(exc).__name__} while the tool ran")
             raise
         s._crash_point("after_call", sid)
-        value = ids.normalized(value, f"the result of tool {self.info.name!r}")
         s._record(
             (ev.StepEffected, {"step_id": sid, "attempt": step.attempt, "receipt": value}),
             (ev.StepConfirmed, {"step_id": sid, "attempt": step.attempt}),
