@@ -329,3 +329,35 @@ def test_a_durable_result_that_raises_on_its_second_read_is_recorded_from_its_fi
         again = quote()
 
     assert ({"price": 7}, {"price": 7}) == (live, again)
+
+
+def test_a_result_of_str_int_and_float_subclasses_is_recorded_as_their_values(tmp_path: Path) -> None:
+    """``numpy.float64`` is a float and ``numpy.str_`` a str (subclasses), as are ``markupsafe.Markup``
+    and a user's ``class Cents(int)``: msgspec refuses subclasses of str, int and float, so a tool answering
+    ``{"score": np.float64(0.93)}`` (any numpy or pandas result) was unrecordable: after its effect, a
+    non-idempotent call stopped the run as uncertain for an operator to reconcile. Proves: such values are
+    recorded as the plain value they hold (read through the base type, never a subclass's own
+    ``__str__``/``__float__``), returned live and on resume alike, the tool called once."""
+    np = pytest.importorskip("numpy")
+    from effectlog import durable
+
+    class Cents(int):
+        def __int__(self) -> int:
+            return 0  # a subclass may lie through its own methods: the base type's value is the one recorded
+
+    calls: list[int] = []
+
+    @durable.tool(idempotent=False)
+    def classify() -> dict[str, Any]:
+        calls.append(1)
+        return {"score": np.float64(0.93), "label": np.str_("cat"), "cents": Cents(1299)}
+
+    journal = str(tmp_path / "j.db")
+    with durable.run("r", journal=journal):
+        live = classify()
+    with durable.run("r", journal=journal):
+        again = classify()
+
+    expected = {"score": 0.93, "label": "cat", "cents": 1299}
+    assert (expected, expected, [1]) == (live, again, calls)
+    assert [float, str, int] == [type(live[k]) for k in ("score", "label", "cents")]
