@@ -15,7 +15,22 @@ import msgspec
 
 from effectlog.errors import BadInput
 
-_encoder = msgspec.json.Encoder(order="sorted")
+
+def _plain(value: Any) -> Any:
+    """A str, int or float subclass (``numpy.float64``, ``numpy.str_``, ``markupsafe.Markup``, a user's
+    ``class Cents(int)``), which msgspec refuses, as the plain value it holds, read through the base type's
+    own slot (never the subclass's ``__str__``/``__int__``/``__float__``, which may say anything)."""
+    if isinstance(value, str):
+        return str.__str__(value)
+    if isinstance(value, int):
+        return int.__int__(value)
+    if isinstance(value, float):
+        return float.__float__(value)
+    raise TypeError(f"Encoding objects of type {type(value).__qualname__} is unsupported")
+
+
+# Called only for types msgspec cannot encode itself: every value it could encode before keeps its bytes.
+_encoder = msgspec.json.Encoder(order="sorted", enc_hook=_plain)
 
 
 def canonical_json(value: Any, where: str = "value") -> bytes:
