@@ -7,6 +7,7 @@ files, real processes (``python -m effectlog``) where the CLI is the point.
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import subprocess
 import sys
@@ -361,3 +362,48 @@ def test_a_result_of_str_int_and_float_subclasses_is_recorded_as_their_values(tm
     expected = {"score": 0.93, "label": "cat", "cents": 1299}
     assert (expected, expected, [1]) == (live, again, calls)
     assert [float, str, int] == [type(live[k]) for k in ("score", "label", "cents")]
+
+
+# -- (3) plans and CLI inputs ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("run_id", "journal"),
+    [("-7", "j.db"), ("r", "-j.db"), ("r", "two\nlines.db"), ("-r\tx", "$(touch pwned) j.db")],
+    ids=["run-id-with-a-leading-dash", "journal-with-a-leading-dash", "journal-with-a-newline", "both"],
+)
+def test_the_reconcile_command_effectlog_prints_works_as_printed_for_odd_names(
+    tmp_path: Path, run_id: str, journal: str
+) -> None:
+    """The command a stopped run prints is meant to be copied: ``shlex.quote`` makes any value one shell
+    word, but a value starting with ``-`` (a durable run id ``"-7"``, a journal ``-j.db``) is still read
+    by argparse as an option (``--run-id -7``: "expected one argument", exit 2), and a value with a
+    newline made the one error line two (and ``str()`` of the error, which folds whitespace, named
+    another file). Proves: the printed command is one line, and run by a shell
+    with the outcome filled in it reconciles the step (exit 0), running nothing else."""
+    from effectlog import durable
+    from effectlog.errors import UncertainEffect
+
+    @durable.tool(idempotent=False)
+    def send() -> None:
+        raise ConnectionError("reply lost")
+
+    (tmp_path / "work").mkdir()
+    here = os.getcwd()
+    os.chdir(tmp_path / "work")
+    try:
+        with pytest.raises(UncertainEffect) as caught, durable.run(run_id, journal=journal):
+            send()
+    finally:
+        os.chdir(here)
+    command = caught.value.fields["command"]
+    typed = command.replace("applied|not-applied", "not-applied").replace("TEXT", "bank-says-no")
+    shell = f'effectlog() {{ "{sys.executable}" -m effectlog "$@"; }}\n{typed.replace("NAME", "ann")}\n'
+    done = subprocess.run(
+        ["bash", "-c", shell], cwd=tmp_path / "work", env=cli_env(), capture_output=True, text=True,
+        timeout=SAFETY_TIMEOUT_S, check=False,
+    )  # fmt: skip
+
+    assert (1, True) == (len(command.splitlines()), command.startswith("effectlog reconcile ")), command
+    assert (0, "") == (done.returncode, done.stderr), command
+    assert not (tmp_path / "work" / "pwned").exists()
