@@ -369,17 +369,27 @@ def test_a_result_of_str_int_and_float_subclasses_is_recorded_as_their_values(tm
 
 @pytest.mark.parametrize(
     ("run_id", "journal"),
-    [("-7", "j.db"), ("r", "-j.db"), ("r", "two\nlines.db"), ("-r\tx", "$(touch pwned) j.db")],
-    ids=["run-id-with-a-leading-dash", "journal-with-a-leading-dash", "journal-with-a-newline", "both"],
+    [
+        ("-7", "j.db"),
+        ("onboard/42", "j.db"),
+        ("order  42", "j.db"),
+        ("café", "j.db"),
+        ("r", "-j.db"),
+        ("r", "two\nlines.db"),
+        ("-r x", "$(touch pwned)  j.db"),
+    ],
+    ids=["leading-dash", "slash", "spaces", "non-ascii", "journal-leading-dash", "journal-newline", "all"],
 )
 def test_the_reconcile_command_effectlog_prints_works_as_printed_for_odd_names(
     tmp_path: Path, run_id: str, journal: str
 ) -> None:
-    """The command a stopped run prints is meant to be copied: ``shlex.quote`` makes any value one shell
-    word, but a value starting with ``-`` (a durable run id ``"-7"``, a journal ``-j.db``) is still read
-    by argparse as an option (``--run-id -7``: "expected one argument", exit 2), and a value with a
-    newline made the one error line two (and ``str()`` of the error, which folds whitespace, named
-    another file). Proves: the printed command is one line, and run by a shell
+    """The command a stopped run prints is meant to be copied. A durable (or session) run id is any text,
+    but ``--run-id`` took only plan ids (letters, digits, ``. _ : @ -``): the command printed for
+    ``durable.run("onboard/42")`` was refused ("not a valid id", exit 2), so the stopped run could not be
+    reconciled, approved or even shown from the CLI. ``shlex.quote`` makes any value one shell word, but a
+    value starting with ``-`` (``"-7"``, a journal ``-j.db``) is still read by argparse as an option
+    ("expected one argument"), and a value with a newline made the one error line two (and ``str()`` of
+    the error, which folds whitespace, named another file). Proves: the printed command is one line, and run by a shell
     with the outcome filled in it reconciles the step (exit 0), running nothing else."""
     from effectlog import durable
     from effectlog.errors import UncertainEffect
