@@ -77,6 +77,11 @@ class Hostile:
             raise NotApplied("refused \\udcff.csv")
         if mode == "raise":
             raise ConnectionError("reply lost")
+        if mode == "close-stderr":  # a library's clean-up, or a redirect_stderr whose file was closed
+            import sys
+
+            sys.stderr.close()
+            return {"ok": True}
         if mode in ("live-view", "expiring"):
             return {"quote": Quote(expires=mode == "expiring")}
         raise AssertionError(mode)
@@ -417,3 +422,18 @@ def test_the_reconcile_command_effectlog_prints_works_as_printed_for_odd_names(
     assert (1, True) == (len(command.splitlines()), command.startswith("effectlog reconcile ")), command
     assert (0, "") == (done.returncode, done.stderr), command
     assert not (tmp_path / "work" / "pwned").exists()
+
+
+def test_a_tool_that_closes_sys_stderr_does_not_end_the_run_after_its_commit(world: World) -> None:
+    """A tool closes the ``sys.stderr`` object (not fd 2, which round 4 covered): the progress line
+    logged after the step's durable commit went through a ``logging.StreamHandler`` holding that object,
+    whose error handler wrote "--- Logging error ---" to it and raised ValueError out of the run: exit 1
+    (documented as "the run failed") with the run open, nothing on stderr to say why. Proves: the run
+    goes on and completes (exit 0), the lines that cannot be written are dropped, one send."""
+    world.plan("close-stderr", idempotent=False)
+
+    done = world.run()
+
+    assert 0 == done.returncode, done.stderr
+    assert ("completed", [("pay", "confirmed")]) == (world.status()["state"], _steps(world.status()))
+    assert 1 == len(world.sends())
