@@ -463,3 +463,89 @@ def test_a_tool_that_closes_every_descriptor_past_stderr_ends_the_run_in_one_lin
 
     assert (6, True) == (done.returncode, "step 'pay'" in last_line(done.stderr)), done.stderr
     assert (3, 1) == (again.returncode, len(world.sends()))
+
+
+# -- (4) integrations and text the journal cannot hold -------------------------------------------------
+
+
+def test_a_durable_call_with_an_arg_that_is_not_utf8_text_is_bad_input(tmp_path: Path) -> None:
+    """A file name from ``os.listdir`` on a directory with a Latin-1 name holds a lone surrogate: a durable
+    call with it raised the encoder's UnicodeEncodeError at its caller (not an effectlog error, nothing
+    naming the arg). Proves: ``BadInput`` naming the argument, the function not called, nothing recorded."""
+    from effectlog import durable
+    from effectlog.errors import BadInput
+    from effectlog.session import SqliteCheckpointer
+
+    called: list[str] = []
+
+    @durable.tool(idempotent=False)
+    def upload(path: str) -> None:
+        called.append(path)
+
+    journal = str(tmp_path / "j.db")
+    with pytest.raises(BadInput) as caught, durable.run("r", journal=journal):
+        upload(os.fsdecode(b"/srv/in/\xff.csv"))
+    with SqliteCheckpointer(journal) as store:
+        steps = list(store.load("r").steps)
+
+    message = str(caught.value)
+    assert (True, True, [], []) == ("args.path" in message, "surrogate" in message, called, steps), message
+
+
+def test_a_session_models_tool_call_with_a_lone_surrogate_is_told_back_not_a_run_stuck_forever(
+    tmp_path: Path,
+) -> None:
+    """Round 7's NaN case with text: ``json.loads`` turns a model's ``"\\ud800"`` escape into a lone
+    surrogate, which the journal cannot encode: the tool step raised UnicodeEncodeError out of the agent
+    loop after the model's answer was recorded, and every later pass replayed the answer and raised again.
+    Proves: the model is told, no tool runs, the run completes with the model's next answer."""
+    import asyncio
+
+    from effectlog.session import Session, SqliteCheckpointer, call, say
+    from session_kit import drive, lines, scripted
+
+    calls = tmp_path / "calls"
+    script = [call("transfer", to="\ud800", amount=5), say("could not send")]
+    with SqliteCheckpointer(tmp_path / "j.db") as store:
+        steps = asyncio.run(drive(Session("s1", scripted(calls, script=script), store)))
+    assert ("could not send", []) == (
+        getattr(steps[-1], "result", None),
+        [line for line in lines(calls) if line.startswith("transfer")],
+    )
+
+
+def test_an_openai_agents_tool_call_with_a_lone_surrogate_is_told_back_not_a_run_stuck_forever(
+    tmp_path: Path,
+) -> None:
+    """The OpenAI Agents twin: ``DurableRunner`` parsed the call's arguments with ``json.loads`` and checked
+    them for NaN only; a ``"\\ud800"`` in them raised UnicodeEncodeError out of ``run_sync`` on every pass
+    (the run left interrupted for good). Proves: the tool is not run, the model is told, the run completes,
+    and a second pass replays it."""
+    pytest.importorskip("agents")
+    from agents import Agent, OpenAIChatCompletionsModel, function_tool, set_tracing_disabled
+    from openai import AsyncOpenAI
+
+    from effectlog.integrations.openai_agents import DurableRunner
+    from provider_standin import ProviderStandIn
+
+    set_tracing_disabled(True)
+    ran: list[str] = []
+
+    @function_tool
+    def charge(to: str, amount: int) -> str:
+        """Charge a customer."""
+        ran.append(to)
+        return f"charged {amount}"
+
+    provider = ProviderStandIn([("charge", '{"to": "\\ud800", "amount": 5}'), "could not charge"]).start()
+    try:
+        client = AsyncOpenAI(base_url=provider.url, api_key="test", max_retries=0)
+        model = OpenAIChatCompletionsModel(model="stand-in", openai_client=client)
+        agent = Agent(name="billing", model=model, tools=[charge])
+        runner = DurableRunner(journal=tmp_path / "runs.db")
+        first = runner.run_sync(agent, "charge", run_id="r").final_output
+        again = runner.run_sync(agent, "charge", run_id="r").final_output
+    finally:
+        provider.stop()
+
+    assert ("could not charge", "could not charge", []) == (first, again, ran)
