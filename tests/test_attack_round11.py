@@ -486,7 +486,7 @@ def test_a_durable_call_with_an_arg_that_is_not_utf8_text_is_bad_input(tmp_path:
     with pytest.raises(BadInput) as caught, durable.run("r", journal=journal):
         upload(os.fsdecode(b"/srv/in/\xff.csv"))
     with SqliteCheckpointer(journal) as store:
-        steps = list(store.load("r").steps)
+        steps = store.state("r").ordered_steps()  # an unknown run's state is the empty one
 
     message = str(caught.value)
     assert (True, True, [], []) == ("args.path" in message, "surrogate" in message, called, steps), message
@@ -514,13 +514,20 @@ def test_a_session_models_tool_call_with_a_lone_surrogate_is_told_back_not_a_run
     )
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="not fixed (upstream): the Agents SDK's own tool-invocation fingerprint (agents/_tool_invocation.py "
+    "_fingerprint: json.dumps(ensure_ascii=False).encode('utf-8')) raises before effectlog's tool wrapper runs",
+)
 def test_an_openai_agents_tool_call_with_a_lone_surrogate_is_told_back_not_a_run_stuck_forever(
     tmp_path: Path,
 ) -> None:
-    """The OpenAI Agents twin: ``DurableRunner`` parsed the call's arguments with ``json.loads`` and checked
-    them for NaN only; a ``"\\ud800"`` in them raised UnicodeEncodeError out of ``run_sync`` on every pass
-    (the run left interrupted for good). Proves: the tool is not run, the model is told, the run completes,
-    and a second pass replays it."""
+    """The OpenAI Agents twin: a model answer whose tool-call arguments hold a ``"\\ud800"`` escape raises
+    UnicodeEncodeError out of ``run_sync``; the answer is recorded, so every later pass replays it and
+    raises again: the run is stuck for good (``status``: interrupted). The raise is the SDK's (it
+    fingerprints the call's parsed arguments as UTF-8 before the tool runs), so effectlog's argument check
+    (now canonical JSON, which names lone surrogates as it names NaN) is never reached. Proves (when
+    fixed): the tool is not run, the model is told, the run completes, and a second pass replays it."""
     pytest.importorskip("agents")
     from agents import Agent, OpenAIChatCompletionsModel, function_tool, set_tracing_disabled
     from openai import AsyncOpenAI
