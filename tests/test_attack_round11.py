@@ -83,6 +83,14 @@ class Hostile:
 
             sys.stderr.close()
             return {"ok": True}
+        if mode == "chdir":  # a tool that works in its own directory and never goes back
+            os.chdir(request.args["to"])
+            return {"ok": True}
+        if mode == "fork":  # a child that forgets os._exit and returns into effectlog
+            if os.fork() == 0:
+                return {"who": "child"}
+            os.wait()
+            return {"who": "parent"}
         if mode == "closerange":  # a daemonising helper: close every descriptor past the standard three
             os.closerange(3, 65536)
             return {"ok": True}
@@ -258,6 +266,72 @@ def test_a_durable_tool_error_whose_text_cannot_be_printed_or_encoded_is_recorde
         ("uncertain", "outcome unknown: BadStr: <its str() raised ValueError>"),
         ("failed", "refused /srv/in/\\udcff.csv"),
     ] == states
+
+
+def test_a_tool_that_changes_the_working_directory_leaves_relative_journal_and_store_paths_alone(
+    world: World, tmp_path: Path
+) -> None:
+    """Found nothing (kept as a regression test). A tool ``os.chdir``s elsewhere and stays there; the run
+    was started with a relative ``--journal`` and ``--effects`` and the next steps use the effect store
+    (idempotent) and the journal. Proves: every later commit and key lands in the files the run was
+    started with (none made in the tool's directory), the run completes, ``verify`` passes."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    plan = {
+        "run_id": "r",
+        "adapters": {
+            "cd": {"type": "hostile", "idempotent": False, "options": {"mode": "chdir", "blocking": False}},
+            "fx": {"type": "effects.idempotent", "idempotent": True},
+        },
+        "steps": [{"id": "cd", "adapter": "cd", "args": {"to": str(elsewhere)}}, {"id": "pay", "adapter": "fx"}],
+    }
+    (world.dir / "plan.json").write_text(json.dumps(plan))
+
+    done = world.effectlog(
+        "run", "plan.json", "--journal", "j.db", "--effects", "fx.db", "--adapters", "hostile_tools:ADAPTERS"
+    )
+    ledger = world.effectlog("effects", "--effects", "fx.db", "--json")
+
+    assert (0, []) == (done.returncode, sorted(p.name for p in elsewhere.iterdir())), done.stderr
+    assert (0, 1) == (ledger.returncode, len(json.loads(ledger.stdout)))
+    assert 0 == world.effectlog("verify", "--journal", "j.db").returncode
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="not fixed: a forked child unwinding effectlog's asyncio.run closes the loop's selector, and its "
+    "epoll_ctl(DEL) acts on the epoll instance it shares with the parent, whose loop then never wakes",
+)
+def test_a_forked_child_returning_from_a_tool_into_effectlog_leaves_the_parent_running(world: World) -> None:
+    """An in-process tool forks and waits for its child; the child, forgetting ``os._exit`` (or ending with
+    ``sys.exit``, as daemonising code does), returns into effectlog's loop. The child is refused at its first
+    journal write (``journal_inherited``, exit 6: nothing written, nothing sent), but unwinding
+    ``asyncio.run`` closes the child's copy of the event loop, whose ``epoll_ctl(DEL)`` of the self-pipe acts
+    on the epoll instance the fork left shared with the parent: the parent's loop never hears that the next
+    step's thread finished and ``effectlog run`` hangs for ever after ``pay`` (confirmed). Nothing is lost or
+    sent twice (a killed parent resumes at ``next``). Proves (when fixed): the parent completes the run."""
+    plan = {
+        "run_id": "r",
+        "adapters": {
+            "fork": {"type": "hostile", "idempotent": False, "options": {"mode": "fork", "blocking": False}},
+            "after": {"type": "hostile", "idempotent": False, "options": {"mode": "chdir"}},
+        },
+        "steps": [{"id": "pay", "adapter": "fork"}, {"id": "next", "adapter": "after", "args": {"to": "."}}],
+    }
+    (world.dir / "plan.json").write_text(json.dumps(plan))
+    argv = [sys.executable, "-m", "effectlog", "run", "plan.json", "--journal", "j.db"]
+    try:  # a hang detector, not a timing assertion: the run takes well under a second
+        done = subprocess.run(
+            [*argv, "--adapters", "hostile_tools:ADAPTERS"], cwd=world.dir, env=world.env, capture_output=True,
+            text=True, timeout=20, check=False,
+        )  # fmt: skip
+        status = done.returncode
+    except subprocess.TimeoutExpired:
+        status = None
+
+    assert 0 == status
+    assert [("pay", "confirmed"), ("next", "confirmed")] == _steps(world.status())
+    assert ["pay", "next"] == [send[0] for send in world.sends()]
 
 
 # -- (2) keys and evidence ---------------------------------------------------------------------------
@@ -556,3 +630,43 @@ def test_an_openai_agents_tool_call_with_a_lone_surrogate_is_told_back_not_a_run
         provider.stop()
 
     assert ("could not charge", "could not charge", []) == (first, again, ran)
+
+
+def test_args_that_differ_in_key_order_are_one_call_and_in_type_or_normalisation_another(tmp_path: Path) -> None:
+    """Found nothing (kept as a regression test). A resumed durable block calls the recorded position with
+    args that differ only in dict order (the same call: replayed, not run), or in ``1`` vs ``1.0``,
+    ``True`` vs ``1``, ``0.0`` vs ``-0.0``, NFC vs NFD ``café`` (each another call to canonical JSON:
+    ``ReplayDivergence``, never the recorded result of the other call, never a second run)."""
+    import unicodedata
+
+    from effectlog import durable
+    from effectlog.errors import ReplayDivergence
+
+    calls: list[Any] = []
+
+    @durable.tool(idempotent=False)
+    def pay(x: Any) -> str:
+        calls.append(x)
+        return "ok"
+
+    nfc, nfd = unicodedata.normalize("NFC", "café"), unicodedata.normalize("NFD", "café")
+    cases: dict[str, tuple[Any, Any]] = {
+        "order": ({"a": 1, "b": 2}, {"b": 2, "a": 1}),
+        "int-float": (1, 1.0),
+        "bool-int": (True, 1),
+        "zero": (0.0, -0.0),
+        "nfc-nfd": (nfc, nfd),
+    }
+    seen: dict[str, str] = {}
+    for name, (first, then) in cases.items():
+        with durable.run(name, journal=str(tmp_path / "j.db")):
+            pay(first)
+        try:
+            with durable.run(name, journal=str(tmp_path / "j.db")):
+                pay(then)
+            seen[name] = "replayed"
+        except ReplayDivergence:
+            seen[name] = "divergence"
+
+    expected = {"order": "replayed", "int-float": "divergence", "bool-int": "divergence", "zero": "divergence"}
+    assert ({**expected, "nfc-nfd": "divergence"}, 5) == (seen, len(calls))
