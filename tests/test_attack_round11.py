@@ -91,6 +91,16 @@ class Hostile:
                 return {"who": "child"}
             os.wait()
             return {"who": "parent"}
+        if mode == "own-sigterm":  # a library's own "graceful shutdown" handler, installed in passing
+            import signal
+
+            signal.signal(signal.SIGTERM, lambda signum, frame: None)
+            return {"ok": True}
+        if mode == "sigterm-me":  # the service manager stopping the service while this step runs
+            import signal
+
+            os.kill(os.getpid(), signal.SIGTERM)
+            return {"ok": True}
         if mode == "closerange":  # a daemonising helper: close every descriptor past the standard three
             os.closerange(3, 65536)
             return {"ok": True}
@@ -332,6 +342,35 @@ def test_a_forked_child_returning_from_a_tool_into_effectlog_leaves_the_parent_r
     assert 0 == status
     assert [("pay", "confirmed"), ("next", "confirmed")] == _steps(world.status())
     assert ["pay", "next"] == [send[0] for send in world.sends()]
+
+
+def test_a_tool_that_installs_its_own_sigterm_handler_does_not_take_effectlogs_stop_away(world: World) -> None:
+    """An in-process tool (``blocking = False``: it runs in the main thread) installs its own SIGTERM handler
+    and returns. A SIGTERM during a later step (systemd stopping the service) then went to the tool's
+    handler: effectlog never heard it, ran every remaining step and exited 0, where README promises 143
+    after the current step's commit. Proves: the stop handlers effectlog had before an in-process call are
+    back after it, so the run stops after the step the signal came in (exit 143), the rest unsent and the
+    run resumable."""
+    plan = {
+        "run_id": "r",
+        "adapters": {
+            "own": {"type": "hostile", "idempotent": False, "options": {"mode": "own-sigterm", "blocking": False}},
+            "term": {"type": "hostile", "idempotent": False, "options": {"mode": "sigterm-me"}},
+            "rest": {"type": "hostile", "idempotent": False, "options": {"mode": "chdir"}},
+        },
+        "steps": [
+            {"id": "own", "adapter": "own"},
+            {"id": "stop", "adapter": "term"},
+            {"id": "rest", "adapter": "rest", "args": {"to": "."}},
+        ],
+    }
+    (world.dir / "plan.json").write_text(json.dumps(plan))
+
+    done = world.run()
+
+    assert 143 == done.returncode, done.stderr
+    assert ["own", "stop"] == [send[0] for send in world.sends()]
+    assert [("own", "confirmed"), ("stop", "confirmed")] == _steps(world.status())
 
 
 # -- (2) keys and evidence ---------------------------------------------------------------------------
