@@ -591,13 +591,34 @@ async def _in_thread(fn: Callable[[Request], Any], request: Request, timeout: fl
         raise TimeoutError(f"no answer within {timeout}s") from None
 
 
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
 def _guarded(fn: Callable[[Request], Any], request: Request) -> Any:
     """Call the tool; a ``BaseException`` it ends with becomes ``ToolAborted`` (outcome unknown).
 
     ``sys.exit()`` in a tool must not end ``effectlog run`` with status 0 and the run open,
     nor may a ``KeyboardInterrupt`` it raises pass for a clean stop after a commit. Our own
     deliberate control flow (``SimulatedCrash``, raised by crash hooks) passes through.
+
+    A tool called in the main thread may install SIGINT/SIGTERM handlers of its own (a library's
+    "graceful shutdown"): the process's handlers from before the call are put back after it, or a
+    later signal would go to the tool's handler and the run would never stop (README: exit 130/143).
     """
+    if threading.current_thread() is not threading.main_thread():  # only the main thread can set handlers
+        return _call_tool(fn, request)
+    before = [signal.getsignal(signum) for signum in _STOP_SIGNALS]
+    try:
+        return _call_tool(fn, request)
+    finally:
+        for signum, handler in zip(_STOP_SIGNALS, before, strict=True):
+            now = signal.getsignal(signum)
+            # SIG_DFL: effectlog's own one-shot stop handler fired during the call (a second signal ends at once).
+            if handler is not None and now is not handler and now != signal.SIG_DFL:
+                signal.signal(signum, handler)
+
+
+def _call_tool(fn: Callable[[Request], Any], request: Request) -> Any:
     try:
         return fn(request)
     except (StopIteration, StopAsyncIteration) as exc:
