@@ -578,6 +578,35 @@ def test_a_tool_that_closes_every_descriptor_past_stderr_ends_the_run_in_one_lin
     assert (3, 1) == (again.returncode, len(world.sends()))
 
 
+def test_a_ledger_the_steps_own_adapter_never_wrote_is_no_evidence_that_its_effect_is_absent(world: World) -> None:
+    """A plan whose first step uses the built-in ``effects.control`` (so the run pins ``fx.db``) and whose
+    second step is the user's own ``pay`` adapter, which charges a real provider and keeps its own records;
+    ``pay`` stops uncertain after its effect. ``reconcile --step pay --from-ledger fx.db`` checked only that
+    *some* adapter of the run uses the effect store and that the store is the pinned one, then looked for
+    ``pay``'s key in a ledger ``pay`` never writes: "not applied", the step back to pending, and the next
+    run charged again. Proves: the ledger is refused as evidence for a step whose own adapter is not one of
+    effectlog's ledger-backed ``effects.*`` (exit 2, nothing written, the step still uncertain), and the
+    charge happens once."""
+    plan = {
+        "run_id": "r",
+        "adapters": {
+            "note": {"type": "effects.control", "idempotent": False},
+            "pay": {"type": "hostile", "idempotent": False, "options": {"mode": "raise"}},
+        },
+        "steps": [{"id": "note", "adapter": "note"}, {"id": "pay", "adapter": "pay"}],
+    }
+    (world.dir / "plan.json").write_text(json.dumps(plan))
+    argv = ("plan.json", "--journal", "j.db", "--effects", "fx.db", "--adapters", "hostile_tools:ADAPTERS")
+    assert 3 == world.effectlog("run", *argv).returncode
+    before = world.journal_bytes()
+
+    done = world.effectlog("reconcile", "--journal", "j.db", "--run-id", "r", "--step", "pay", "--from-ledger", "fx.db")
+    again = world.effectlog("run", *argv)
+
+    assert (2, True) == (done.returncode, "--from-ledger" in last_line(done.stderr)), done.stderr
+    assert (before, 3, 1) == (world.journal_bytes(), again.returncode, len(world.sends()))
+
+
 # -- (4) integrations and text the journal cannot hold -------------------------------------------------
 
 
