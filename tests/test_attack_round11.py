@@ -578,6 +578,11 @@ def test_a_tool_that_closes_every_descriptor_past_stderr_ends_the_run_in_one_lin
     assert (3, 1) == (again.returncode, len(world.sends()))
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="not fixed: the run pins which store its adapters opened, not which adapter opened it; a user type "
+    "may be ledger-backed too (tests/test_cli_run.py's test.first-send-lost), so the step's type cannot tell",
+)
 def test_a_ledger_the_steps_own_adapter_never_wrote_is_no_evidence_that_its_effect_is_absent(world: World) -> None:
     """A plan whose first step uses the built-in ``effects.control`` (so the run pins ``fx.db``) and whose
     second step is the user's own ``pay`` adapter, which charges a real provider and keeps its own records;
