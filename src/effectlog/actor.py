@@ -30,6 +30,8 @@ from effectlog.errors import (
     StoreWalLost,
     ToolAborted,
     UnusableResult,
+    describe,
+    printable,
 )
 from effectlog.fold import StepState
 from effectlog.journal import checkpoint, load_closed, resume_point
@@ -44,8 +46,8 @@ from effectlog.outcome import (
     outcome_of,
     reconcile_hint,
 )
-from effectlog.plan import Plan, StepDecl, args_digest, redact
-from effectlog.recordable import why_unrecordable
+from effectlog.plan import Plan, StepDecl, args_digest, own_copy, redact
+from effectlog.recordable import as_recorded
 from effectlog.recorder import EventSpec, prepare
 from effectlog.recovery import Action, decide, still_blocked
 from effectlog.seal import seal_row
@@ -347,7 +349,7 @@ class RunActor:
                     run_id=self.plan.run_id,
                     step_id=decl.id,
                     adapter=decl.adapter,
-                    args=decl.args,
+                    args=own_copy(decl.args),
                     idempotent=self.plan.adapters[decl.adapter].idempotent,
                 )
             )
@@ -408,10 +410,10 @@ class RunActor:
         receipt = result if isinstance(result, Receipt) else Receipt(data=result)
         if not isinstance(receipt.ok, bool):
             raise UnusableResult(f"the tool's result cannot be recorded: Receipt.ok is a {type(receipt.ok).__name__}")
-        problem = why_unrecordable(receipt.data)
+        data, problem = as_recorded(receipt.data)
         if problem is not None:
             raise UnusableResult(f"the tool's result cannot be recorded: {problem}")
-        return receipt
+        return Receipt(data=data, ok=receipt.ok)  # read once: the event, segments and state all hold this
 
     async def _invoke(self, decl: StepDecl) -> RunOutcome | None:
         sid = decl.id
@@ -431,7 +433,7 @@ class RunActor:
                 step_id=sid,
                 attempt=step.attempt,
                 idempotency_key=step.idempotency_key,
-                args=decl.args,
+                args=own_copy(decl.args),
                 timeout_s=decl.timeout_s,
             )
             try:
@@ -449,11 +451,11 @@ class RunActor:
                 raise
             except IdempotencyConflict as exc:
                 # The tool holds this key for another body: not applied, and no re-send can change that.
-                reason = redact(decl, f"idempotency conflict: {exc.message}")
+                reason = redact(decl, f"idempotency conflict: {printable(exc.message)}")
                 outcome = await self._fail(sid, step.attempt, reason, applied=False)
                 return msgspec.structs.replace(outcome, exit_status=int(exc.exit_status))
             except NotApplied as exc:
-                reason = redact(decl, f"not applied: {exc.reason}")
+                reason = redact(decl, f"not applied: {printable(exc.reason)}")
                 if idempotent and sends < max_sends:
                     resent = await self._backoff_resend(decl, step.attempt, sends, reason)
                     if resent is None:
@@ -465,7 +467,7 @@ class RunActor:
                 return await self._fail(sid, step.attempt, reason, applied=False if every_send_refused else None)
             except Exception as exc:
                 every_send_refused = False
-                said = exc.reason if isinstance(exc, ToolAborted | UnusableResult) else f"{type(exc).__name__}: {exc}"
+                said = exc.reason if isinstance(exc, ToolAborted | UnusableResult) else describe(exc)
                 reason = redact(decl, f"outcome unknown: {' '.join(said.split())}")  # a tool may echo its args
                 if isinstance(exc, ToolAborted) and exc.interrupted:
                     return await self._interrupted_in_tool(decl, step.attempt, reason, idempotent=idempotent)
@@ -603,19 +605,40 @@ async def _in_thread(fn: Callable[[Request], Any], request: Request, timeout: fl
         raise TimeoutError(f"no answer within {timeout}s") from None
 
 
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
 def _guarded(fn: Callable[[Request], Any], request: Request) -> Any:
     """Call the tool; a ``BaseException`` it ends with becomes ``ToolAborted`` (outcome unknown).
 
     ``sys.exit()`` in a tool must not end ``effectlog run`` with status 0 and the run open,
     nor may a ``KeyboardInterrupt`` it raises pass for a clean stop after a commit. Our own
     deliberate control flow (``SimulatedCrash``, raised by crash hooks) passes through.
+
+    A tool called in the main thread may install SIGINT/SIGTERM handlers of its own (a library's
+    "graceful shutdown"): the process's handlers from before the call are put back after it, or a
+    later signal would go to the tool's handler and the run would never stop (README: exit 130/143).
     """
+    if threading.current_thread() is not threading.main_thread():  # only the main thread can set handlers
+        return _call_tool(fn, request)
+    before = [signal.getsignal(signum) for signum in _STOP_SIGNALS]
+    try:
+        return _call_tool(fn, request)
+    finally:
+        for signum, handler in zip(_STOP_SIGNALS, before, strict=True):
+            now = signal.getsignal(signum)
+            # SIG_DFL: effectlog's own one-shot stop handler fired during the call (a second signal ends at once).
+            if handler is not None and now is not handler and now != signal.SIG_DFL:
+                signal.signal(signum, handler)
+
+
+def _call_tool(fn: Callable[[Request], Any], request: Request) -> Any:
     try:
         return fn(request)
     except (StopIteration, StopAsyncIteration) as exc:
         # Neither may cross a coroutine or be set on a future (a thread's answer would be lost
         # and the run would wait for ever): carried as an unknown outcome like any other.
-        raise ToolAborted(f"the tool raised {type(exc).__name__}: {exc}") from None
+        raise ToolAborted(f"the tool raised {describe(exc)}") from None
     except Exception:
         raise
     except SimulatedCrash:
@@ -625,7 +648,7 @@ def _guarded(fn: Callable[[Request], Any], request: Request) -> Any:
     except KeyboardInterrupt:
         raise ToolAborted("the tool was interrupted (KeyboardInterrupt)", interrupted=True) from None
     except BaseException as exc:
-        raise ToolAborted(f"the tool raised {type(exc).__name__}: {exc}") from None
+        raise ToolAborted(f"the tool raised {describe(exc)}") from None
 
 
 def _settle(future: asyncio.Future[Any], result: Any, exc: BaseException | None) -> None:

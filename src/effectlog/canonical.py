@@ -15,7 +15,22 @@ import msgspec
 
 from effectlog.errors import BadInput
 
-_encoder = msgspec.json.Encoder(order="sorted")
+
+def _plain(value: Any) -> Any:
+    """A str, int or float subclass (``numpy.float64``, ``numpy.str_``, ``markupsafe.Markup``, a user's
+    ``class Cents(int)``), which msgspec refuses, as the plain value it holds, read through the base type's
+    own slot (never the subclass's ``__str__``/``__int__``/``__float__``, which may say anything)."""
+    if isinstance(value, str):
+        return str.__str__(value)
+    if isinstance(value, int):
+        return int.__int__(value)
+    if isinstance(value, float):
+        return float.__float__(value)
+    raise TypeError(f"Encoding objects of type {type(value).__qualname__} is unsupported")
+
+
+# Called only for types msgspec cannot encode itself: every value it could encode before keeps its bytes.
+_encoder = msgspec.json.Encoder(order="sorted", enc_hook=_plain)
 
 
 def canonical_json(value: Any, where: str = "value") -> bytes:
@@ -29,6 +44,8 @@ def canonical_json(value: Any, where: str = "value") -> bytes:
         data = _encoder.encode(value)
     except RecursionError:
         raise BadInput(f"{where}: nested too deep to encode (JSON here goes about 1,000 levels down)") from None
+    except UnicodeEncodeError:  # a str with a lone surrogate (os.fsdecode of a non-UTF-8 name, a "\ud800" escape)
+        raise BadInput(_lone_surrogate(value, where)) from None
     if b"null" in data and _may_hold_non_finite(value):
         problem = non_finite(value, where)
         if problem is not None:
@@ -99,6 +116,33 @@ def _non_finite(value: Any, where: str) -> str | None:
             for i in range(len(children) - 1, -1, -1):
                 push((children[i], (place, i)))
     return None
+
+
+def _lone_surrogate(value: Any, where: str) -> str:
+    """Where ``value`` holds a str (a dict key included) that UTF-8 cannot hold, said in one line."""
+    try:
+        plain = msgspec.to_builtins(value)
+    except (Exception, RecursionError):
+        plain = value
+    stack: list[tuple[Any, Any]] = [(plain, None)]
+    while stack:
+        item, place = stack.pop()
+        if isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                return (
+                    f"{_path(where, place)}: a str with a lone surrogate (character {exc.start}), which UTF-8 "
+                    "cannot hold (a name decoded from bytes that are not UTF-8?)"
+                )
+        elif isinstance(item, dict):
+            for key, child in reversed(item.items()):
+                stack.append((child, (place, str(key).encode("utf-8", "backslashreplace").decode())))
+                stack.append((key, (place, "(a key)")))
+        elif isinstance(item, list | tuple | set | frozenset):
+            children = item if isinstance(item, list | tuple) else list(item)
+            stack.extend((children[i], (place, i)) for i in range(len(children) - 1, -1, -1))
+    return f"{where}: a str with a lone surrogate, which UTF-8 cannot hold"
 
 
 def _path(where: str, place: Any) -> str:

@@ -38,6 +38,7 @@ import msgspec
 from effectlog.errors import AdapterNotFound, BadInput, NotApplied, NotInRun
 from effectlog.journal import Journal, open_journal
 from effectlog.notify import Notifier
+from effectlog.plan import own_copy
 from effectlog.recorder import Clock
 from effectlog.session.durable import Session
 from effectlog.session.steps import Decision, Policy, Reconciled, ToolCall, allow_all
@@ -294,10 +295,13 @@ class _RunGateway:
 async def _invoke(pending: _Pending, key: str) -> Any:
     """Call the function (retrying an idempotent one with the same key), the key visible to it."""
     decl = pending.decl
-    args, kwargs = decl.call_args(pending.arguments, key)
     token = _key.set(key)
     try:
         for tries_left in range(decl.retry, -1, -1):
+            # Each try gets its own copy of the arguments as called: the journal fingerprinted them, a retry
+            # sends the same key, and a resumed pass (which does not call the function) leaves the caller's
+            # objects as they were.
+            args, kwargs = decl.call_args(own_copy(pending.arguments), key)
             try:
                 if not decl.is_async:
                     return decl.fn(*args, **kwargs)

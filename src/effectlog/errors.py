@@ -509,3 +509,25 @@ class LocationAmbiguous(BadInput):
     written)."""
 
     code = "location_ambiguous"
+
+
+# -- branch attack11 (round-11 attacks) ----------------------------------------------
+
+
+def printable(text: object) -> str:
+    """Text a tool or a user's hook handed us (an exception's message, a ``NotApplied`` reason, a lookup's
+    detail) as text the journal can record: a ``str()`` that raises is named instead of ending the run with
+    a traceback, a str subclass becomes a plain str, and lone surrogates (``os.fsdecode`` of a file name
+    that is not UTF-8) become ``\\udcff`` escapes, which UTF-8 can hold."""
+    try:
+        plain = str.__str__(text) if isinstance(text, str) else str(text)
+    except Exception as exc:  # a user's __str__ may raise anything
+        return f"<its str() raised {type(exc).__name__}>"
+    if not isinstance(plain, str):  # a __str__ returning a subclass's object passes str() as is
+        plain = str.__str__(plain)
+    return plain if plain.isascii() else plain.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def describe(exc: BaseException) -> str:
+    """``Type: message`` of a tool's exception, ``printable``."""
+    return f"{type(exc).__name__}: {printable(exc)}"

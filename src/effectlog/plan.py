@@ -7,6 +7,7 @@ A plan's canonical digest (sha256 of its canonical JSON) is pinned in
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import os
@@ -149,6 +150,22 @@ def _derived(plan: Plan) -> _Derived:
 
 def args_digest(step: StepDecl) -> str:
     return digest(step.args)
+
+
+_ATOMS = frozenset({str, int, float, bool, type(None)})
+
+
+def own_copy(args: dict[str, Any]) -> dict[str, Any]:
+    """A copy of a call's args for one send, which the tool may edit in place: a tool's edits never reach
+    the plan, the caller's objects or the next send of the same key (which must carry the body the journal
+    digested), nor what secrets are redacted against. Args of JSON atoms only (most) are copied shallow;
+    values ``deepcopy`` refuses stay shared below the top level."""
+    if all(type(value) in _ATOMS for value in args.values()):
+        return dict(args)
+    try:
+        return copy.deepcopy(args)
+    except Exception:
+        return dict(args)
 
 
 def redact(step: StepDecl, text: str) -> str:

@@ -27,13 +27,13 @@ from effectlog import events as ev
 from effectlog.adapters.effects import EffectStore
 from effectlog.adapters.protocol import Evidence, Request
 from effectlog.adapters.registry import AdapterContext, Registry
-from effectlog.errors import BadInput, EvidenceStale, LedgerMismatch, LookupUndecided, PlanMismatch
+from effectlog.errors import BadInput, EvidenceStale, LedgerMismatch, LookupUndecided, PlanMismatch, describe, printable
 from effectlog.fold import RunState, StepState
 from effectlog.journal import Journal
 from effectlog.observe import decision
 from effectlog.operator import append, load_step
 from effectlog.outcome import reconcile_hint
-from effectlog.plan import Plan, StepDecl, redact
+from effectlog.plan import Plan, StepDecl, own_copy, redact
 from effectlog.recorder import Clock
 from effectlog.trace import Trace
 
@@ -119,7 +119,7 @@ def recorded_request(state: RunState, step: StepState, plan: Plan | None = None)
         step_id=step.step_id,
         attempt=step.attempt,
         idempotency_key=step.idempotency_key,
-        args=decl.args,
+        args=own_copy(decl.args),
         timeout_s=decl.timeout_s,
     )
     return request, decl
@@ -198,7 +198,7 @@ def _ask(lookup: Any, request: Request, decl: StepDecl, who: str, journal: str) 
         found = lookup(request)
     except Exception as exc:
         raise LookupUndecided(
-            redact(decl, f"{who}: lookup failed ({type(exc).__name__}: {exc}); the step stays uncertain: {hint}"),
+            redact(decl, f"{who}: lookup failed ({describe(exc)}); the step stays uncertain: {hint}"),
             run_id=request.run_id,
             step_id=request.step_id,
         ) from None
@@ -215,7 +215,17 @@ def _ask(lookup: Any, request: Request, decl: StepDecl, who: str, journal: str) 
             run_id=request.run_id,
             step_id=request.step_id,
         )
-    return found
+    # Evidence is a Struct whose constructor checks no types: Evidence(applied=None) ("the provider could not
+    # tell") or applied="false" would be read by truthiness, a new attempt or an effect taken as done.
+    if not isinstance(found.applied, bool):
+        raise BadInput(
+            f"{who}: lookup returned Evidence.applied={printable(found.applied)[:60]} "
+            f"({type(found.applied).__name__}), expected True or False (return None when it cannot tell); "
+            "nothing was recorded",
+            run_id=request.run_id,
+            step_id=request.step_id,
+        )
+    return msgspec.structs.replace(found, detail=printable(found.detail))
 
 
 # -- the built-in effect store's shortcut --------------------------------------------------

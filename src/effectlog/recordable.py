@@ -9,22 +9,41 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
+
 from effectlog.canonical import canonical_json
-from effectlog.errors import BadInput
+from effectlog.errors import BadInput, printable
 
 _MAX_DEPTH = 256  # deeper than this, the encoder itself would give up
 
 
 def why_unrecordable(value: Any, where: str = "result") -> str | None:
     """``None`` if ``value`` encodes as canonical JSON; else what in it does not, and where."""
+    return as_recorded(value, where)[1]
+
+
+_decoder = msgspec.json.Decoder()
+
+
+def as_recorded(value: Any, where: str = "result") -> tuple[Any, str | None]:
+    """``(value as the journal gives it back, None)`` from ONE reading of ``value``, or ``(None, what in it
+    does not encode, and where)``.
+
+    A tool's answer may answer anew each time it is read (a field read through a property, a dict a
+    thread of the tool still edits): the event, a checkpoint segment and the live state are all taken
+    from this one reading, so they never disagree with each other (``verify``) and a second reading
+    that raises cannot lose the answer after it was checked."""
     try:
-        canonical_json(value, where)
+        data = canonical_json(value, where)
     except BadInput as exc:  # a NaN or an infinity, or nested too deep: the walk names a cycle more precisely
-        return _first_problem(value, where, set(), 0) or exc.message
-    except (Exception, RecursionError) as exc:  # TypeError, UnicodeEncodeError, OverflowError, msgspec's
-        found = _first_problem(value, where, set(), 0)
-        return found or f"{where}: {type(exc).__name__}: {' '.join(str(exc).split())}"
-    return None
+        return None, _first_problem(value, where, set(), 0) or exc.message
+    except (Exception, RecursionError) as exc:  # TypeError, UnicodeEncodeError, OverflowError, msgspec's, a user's
+        try:
+            found = _first_problem(value, where, set(), 0)
+        except Exception:  # the walk reads the value again, and a hostile value may raise there too
+            found = None
+        return None, found or f"{where}: {type(exc).__name__}: {' '.join(printable(exc).split())}"
+    return _decoder.decode(data), None
 
 
 def _kind(value: Any) -> str:

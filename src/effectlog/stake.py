@@ -71,13 +71,40 @@ def _forms(value: Any, forms: set[str]) -> None:
     forms.update(f for f in (str(value), repr(value), canonical_json(value).decode()) if f)
 
 
+def _word(value: str) -> str:
+    """``value`` as one shell word that also survives being shown on one line with its whitespace folded
+    (``str()`` of an error folds it): ``shlex.quote``, or bash's ``$'...'`` with escapes when the value
+    holds a newline, a tab, a run of spaces or another character that does not print."""
+    if value.isprintable() and "  " not in value:
+        return shlex.quote(value)
+    out = []
+    for ch in value:
+        code = ord(ch)
+        if ch in "\\'":
+            out.append("\\" + ch)
+        elif ch != " " and ch.isprintable():
+            out.append(ch)
+        else:
+            out.append(f"\\x{code:02x}" if code < 0x80 else f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}")
+    return "$'" + "".join(out) + "'"
+
+
+def _opt(name: str, value: str) -> str:
+    """``--name VALUE`` as one option with its value: ``--name=VALUE`` when the value starts with ``-``,
+    which argparse would otherwise take for an option of its own ("expected one argument")."""
+    return f"{name}={_word(value)}" if value.startswith("-") else f"{name} {_word(value)}"
+
+
+def _where(location: str, run_id: str, step_id: str) -> str:
+    return f"{_opt('--journal', location)} {_opt('--run-id', run_id)} {_opt('--step', step_id)}"
+
+
 def reconcile_command(location: str, run_id: str, step_id: str, attempt: int | None = None) -> str:
     """The reconcile command a stopped step needs; with ``attempt``, it is bound to that attempt, so a
     decision typed from this line is refused (exit 5) once the step has moved on to another one."""
-    q = shlex.quote
     bound = f" --attempt {attempt}" if attempt is not None else ""
     return (
-        f"effectlog reconcile --journal {q(location)} --run-id {q(run_id)} --step {q(step_id)}{bound} "
+        f"effectlog reconcile {_where(location, run_id, step_id)}{bound} "
         "--outcome applied|not-applied --evidence TEXT --operator NAME"
     )
 
@@ -94,10 +121,9 @@ def approve_command(
     """The approve (or ``verb``: ``deny``, ``approve|deny``) command a held step needs. With the digest,
     it refuses if the held call changed; with ``attempt``, once the step has moved on to another attempt
     (exit 5 both): a decision typed from this line is about the call the person saw."""
-    q = shlex.quote
     bound = f" --attempt {attempt}" if attempt is not None else ""
     pin = f" --expect-digest {args_digest}" if args_digest else ""
-    return f"effectlog {verb} --journal {q(location)} --run-id {q(run_id)} --step {q(step_id)}{bound} --by NAME{pin}"
+    return f"effectlog {verb} {_where(location, run_id, step_id)}{bound} --by NAME{pin}"
 
 
 def at_stake(state: RunState, location: str) -> list[AtStake]:

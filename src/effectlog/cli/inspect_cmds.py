@@ -20,12 +20,18 @@ def add_journal_args(p: argparse.ArgumentParser) -> None:
 
 
 def run_or_step_id(text: str) -> str:
-    """argparse type of --run-id and --step: an id as plans define it, the whole string."""
+    """argparse type of --run-id and --step: an id as plans define it, or any id a durable or session run
+    may have (``onboard/42``, ``order 42``, ``café``: their printed commands name them), the whole string.
+    Refused: the empty string, control characters (a pasted trailing newline) and surrounding whitespace,
+    which no command effectlog prints holds unescaped."""
     from effectlog.plan import is_valid_id
 
-    if not is_valid_id(text):
+    if not is_valid_id(text) and not (text.isprintable() and text.strip() == text and text):
         shown = repr(text) if len(text) <= 64 else f"{text[:32]!r}... ({len(text)} characters)"
-        raise argparse.ArgumentTypeError(f"{shown} is not a valid id (letters, digits, . _ : @ -)")
+        raise argparse.ArgumentTypeError(
+            f"{shown} is not a valid id (a plan's: letters, digits, . _ : @ -; a durable run's: printable text "
+            "without surrounding spaces)"
+        )
     return text
 
 

@@ -49,7 +49,7 @@ from openai.types.responses import ResponseOutputItem
 from pydantic import TypeAdapter
 from pydantic_core import to_jsonable_python
 
-from effectlog.canonical import non_finite
+from effectlog.canonical import canonical_json
 from effectlog.errors import ApprovalRequired, BadInput, EffectlogError, IdempotencyConflict
 from effectlog.integrations.framework_steps import (
     IDEMPOTENCY_HEADER,
@@ -382,9 +382,10 @@ def _call_args(name: str, input_json: str) -> dict[str, Any] | str:
         return f"error: tool {name!r} was not run: its arguments are not JSON ({exc})"
     if not isinstance(args, dict):
         return f"error: tool {name!r} was not run: its arguments are not a JSON object"
-    problem = non_finite(args, "arguments")
-    if problem is not None:
-        return f"error: tool {name!r} was not run: {problem}"
+    try:  # NaN or an infinity (json.loads takes them; the journal would record null), or a lone surrogate
+        canonical_json(args, "arguments")
+    except BadInput as exc:
+        return f"error: tool {name!r} was not run: {exc.message}"
     return args
 
 

@@ -11,6 +11,7 @@ object per line with structlog).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
 import time
@@ -141,6 +142,22 @@ class Both:
 _before: list[tuple[int, bool]] = []
 
 
+class _CurrentStderr:
+    """The CLI handler's stream: whatever ``sys.stderr`` is at each write. A tool may close or replace
+    ``sys.stderr``; a progress line (logged after a durable commit) that cannot be written is dropped, as
+    ``cli.output.err`` drops an error line, never raised out of the run (``logging``'s own error handler
+    writes to the same closed stream and raises)."""
+
+    def write(self, text: str) -> int:
+        with contextlib.suppress(OSError, ValueError, AttributeError):  # AttributeError: sys.stderr is None
+            sys.stderr.write(text)
+        return len(text)
+
+    def flush(self) -> None:
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            sys.stderr.flush()
+
+
 def cli_logging(*, quiet: bool, log_format: str) -> None:
     """The CLI's handler: ``effectlog`` records on stderr, as text lines or one JSON object per line."""
     logger = logging.getLogger("effectlog")
@@ -149,7 +166,7 @@ def cli_logging(*, quiet: bool, log_format: str) -> None:
     if quiet:
         logger.setLevel(logging.ERROR)  # an application's own handlers (none in the CLI) would see errors only
         return
-    handler = logging.StreamHandler(sys.stderr)
+    handler: logging.StreamHandler[Any] = logging.StreamHandler(_CurrentStderr())
     handler.effectlog_cli = True  # type: ignore[attr-defined]
     if log_format == "json":
         import structlog

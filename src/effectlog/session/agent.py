@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 from effectlog.canonical import canonical_json
-from effectlog.errors import RunFailed
+from effectlog.errors import BadInput, RunFailed
 from effectlog.session.durable import Session
 from effectlog.session.steps import AgentStep, FinalStep, Reconciled, ToolStep
 
@@ -28,14 +28,23 @@ def _tool_message(step: ToolStep) -> str:
     return f"failed, not applied: {step.reason}"
 
 
-def _arguments(raw: Any) -> dict[str, Any] | None:
+def _arguments(raw: Any) -> dict[str, Any] | str:
+    """A tool call's arguments, or what is wrong with them, to tell the model (never an error out of the
+    loop: the model's answer is recorded, so every later pass would replay it and fail again)."""
     if isinstance(raw, Mapping):
-        return dict(raw)
-    try:
-        value = json.loads(raw, parse_constant=_no_json) if isinstance(raw, str) and raw.strip() else {}
-    except (ValueError, RecursionError):
-        return None
-    return value if isinstance(value, dict) else None
+        value: Any = dict(raw)
+    else:
+        try:
+            value = json.loads(raw, parse_constant=_no_json) if isinstance(raw, str) and raw.strip() else {}
+        except (ValueError, RecursionError):
+            return "arguments are not a JSON object"
+    if not isinstance(value, dict):
+        return "arguments are not a JSON object"
+    try:  # a "\ud800" escape gives a lone surrogate, which the journal cannot hold
+        canonical_json(value, "arguments")
+    except BadInput as exc:
+        return exc.message
+    return value
 
 
 def _no_json(constant: str) -> Any:
@@ -104,8 +113,8 @@ class Agent:
                 function = call.get("function") or {}
                 name, args = function.get("name"), _arguments(function.get("arguments"))
                 known = {info.name for info in session.gateway.tools()}
-                if name not in known or args is None:
-                    problem = f"unknown tool {name!r}" if name not in known else "arguments are not a JSON object"
+                if name not in known or isinstance(args, str):
+                    problem = f"unknown tool {name!r}" if name not in known else str(args)
                     messages.append({"role": "tool", "tool_call_id": call.get("id"), "content": f"error: {problem}"})
                     continue
                 tool_step = await session.tool_step(str(name), args)

@@ -13,11 +13,11 @@ from typing import TYPE_CHECKING, Any
 
 from effectlog import events as ev
 from effectlog.adapters.protocol import idempotency_key
-from effectlog.errors import BadInput, NotApplied, UncertainEffect, UnusableResult
+from effectlog.errors import BadInput, NotApplied, UncertainEffect, UnusableResult, describe, printable
 from effectlog.fold import StepState
-from effectlog.recordable import why_unrecordable
+from effectlog.plan import own_copy
+from effectlog.recordable import as_recorded
 from effectlog.recovery import Action, decide
-from effectlog.session import identity as ids
 from effectlog.session.steps import Reconciled, ToolCall, ToolStep
 from effectlog.session.timing import expire_if_late
 from effectlog.session.tools import ToolInfo
@@ -193,7 +193,7 @@ class ToolDriver:
         assert step is not None
         try:
             s.tool_calls += 1
-            call = s.gateway.call_tool(self.info.name, self.args, idempotency_key=step.idempotency_key)
+            call = s.gateway.call_tool(self.info.name, own_copy(self.args), idempotency_key=step.idempotency_key)
             if s._spans is not None:  # an `effectlog.tool` span under the step's span (OpenTelemetry configured)
                 call = s._spans.tool(
                     call, step_id=sid, attempt=step.attempt, adapter=self.info.name, key=step.idempotency_key
@@ -203,18 +203,18 @@ class ToolDriver:
                 value = await call
             finally:
                 CALLING.reset(token)
-            problem = why_unrecordable(value, f"the result of tool {self.info.name!r}")
+            value, problem = as_recorded(value, f"the result of tool {self.info.name!r}")  # read once
             if problem is not None:
                 # The effect may have happened and its answer cannot be kept: an unknown outcome.
                 raise UnusableResult(f"the tool's result cannot be recorded: {problem}")
         except NotApplied as exc:
-            reason = self._redact(exc.reason)
+            reason = self._redact(printable(exc.reason))
             s._record((ev.StepFailed, {"step_id": sid, "attempt": step.attempt, "reason": reason, "applied": False}))
             return self._step("failed", replayed=False, reason=reason)
         except Exception as exc:
             if step.idempotent:
                 raise  # the intent stays: the next pass sends the same key again
-            said = exc.reason if isinstance(exc, UnusableResult) else f"{type(exc).__name__}: {exc}"
+            said = exc.reason if isinstance(exc, UnusableResult) else describe(exc)
             self._doubt(step, self._redact(f"outcome unknown: {said}"))
             raise self._uncertain() from exc
         except (asyncio.CancelledError, KeyboardInterrupt) as exc:
@@ -225,7 +225,6 @@ class ToolDriver:
                 self._doubt(step, f"outcome unknown: {type(exc).__name__} while the tool ran")
             raise
         s._crash_point("after_call", sid)
-        value = ids.normalized(value, f"the result of tool {self.info.name!r}")
         s._record(
             (ev.StepEffected, {"step_id": sid, "attempt": step.attempt, "receipt": value}),
             (ev.StepConfirmed, {"step_id": sid, "attempt": step.attempt}),
