@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib
 import os
 import signal
 import threading
@@ -606,6 +607,10 @@ async def _in_thread(fn: Callable[[Request], Any], request: Request, timeout: fl
 
 
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+# The C function under signal.getsignal: the same handler, without the wrapper's conversion to an enum,
+# which for a handler that is a function formats its repr into a ValueError it then swallows (for asyncio's
+# handler, the repr of its loop's tasks): two calls per tool call were a quarter of a no-op step's CPU.
+_getsignal: Callable[[int], Any] = getattr(importlib.import_module("_signal"), "getsignal", signal.getsignal)
 
 
 def _guarded(fn: Callable[[Request], Any], request: Request) -> Any:
@@ -621,12 +626,12 @@ def _guarded(fn: Callable[[Request], Any], request: Request) -> Any:
     """
     if threading.current_thread() is not threading.main_thread():  # only the main thread can set handlers
         return _call_tool(fn, request)
-    before = [signal.getsignal(signum) for signum in _STOP_SIGNALS]
+    before = [_getsignal(signum) for signum in _STOP_SIGNALS]
     try:
         return _call_tool(fn, request)
     finally:
         for signum, handler in zip(_STOP_SIGNALS, before, strict=True):
-            now = signal.getsignal(signum)
+            now = _getsignal(signum)
             # SIG_DFL: effectlog's own one-shot stop handler fired during the call (a second signal ends at once).
             if handler is not None and now is not handler and now != signal.SIG_DFL:
                 signal.signal(signum, handler)
