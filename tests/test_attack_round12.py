@@ -1,0 +1,278 @@
+"""Attack round 12: the operator's surfaces and what they decide.
+
+The console (two operators at once, bodies no form needs), notifications (commands that hang
+or leave a child behind, URLs that redirect, a journal URL's password) and the trace's reader
+given hostile files. Real processes: ``python -m effectlog`` for the CLI and the console,
+real HTTP servers on 127.0.0.1, real SQLite files and PostgreSQL through ``pg_url``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import httpx
+import pytest
+
+from console_kit import TOKENS, Setup, console, digest_on_page, held_plan, login
+from effectlog.notify import HookFailed, Notification, command_hook, url_hook
+from hardening_kit import SAFETY_TIMEOUT_S, cli_env, effectlog
+
+pytest_plugins = ["pg_fixture"]
+
+SECRET = "pw-Sekr1t-in-the-url"
+NOTE = Notification(kind="suspended", run_id="r", step_id="s", reason="held", command="effectlog approve", seq=3)
+
+
+def _with_password(url: str) -> str:
+    parts = urlsplit(url)
+    return urlunsplit(parts._replace(netloc=f"{parts.username}:{SECRET}@{parts.hostname}:{parts.port}"))
+
+
+def _run_held(setup: Setup, run_id: str, *extra: str) -> subprocess.Popen[str]:
+    """``effectlog run`` of a plan held for approval, as a real process, with ``extra`` arguments."""
+    (setup.dir / f"{run_id}.json").write_text(json.dumps(held_plan(run_id)))
+    return subprocess.Popen(
+        [sys.executable, "-m", "effectlog", "run", f"{run_id}.json", "--journal", setup.journal,
+         "--effects", setup.effects, *extra],
+        cwd=setup.dir, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+
+
+# -- notifications ------------------------------------------------------------------------------------------
+
+
+def test_a_notification_of_a_postgresql_run_never_carries_the_journal_urls_password(
+    tmp_path: Path, pg_url: str
+) -> None:
+    """``effectlog run --journal postgresql://user:PASSWORD@... --notify-command CMD`` handed CMD (and so
+    a chat channel, a pager) the journal URL with its password, in ``journal`` and in the approve
+    ``command``, while the fleet runner already masked it. Proves: the JSON on the command's stdin and
+    its ``EFFECTLOG_NOTIFY_COMMAND`` hold no password, and the command still names the journal."""
+    setup = Setup(tmp_path, journal=_with_password(pg_url))
+    proc = _run_held(setup, "refund-pw", "--notify-command", 'cat > note.json; printf %s "$EFFECTLOG_NOTIFY_COMMAND" > cmd')
+    proc.communicate(timeout=SAFETY_TIMEOUT_S)
+    note = (tmp_path / "note.json").read_text()
+    command = (tmp_path / "cmd").read_text()
+
+    assert (4, False, False) == (proc.returncode, SECRET in note, SECRET in command)
+    assert (True, True) == (":***@" in json.loads(note)["journal"], ":***@" in command)
+
+
+def test_the_console_on_a_postgresql_journal_never_shows_its_password_to_a_viewer(
+    tmp_path: Path, pg_url: str
+) -> None:
+    """``effectlog console --journal postgresql://user:PASSWORD@...`` printed the URL, password and all,
+    in every page's header (to viewers too) and in its start-up line. Proves: a viewer's pages (Needs
+    attention, the held run) hold no password, and still name the journal."""
+    setup = Setup(tmp_path, journal=_with_password(pg_url))
+    setup.held("refund-pw-page")
+    with console(setup) as base:
+        client, _ = login(base, "vik")
+        pages = client.get("/").text + client.get("/runs/refund-pw-page").text
+        client.close()
+
+    assert (False, True) == (SECRET in pages, ":***@" in pages)
+
+
+def test_a_slow_notify_command_does_not_keep_the_journal_from_the_person_it_notified(tmp_path: Path) -> None:
+    """``run --notify-command`` called its hooks while the run still held the journal's writer lock: the
+    person it told could not approve (exit 6, journal locked) until the command ended or its 30 s ran
+    out. Proves: while a notify command that sleeps after telling is still running, the very approve
+    command it was given, pasted into a shell, is journaled (exit 0)."""
+    setup = Setup(tmp_path)
+    proc = _run_held(
+        setup, "refund-slow", "--notify-command", 'printf %s "$EFFECTLOG_NOTIFY_COMMAND" > cmd.tmp; mv cmd.tmp cmd; sleep 5'
+    )
+    deadline = time.monotonic() + SAFETY_TIMEOUT_S
+    while not (tmp_path / "cmd").exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    command = (tmp_path / "cmd").read_text().replace("NAME", "olga", 1)
+    assert command.startswith("effectlog approve ")
+    done = subprocess.run(
+        f"{sys.executable} -m {command}", shell=True, cwd=tmp_path, env=cli_env(),
+        capture_output=True, text=True, timeout=SAFETY_TIMEOUT_S,
+    )  # fmt: skip
+    hook_still_running = proc.poll() is None
+    proc.communicate(timeout=SAFETY_TIMEOUT_S)
+
+    assert (0, True, 4) == (done.returncode, hook_still_running, proc.returncode), done.stderr
+
+
+def test_a_notify_command_that_leaves_a_child_behind_is_delivered_when_the_command_exits(tmp_path: Path) -> None:
+    """A notify command ran with its stderr on a pipe and was waited for until that pipe closed: a command
+    that starts something in the background (``notify-send ... &``, ``curl ... &``) and exits 0 held the
+    run for the whole timeout and was then reported as not delivered. Proves: the hook returns as soon
+    as the command exits 0, while its background child still runs."""
+    hook = command_hook(f"touch {tmp_path / 'told'}; sleep 4 &", timeout_s=2.0)
+    hook(NOTE)  # raised subprocess.TimeoutExpired after 2 s
+    assert (tmp_path / "told").exists()
+
+
+def test_a_notify_command_that_runs_past_its_timeout_leaves_nothing_running(tmp_path: Path) -> None:
+    """On the timeout only the shell was killed: what it had started (a subshell, a pipeline's other
+    parts) went on running, unwatched, after the notification was reported as not delivered. Proves:
+    after the timeout, nothing the command started acts any more (its late marker never appears)."""
+    hook = command_hook(f"(sleep 1.5; touch {tmp_path / 'late'}); true", timeout_s=0.5)
+    with pytest.raises(Exception):  # noqa: B017, PT011 - a timeout is reported; which type is deliver()'s concern
+        hook(NOTE)
+    time.sleep(2.5)
+    assert not (tmp_path / "late").exists()
+
+
+class _Redirecting:
+    """A receiver on 127.0.0.1 whose ``/`` answers ``302 Location: /moved``; it records every request."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, str, bytes]] = []
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def _record(self) -> None:
+                size = int(self.headers.get("Content-Length") or 0)
+                outer.seen.append((self.command, self.path, self.rfile.read(size)))
+                if self.path == "/":
+                    self.send_response(302)
+                    self.send_header("Location", "/moved")
+                else:
+                    self.send_response(200)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            do_GET = do_POST = _record
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+
+@pytest.fixture
+def redirecting() -> Iterator[_Redirecting]:
+    r = _Redirecting()
+    yield r
+    r.server.shutdown()
+    r.server.server_close()
+
+
+def test_a_notify_url_that_redirects_is_not_counted_as_delivered(redirecting: _Redirecting) -> None:
+    """urllib follows a 302 to a POST with a GET that has no body: the notification reached nobody, yet the
+    hook returned as delivered, and nothing on stderr told anyone. Proves: a redirect is reported as not
+    delivered (``HookFailed`` naming it), and no bodiless request is sent on in the notification's place."""
+    hook = url_hook(redirecting.url, timeout_s=5.0)
+    with pytest.raises(HookFailed, match="redirect"):
+        hook(NOTE)
+    assert [("POST", "/")] == [(method, path) for method, path, _ in redirecting.seen]
+
+
+# -- the console ---------------------------------------------------------------------------------------------
+
+
+def test_a_login_post_larger_than_any_form_is_refused_before_it_is_read(tmp_path: Path) -> None:
+    """``POST /login`` needs no session, and Starlette reads a urlencoded form whole into memory: anyone who
+    could reach the console could make it buffer a body of any size (Content-Length 1 GB, sent slowly).
+    Proves: a body announced above the console's limit is answered 413 after its first MiB, without
+    waiting for the rest, and the console still serves a login page afterwards."""
+    setup = Setup(tmp_path)
+    setup.held("refund-big")
+    with console(setup) as base:
+        port = int(base.rsplit(":", 1)[1])
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+            s.sendall(
+                b"POST /login HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/x-www-form-urlencoded\r\n"
+                b"Content-Length: 1000000000\r\n\r\n" + b"a" * (1 << 20)
+            )
+            try:
+                status_line = s.recv(64).split(b"\r\n", 1)[0]
+            except TimeoutError:
+                status_line = b"(no answer: the console was still reading the body)"
+        after = httpx.get(f"{base}/login", timeout=10).status_code
+
+    assert (b"HTTP/1.1 413 Request Entity Too Large", 200) == (status_line, after)
+
+
+def test_two_operators_approving_one_held_step_at_once_journal_one_approval(tmp_path: Path) -> None:
+    """The page (olga's session) and the JSON API (olga's token) approve the same held call at the same
+    moment, each with the digest it saw. Proves: exactly one ``step.approved`` is journaled; the other
+    decision is refused as a conflict (409), never a second approval and never a 500."""
+    setup = Setup(tmp_path)
+    run_id = setup.held("refund-race")
+    with console(setup) as base:
+        client, token = login(base, "olga")
+        digest = digest_on_page(client.get(f"/runs/{run_id}").text)
+        api = httpx.Client(base_url=base, headers={"Authorization": f"Bearer {TOKENS['olga']}"}, timeout=60)
+        gate = threading.Barrier(2)
+        answers: dict[str, int] = {}
+
+        def by_page() -> None:
+            gate.wait()
+            url = f"/runs/{run_id}/steps/refund/approve"
+            answers["page"] = client.post(url, data={"csrf": token, "digest": digest, "attempt": "1"}).status_code
+
+        def by_api() -> None:
+            gate.wait()
+            url = f"/api/runs/{run_id}/steps/refund/approve"
+            answers["api"] = api.post(url, json={"digest": digest, "attempt": "1"}).status_code
+
+        threads = [threading.Thread(target=by_page), threading.Thread(target=by_api)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        client.close()
+        api.close()
+
+    approved = [e for e in setup.timeline(run_id) if e["type"] == "step.approved"]
+    won = [answers["page"] == 303, answers["api"] == 200]
+    assert (1, 1, True) == (len(approved), won.count(True), 409 in answers.values()), answers
+
+
+# -- the trace's reader --------------------------------------------------------------------------------------
+
+
+def test_verify_trace_given_a_fifo_refuses_it_instead_of_waiting_for_a_writer(tmp_path: Path) -> None:
+    """``verify_trace`` opened whatever it was given and read it: a FIFO nobody writes to blocked it for
+    ever (``/dev/zero``, one endless line, would exhaust memory). ``load_plan`` refuses such files before
+    reading. Proves: a FIFO is refused with ``BadInput`` naming it, at once."""
+    fifo = tmp_path / "trace.jsonl"
+    os.mkfifo(fifo)
+    code = (
+        "from effectlog.errors import BadInput\nfrom effectlog.trace import verify_trace\n"
+        f"try:\n    verify_trace({str(fifo)!r})\nexcept BadInput as exc:\n    print('refused:', exc)\n"
+    )
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", code], env=cli_env(), capture_output=True, text=True, timeout=15
+        )
+        out = done.stdout
+    except subprocess.TimeoutExpired:
+        out = "(still waiting for a writer after 15 s)"
+    assert out.startswith(f"refused: {fifo}"), out
+
+
+def test_verify_trace_names_a_line_nested_deeper_than_the_parser_goes(tmp_path: Path) -> None:
+    """A line of JSON nested deeper than the parser's recursion limit raised RecursionError out of
+    ``verify_trace`` (only ValueError was caught). Proves: such a line after a good record is named as
+    ``(1, 2, "not a trace record")``."""
+    from effectlog import events as ev
+    from effectlog.trace import Trace, verify_trace
+
+    path = tmp_path / "t.jsonl"
+    trace = Trace(path)
+    trace.record(ev.RunStarted(run_id="r", seq=1, ts=1, plan_digest="d"))
+    trace.close()
+    with path.open("a") as fh:
+        fh.write("[" * 200_000 + "]" * 200_000 + "\n")
+    assert (1, 2, "not a trace record") == verify_trace(path)
