@@ -26,7 +26,7 @@ import pytest
 
 from console_kit import TOKENS, Setup, console, digest_on_page, held_plan, login
 from effectlog.notify import HookFailed, Notification, command_hook, url_hook
-from hardening_kit import SAFETY_TIMEOUT_S, cli_env, effectlog
+from hardening_kit import SAFETY_TIMEOUT_S, cli_env
 
 pytest_plugins = ["pg_fixture"]
 
@@ -60,7 +60,8 @@ def test_a_notification_of_a_postgresql_run_never_carries_the_journal_urls_passw
     ``command``, while the fleet runner already masked it. Proves: the JSON on the command's stdin and
     its ``EFFECTLOG_NOTIFY_COMMAND`` hold no password, and the command still names the journal."""
     setup = Setup(tmp_path, journal=_with_password(pg_url))
-    proc = _run_held(setup, "refund-pw", "--notify-command", 'cat > note.json; printf %s "$EFFECTLOG_NOTIFY_COMMAND" > cmd')
+    hook = 'cat > note.json; printf %s "$EFFECTLOG_NOTIFY_COMMAND" > cmd'
+    proc = _run_held(setup, "refund-pw", "--notify-command", hook)
     proc.communicate(timeout=SAFETY_TIMEOUT_S)
     note = (tmp_path / "note.json").read_text()
     command = (tmp_path / "cmd").read_text()
@@ -91,9 +92,8 @@ def test_a_slow_notify_command_does_not_keep_the_journal_from_the_person_it_noti
     out. Proves: while a notify command that sleeps after telling is still running, the very approve
     command it was given, pasted into a shell, is journaled (exit 0)."""
     setup = Setup(tmp_path)
-    proc = _run_held(
-        setup, "refund-slow", "--notify-command", 'printf %s "$EFFECTLOG_NOTIFY_COMMAND" > cmd.tmp; mv cmd.tmp cmd; sleep 5'
-    )
+    hook = 'printf %s "$EFFECTLOG_NOTIFY_COMMAND" > cmd.tmp; mv cmd.tmp cmd; sleep 5'
+    proc = _run_held(setup, "refund-slow", "--notify-command", hook)
     deadline = time.monotonic() + SAFETY_TIMEOUT_S
     while not (tmp_path / "cmd").exists() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
