@@ -30,6 +30,7 @@ from starlette.responses import PlainTextResponse, RedirectResponse, Response, S
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from effectlog.cli.run_views import when
 from effectlog.console import api, changes, decisions, diagram, views
@@ -38,12 +39,14 @@ from effectlog.console.users import User, check_password
 from effectlog.errors import Conflict, EffectlogError, JournalLocked
 from effectlog.fleet.protocol import FleetStore
 from effectlog.journal import Journal
+from effectlog.notify import shown_location
 from effectlog.spec import compiled
 from effectlog.summary import RUN_STATES
 
 ATTEMPT_STATES: tuple[str, ...] = compiled("attempt").spec.states
 
 T = TypeVar("T")
+MAX_BODY_BYTES = 1 << 20  # a decision's form or JSON is a few fields of text; no request needs more
 LOGIN_FAILURES = 5  # failed logins per user name (and per client address) within LOGIN_WINDOW_S
 LOGIN_WINDOW_S = 60.0
 SESSION_MAX_AGE_S = 8 * 3600
@@ -87,9 +90,13 @@ def create_app(config: Config) -> Starlette:
         "step", state, ident=ident, title=f"step {ident}: {state} (the step machine, from specs/step.toml)"
     )
 
+    # Every page shows where it reads from: a PostgreSQL URL's password is not shown (viewers see pages too).
+    shown_journal = shown_location(config.journal)
+    shown_store = shown_location(config.store) if config.store is not None else None
+
     def page(request: Request, name: str, status: int = 200, **context: Any) -> Response:
         context.update(
-            request=request, user=_user(request), csrf=_csrf(request), location=config.journal, store=config.store
+            request=request, user=_user(request), csrf=_csrf(request), location=shown_journal, store=shown_store
         )
         return templates.TemplateResponse(request, name, context, status_code=status)
 
@@ -294,6 +301,7 @@ def create_app(config: Config) -> Starlette:
             Mount("/static", app=StaticFiles(directory=static_dir), name="static"),
         ],
         middleware=[
+            Middleware(_BodyLimit),
             Middleware(
                 SessionMiddleware,
                 secret_key=config.secret_key,
@@ -305,6 +313,40 @@ def create_app(config: Config) -> Starlette:
         ],
         exception_handlers={HTTPException: http_error, EffectlogError: effectlog_error, Exception: server_error},
     )
+
+
+class _BodyLimit:
+    """Refuses a request body above ``MAX_BODY_BYTES`` with 413, before it is read.
+
+    Starlette reads a urlencoded form (``POST /login`` too, which needs no session) and a JSON body
+    whole into memory: without a limit, anyone who reached the console could make it buffer any size.
+    A body announced larger is refused at once; one that streams past the limit (chunked, or longer
+    than announced) is cut off as it arrives."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        announced = dict(scope["headers"]).get(b"content-length", b"0")
+        if not announced.isdigit() or int(announced) > MAX_BODY_BYTES:
+            await PlainTextResponse(
+                f"request body larger than {MAX_BODY_BYTES} bytes: refused", status_code=413
+            )(scope, receive, send)
+            return
+        seen = 0
+
+        async def limited() -> Message:
+            nonlocal seen
+            message = await receive()
+            seen += len(message.get("body", b""))
+            if seen > MAX_BODY_BYTES:
+                raise HTTPException(413, f"request body larger than {MAX_BODY_BYTES} bytes: refused")
+            return message
+
+        await self.app(scope, limited, send)
 
 
 _DUMMY_HASH = "scrypt$16384$8$1$AAAAAAAAAAAAAAAAAAAAAA==$AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA="
