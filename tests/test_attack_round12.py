@@ -349,3 +349,37 @@ def test_a_decision_posted_after_the_journal_was_moved_away_creates_no_journal(t
 
     assert (True, False) == (done.status_code in (400, 404, 409), Path(setup.journal).exists()), done.status_code
     assert "no journal file there" in done.text
+
+
+def _session_held(journal: Path, run_id: str) -> None:
+    """A session run ``run_id`` in ``journal`` whose one tool call (step-1) is held for approval."""
+    import asyncio
+
+    from effectlog.session import Session, SqliteCheckpointer
+    from session_kit import drive, scripted
+
+    def hold(call: Any) -> str:
+        return "require_approval"
+
+    with SqliteCheckpointer(journal) as store:
+        asyncio.run(drive(Session(run_id, scripted(journal.parent / "calls.log"), store, policy=hold)))
+
+
+@pytest.mark.parametrize("run_id", ["refund?x", "refund#x", "refund%3Fx"])
+def test_after_a_decision_the_console_shows_the_run_decided_not_another(tmp_path: Path, run_id: str) -> None:
+    """A session run's id may hold ``?``, ``#`` or ``%``; the page links to it encoded, but the redirect
+    after a decision put the id into ``Location`` raw: approving run ``refund?x`` sent the browser to the
+    page of run ``refund`` (``%3F`` to the run ``?``), under a "decided" banner. Proves: the redirect's
+    path, decoded, is the decided run's own page."""
+    from urllib.parse import quote, unquote
+
+    setup = Setup(tmp_path)
+    _session_held(Path(setup.journal), run_id)
+    with console(setup) as base:
+        client, token = login(base, "olga")
+        page = f"/runs/{quote(run_id, safe='')}"
+        digest = digest_on_page(client.get(page).text)
+        done = client.post(f"{page}/steps/step-1/approve", data={"csrf": token, "digest": digest})
+        client.close()
+
+    assert (303, f"/runs/{run_id}") == (done.status_code, unquote(urlsplit(done.headers["location"]).path))
