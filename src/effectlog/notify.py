@@ -176,7 +176,10 @@ def cli_hooks(command: str | None, url: str | None) -> tuple[Notifier, ...]:
 
 
 def shown_location(location: str) -> str:
-    """A journal or store location fit to send: a URL's password is never part of a notification."""
+    """A journal or store location fit to send: a URL's password is never part of a notification, and a
+    file's path is made absolute, so the command a notification carries works from any directory."""
+    if "://" not in location:
+        return os.path.abspath(location)
     try:
         parts = urllib.parse.urlsplit(location)
         if parts.password is None:
@@ -207,7 +210,7 @@ def notify_new_waits(
     sent: list[Notification] = []
     if not notifiers:
         return sent
-    location = shown_location(location)  # a journal URL's password is never sent to a receiver
+    location = shown_location(location)  # no URL's password, no path relative to this directory
     for run_id, seq in since.items():
         held: dict[str, tuple[int, str]] = {}
         for record in journal.read(run_id, seq):
