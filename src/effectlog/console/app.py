@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
+from urllib.parse import quote
 
 from jinja2 import Environment, PackageLoader, select_autoescape
 from starlette.applications import Starlette
@@ -219,7 +220,8 @@ def create_app(config: Config) -> Starlette:
             return await run(request, error=str(exc), status=409)
         except EffectlogError as exc:
             return await run(request, error=str(exc), status=400)
-        return RedirectResponse(f"/runs/{run_id}?decided={action}", status_code=303)
+        # Encoded whole: a raw ? # or % in a run id made the browser show another run under "decided".
+        return RedirectResponse(f"/runs/{quote(run_id, safe='')}?decided={action}", status_code=303)
 
     async def fleet_requests(request: Request) -> Response:
         if _user(request) is None:
