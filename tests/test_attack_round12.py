@@ -383,3 +383,50 @@ def test_after_a_decision_the_console_shows_the_run_decided_not_another(tmp_path
         client.close()
 
     assert (303, f"/runs/{run_id}") == (done.status_code, unquote(urlsplit(done.headers["location"]).path))
+
+
+def test_a_notify_url_that_answers_a_byte_at_a_time_is_given_up_after_its_timeout() -> None:
+    """``url_hook``'s timeout was urllib's, a limit on each socket read: a receiver that answers one byte
+    every 0.3 s (a stuck proxy, a tarpit) held the caller (``run``'s exit, a fleet runner's loop) for as
+    long as it kept dribbling. Proves: with ``timeout_s=1`` and an answer that takes about 5 s, the hook
+    reports the notification as not delivered instead of waiting for the end."""
+    answer = b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+
+    def dribble() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            conn.recv(65536)
+            for i in range(len(answer)):
+                try:
+                    conn.sendall(answer[i : i + 1])
+                except OSError:
+                    return
+                time.sleep(0.12)
+
+    server = threading.Thread(target=dribble, daemon=True)
+    server.start()
+    try:
+        with pytest.raises(HookFailed, match="1s"):
+            url_hook(f"http://127.0.0.1:{port}/", timeout_s=1.0)(NOTE)
+    finally:
+        server.join(timeout=10)
+        listener.close()
+
+
+def test_a_csrf_token_of_another_session_of_the_same_user_is_refused(tmp_path: Path) -> None:
+    """Two logins of one operator: the token of one session posted with the other's cookie (a form saved
+    from another browser, a token leaked from one session). Proves: 403, and nothing is journaled."""
+    setup = Setup(tmp_path)
+    run_id = setup.held("refund-csrf")
+    with console(setup) as base:
+        first, first_token = login(base, "olga")
+        second, _ = login(base, "olga")
+        digest = digest_on_page(second.get(f"/runs/{run_id}").text)
+        done = second.post(f"/runs/{run_id}/steps/refund/approve", data={"csrf": first_token, "digest": digest})
+        first.close()
+        second.close()
+
+    approved = [e for e in setup.timeline(run_id) if e["type"] == "step.approved"]
+    assert (403, []) == (done.status_code, approved)
