@@ -23,6 +23,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -152,15 +153,31 @@ def url_hook(url: str, *, timeout_s: float = 10.0) -> Notifier:
         raise BadInput(f"--notify-url {shown_location(url)!r}: expected an http:// or https:// URL")
 
     def notify_url(note: Notification) -> None:
-        request = urllib.request.Request(  # noqa: S310 - the scheme is checked above
-            url,
-            data=encode(note),
-            method="POST",
-            headers={"Content-Type": "application/json", "Idempotency-Key": note.key},
-        )
-        with _OPENER.open(request, timeout=timeout_s) as response:
-            if response.status >= 300:
-                raise HookFailed(f"{shown_location(url)} answered HTTP {response.status}")
+        # urllib's timeout bounds each socket read, not the answer: a receiver sending a byte at a time
+        # would hold the caller for as long as it liked. The POST runs on a daemon thread, given timeout_s.
+        failed: list[BaseException] = []
+
+        def post() -> None:
+            request = urllib.request.Request(  # noqa: S310 - the scheme is checked above
+                url,
+                data=encode(note),
+                method="POST",
+                headers={"Content-Type": "application/json", "Idempotency-Key": note.key},
+            )
+            try:
+                with _OPENER.open(request, timeout=timeout_s) as response:
+                    if response.status >= 300:
+                        raise HookFailed(f"{shown_location(url)} answered HTTP {response.status}")
+            except BaseException as exc:  # handed to the caller's thread, which reports it
+                failed.append(exc)
+
+        worker = threading.Thread(target=post, name="effectlog-notify-url", daemon=True)
+        worker.start()
+        worker.join(timeout_s)
+        if worker.is_alive():
+            raise HookFailed(f"{shown_location(url)} did not answer within {timeout_s:g}s; not waiting longer")
+        if failed:
+            raise failed[0]
 
     return notify_url
 
