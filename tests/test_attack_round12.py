@@ -430,3 +430,52 @@ def test_a_csrf_token_of_another_session_of_the_same_user_is_refused(tmp_path: P
 
     approved = [e for e in setup.timeline(run_id) if e["type"] == "step.approved"]
     assert (403, []) == (done.status_code, approved)
+
+
+# -- observability -------------------------------------------------------------------------------------------
+
+_SPANS_OF_A_LEAKY_TOOL = """
+import json, sys
+import msgspec
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from effectlog.plan import parse_plan
+from effectlog.runtime import Runtime
+
+exporter = InMemorySpanExporter()
+provider = TracerProvider()
+provider.add_span_processor(SimpleSpanProcessor(exporter))
+trace.set_tracer_provider(provider)
+
+class Leaky:  # a payment client whose error message echoes the request, card number and all
+    def invoke(self, request):
+        raise ConnectionError(f"reset while charging card {request.args['card']}")
+
+plan = parse_plan(msgspec.json.encode({
+    "run_id": "leak-1",
+    "adapters": {"psp": {"type": "leaky", "version": "1", "idempotent": False}},
+    "steps": [{"id": "charge", "adapter": "psp", "args": {"card": sys.argv[2]}, "secret": ["card"]}],
+}))
+with Runtime(sys.argv[1], adapters={"leaky": lambda decl, ctx: Leaky()}) as rt:
+    rt.run(plan)
+print(json.dumps([json.loads(s.to_json()) for s in exporter.get_finished_spans()]))
+"""
+
+
+def test_a_secret_arg_a_tool_echoes_in_its_error_reaches_no_span(tmp_path: Path) -> None:
+    """The journal's reason for a step whose tool raised is redacted (``plan.redact``: a tool may echo its
+    args), but the ``effectlog.tool`` span recorded the raw exception: its status description and its
+    ``exception`` event held the secret arg the tool echoed, for every trace backend to keep. Proves: no
+    exported span (status, attributes, events) holds the card number, and the tool span is still an error."""
+    pytest.importorskip("opentelemetry.sdk")
+    card = "4111111111111111"
+    done = subprocess.run(
+        [sys.executable, "-c", _SPANS_OF_A_LEAKY_TOOL, str(tmp_path / "j.db"), card],
+        env=cli_env(), capture_output=True, text=True, timeout=SAFETY_TIMEOUT_S,
+    )  # fmt: skip
+    assert 0 == done.returncode, done.stderr
+    spans = json.loads(done.stdout)
+    tool = next(s for s in spans if s["name"] == "effectlog.tool")
+    assert (False, "ERROR") == (card in done.stdout, tool["status"]["status_code"])
