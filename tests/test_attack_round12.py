@@ -479,3 +479,27 @@ def test_a_secret_arg_a_tool_echoes_in_its_error_reaches_no_span(tmp_path: Path)
     spans = json.loads(done.stdout)
     tool = next(s for s in spans if s["name"] == "effectlog.tool")
     assert (False, "ERROR") == (card in done.stdout, tool["status"]["status_code"])
+
+
+def test_verify_trace_reads_no_line_longer_than_any_record_into_memory(tmp_path: Path) -> None:
+    """``verify_trace`` read line by line, and a line is as long as the file makes it: a trace file of
+    1 GiB without a newline (here sparse: NUL bytes that take no disk) was read whole into memory, a
+    MemoryError under a process limit. Proves: under a 600 MiB address-space limit, a good record then
+    such a line is named as ``(1, 2, "not a trace record")``."""
+    from effectlog import events as ev
+    from effectlog.trace import Trace
+
+    path = tmp_path / "t.jsonl"
+    trace = Trace(path)
+    trace.record(ev.RunStarted(run_id="r", seq=1, ts=1, plan_digest="d"))
+    trace.close()
+    with path.open("r+b") as fh:
+        fh.truncate(path.stat().st_size + (1 << 30))
+    code = (
+        "import resource\nresource.setrlimit(resource.RLIMIT_AS, (600 << 20, 600 << 20))\n"
+        f"from effectlog.trace import verify_trace\nprint(verify_trace({str(path)!r}))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=cli_env(), capture_output=True, text=True, timeout=SAFETY_TIMEOUT_S
+    )
+    assert "(1, 2, 'not a trace record')" == done.stdout.strip(), done.stderr[-300:]
