@@ -38,6 +38,7 @@ from effectlog.events import (
 )
 
 _GENESIS_HEX = "0" * 64
+MAX_LINE_BYTES = 16 << 20  # a record carries ids, digests and a reason, never args or receipts: far less
 _FIELDS_NEVER_TRACED = frozenset({"args", "plan", "receipt", "evidence"})
 _OUTCOMES: dict[type, str] = {
     StepConfirmed: "confirmed",
@@ -215,7 +216,10 @@ def verify_trace(path: str | os.PathLike[str], *, key: bytes | None = None) -> t
     except OSError as exc:
         raise BadInput(f"{path}: cannot open the trace file ({exc.strerror})") from None
     with os.fdopen(fd, "rb") as fh:
-        for lineno, line in enumerate(fh, start=1):
+        # Read no line past MAX_LINE_BYTES: a file without newlines would otherwise be read whole.
+        for lineno, line in enumerate(iter(lambda: fh.readline(MAX_LINE_BYTES + 1), b""), start=1):
+            if len(line) > MAX_LINE_BYTES:
+                return count, lineno, "not a trace record"
             if not line.strip():
                 continue
             stored = _record_hash(line)
