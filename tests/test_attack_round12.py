@@ -503,3 +503,34 @@ def test_verify_trace_reads_no_line_longer_than_any_record_into_memory(tmp_path:
         [sys.executable, "-c", code], env=cli_env(), capture_output=True, text=True, timeout=SAFETY_TIMEOUT_S
     )
     assert "(1, 2, 'not a trace record')" == done.stdout.strip(), done.stderr[-300:]
+
+
+def test_a_notify_url_with_credentials_in_it_is_delivered_with_them_as_basic_auth() -> None:
+    """``--notify-url https://user:token@hooks.example/path`` (how many webhooks are handed out): urllib took
+    ``user:token@host`` for the host name, so every notification failed "Name or service not known", and
+    the receiver never saw it. Proves: the receiver gets the POST, its JSON body, and the credentials as
+    ``Authorization: Basic``, as curl sends them; the URL's password is in no error message."""
+    import base64
+
+    seen: list[tuple[str | None, dict[str, Any]]] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            seen.append((self.headers.get("Authorization"), json.loads(body)))
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url_hook(f"http://ops:{SECRET}@127.0.0.1:{server.server_address[1]}/hook", timeout_s=5.0)(NOTE)
+    finally:
+        server.shutdown()
+        server.server_close()
+    basic = "Basic " + base64.b64encode(f"ops:{SECRET}".encode()).decode()
+    assert [(basic, "r")] == [(auth, body["run_id"]) for auth, body in seen]
