@@ -17,6 +17,7 @@ Around a plan run in your own code: ``since = marks(journal, [run_id])`` before
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import os
 import signal
@@ -150,7 +151,11 @@ _OPENER = urllib.request.build_opener(_NoRedirect)
 def url_hook(url: str, *, timeout_s: float = 10.0) -> Notifier:
     """POST the notification as JSON to ``url`` (any host the user names); a redirect is not followed."""
     if not url.startswith(("http://", "https://")):
-        raise BadInput(f"--notify-url {shown_location(url)!r}: expected an http:// or https:// URL")
+        shown = shown_location(url) if "://" in url else url  # a URL's password is not echoed either
+        raise BadInput(f"--notify-url {shown!r}: expected an http:// or https:// URL")
+
+    # urllib takes user:password@host for the host name: the credentials go in a Basic header, as curl sends them.
+    target, auth = _without_userinfo(url)
 
     def notify_url(note: Notification) -> None:
         # urllib's timeout bounds each socket read, not the answer: a receiver sending a byte at a time
@@ -158,11 +163,9 @@ def url_hook(url: str, *, timeout_s: float = 10.0) -> Notifier:
         failed: list[BaseException] = []
 
         def post() -> None:
+            headers = {"Content-Type": "application/json", "Idempotency-Key": note.key, **auth}
             request = urllib.request.Request(  # noqa: S310 - the scheme is checked above
-                url,
-                data=encode(note),
-                method="POST",
-                headers={"Content-Type": "application/json", "Idempotency-Key": note.key},
+                target, data=encode(note), method="POST", headers=headers
             )
             try:
                 with _OPENER.open(request, timeout=timeout_s) as response:
@@ -180,6 +183,21 @@ def url_hook(url: str, *, timeout_s: float = 10.0) -> Notifier:
             raise failed[0]
 
     return notify_url
+
+
+def _without_userinfo(url: str) -> tuple[str, dict[str, str]]:
+    """``url`` without ``user:password@``, and the ``Authorization: Basic`` header they make (if any)."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+        if parts.username is None and parts.password is None:
+            return url, {}
+        host = parts.netloc.rsplit("@", 1)[1]
+    except ValueError:
+        return url, {}  # urllib will say what is wrong with it
+    user = urllib.parse.unquote(parts.username or "")
+    secret = urllib.parse.unquote(parts.password or "")
+    token = base64.b64encode(f"{user}:{secret}".encode()).decode()
+    return urllib.parse.urlunsplit(parts._replace(netloc=host)), {"Authorization": f"Basic {token}"}
 
 
 def cli_hooks(command: str | None, url: str | None) -> tuple[Notifier, ...]:
