@@ -534,3 +534,54 @@ def test_a_notify_url_with_credentials_in_it_is_delivered_with_them_as_basic_aut
         server.server_close()
     basic = "Basic " + base64.b64encode(f"ops:{SECRET}".encode()).decode()
     assert [(basic, "r")] == [(auth, body["run_id"]) for auth, body in seen]
+
+
+HANGING_LOOKUP = """
+import time
+
+
+class LostReplyHangingLookup:  # the send's answer is lost; asked later, the provider never answers either
+    def invoke(self, request):
+        raise ConnectionError("connection reset after the effect")
+
+    def lookup(self, request):
+        time.sleep(20)
+
+
+ADAPTERS = {"test.hanging-lookup": lambda decl, ctx: LostReplyHangingLookup()}
+"""
+
+
+def test_a_lookup_that_never_answers_gives_the_operator_an_answer_within_the_steps_timeout(tmp_path: Path) -> None:
+    """*Ask the step's own adapter* (reconcile-by-lookup) called the adapter's ``lookup`` with no time limit,
+    on one of the console's worker threads: a provider that never answers held the operator's page (and a
+    worker) for ever, and a few clicks more left the console no worker to serve anyone. The send itself
+    is bounded by the step's ``timeout_s``. Proves: with ``timeout_s: 1``, the decision is refused within
+    the client's 15 s, saying the lookup did not answer, the step stays uncertain and nothing is written."""
+    (tmp_path / "hang_tools.py").write_text(HANGING_LOOKUP)
+    setup = Setup(tmp_path)
+    plan = {
+        "run_id": "charge-hang",
+        "adapters": {"psp": {"type": "test.hanging-lookup", "version": "1", "idempotent": False}},
+        "steps": [{"id": "charge", "adapter": "psp", "args": {"amount_cents": 1}, "timeout_s": 1}],
+    }
+    (tmp_path / "charge-hang.json").write_text(json.dumps(plan))
+    made = subprocess.run(
+        [sys.executable, "-m", "effectlog", "run", "charge-hang.json", "--journal", setup.journal,
+         "--adapters", "hang_tools:ADAPTERS"],
+        cwd=tmp_path, env=cli_env({"PYTHONPATH": str(tmp_path)}), capture_output=True, text=True,
+        timeout=SAFETY_TIMEOUT_S,
+    )  # fmt: skip
+    assert 3 == made.returncode, made.stderr
+    before = setup.timeline("charge-hang")
+    with console(setup, "--adapters", "hang_tools:ADAPTERS") as base:
+        client, token = login(base, "olga")
+        url = "/runs/charge-hang/steps/charge/reconcile-by-lookup"
+        try:
+            done = client.post(url, data={"csrf": token, "attempt": "1"}, timeout=15)
+            answer = (done.status_code, "did not answer" in done.text)
+        except httpx.TimeoutException:
+            answer = (0, False)
+        client.close()
+
+    assert ((400, True), before) == (answer, setup.timeline("charge-hang"))
