@@ -585,3 +585,33 @@ def test_a_lookup_that_never_answers_gives_the_operator_an_answer_within_the_ste
         client.close()
 
     assert ((400, True), before) == (answer, setup.timeline("charge-hang"))
+
+
+def test_a_session_notification_names_its_journal_so_the_command_works_from_anywhere(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``Session(..., notify=hook)`` (``durable.run(..., notify=)``) on ``SqliteCheckpointer("runs.db")``: the
+    notification's command named the journal relative to the program's directory, and the person it
+    reached pasted it elsewhere ("no journal file there"). Proves: the notified approve command, pasted
+    in another directory, journals the approval (exit 0)."""
+    import asyncio
+
+    from effectlog.session import Session, SqliteCheckpointer
+    from session_kit import drive, scripted
+
+    told: list[Notification] = []
+
+    def hold(call: Any) -> str:
+        return "require_approval"
+
+    monkeypatch.chdir(tmp_path)
+    with SqliteCheckpointer("runs.db") as store:
+        asyncio.run(drive(Session("wire-1", scripted(tmp_path / "calls.log"), store, policy=hold, notify=told.append)))
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    command = told[0].command.replace("NAME", "olga", 1)
+    done = subprocess.run(
+        f"{sys.executable} -m {command}", shell=True, cwd=elsewhere, env=cli_env(),
+        capture_output=True, text=True, timeout=SAFETY_TIMEOUT_S,
+    )  # fmt: skip
+    assert 0 == done.returncode, (command, done.stderr)
