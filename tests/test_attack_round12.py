@@ -615,3 +615,47 @@ def test_a_session_notification_names_its_journal_so_the_command_works_from_anyw
         capture_output=True, text=True, timeout=SAFETY_TIMEOUT_S,
     )  # fmt: skip
     assert 0 == done.returncode, (command, done.stderr)
+
+
+def test_a_notify_command_that_closes_its_stdin_at_once_is_delivered(tmp_path: Path) -> None:
+    """A command that closes its stdin before reading the notification (``exec <&-``) and exits 0: nothing
+    breaks on a pipe nobody reads. Proves: the hook returns, the command ran."""
+    command_hook(f"exec <&-; touch {tmp_path / 'ran'}", timeout_s=10.0)(
+        Notification(kind="stopped", run_id="r", reason="x" * 300_000)  # larger than a pipe's buffer
+    )
+    assert (tmp_path / "ran").exists()
+
+
+@pytest.mark.parametrize("url", ["http+unix://%2Ftmp%2Fhook.sock/notify", "unix:///tmp/hook.sock", "file:///etc/passwd"])
+def test_a_notify_url_that_is_no_http_url_is_refused_before_the_run(url: str) -> None:
+    """``--notify-url`` takes http:// and https:// only: a unix socket or a file URL is refused when the hook
+    is made (before any run), not found out at the first notification. Proves: ``BadInput`` naming it."""
+    from effectlog.errors import BadInput
+
+    with pytest.raises(BadInput, match="expected an http:// or https:// URL"):
+        url_hook(url)
+
+
+def test_a_chunked_login_body_that_streams_past_the_limit_is_cut_off(tmp_path: Path) -> None:
+    """A body sent chunked announces no length: it is counted as it arrives. Proves: 2 MiB of chunks to
+    ``POST /login`` are answered 413, and the console still serves a login page afterwards."""
+    setup = Setup(tmp_path)
+    setup.held("refund-chunked")
+    chunk = b"a" * 65536
+    with console(setup) as base:
+        port = int(base.rsplit(":", 1)[1])
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+            s.sendall(
+                b"POST /login HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/x-www-form-urlencoded\r\n"
+                b"Transfer-Encoding: chunked\r\n\r\n"
+            )
+            try:
+                for _ in range(32):
+                    s.sendall(b"%x\r\n" % len(chunk) + chunk + b"\r\n")
+                s.sendall(b"0\r\n\r\n")
+            except OSError:
+                pass  # the console may close the connection once it has answered
+            status_line = s.recv(64).split(b"\r\n", 1)[0]
+        after = httpx.get(f"{base}/login", timeout=10).status_code
+
+    assert (b"HTTP/1.1 413 Request Entity Too Large", 200) == (status_line, after)
