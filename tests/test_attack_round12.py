@@ -683,3 +683,59 @@ def test_a_session_run_whose_id_holds_a_slash_can_be_opened_from_needs_attention
         client.close()
 
     assert (200, True) == (page.status_code, 'name="digest"' in page.text)
+
+
+# -- fleet decisions -----------------------------------------------------------------------------------------
+
+BROKEN_FACTORY = """
+def _explode(decl, context):
+    raise RuntimeError("factory bug")
+
+
+BROKEN = {"broken": _explode}
+"""
+
+
+def test_two_operators_deciding_one_request_at_once_make_one_decision(tmp_path: Path) -> None:
+    """A request that needs an operator; two real ``effectlog operator`` processes, one ``requeue``, one
+    ``fail`` and another ``requeue``, all about attempt 1, started together. Proves: exactly one decision is
+    recorded (one exits 0, the others 2 ``wrong_state`` or 5 stale, nothing written), and the request is in
+    the state that one decision gives it."""
+    from effectlog.fleet import open_store
+
+    (tmp_path / "broken_tools.py").write_text(BROKEN_FACTORY)
+    store = str(tmp_path / "fleet.db")
+    (tmp_path / "broken.json").write_text(
+        json.dumps({"run_id": "b-1", "adapters": {"b": {"type": "broken"}}, "steps": [{"id": "s", "adapter": "b"}]})
+    )
+    env = cli_env({"PYTHONPATH": str(tmp_path)})
+
+    def cli(*argv: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "effectlog", *argv], cwd=tmp_path, env=env, capture_output=True, text=True,
+            timeout=SAFETY_TIMEOUT_S,
+        )  # fmt: skip
+
+    assert 0 == cli("submit", "broken.json", "--store", store, "--scope", "s", "--key", "k").returncode
+    ran = cli("runner", "--store", store, "--adapters", "broken_tools:BROKEN", "--exit-when-idle", "--poll-s", "0.01")
+    assert 0 == ran.returncode, ran.stderr
+    with open_store(store) as s:
+        (request,) = s.requests()
+    assert "needs_operator" == request.state
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "effectlog", "operator", action, "--store", store, "--request",
+             str(request.request_id), "--attempt", "1", "--by", who, "--reason", "decided"],
+            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        for action, who in (("requeue", "olga"), ("fail", "vik"), ("requeue", "ivan"))
+    ]
+    codes = [p.wait(timeout=SAFETY_TIMEOUT_S) for p in procs]
+    for p in procs:
+        p.communicate()
+    with open_store(store) as s:
+        history = [h for h in s.history(request.request_id) if h.actor == "operator"]
+        after = s.request(request.request_id)
+    winner = ("requeue", "fail", "requeue")[codes.index(0)] if 0 in codes else ""
+    assert (1, True) == (codes.count(0), all(c in (2, 5) for c in codes if c != 0)), codes  # wrong_state or stale
+    assert (1, {"requeue": "queued", "fail": "failed"}[winner]) == (len(history), after.state)
