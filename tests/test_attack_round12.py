@@ -722,14 +722,14 @@ def test_two_operators_deciding_one_request_at_once_make_one_decision(tmp_path: 
     with open_store(store) as s:
         (request,) = s.requests()
     assert "needs_operator" == request.state
-    procs = [
-        subprocess.Popen(
+    def decide(action: str, who: str) -> subprocess.Popen[str]:
+        return subprocess.Popen(
             [sys.executable, "-m", "effectlog", "operator", action, "--store", store, "--request",
              str(request.request_id), "--attempt", "1", "--by", who, "--reason", "decided"],
             cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )  # fmt: skip
-        for action, who in (("requeue", "olga"), ("fail", "vik"), ("requeue", "ivan"))
-    ]
+
+    procs = [decide(action, who) for action, who in (("requeue", "olga"), ("fail", "vik"), ("requeue", "ivan"))]
     codes = [p.wait(timeout=SAFETY_TIMEOUT_S) for p in procs]
     for p in procs:
         p.communicate()
