@@ -200,18 +200,22 @@ def _ask(lookup: Any, request: Request, decl: StepDecl, who: str, journal: str) 
     # held the console's worker (and the operator's page) for ever. The thread is left to end on its own.
     limit = decl.timeout_s if decl.timeout_s is not None else LOOKUP_TIMEOUT_S
     answered: list[Any] = []
-    failed: list[Exception] = []
+    failed: list[BaseException] = []
 
     def ask() -> None:
         try:
             answered.append(lookup(request))
-        except Exception as exc:  # handed to the caller below, as if raised there
+        except BaseException as exc:  # handed to the caller below, as if raised there
             failed.append(exc)
 
-    worker = threading.Thread(target=ask, name="effectlog-lookup", daemon=True)
-    worker.start()
-    worker.join(limit)
-    if worker.is_alive():
+    adapter = getattr(lookup, "__self__", None)
+    if not getattr(adapter, "blocking", True) and decl.timeout_s is None:
+        ask()  # as the runtime sends to it: an adapter that says it never blocks is called on this thread
+    else:
+        worker = threading.Thread(target=ask, name="effectlog-lookup", daemon=True)
+        worker.start()
+        worker.join(limit)
+    if not (answered or failed):
         raise LookupUndecided(
             f"{who}: lookup did not answer within {limit:g}s; the step stays uncertain: {hint}",
             run_id=request.run_id,
