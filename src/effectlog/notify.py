@@ -140,7 +140,7 @@ class _NoRedirect(urllib.request.HTTPRedirectHandler):
         self, req: Any, fp: Any, code: int, msg: str, headers: Any, newurl: str
     ) -> None:
         raise HookFailed(
-            f"{shown_location(req.full_url)} answered a redirect ({code}) to {shown_location(newurl)}; "
+            f"{_origin(req.full_url)} answered a redirect ({code}) to {_origin(newurl)}; "
             "a notification is not re-sent to another address: give --notify-url the final one"
         )
 
@@ -170,7 +170,7 @@ def url_hook(url: str, *, timeout_s: float = 10.0) -> Notifier:
             try:
                 with _OPENER.open(request, timeout=timeout_s) as response:
                     if response.status >= 300:
-                        raise HookFailed(f"{shown_location(url)} answered HTTP {response.status}")
+                        raise HookFailed(f"{_origin(url)} answered HTTP {response.status}")
             except BaseException as exc:  # handed to the caller's thread, which reports it
                 failed.append(exc)
 
@@ -178,11 +178,21 @@ def url_hook(url: str, *, timeout_s: float = 10.0) -> Notifier:
         worker.start()
         worker.join(timeout_s)
         if worker.is_alive():
-            raise HookFailed(f"{shown_location(url)} did not answer within {timeout_s:g}s; not waiting longer")
+            raise HookFailed(f"{_origin(url)} did not answer within {timeout_s:g}s; not waiting longer")
         if failed:
             raise failed[0]
 
     return notify_url
+
+
+def _origin(url: str) -> str:
+    """``scheme://host[:port]`` of ``url``, for messages: a webhook's path or query is often its secret
+    (a chat service's hook URL), and stderr ends up in logs."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+        return f"{parts.scheme}://{parts.hostname or ''}" + (f":{parts.port}" if parts.port else "")
+    except ValueError:
+        return "(an unparsable URL)"
 
 
 def _without_userinfo(url: str) -> tuple[str, dict[str, str]]:
