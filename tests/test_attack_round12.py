@@ -661,28 +661,42 @@ def test_a_chunked_login_body_that_streams_past_the_limit_is_cut_off(tmp_path: P
     assert (b"HTTP/1.1 413 Request Entity Too Large", 200) == (status_line, after)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the console routes /runs/{run_id} on the decoded path: a run id holding '/' (a session's may) "
-    "is never matched, so such a held run is listed under Needs attention but its page and decisions are 404; "
-    "see the round 12 report",
-)
-def test_a_session_run_whose_id_holds_a_slash_can_be_opened_from_needs_attention(tmp_path: Path) -> None:
-    """A session run ``team/42`` held for approval is listed under Needs attention with a link to its page.
-    Proves: following that link shows the run's page with its approve form (200)."""
+@pytest.mark.parametrize("run_id", ["team/42", "team/42/steps/step-1"])
+def test_a_session_run_whose_id_holds_a_slash_can_be_opened_and_decided_from_the_console(
+    tmp_path: Path, run_id: str
+) -> None:
+    """A session run whose id holds ``/`` (``team/42``; one that looks like a decision's path, too) held for
+    approval is listed under Needs attention with a link to its page. Jinja's urlencode kept the ``/`` and
+    the routes matched one segment: the page and its decisions were 404. Proves: the link shows the run's
+    page with its approve form, approving there journals one ``step.approved`` in that run, and the
+    redirect comes back to its page."""
     import re
+    from urllib.parse import unquote
 
     setup = Setup(tmp_path)
-    _session_held(Path(setup.journal), "team/42")
+    _session_held(Path(setup.journal), run_id)
     with console(setup) as base:
-        client, _ = login(base, "olga")
+        client, token = login(base, "olga")
         attention = client.get("/").text
         link = re.search(r'href="(/runs/team[^"]*)"', attention)
         assert link is not None, attention
         page = client.get(link.group(1))
+        form = re.search(r'action="([^"]+/approve)"', page.text)
+        assert form is not None, page.text
+        done = client.post(form.group(1), data={"csrf": token, "digest": digest_on_page(page.text), "attempt": "1"})
         client.close()
 
-    assert (200, True) == (page.status_code, 'name="digest"' in page.text)
+    from effectlog import events as ev
+    from effectlog.journal import open_journal
+
+    journal = open_journal(setup.journal, writer=False)  # the CLI takes no such id (the xfail test above)
+    try:
+        events = [ev.decode(r.body) for r in journal.read(run_id)]
+    finally:
+        journal.close()
+    approved = [e.run_id for e in events if isinstance(e, ev.StepApproved)]
+    assert (200, 303, [run_id]) == (page.status_code, done.status_code, approved)
+    assert f"/runs/{run_id}" == unquote(urlsplit(done.headers["location"]).path)
 
 
 # -- fleet decisions -----------------------------------------------------------------------------------------
