@@ -36,6 +36,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from effectlog.cli.run_views import when
 from effectlog.console import api, changes, decisions, diagram, views
 from effectlog.console.decisions import Config
+from effectlog.console.paths import decision_path, segment
 from effectlog.console.users import User, check_password
 from effectlog.errors import Conflict, EffectlogError, JournalLocked
 from effectlog.fleet.protocol import FleetStore
@@ -81,6 +82,7 @@ def create_app(config: Config) -> Starlette:
         loader=PackageLoader("effectlog.console", "templates"), autoescape=select_autoescape(default=True)
     )
     env.globals["when"] = when
+    env.filters["segment"] = segment
     env.filters["pretty"] = lambda value: json.dumps(value, indent=2, ensure_ascii=False, sort_keys=True)
     templates = Jinja2Templates(env=env)
     throttle = _Throttle()
@@ -210,7 +212,7 @@ def create_app(config: Config) -> Starlette:
         _check_csrf(request, form.get("csrf"))
         if not user.may_decide:
             raise HTTPException(403, f"{user.name} is a viewer: only an operator decides")
-        run_id, step_id, action = (request.path_params[k] for k in ("run_id", "step_id", "action"))
+        run_id, step_id, action = decision_path(request)
         fields = {k: str(v) for k, v in form.items() if k != "csrf"}
         try:
             await run_in_threadpool(
@@ -294,8 +296,8 @@ def create_app(config: Config) -> Starlette:
             Route("/login", login, methods=["POST"]),
             Route("/logout", logout, methods=["POST"]),
             Route("/runs", runs),
-            Route("/runs/{run_id}", run),
-            Route("/runs/{run_id}/steps/{step_id}/{action:str}", decide, methods=["POST"]),
+            Route("/runs/{run_id:path}", run),  # a run id may hold '/' (a session's may): see decision_path
+            Route("/runs/{run_id:path}/steps/{step_id}/{action:str}", decide, methods=["POST"]),
             Route("/events", events),
             Route("/requests", fleet_requests),
             Route("/requests/{request_id:int}", fleet_request),
