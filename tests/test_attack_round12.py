@@ -92,7 +92,11 @@ def test_a_slow_notify_command_does_not_keep_the_journal_from_the_person_it_noti
     out. Proves: while a notify command that sleeps after telling is still running, the very approve
     command it was given, pasted into a shell, is journaled (exit 0)."""
     setup = Setup(tmp_path)
-    hook = 'printf %s "$EFFECTLOG_NOTIFY_COMMAND" > cmd.tmp; mv cmd.tmp cmd; sleep 5'
+    # It goes on running until the test has tried the approve (at most 25 s: inside the hook's 30).
+    hook = (
+        'printf %s "$EFFECTLOG_NOTIFY_COMMAND" > cmd.tmp; mv cmd.tmp cmd; '
+        "i=0; while [ ! -e release ] && [ $i -lt 250 ]; do sleep 0.1; i=$((i+1)); done"
+    )
     proc = _run_held(setup, "refund-slow", "--notify-command", hook)
     deadline = time.monotonic() + SAFETY_TIMEOUT_S
     while not (tmp_path / "cmd").exists() and proc.poll() is None and time.monotonic() < deadline:
@@ -104,6 +108,7 @@ def test_a_slow_notify_command_does_not_keep_the_journal_from_the_person_it_noti
         capture_output=True, text=True, timeout=SAFETY_TIMEOUT_S,
     )  # fmt: skip
     hook_still_running = proc.poll() is None
+    (tmp_path / "release").touch()
     proc.communicate(timeout=SAFETY_TIMEOUT_S)
 
     assert (0, True, 4) == (done.returncode, hook_still_running, proc.returncode), done.stderr
@@ -114,8 +119,8 @@ def test_a_notify_command_that_leaves_a_child_behind_is_delivered_when_the_comma
     that starts something in the background (``notify-send ... &``, ``curl ... &``) and exits 0 held the
     run for the whole timeout and was then reported as not delivered. Proves: the hook returns as soon
     as the command exits 0, while its background child still runs."""
-    hook = command_hook(f"touch {tmp_path / 'told'}; sleep 4 &", timeout_s=2.0)
-    hook(NOTE)  # raised subprocess.TimeoutExpired after 2 s
+    hook = command_hook(f"touch {tmp_path / 'told'}; sleep 15 &", timeout_s=10.0)
+    hook(NOTE)  # raised subprocess.TimeoutExpired after 10 s
     assert (tmp_path / "told").exists()
 
 
