@@ -17,9 +17,14 @@ Around a plan run in your own code: ``since = marks(journal, [run_id])`` before
 
 from __future__ import annotations
 
+import base64
+import contextlib
 import os
+import signal
 import subprocess
 import sys
+import tempfile
+import threading
 import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -86,7 +91,11 @@ class HookFailed(Exception):
 
 
 def command_hook(command: str, *, timeout_s: float = 30.0) -> Notifier:
-    """Run ``command`` in the shell, the notification as JSON on stdin and in ``EFFECTLOG_NOTIFY_*``."""
+    """Run ``command`` in the shell, the notification as JSON on stdin and in ``EFFECTLOG_NOTIFY_*``.
+
+    The command is done when its shell exits: stdin and stderr are files, not pipes, so something it
+    starts in the background (``notify-send ... &``) and that keeps them open holds nothing up. It runs
+    in its own process group: on the timeout the whole group is killed, not just the shell."""
 
     def notify_command(note: Notification) -> None:
         env = {
@@ -96,40 +105,109 @@ def command_hook(command: str, *, timeout_s: float = 30.0) -> Notifier:
             "EFFECTLOG_NOTIFY_STEP_ID": note.step_id or "",
             "EFFECTLOG_NOTIFY_COMMAND": note.command,
         }
-        done = subprocess.run(  # noqa: S602 - the user's own command line, run as their shell would
-            command,
-            shell=True,
-            input=encode(note),
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            timeout=timeout_s,
-            check=False,
-        )
-        if done.returncode != 0:
-            tail = done.stderr.decode(errors="replace").strip().splitlines()[-1:] or [""]
-            raise HookFailed(f"{command!r} exited {done.returncode} {tail[0]}".strip())
+        with tempfile.TemporaryFile() as stdin, tempfile.TemporaryFile() as stderr:
+            stdin.write(encode(note))
+            stdin.seek(0)
+            proc = subprocess.Popen(  # noqa: S602 - the user's own command line, run as their shell would
+                command,
+                shell=True,
+                stdin=stdin,
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=stderr,
+                start_new_session=True,
+            )
+            try:
+                status = proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+                raise HookFailed(f"{command!r} still ran after {timeout_s:g}s; its process group was killed") from None
+            if status != 0:
+                stderr.seek(max(0, os.fstat(stderr.fileno()).st_size - 4096))
+                tail = stderr.read().decode(errors="replace").strip().splitlines()[-1:] or [""]
+                raise HookFailed(f"{command!r} exited {status} {tail[0]}".strip())
 
     return notify_command
 
 
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    """A redirect is not followed: urllib would re-send the POST as a GET without its body, which reaches
+    nobody and yet answers 200."""
+
+    def redirect_request(  # noqa: PLR0917 - urllib's own signature
+        self, req: Any, fp: Any, code: int, msg: str, headers: Any, newurl: str
+    ) -> None:
+        raise HookFailed(
+            f"{_origin(req.full_url)} answered a redirect ({code}) to {_origin(newurl)}; "
+            "a notification is not re-sent to another address: give --notify-url the final one"
+        )
+
+
+_OPENER = urllib.request.build_opener(_NoRedirect)
+
+
 def url_hook(url: str, *, timeout_s: float = 10.0) -> Notifier:
-    """POST the notification as JSON to ``url`` (any host the user names)."""
+    """POST the notification as JSON to ``url`` (any host the user names); a redirect is not followed."""
     if not url.startswith(("http://", "https://")):
-        raise BadInput(f"--notify-url {url!r}: expected an http:// or https:// URL")
+        shown = shown_location(url) if "://" in url else url  # a URL's password is not echoed either
+        raise BadInput(f"--notify-url {shown!r}: expected an http:// or https:// URL")
+
+    # urllib takes user:password@host for the host name: the credentials go in a Basic header, as curl sends them.
+    target, auth = _without_userinfo(url)
 
     def notify_url(note: Notification) -> None:
-        request = urllib.request.Request(  # noqa: S310 - the scheme is checked above
-            url,
-            data=encode(note),
-            method="POST",
-            headers={"Content-Type": "application/json", "Idempotency-Key": note.key},
-        )
-        with urllib.request.urlopen(request, timeout=timeout_s) as response:  # noqa: S310
-            if response.status >= 300:
-                raise HookFailed(f"{url} answered HTTP {response.status}")
+        # urllib's timeout bounds each socket read, not the answer: a receiver sending a byte at a time
+        # would hold the caller for as long as it liked. The POST runs on a daemon thread, given timeout_s.
+        failed: list[BaseException] = []
+
+        def post() -> None:
+            headers = {"Content-Type": "application/json", "Idempotency-Key": note.key, **auth}
+            request = urllib.request.Request(  # noqa: S310 - the scheme is checked above
+                target, data=encode(note), method="POST", headers=headers
+            )
+            try:
+                with _OPENER.open(request, timeout=timeout_s) as response:
+                    if response.status >= 300:
+                        raise HookFailed(f"{_origin(url)} answered HTTP {response.status}")
+            except BaseException as exc:  # handed to the caller's thread, which reports it
+                failed.append(exc)
+
+        worker = threading.Thread(target=post, name="effectlog-notify-url", daemon=True)
+        worker.start()
+        worker.join(timeout_s)
+        if worker.is_alive():
+            raise HookFailed(f"{_origin(url)} did not answer within {timeout_s:g}s; not waiting longer")
+        if failed:
+            raise failed[0]
 
     return notify_url
+
+
+def _origin(url: str) -> str:
+    """``scheme://host[:port]`` of ``url``, for messages: a webhook's path or query is often its secret
+    (a chat service's hook URL), and stderr ends up in logs."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+        return f"{parts.scheme}://{parts.hostname or ''}" + (f":{parts.port}" if parts.port else "")
+    except ValueError:
+        return "(an unparsable URL)"
+
+
+def _without_userinfo(url: str) -> tuple[str, dict[str, str]]:
+    """``url`` without ``user:password@``, and the ``Authorization: Basic`` header they make (if any)."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+        if parts.username is None and parts.password is None:
+            return url, {}
+        host = parts.netloc.rsplit("@", 1)[1]
+    except ValueError:
+        return url, {}  # urllib will say what is wrong with it
+    user = urllib.parse.unquote(parts.username or "")
+    secret = urllib.parse.unquote(parts.password or "")
+    token = base64.b64encode(f"{user}:{secret}".encode()).decode()
+    return urllib.parse.urlunsplit(parts._replace(netloc=host)), {"Authorization": f"Basic {token}"}
 
 
 def cli_hooks(command: str | None, url: str | None) -> tuple[Notifier, ...]:
@@ -143,12 +221,18 @@ def cli_hooks(command: str | None, url: str | None) -> tuple[Notifier, ...]:
 
 
 def shown_location(location: str) -> str:
-    """A journal or store location fit to send: a URL's password is never part of a notification."""
-    parts = urllib.parse.urlsplit(location)
-    if parts.password is None:
-        return location
-    host = parts.hostname or ""
-    netloc = f"{parts.username}:***@{host}" + (f":{parts.port}" if parts.port else "")
+    """A journal or store location fit to send: a URL's password is never part of a notification, and a
+    file's path is made absolute, so the command a notification carries works from any directory."""
+    if "://" not in location:
+        return os.path.abspath(location)
+    try:
+        parts = urllib.parse.urlsplit(location)
+        if parts.password is None:
+            return location
+        host, port = parts.hostname or "", parts.port
+    except ValueError:  # an unparsable URL (a stray bracket, a port that is no number) may still hold one
+        return "(an unparsable URL)"
+    netloc = f"{parts.username}:***@{host}" + (f":{port}" if port else "")
     return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
 
 
@@ -171,6 +255,7 @@ def notify_new_waits(
     sent: list[Notification] = []
     if not notifiers:
         return sent
+    location = shown_location(location)  # no URL's password, no path relative to this directory
     for run_id, seq in since.items():
         held: dict[str, tuple[int, str]] = {}
         for record in journal.read(run_id, seq):

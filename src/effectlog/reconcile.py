@@ -18,6 +18,7 @@ Three sources of evidence:
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any, Literal
 
@@ -40,6 +41,7 @@ from effectlog.trace import Trace
 Outcome = Literal["applied", "not_applied"]
 LEDGER_OPERATOR = "effectlog:ledger-inspection"
 LOOKUP_OPERATOR = "effectlog:adapter-lookup"
+LOOKUP_TIMEOUT_S = 60.0  # a lookup of a step that declares no timeout_s
 
 
 @decision("reconcile:operator")
@@ -194,8 +196,35 @@ def reconcile_by_lookup(
 
 def _ask(lookup: Any, request: Request, decl: StepDecl, who: str, journal: str) -> Evidence:
     hint = reconcile_hint(journal, request.run_id, request.step_id, request.attempt)
+    # Bounded as a send is (the step's timeout_s, else LOOKUP_TIMEOUT_S): a provider that never answers
+    # held the console's worker (and the operator's page) for ever. The thread is left to end on its own.
+    limit = decl.timeout_s if decl.timeout_s is not None else LOOKUP_TIMEOUT_S
+    answered: list[Any] = []
+    failed: list[BaseException] = []
+
+    def ask() -> None:
+        try:
+            answered.append(lookup(request))
+        except BaseException as exc:  # handed to the caller below, as if raised there
+            failed.append(exc)
+
+    adapter = getattr(lookup, "__self__", None)
+    if not getattr(adapter, "blocking", True) and decl.timeout_s is None:
+        ask()  # as the runtime sends to it: an adapter that says it never blocks is called on this thread
+    else:
+        worker = threading.Thread(target=ask, name="effectlog-lookup", daemon=True)
+        worker.start()
+        worker.join(limit)
+    if not (answered or failed):
+        raise LookupUndecided(
+            f"{who}: lookup did not answer within {limit:g}s; the step stays uncertain: {hint}",
+            run_id=request.run_id,
+            step_id=request.step_id,
+        )
     try:
-        found = lookup(request)
+        if failed:
+            raise failed[0]
+        found = answered[0] if answered else None
     except Exception as exc:
         raise LookupUndecided(
             redact(decl, f"{who}: lookup failed ({describe(exc)}); the step stays uncertain: {hint}"),

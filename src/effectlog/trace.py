@@ -16,6 +16,7 @@ import hashlib
 import hmac
 import json
 import os
+import stat
 from collections.abc import MutableMapping
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,7 @@ from effectlog.events import (
 )
 
 _GENESIS_HEX = "0" * 64
+MAX_LINE_BYTES = 16 << 20  # a record carries ids, digests and a reason, never args or receipts: far less
 _FIELDS_NEVER_TRACED = frozenset({"args", "plan", "receipt", "evidence"})
 _OUTCOMES: dict[type, str] = {
     StepConfirmed: "confirmed",
@@ -67,12 +69,22 @@ def _record_hash(line: bytes) -> str | None:
     that is not an object, no ``hash`` of 64 hex digits): every reader of a line asks this one question."""
     try:
         record = json.loads(line)
-    except ValueError:
+    except (ValueError, RecursionError):  # nested deeper than the parser goes is no record either
         return None
     found = record.get("hash") if isinstance(record, dict) else None
     if not isinstance(found, str) or len(found) != 64 or found.strip("0123456789abcdef"):
         return None
     return found
+
+
+def _regular(fd: int, path: Path) -> int:
+    """``fd`` if it is a regular file (made blocking again), else closed and ``BadInput``: a FIFO, a
+    device (``/dev/zero``: one endless line) or a socket is no trace file, and would block or never end."""
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise BadInput(f"{path}: not a regular file, so not a trace file")
+    os.set_blocking(fd, True)
+    return fd
 
 
 def last_hash(path: Path) -> str:
@@ -146,7 +158,9 @@ class Trace:
         self._requested: dict[tuple[str, str, int], int] = {}  # step.requested ts, for durations
         try:
             prev = last_hash(self.path)
-            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o666)
+            # O_NONBLOCK: a FIFO with no reader fails here (and is refused below) instead of blocking
+            flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NONBLOCK
+            self._fd = _regular(os.open(self.path, flags, 0o666), self.path)
         except OSError as exc:
             raise BadInput(f"{self.path}: cannot open the trace file ({exc.strerror})") from None
         logger = _AppendFile(self.path, self._fd, prev, key or None)
@@ -197,8 +211,15 @@ def verify_trace(path: str | os.PathLike[str], *, key: bytes | None = None) -> t
     journal's key, for the trace of a keyed journal (without it every record reads as changed)."""
     prev = _GENESIS_HEX
     count = 0
-    with Path(path).open("rb") as fh:
-        for lineno, line in enumerate(fh, start=1):
+    try:
+        fd = _regular(os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK), Path(path))
+    except OSError as exc:
+        raise BadInput(f"{path}: cannot open the trace file ({exc.strerror})") from None
+    with os.fdopen(fd, "rb") as fh:
+        # Read no line past MAX_LINE_BYTES: a file without newlines would otherwise be read whole.
+        for lineno, line in enumerate(iter(lambda: fh.readline(MAX_LINE_BYTES + 1), b""), start=1):
+            if len(line) > MAX_LINE_BYTES:
+                return count, lineno, "not a trace record"
             if not line.strip():
                 continue
             stored = _record_hash(line)

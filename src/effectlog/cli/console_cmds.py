@@ -92,6 +92,7 @@ def cmd_console(args: argparse.Namespace) -> int:
 
         from effectlog.console.app import create_app
         from effectlog.console.decisions import Config
+        from effectlog.notify import shown_location
     except ModuleNotFoundError as exc:
         raise MissingDependency(f"console needs its extra: install effectlog[console] ({exc})") from None
     config = Config(
@@ -105,7 +106,8 @@ def cmd_console(args: argparse.Namespace) -> int:
     )
     scheme = "https" if args.tls_cert else "http"
     host = f"[{args.host}]" if ":" in args.host else args.host
-    out(f"effectlog console: {scheme}://{host}:{args.port}/ (journal {args.journal}, {len(users)} users)\n")
+    where = shown_location(args.journal)  # a PostgreSQL URL's password stays out of the console's log
+    out(f"effectlog console: {scheme}://{host}:{args.port}/ (journal {where}, {len(users)} users)\n")
     sys.stdout.flush()
     uvicorn.run(
         create_app(config),

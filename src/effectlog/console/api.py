@@ -18,6 +18,7 @@ from typing import Any
 
 import msgspec
 from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -25,6 +26,7 @@ from starlette.routing import Route
 from effectlog.cli.run_views import when
 from effectlog.console import changes, decisions, views
 from effectlog.console.decisions import Config
+from effectlog.console.paths import decision_path
 from effectlog.console.users import User, by_token
 from effectlog.errors import Conflict, EffectlogError, JournalLocked, UnknownRun
 from effectlog.fold import RunState
@@ -90,7 +92,10 @@ def routes(config: Config) -> list[Route]:
         }
 
     async def decide(request: Request, user: User) -> Any:
-        run_id, step_id, action = (request.path_params[k] for k in ("run_id", "step_id", "action"))
+        try:
+            run_id, step_id, action = decision_path(request)
+        except HTTPException as exc:
+            raise _Refused(404, "not_found", str(exc.detail)) from None
         body = await _body(request)
         await run_in_threadpool(lambda: decisions.decide(config, action, run_id, step_id, by=user.name, form=body))
         data = await run_in_threadpool(lambda: decisions.reading(config, lambda j: views.run_page(j, run_id)))
@@ -139,8 +144,8 @@ def routes(config: Config) -> list[Route]:
         Route("/api/changes", api(changed)),
         Route("/api/attention", api(attention)),
         Route("/api/runs", api(runs)),
-        Route("/api/runs/{run_id}", api(run)),
-        Route("/api/runs/{run_id}/steps/{step_id}/{action:str}", api(decide, decides=True), methods=["POST"]),
+        Route("/api/runs/{run_id:path}", api(run)),  # a run id may hold '/': see app.decision_path
+        Route("/api/runs/{run_id:path}/steps/{step_id}/{action:str}", api(decide, decides=True), methods=["POST"]),
         Route("/api/requests", api(fleet_requests)),
         Route("/api/requests/{request_id:int}", api(fleet_request)),
         Route("/api/requests/{request_id:int}/{action:str}", api(fleet_decide, decides=True), methods=["POST"]),

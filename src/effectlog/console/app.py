@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
+from urllib.parse import quote
 
 from jinja2 import Environment, PackageLoader, select_autoescape
 from starlette.applications import Starlette
@@ -30,20 +31,24 @@ from starlette.responses import PlainTextResponse, RedirectResponse, Response, S
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from effectlog.cli.run_views import when
 from effectlog.console import api, changes, decisions, diagram, views
 from effectlog.console.decisions import Config
+from effectlog.console.paths import decision_path, segment
 from effectlog.console.users import User, check_password
 from effectlog.errors import Conflict, EffectlogError, JournalLocked
 from effectlog.fleet.protocol import FleetStore
 from effectlog.journal import Journal
+from effectlog.notify import shown_location
 from effectlog.spec import compiled
 from effectlog.summary import RUN_STATES
 
 ATTEMPT_STATES: tuple[str, ...] = compiled("attempt").spec.states
 
 T = TypeVar("T")
+MAX_BODY_BYTES = 1 << 20  # a decision's form or JSON is a few fields of text; no request needs more
 LOGIN_FAILURES = 5  # failed logins per user name (and per client address) within LOGIN_WINDOW_S
 LOGIN_WINDOW_S = 60.0
 SESSION_MAX_AGE_S = 8 * 3600
@@ -77,6 +82,7 @@ def create_app(config: Config) -> Starlette:
         loader=PackageLoader("effectlog.console", "templates"), autoescape=select_autoescape(default=True)
     )
     env.globals["when"] = when
+    env.filters["segment"] = segment
     env.filters["pretty"] = lambda value: json.dumps(value, indent=2, ensure_ascii=False, sort_keys=True)
     templates = Jinja2Templates(env=env)
     throttle = _Throttle()
@@ -87,9 +93,13 @@ def create_app(config: Config) -> Starlette:
         "step", state, ident=ident, title=f"step {ident}: {state} (the step machine, from specs/step.toml)"
     )
 
+    # Every page shows where it reads from: a PostgreSQL URL's password is not shown (viewers see pages too).
+    shown_journal = shown_location(config.journal)
+    shown_store = shown_location(config.store) if config.store is not None else None
+
     def page(request: Request, name: str, status: int = 200, **context: Any) -> Response:
         context.update(
-            request=request, user=_user(request), csrf=_csrf(request), location=config.journal, store=config.store
+            request=request, user=_user(request), csrf=_csrf(request), location=shown_journal, store=shown_store
         )
         return templates.TemplateResponse(request, name, context, status_code=status)
 
@@ -202,7 +212,7 @@ def create_app(config: Config) -> Starlette:
         _check_csrf(request, form.get("csrf"))
         if not user.may_decide:
             raise HTTPException(403, f"{user.name} is a viewer: only an operator decides")
-        run_id, step_id, action = (request.path_params[k] for k in ("run_id", "step_id", "action"))
+        run_id, step_id, action = decision_path(request)
         fields = {k: str(v) for k, v in form.items() if k != "csrf"}
         try:
             await run_in_threadpool(
@@ -212,7 +222,8 @@ def create_app(config: Config) -> Starlette:
             return await run(request, error=str(exc), status=409)
         except EffectlogError as exc:
             return await run(request, error=str(exc), status=400)
-        return RedirectResponse(f"/runs/{run_id}?decided={action}", status_code=303)
+        # Encoded whole: a raw ? # or % in a run id made the browser show another run under "decided".
+        return RedirectResponse(f"/runs/{quote(run_id, safe='')}?decided={action}", status_code=303)
 
     async def fleet_requests(request: Request) -> Response:
         if _user(request) is None:
@@ -285,8 +296,8 @@ def create_app(config: Config) -> Starlette:
             Route("/login", login, methods=["POST"]),
             Route("/logout", logout, methods=["POST"]),
             Route("/runs", runs),
-            Route("/runs/{run_id}", run),
-            Route("/runs/{run_id}/steps/{step_id}/{action:str}", decide, methods=["POST"]),
+            Route("/runs/{run_id:path}", run),  # a run id may hold '/' (a session's may): see decision_path
+            Route("/runs/{run_id:path}/steps/{step_id}/{action:str}", decide, methods=["POST"]),
             Route("/events", events),
             Route("/requests", fleet_requests),
             Route("/requests/{request_id:int}", fleet_request),
@@ -294,6 +305,7 @@ def create_app(config: Config) -> Starlette:
             Mount("/static", app=StaticFiles(directory=static_dir), name="static"),
         ],
         middleware=[
+            Middleware(_BodyLimit),
             Middleware(
                 SessionMiddleware,
                 secret_key=config.secret_key,
@@ -305,6 +317,40 @@ def create_app(config: Config) -> Starlette:
         ],
         exception_handlers={HTTPException: http_error, EffectlogError: effectlog_error, Exception: server_error},
     )
+
+
+class _BodyLimit:
+    """Refuses a request body above ``MAX_BODY_BYTES`` with 413, before it is read.
+
+    Starlette reads a urlencoded form (``POST /login`` too, which needs no session) and a JSON body
+    whole into memory: without a limit, anyone who reached the console could make it buffer any size.
+    A body announced larger is refused at once; one that streams past the limit (chunked, or longer
+    than announced) is cut off as it arrives."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        announced = dict(scope["headers"]).get(b"content-length", b"0")
+        if not announced.isdigit() or int(announced) > MAX_BODY_BYTES:
+            await PlainTextResponse(
+                f"request body larger than {MAX_BODY_BYTES} bytes: refused", status_code=413
+            )(scope, receive, send)
+            return
+        seen = 0
+
+        async def limited() -> Message:
+            nonlocal seen
+            message = await receive()
+            seen += len(message.get("body", b""))
+            if seen > MAX_BODY_BYTES:
+                raise HTTPException(413, f"request body larger than {MAX_BODY_BYTES} bytes: refused")
+            return message
+
+        await self.app(scope, limited, send)
 
 
 _DUMMY_HASH = "scrypt$16384$8$1$AAAAAAAAAAAAAAAAAAAAAA==$AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA="

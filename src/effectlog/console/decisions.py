@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from effectlog.cli.inspect_cmds import existing_journal
 from effectlog.console.users import User
 from effectlog.errors import BadInput
 from effectlog.fleet import open_store
@@ -82,6 +83,9 @@ def decide(config: Config, action: str, run_id: str, step_id: str, *, by: str, f
         raise BadInput("reconcile-from-ledger: the console was started without --effects")
     if action == "reconcile-by-lookup" and not config.adapters:
         raise BadInput("reconcile-by-lookup: the console was started without --adapters")
+    # A writer's open creates a missing SQLite file: a journal moved away since the console started must
+    # be refused, as `effectlog approve` refuses it, not replaced by an empty one at its old path.
+    existing_journal(config.journal)
     journal = open_journal(config.journal, writer=True, chain=chain_from_env(config.key_file))
     try:
         if action == "approve":

@@ -509,8 +509,10 @@ class RunObserver:
                 result = await call
         except BaseException as exc:
             with reporting_only("the effectlog.tool span"):
-                span.record_exception(exc)
-                span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
+                # A tool's message may echo its args, secret ones too: the span keeps the type only. The
+                # message, redacted, is the reason its step span ends with (from the journal's event).
+                span.record_exception(exc, attributes=_NOT_RECORDED)
+                span.set_status(Status(StatusCode.ERROR, type(exc).__name__))
             raise
         else:
             if getattr(result, "ok", True) is False:
@@ -522,6 +524,11 @@ class RunObserver:
                 self.t.tool_duration.record(time.perf_counter() - began, {NS + "adapter": adapter})
                 span.end()
 
+
+_NOT_RECORDED = {
+    "exception.message": "(not recorded: it may echo secret args; the step span's status has it, redacted)",
+    "exception.stacktrace": "",
+}
 
 _HANDLERS: dict[type, Callable[[RunObserver, Any, float], None]] = {
     ev.StepRequested: RunObserver._requested,

@@ -42,7 +42,7 @@ from effectlog.errors import (
 )
 from effectlog.fold import RunState, StepState
 from effectlog.journal.ownership import Claim
-from effectlog.notify import Kind, Notification, Notifier, deliver, hooks_of
+from effectlog.notify import Kind, Notification, Notifier, deliver, hooks_of, shown_location
 from effectlog.observe import provider_of, session_spans
 from effectlog.recorder import Clock, EventSpec, prepare
 from effectlog.recovery import Action, decide
@@ -181,7 +181,8 @@ class Session:
                     deliver(self.notify, self._notification(event))
 
     def _notification(self, event: ev.RunSuspended | ev.RunStopped) -> Notification:
-        location, sid = self.store.location, event.step_id
+        # Sent to someone elsewhere: the journal by its absolute path (and no URL's password).
+        location, sid = shown_location(self.store.location), event.step_id
         if isinstance(event, ev.RunSuspended):
             step = self._state.step(sid)
             command = approve_command(
