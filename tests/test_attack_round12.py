@@ -308,12 +308,6 @@ def test_the_approve_command_a_notification_carries_works_from_another_directory
     assert (4, 0) == (proc.returncode, done.returncode), done.stderr
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a session/durable run id no CLI accepts: Session and durable.run take any run id, every CLI "
-    "--run-id takes only plan ids ([A-Za-z0-9][A-Za-z0-9._:@-]*), so the approve command the run hands out "
-    "is refused (exit 2); see the round 12 report",
-)
 @pytest.mark.parametrize("run_id", ["team/42", "-refund", "refund 7"])
 def test_the_approve_command_of_a_session_run_held_for_approval_is_accepted_by_the_cli(
     tmp_path: Path, run_id: str
