@@ -63,6 +63,26 @@ def test_each_stop_yields_the_pure_folds_state_there_and_the_steps_changed_since
     assert replay_records(records, chain, run_id=run_id) == final
 
 
+@given(history=legal_histories(max_events=40), keyed=st.booleans())
+def test_a_stop_at_every_seq_sees_each_step_between_its_events_as_the_pure_fold_has_it(
+    history: list[ev.Event], keyed: bool
+) -> None:
+    """A stop after every row: each step is seen between any two of its events (after its request, after
+    its receipt, before its confirmation), where the replay-only fold has not built it yet on its short
+    path; each state is the pure fold's of the rows up to there, with the one step that row changed."""
+    chain = Chain(b"k" if keyed else None)
+    records = read_back_records_of(history, chain)
+    run_id, last = history[0].run_id, len(records)
+    seen, final = drain([row_of(r) for r in records], chain, run_id, list(range(last + 1)))
+    expected = [(replay_records(records[:0], chain, run_id=run_id), set[str]())]
+    expected += [
+        (replay_records(records[:n], chain, run_id=run_id), {history[n - 1].step_key} - {""})
+        for n in range(1, last + 1)
+    ]
+    assert expected == seen
+    assert replay_records(records, chain, run_id=run_id) == final
+
+
 # A body rewritten and the chain recomputed from it on (what a rewrite without a key can do: only the
 # decode, the columns and the fold are left to catch it): the body twice (two JSON documents), cut
 # short, or a byte flipped.
