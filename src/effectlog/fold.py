@@ -444,6 +444,7 @@ def fold_rows(
     after_effect = fixed.get((first, _TAG_OF[effected])) if first is not None else None
     after_confirm = fixed.get((after_effect, _TAG_OF[confirmed])) if after_effect is not None else None
     run, seq, ts, rid = state, state.seq, state.updated_ts, state.run_id
+    foreign = rid != run_id  # (a row's body names ``run_id`` once its columns passed: then it names ``rid`` or not)
     admits, members = _step_admission(run)
     base = state.steps
     changed: dict[str, StepState] = {}
@@ -485,7 +486,7 @@ def fold_rows(
                 and (sid_col != sid or attempt_col != attempt or phase_col != (phase or event.phase))
             ):
                 _check_columns(Record(run_id, *row), event, run_id)
-            if at != seq + 1 or event.run_id != rid:
+            if at != seq + 1 or foreign:
                 apply(_replace(run, seq=seq), event)  # raises exactly what the pure fold raises
             admitted = tag in admits and (members is None or sid in members)  # else ``_step_after`` refuses it
             step: StepState | None
