@@ -425,7 +425,9 @@ def fold_rows(
     the map once at each stop and at the end. The three events of a step's happy path (its first
     ``step.requested``, ``step.effected``, ``step.confirmed``) take a short path once every check
     ``_step_after`` makes of them has passed (run admission, plan membership, attempt, the spec's
-    fixed destination) and make the same change; every other event, and every refusal, goes through
+    fixed destination) and make the same change: a new step is kept as its events (``pending``) and
+    its one ``StepState`` built at its confirmation, or by ``_built`` when a stop, ``run.completed``,
+    the end or another event of it comes first; every other event, and every refusal, goes through
     the pure fold's own ``_step_after`` and ``_apply_run``, and every row whose columns disagree with
     its body or whose link breaks through ``_check_columns``/``_raise_if_moved`` with the row as a
     ``Record``, so the errors are theirs. ``replay_records`` stays the reference: tests check both give
