@@ -5,6 +5,7 @@ dropped, duplicated or swapped) is refused with the pure fold's error, at the sa
 
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 
 import msgspec
@@ -14,9 +15,9 @@ from hypothesis import strategies as st
 
 from effectlog import events as ev
 from effectlog.chain import GENESIS, Chain
-from effectlog.fold import Record, Row, RunState, fold_rows, replay_records, replay_records_fast
+from effectlog.fold import Record, Row, RunState, fold_rows, replay, replay_records, replay_records_fast
 from effectlog.integrity import verify_run
-from effectlog.journal import SqliteJournal, load_run, stored_rows
+from effectlog.journal import SqliteJournal, checkpoint, load_run, stored_rows
 from effectlog.plan import AdapterDecl, Plan, StepDecl
 from effectlog.runtime import Runtime
 from strategies import legal_histories
@@ -59,6 +60,26 @@ def test_each_stop_yields_the_pure_folds_state_there_and_the_steps_changed_since
         steps = {e.step_key for e in history[previous:stop] if e.step_key}
         expected.append((replay_records(records[:stop], chain, run_id=run_id), steps))
         previous = stop
+    assert expected == seen
+    assert replay_records(records, chain, run_id=run_id) == final
+
+
+@given(history=legal_histories(max_events=40), keyed=st.booleans())
+def test_a_stop_at_every_seq_sees_each_step_between_its_events_as_the_pure_fold_has_it(
+    history: list[ev.Event], keyed: bool
+) -> None:
+    """A stop after every row: each step is seen between any two of its events (after its request, after
+    its receipt, before its confirmation), where the replay-only fold has not built it yet on its short
+    path; each state is the pure fold's of the rows up to there, with the one step that row changed."""
+    chain = Chain(b"k" if keyed else None)
+    records = read_back_records_of(history, chain)
+    run_id, last = history[0].run_id, len(records)
+    seen, final = drain([row_of(r) for r in records], chain, run_id, list(range(last + 1)))
+    expected = [(replay_records(records[:0], chain, run_id=run_id), set[str]())]
+    expected += [
+        (replay_records(records[:n], chain, run_id=run_id), {history[n - 1].step_key} - {""})
+        for n in range(1, last + 1)
+    ]
     assert expected == seen
     assert replay_records(records, chain, run_id=run_id) == final
 
@@ -222,3 +243,32 @@ def test_verify_and_load_run_over_postgres_rows_equal_the_pure_fold_of_its_recor
         expected = replay_records(list(journal.read("rows")), journal.chain, run_id="rows")
         assert expected == verify_run(journal, "rows")
         assert expected == load_run(journal, "rows")
+
+
+@settings(max_examples=60, deadline=None)
+@given(history=legal_histories(max_events=40), data=st.data())
+def test_verify_over_a_real_journal_of_every_event_kind_with_segments_equals_the_pure_fold(
+    history: list[ev.Event], data: st.DataObject
+) -> None:
+    """A random legal history (every event type: resends, uncertain and reconciled steps, denials and
+    approvals, sleeps, expiries, carried steps, closings) appended to a real SQLite file in random
+    batches, each open batch with the checkpoint segment a writer gives it (the pure fold's state there
+    and the steps the batch changed): ``verify_run`` (the one pass over the rows, paused at every
+    segment and compared with it) and ``load_run`` give the pure fold's state over ``read``'s records."""
+    run_id = history[0].run_id
+    cuts = sorted(data.draw(st.sets(st.integers(1, max(1, len(history) - 1)), max_size=6), label="cuts"))
+    cuts = [c for c in cuts if c < len(history)]
+    with tempfile.TemporaryDirectory() as tmp, SqliteJournal(Path(tmp) / "j.db", durability="normal") as journal:
+        start, state = 0, None
+        for end in [*cuts, len(history)]:
+            batch = history[start:end]
+            state = replay(batch, state)
+            segments = []
+            if not state.closed:
+                changed = {e.step_key for e in batch if e.step_key}
+                segments = [checkpoint.segment_row(state, sorted(changed))]
+            journal.append_checkpointed(batch, (), segments)
+            start = end
+        expected = replay_records(list(journal.read(run_id)), journal.chain, run_id=run_id)
+        assert expected == verify_run(journal, run_id)
+        assert expected == load_run(journal, run_id)

@@ -425,7 +425,9 @@ def fold_rows(
     the map once at each stop and at the end. The three events of a step's happy path (its first
     ``step.requested``, ``step.effected``, ``step.confirmed``) take a short path once every check
     ``_step_after`` makes of them has passed (run admission, plan membership, attempt, the spec's
-    fixed destination) and make the same change; every other event, and every refusal, goes through
+    fixed destination) and make the same change: a new step is kept as its events (``pending``) and
+    its one ``StepState`` built at its confirmation, or by ``_built`` when a stop, ``run.completed``,
+    the end or another event of it comes first; every other event, and every refusal, goes through
     the pure fold's own ``_step_after`` and ``_apply_run``, and every row whose columns disagree with
     its body or whose link breaks through ``_check_columns``/``_raise_if_moved`` with the row as a
     ``Record``, so the errors are theirs. ``replay_records`` stays the reference: tests check both give
@@ -440,16 +442,26 @@ def fold_rows(
     requested, effected, confirmed = ev.StepRequested, ev.StepEffected, ev.StepConfirmed
     replace = _replace
     first = fixed.get((_STEP.spec.initial, _TAG_OF[requested]))  # a new step's state after its first request
+    # The states after its ``step.effected`` and then its ``step.confirmed`` (``None``: no short path).
+    after_effect = fixed.get((first, _TAG_OF[effected])) if first is not None else None
+    after_confirm = fixed.get((after_effect, _TAG_OF[confirmed])) if after_effect is not None else None
     run, seq, ts, rid = state, state.seq, state.updated_ts, state.run_id
+    foreign = rid != run_id  # (a row's body names ``run_id`` once its columns passed: then it names ``rid`` or not)
     admits, members = _step_admission(run)
     base = state.steps
     changed: dict[str, StepState] = {}
+    # A step on its happy path, not yet built: [index, its first step.requested, its step.effected or None].
+    # Its ``StepState`` is built once, at its step.confirmed (or by ``built`` when anything else needs it),
+    # instead of a new struct per event: the same fields from the same events (``_step_after``'s change).
+    pending: dict[str, list[Any]] = {}
     flushed: set[str] = set()  # steps changed since the last stop but moved into ``base`` (run.completed)
     added = 0  # steps seen that are not in ``base``
     upcoming = iter(stops)
     stop = next(upcoming, -1)
     for row in rows:
         while seq >= stop >= 0:
+            if pending:
+                _build_pending(pending, changed, first, after_effect)
             base = base.update(changed) if changed else base
             yield replace(run, seq=seq, updated_ts=ts, steps=base, head=head), flushed | changed.keys()
             changed, flushed, added = {}, set(), 0
@@ -476,33 +488,47 @@ def fold_rows(
                 and (sid_col != sid or attempt_col != attempt or phase_col != (phase or event.phase))
             ):
                 _check_columns(Record(run_id, *row), event, run_id)
-            if at != seq + 1 or event.run_id != rid:
+            if at != seq + 1 or foreign:
                 apply(_replace(run, seq=seq), event)  # raises exactly what the pure fold raises
-            step = changed.get(sid) or base.get(sid)
-            if tag in admits and (members is None or sid in members):  # else ``_step_after`` refuses it
-                if step is None:
-                    if typ is requested and attempt == 1 and first is not None:
-                        # ``_step_after``'s new step and its ``step.requested`` change, as one struct
-                        changed[sid] = StepState(
-                            step_id=sid, index=len(base) + added, state=first, last_seq=at,
-                            adapter=event.adapter, kind=event.kind, idempotency_key=event.idempotency_key,
-                            idempotent=event.idempotent, args_digest=event.args_digest,
-                            fingerprint=event.fingerprint, args=event.args, requested_seq=at,
-                        )  # fmt: skip
-                        added += 1
+            admitted = tag in admits and (members is None or sid in members)  # else ``_step_after`` refuses it
+            step: StepState | None
+            mid = pending.get(sid)
+            if mid is not None:  # a step between its first request and its confirmation (attempt 1)
+                if admitted and attempt == 1:
+                    if typ is effected and mid[2] is None:
+                        mid[2] = event
                         seq, ts, head = at, event.ts, digest
                         continue
-                elif attempt == step.attempt:
-                    nxt = fixed.get((step.state, tag))
-                    if nxt is not None:
-                        if typ is confirmed:
-                            changed[sid] = replace(step, state=nxt, last_seq=at, rebuilt=event.rebuilt)
-                            seq, ts, head = at, event.ts, digest
-                            continue
-                        if typ is effected:
-                            changed[sid] = replace(step, state=nxt, last_seq=at, receipt=event.receipt, ok=event.ok)
-                            seq, ts, head = at, event.ts, digest
-                            continue
+                    if typ is confirmed and mid[2] is not None and after_confirm is not None:
+                        index, req, eff = mid
+                        del pending[sid]
+                        changed[sid] = StepState(
+                            step_id=sid, index=index, state=after_confirm, last_seq=at, adapter=req.adapter,
+                            kind=req.kind, idempotency_key=req.idempotency_key, idempotent=req.idempotent,
+                            args_digest=req.args_digest, fingerprint=req.fingerprint, args=req.args,
+                            requested_seq=req.seq, receipt=eff.receipt, ok=eff.ok, rebuilt=event.rebuilt,
+                        )  # fmt: skip
+                        seq, ts, head = at, event.ts, digest
+                        continue
+                step = changed[sid] = _built(pending.pop(sid), first, after_effect)
+            else:
+                step = changed.get(sid) or base.get(sid)
+                if admitted and step is None and typ is requested and attempt == 1 and after_effect is not None:
+                    pending[sid] = [len(base) + added, event, None]  # ``_step_after``'s new step, built later
+                    added += 1
+                    seq, ts, head = at, event.ts, digest
+                    continue
+            if admitted and step is not None and attempt == step.attempt:
+                nxt = fixed.get((step.state, tag))
+                if nxt is not None:
+                    if typ is confirmed:
+                        changed[sid] = replace(step, state=nxt, last_seq=at, rebuilt=event.rebuilt)
+                        seq, ts, head = at, event.ts, digest
+                        continue
+                    if typ is effected:
+                        changed[sid] = replace(step, state=nxt, last_seq=at, receipt=event.receipt, ok=event.ok)
+                        seq, ts, head = at, event.ts, digest
+                        continue
             if step is None:
                 changed[sid] = step_after(run, None, len(base) + added, event, tag)
                 added += 1
@@ -514,6 +540,8 @@ def fold_rows(
             if event.run_id != rid or event.seq != seq + 1:
                 apply(_replace(run, seq=seq), event)  # raises exactly what the pure fold raises
             if typ is ev.RunCompleted:  # the only run transition that reads the steps
+                if pending:
+                    _build_pending(pending, changed, first, after_effect)
                 if changed:
                     flushed |= changed.keys()
                     base, changed, added = base.update(changed), {}, 0
@@ -522,11 +550,36 @@ def fold_rows(
             admits, members = _step_admission(run)
         seq, ts = event.seq, event.ts
         head = digest
+    if pending:
+        _build_pending(pending, changed, first, after_effect)
     if seq >= stop >= 0:
         base = base.update(changed) if changed else base
         yield replace(run, seq=seq, updated_ts=ts, steps=base, head=head), flushed | changed.keys()
         changed, flushed = {}, set()
     return _replace(run, seq=seq, updated_ts=ts, steps=base.update(changed) if changed else base, head=head)
+
+
+def _built(mid: list[Any], first: str | None, after_effect: str | None) -> StepState:
+    """A pending step of ``fold_rows`` as the pure fold has it: ``_step_after``'s new step after its first
+    ``step.requested``, then its ``step.effected``'s change when it had one."""
+    index, req, eff = mid
+    step = StepState(
+        step_id=req.step_id, index=index, state=first or "", last_seq=req.seq, adapter=req.adapter, kind=req.kind,
+        idempotency_key=req.idempotency_key, idempotent=req.idempotent, args_digest=req.args_digest,
+        fingerprint=req.fingerprint, args=req.args, requested_seq=req.seq,
+    )  # fmt: skip
+    if eff is None:
+        return step
+    return _replace(step, state=after_effect, last_seq=eff.seq, receipt=eff.receipt, ok=eff.ok)
+
+
+def _build_pending(
+    pending: dict[str, list[Any]], changed: dict[str, StepState], first: str | None, after_effect: str | None
+) -> None:
+    """Every pending step of ``fold_rows`` built into ``changed`` (at a stop, the end, or ``run.completed``)."""
+    for sid, mid in pending.items():
+        changed[sid] = _built(mid, first, after_effect)
+    pending.clear()
 
 
 # Step event types with their tag and their fixed phase (``None``: the event's ``phase`` says), and per
