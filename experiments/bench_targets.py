@@ -502,8 +502,12 @@ def replay_parts(resume: dict[str, Any] | None) -> str:
     if read is not None and fold is not None and read + fold >= REPLAY_CPU_MAX_US:
         tail = (
             f" The read and the fold alone come to {read + fold:.2f} µs, before the hash, the decode and the checks "
-            "of the segments and the seal (about 2 µs more): each is already one pass over the rows in Python "
-            "(docs/architecture.md, replay)."
+            "of the segments and the seal (about 2 µs more): each is already one pass over the rows in Python. "
+            "Counted by valgrind, verify is about 49k instructions per event (50.8k before this round's fold "
+            "change); reading the rows, hashing and decoding each event and decoding the segments and the seal "
+            "are C work on every stored byte and leave about 0.1 µs per event of the 4 for the fold's Python: "
+            "the target needs a compiled fold or another stored format (docs/architecture.md, replay). CPU time "
+            "of a first verify in a process moves with the machine: the same code measured 7.38 µs last session."
         )
     return f"at {parts.get('events') or 0:,} events, per event: " + ", ".join(shown) + " (resume_bench.py)." + tail
 
@@ -711,9 +715,10 @@ def why_group(results: dict[str, Any]) -> str:
         text += (
             f" At K=32 the process spent {k32['cpu_us_per_step']:,.0f} µs of CPU per step: one Python process "
             f"cannot exceed about {ceiling:,.0f} steps/s, {ceiling / one_run['steps_per_s']:.1f}x one run's rate."
-            " Counted by valgrind (experiments/instructions_per_step.py, by hand): 377k instructions per step at"
-            " 32 runs and 474k for one run after this pass's cuts (428k and 533k before), of which SQLite's own"
-            " work is about 226k for one run (docs/architecture.md, where a step's CPU goes); the rest is"
+            " Counted by valgrind (experiments/instructions_per_step.py, by hand, 2026-12-01): 396k instructions"
+            " per step at 32 runs and 492k for one run (377k and 474k last session: this round's safety fixes,"
+            " each send's own copy of its args and one reading of the tool's answer, cost about 15k), of which"
+            " SQLite's own work is about 226k for one run (docs/architecture.md, where a step's CPU goes); the rest is"
             " effectlog's Python and the hashing. Part of SQLite's share is the events table's layout: it is"
             " WITHOUT ROWID, keyed by (run_id, seq), so a run's rows go into the middle of the tree and an"
             " overflowing leaf is rebalanced with its siblings (SQLite's append fast path is for rowid tables"
