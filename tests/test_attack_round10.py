@@ -20,6 +20,7 @@ import pytest
 
 from effectlog.pgcluster import PgCluster
 from hardening_kit import GOOD_PLAN, cli_env, effectlog, one_line, respect_file_modes
+from test_attack_round6 import _plan
 
 pytest_plugins = ["pg_fixture"]
 
@@ -32,14 +33,8 @@ def _state(journal: Path | str, run_id: str, cwd: Path) -> tuple[int, str]:
 
 def _effects_plan(path: Path, run_id: str, adapter_type: str = "effects.idempotent") -> Path:
     """A one-step plan of run ``run_id`` through the effect store (``effects.idempotent``), or an adapter
-    of ``adapter_type``."""
-    plan = {
-        "run_id": run_id,
-        "adapters": {"tool": {"type": adapter_type, "idempotent": True}},
-        "steps": [{"id": "s1", "adapter": "tool", "args": {"cents": 5}}],
-    }
-    path.write_text(json.dumps(plan))
-    return path
+    of ``adapter_type``: round 6's plan with another default adapter."""
+    return _plan(path, run_id, adapter_type)
 
 
 # -- 1. a journal, store or effect store path that is no regular file -------------------------------
