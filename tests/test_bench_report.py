@@ -433,9 +433,10 @@ def test_a_missed_replay_row_shows_where_replay_time_goes() -> None:
     expected = (
         "at 10,000 events, per event: read 1.50 µs, pure fold 3.00 µs (resume_bench.py). The read and the fold"
         " alone come to 4.50 µs, before the hash, the decode and the checks of the segments and the seal (about"
-        " 2 µs more): each is already one pass over the rows in Python (docs/architecture.md, replay)."
+        " 2 µs more): each is already one pass over the rows in Python. "
     )
-    assert (False, expected) == (row["met"], row["why"])
+    assert (False, expected) == (row["met"], row["why"][: len(expected)])
+    assert (True, 1) == ("compiled fold" in row["why"], row["why"].count("docs/architecture.md, replay"))
 
 
 def test_fleet_bench_counts_a_postgresql_claim_as_the_commit_it_is() -> None:

@@ -28,7 +28,7 @@ from typing import Any
 import msgspec
 
 from effectlog.canonical import digest
-from effectlog.errors import SecretUnavailable
+from effectlog.errors import BadInput, SecretUnavailable
 from effectlog.plan import Plan, StepDecl, redact
 
 MARK = "$secret_sha256"
@@ -103,7 +103,7 @@ def resolve(plan: Plan, provider: Provider | None = None) -> Plan:
                 )
             try:
                 held = digest(value)
-            except (TypeError, ValueError, msgspec.EncodeError) as exc:  # not UTF-8 text, not JSON-encodable
+            except (BadInput, TypeError, ValueError, msgspec.EncodeError) as exc:  # not UTF-8 text, not JSON
                 raise SecretUnavailable(
                     f"{where}: this runner's value for secret {name!r} has no JSON form, so it is not the "
                     f"submitted one ({type(exc).__name__})",
