@@ -74,7 +74,7 @@ def test_two_threads_opening_one_new_file_both_succeed(tmp_path: Path, opener: C
         path = tmp_path / f"f{round_no}.db"
         gate = threading.Barrier(THREADS)
 
-        def open_it(path: Path = path, gate: threading.Barrier = gate) -> None:
+        def open_it(path: Path = path, gate: threading.Barrier = gate, round_no: int = round_no) -> None:
             gate.wait(10)
             try:
                 opener(path)

@@ -31,7 +31,7 @@ from effectlog.canonical import digest
 from effectlog.errors import BadInput, IdempotencyConflict, StorageError, StoreAliased, StoreWalLost
 from effectlog.events import EffectStoreIdentity
 from effectlog.journal import filelocks, sidecars
-from effectlog.journal.walwatch import WalWatch
+from effectlog.journal.walwatch import WalWatch, switch_to_wal
 
 _SCHEMA = (
     """CREATE TABLE IF NOT EXISTS effects (
@@ -105,7 +105,7 @@ class EffectStore:
             self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=30)
             filelocks.opened(self._db, self.path)
             self._refuse_foreign()
-            self._db.execute("PRAGMA journal_mode = WAL")
+            switch_to_wal(self._db, 30)
             self._db.execute("PRAGMA synchronous = FULL")
             for sql in _SCHEMA:
                 self._db.execute(sql)

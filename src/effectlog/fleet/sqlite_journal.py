@@ -35,6 +35,7 @@ from effectlog.fleet.model import Lease
 from effectlog.fold import Record
 from effectlog.journal import filelocks, sidecars
 from effectlog.journal.sqlite import SqliteJournal
+from effectlog.journal.walwatch import switch_to_wal
 
 Durability = Literal["full", "normal"]
 
@@ -85,7 +86,7 @@ def connect(path: str, durability: Durability = "full", busy_timeout_s: float = 
     try:
         db = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=busy_timeout_s)
         db.execute(f"PRAGMA busy_timeout = {int(busy_timeout_s * 1000)}")
-        mode = db.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+        mode = switch_to_wal(db, busy_timeout_s)
         if mode != "wal":
             raise StorageError(f"{path}: could not switch the store to WAL (got {mode})")
         db.execute(f"PRAGMA synchronous = {'FULL' if durability == 'full' else 'NORMAL'}")

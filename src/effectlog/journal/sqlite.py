@@ -75,7 +75,7 @@ from effectlog.journal.sqlite_schema import (
     file_size,
     translate,
 )
-from effectlog.journal.walwatch import WalWatch
+from effectlog.journal.walwatch import WalWatch, switch_to_wal
 
 # The events table's columns, in order (``MIGRATIONS``): a table of that name with others is not a journal's.
 EVENT_COLUMNS = ["run_id", "seq", "step_id", "phase", "attempt", "body", "hash"]
@@ -219,7 +219,7 @@ class SqliteJournal:
                 except BaseException:
                     db.close()
                     raise
-                mode = db.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+                mode = switch_to_wal(db, self.busy_timeout_s)
                 if mode != "wal":
                     raise StorageError(f"{self.location}: could not switch the journal to WAL (got {mode})")
                 # FULL: a committed append survives power loss. NORMAL is an explicit, unsafe opt-in.

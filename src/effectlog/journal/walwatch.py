@@ -11,6 +11,8 @@ file open or when it is killed. The journal and the effect store both look befor
 from __future__ import annotations
 
 import os
+import sqlite3
+import time
 
 WalId = tuple[int, int]  # (st_dev, st_ino) of the -wal file
 
@@ -45,3 +47,24 @@ class WalWatch:
             self._seen = st.st_dev, st.st_ino
             return False
         return st.st_ino != seen[1] or st.st_dev != seen[0]
+
+
+def switch_to_wal(db: sqlite3.Connection, timeout_s: float) -> str:
+    """``PRAGMA journal_mode = WAL`` on ``db``, waiting up to ``timeout_s`` for another connection that
+    holds the file's write lock; returns the mode SQLite reports.
+
+    Switching a file to WAL reads its header under a read lock, then asks for the write lock. When
+    another connection holds it (two processes opening one new file, each switching it), SQLite
+    answers ``SQLITE_BUSY`` at once without calling the busy handler: a reader waiting for a writer
+    that may be waiting for it would deadlock. The statement holds no lock once it fails, so it is
+    tried again after a short sleep, as the busy handler would have, until the timeout."""
+    deadline = time.monotonic() + timeout_s
+    pause = 0.001
+    while True:
+        try:
+            return str(db.execute("PRAGMA journal_mode = WAL").fetchone()[0])
+        except sqlite3.OperationalError as exc:
+            if exc.sqlite_errorname != "SQLITE_BUSY" or time.monotonic() + pause > deadline:
+                raise
+        time.sleep(pause)
+        pause = min(pause * 2, 0.05)
