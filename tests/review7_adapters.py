@@ -4,8 +4,8 @@
 effect in the effect store once per key and loses its answer unless ``answers`` exists) that
 first says it was called (a file ``<sent>-<run id>``) and holds while ``hold`` exists, so a
 test can kill the process, or release two processes at once, with the key in hand.
-``test.lazylossy`` is ``test.lossy`` opening the effect store only when first called, as an
-adapter may (the run then pins no store: a run pins the store its adapters opened when built).
+``test.ownstorelossy`` is ``test.lossy`` keeping its keys in an effect store it opens itself (its
+``store`` option), not the run's: the run pins no store, as a run recorded before stores were pinned.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from effectlog.adapters.effects import EffectStore
 from lifecycle_adapters import ADAPTERS as LIFECYCLE
 from lifecycle_adapters import Lossy
 
@@ -30,17 +31,13 @@ class HeldLossy(Lossy):
         return super().invoke(request)
 
 
-class LazyLossy(Lossy):
+class OwnStoreLossy(Lossy):
     def __init__(self, options: dict[str, Any], ctx: Any) -> None:
-        self.answers, self.ctx = str(options["answers"]), ctx
-
-    def invoke(self, request: Any) -> Any:
-        self.store = self.ctx.effect_store()
-        return super().invoke(request)
+        self.answers, self.store = str(options["answers"]), EffectStore(str(options["store"]))
 
 
 ADAPTERS = {
     **LIFECYCLE,
     "test.heldlossy": lambda decl, ctx: HeldLossy(decl.options, ctx),
-    "test.lazylossy": lambda decl, ctx: LazyLossy(decl.options, ctx),
+    "test.ownstorelossy": lambda decl, ctx: OwnStoreLossy(decl.options, ctx),
 }

@@ -375,7 +375,8 @@ def test_a_retry_given_an_empty_file_for_its_store_is_refused_and_leaves_the_fil
 def test_a_parents_key_is_not_resent_when_the_parent_pinned_no_store_and_the_fork_is_given_one(
     tmp_path: Path,
 ) -> None:
-    """The parent pinned no effect store (an older run, or a tool opening the store when called): refused.
+    """The parent pinned no effect store (a run recorded before stores were pinned; here its tool keeps
+    its keys in a store it opens itself): refused.
 
     The parent's key was recorded in ``e.db``, but its ``run.started`` names no store, so
     nothing can tell whether the store a retry is given is that one. The retry given
@@ -389,13 +390,17 @@ def test_a_parents_key_is_not_resent_when_the_parent_pinned_no_store_and_the_for
             {
                 "run_id": "book-1",
                 "adapters": {
-                    "api": {"type": "test.lazylossy", "idempotent": True, "options": {"answers": str(tmp_path / "a")}}
+                    "api": {
+                        "type": "test.ownstorelossy",
+                        "idempotent": True,
+                        "options": {"answers": str(tmp_path / "a"), "store": str(effects)},
+                    }
                 },
                 "steps": [{"id": "reserve", "adapter": "api", "args": {"seat": "12A"}}],
             }
         ).encode()
     )
-    with Runtime(str(journal), effects=effects, adapters=REVIEW7_ADAPTERS) as rt:
+    with Runtime(str(journal), adapters=REVIEW7_ADAPTERS) as rt:
         assert "failed" == rt.run(plan).state
         assert rt.load("book-1").effect_store is None
     (tmp_path / "a").touch()

@@ -155,7 +155,7 @@ class RunActor:
                         "plan": plan.pinned(),
                         "plan_digest": plan.digest,
                         "adapters": self.identities,
-                        "effect_store": self.rt.context.pinned_store(),
+                        "effect_store": self.rt.context.store_to_pin(),
                         "store_adapters": self.store_users,
                         **(self.obs.fields() if self.obs is not None else {}),
                     },
@@ -227,7 +227,7 @@ class RunActor:
                     f"adapter {name!r} differs from the one pinned by the run ({'; '.join(diffs)}){hint}",
                     run_id=plan.run_id,
                 )
-        refuse_other_store(recorded.effect_store, self.rt.context.pinned_store(), run_id=plan.run_id)
+        refuse_other_store(recorded.effect_store, self.rt.context.store_to_pin(), run_id=plan.run_id)
 
     def _blocked_outcome(self, action: Action, step_id: str, why: str = "") -> RunOutcome:
         if action is Action.STOP_UNCERTAIN:

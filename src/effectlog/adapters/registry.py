@@ -41,8 +41,22 @@ class AdapterContext(msgspec.Struct, kw_only=True):
         return self._store
 
     def pinned_store(self) -> EffectStoreIdentity | None:
-        """The identity of the effect store the adapters opened (None if none did): a run pins it."""
+        """The identity of the effect store the adapters opened (None if none did)."""
         return self._store.identity if self._store is not None else None
+
+    def store_to_pin(self) -> EffectStoreIdentity | None:
+        """The identity of the effect store this run is given, opened now if no factory opened it: what
+        a run pins, and what a resume or a fork is checked against (None without ``effects``).
+
+        An adapter may open the store on its first call rather than in its factory; a run that
+        pinned only stores factories opened pinned none then, and a resume given another store
+        sent the step's key again where it was unknown. Not counted in ``asks``: opening it here
+        makes no adapter one whose effects are the store's rows."""
+        if self.effects is not None and self._store is None:
+            asks = self.asks
+            self.effect_store()
+            self.asks = asks
+        return self.pinned_store()
 
     def close(self) -> None:
         if self._store is not None:

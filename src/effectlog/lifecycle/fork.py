@@ -212,7 +212,7 @@ def carried_specs(parent: RunState, point: ForkPoint, by: str, reason: str, acto
                 "plan": point.plan.pinned(),
                 "plan_digest": point.plan.digest,
                 "adapters": actor.identities,
-                "effect_store": actor.rt.context.pinned_store(),
+                "effect_store": actor.rt.context.store_to_pin(),
                 "store_adapters": actor.store_users,
                 "forked_from": point.parent,
                 "from_step": point.from_step,
@@ -296,7 +296,7 @@ async def afork(
         actor = RunActor(runtime, point.plan)
         if actor.state.seq != 0:
             raise ForkRefused(f"run {new_run_id!r} already exists; choose a new run id", run_id=run_id)
-        refuse_other_store(parent.effect_store, runtime.context.pinned_store(), run_id=run_id)
+        refuse_other_store(parent.effect_store, runtime.context.store_to_pin(), run_id=run_id)
         _refuse_other_sender(parent, point, actor.identities)
         runtime.writer.active_runs += 1
         try:
