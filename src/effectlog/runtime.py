@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from effectlog import events as ev
+from effectlog import loopfork
 from effectlog.actor import RunActor
 from effectlog.adapters.registry import AdapterContext, Factory, Registry
 from effectlog.fold import RunState
@@ -337,6 +338,7 @@ def _run_sync(work: Coroutine[Any, Any, _T]) -> _T:
     box: list[_T] = []
 
     async def keep() -> None:
+        loopfork.track(asyncio.get_running_loop())
         box.append(await work)
 
     asyncio.run(keep())
@@ -364,6 +366,7 @@ class ReusedLoop:
         loop = self._loop
         if loop is None:
             loop = self._loop = asyncio.new_event_loop()
+            loopfork.track(loop)
             self.loops += 1
         ended = False
         try:
