@@ -23,10 +23,13 @@ import pytest
 from effectlog.errors import ExitStatus, ForkRefused
 from effectlog.plan import parse_plan
 from effectlog.runtime import Runtime
+from effectlog.testing import sample_run
+from effectlog.trace import verify_trace
 from hardening_kit import SAFETY_TIMEOUT_S, cli_env
 from lifecycle_adapters import ADAPTERS
 from test_fork_stores_and_keys import lossy
 from test_lifecycle import effect_counts
+from test_trace import write_trace
 
 HERE = Path(__file__).parent
 
@@ -36,6 +39,8 @@ CHILD = """
 import json, os, signal, sys
 from effectlog.plan import parse_plan
 from effectlog.runtime import Runtime
+from effectlog.testing import sample_run
+from effectlog.trace import verify_trace
 from lifecycle_adapters import ADAPTERS
 
 journal, effects, op, kill, arg = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], json.loads(sys.argv[5])
@@ -75,25 +80,37 @@ def verify(journal: Path) -> subprocess.CompletedProcess[str]:
     )  # fmt: skip
 
 
-# -- retry / fork: the parent's key ---------------------------------------------------------------------
+# -- the hash-chained trace across a crash ---------------------------------------------------------------
 
 
-def test_a_fork_does_not_take_a_reservation_its_parents_retry_already_holds_as_its_own(tmp_path: Path) -> None:
-    """The parent's `reserve` (idempotent) lost its answers; `retry` re-sent its key and completed.
+def test_a_trace_whose_last_record_lost_its_newline_is_extended_into_a_chain_that_still_verifies(
+    tmp_path: Path,
+) -> None:
+    """A trace file whose last record has no newline after it (a copy, an editor, a crash between the
+    record and its newline on a filesystem that tears writes) verifies; a resumed run tracing into it
+    wrote its first record on the same line, so the file that verified before no longer did (the
+    glued line is "not a trace record"). Proves: extending such a file starts the record on a new
+    line, and every record, old and new, verifies."""
+    path = tmp_path / "trace.jsonl"
+    history = sample_run("r", steps=2)
+    write_trace(path, history[:3])
+    path.write_bytes(path.read_bytes().rstrip(b"\n"))
+    assert (3, None, "") == verify_trace(path)
+    write_trace(path, history[3:])
+    assert (len(history), None, "") == verify_trace(path)
 
-    Then ``effectlog fork`` of the parent from `reserve` (on purpose: run it again) re-sent the
-    same key a third time, got the reservation the retry already holds back as a replay, and
-    completed claiming it as its own: two completed runs, one reservation, each run's receipt
-    saying it is its own (cancel one and the other's is gone). Proves: a fork refuses (exit 5,
-    nothing written) to send a parent's key that another run of the journal already sent again,
-    naming that run; what it may do instead is fork that run.
-    """
-    journal, effects = tmp_path / "j.db", tmp_path / "e.db"
-    with Runtime(str(journal), effects=effects, adapters=ADAPTERS) as rt:
-        assert "failed" == rt.run(lossy(tmp_path)).state
-        (tmp_path / "answers").touch()
-        assert "completed" == rt.retry("book-1", by="ops", reason="answers back").state
-        with pytest.raises(ForkRefused, match="book-1.retry1") as info:
-            rt.fork("book-1", "book-1.again", by="ops", reason="book it again")
-        assert (ExitStatus.CONFLICT, ["book-1", "book-1.retry1"]) == (info.value.exit_status, sorted(rt.journal.runs()))
-    assert Counter({("book-1", "reserve"): 1, ("book-1.retry1", "log"): 1}) == effect_counts(effects)
+
+def test_verify_trace_names_a_last_record_cut_mid_write_as_torn_not_as_an_edit(tmp_path: Path) -> None:
+    """A trace whose last line is a record cut short (the machine died mid-write) was reported with the
+    words an edited line gets ("not a trace record"), so a reader could not tell a crash from tampering.
+    Proves: the same line number and count, and a reason that says the file ends inside a record; a
+    broken line in the middle keeps its old reason."""
+    path = tmp_path / "trace.jsonl"
+    write_trace(path, sample_run("r", steps=1))
+    whole = path.read_bytes()
+    path.write_bytes(whole[:-20])
+    count, line, reason = verify_trace(path)
+    assert (len(whole.splitlines()) - 1, len(whole.splitlines())) == (count, line)
+    assert reason.startswith("torn: the file ends inside a record"), reason
+    path.write_bytes(whole[:-20] + b"\n" + whole.splitlines(keepends=True)[-1])
+    assert (len(whole.splitlines()) - 1, len(whole.splitlines()), "not a trace record") == verify_trace(path)
