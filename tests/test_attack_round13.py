@@ -20,7 +20,9 @@ from typing import Any
 
 import pytest
 
-from effectlog.errors import ExitStatus, ForkRefused
+from effectlog import events as ev
+from effectlog.errors import ExitStatus
+from effectlog.journal import open_journal
 from effectlog.plan import parse_plan
 from effectlog.runtime import Runtime
 from effectlog.testing import sample_run
@@ -37,10 +39,9 @@ HERE = Path(__file__).parent
 # point (the crash matrix's names: ``after_effect``, ``before_commit:<event tag>``, ...).
 CHILD = """
 import json, os, signal, sys
+from effectlog.errors import EffectlogError
 from effectlog.plan import parse_plan
 from effectlog.runtime import Runtime
-from effectlog.testing import sample_run
-from effectlog.trace import verify_trace
 from lifecycle_adapters import ADAPTERS
 
 journal, effects, op, kill, arg = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], json.loads(sys.argv[5])
@@ -52,15 +53,21 @@ def hook(where, sid):
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-with Runtime(journal, effects=effects, adapters=ADAPTERS, crash_hook=hook) as rt:
-    if op == "run":
-        out = rt.run(parse_plan(json.dumps(arg).encode()))
-    elif op == "retry":
-        out = rt.retry(arg, by="ops", reason="again")
-    else:
-        print(json.dumps([[r.run_id, r.state] for r in rt.recover()]))
-        sys.exit(0)
-    print(json.dumps([out.run_id, out.state]))
+try:
+    with Runtime(journal, effects=effects, adapters=ADAPTERS, crash_hook=hook) as rt:
+        if op == "run":
+            out = rt.run(parse_plan(json.dumps(arg).encode()))
+        elif op == "retry":
+            out = rt.retry(arg, by="ops", reason="again")
+        elif op == "fork":
+            out = rt.fork(arg[0], arg[1], by="ops", reason="on purpose")
+        else:
+            print(json.dumps([[r.run_id, r.state] for r in rt.recover()]))
+            sys.exit(0)
+except EffectlogError as exc:
+    print(f"{exc.code}: {exc}", file=sys.stderr)
+    sys.exit(int(exc.exit_status))
+print(json.dumps([out.run_id, out.state]))
 """
 
 
@@ -114,3 +121,91 @@ def test_verify_trace_names_a_last_record_cut_mid_write_as_torn_not_as_an_edit(t
     assert reason.startswith("torn: the file ends inside a record"), reason
     path.write_bytes(whole[:-20] + b"\n" + whole.splitlines(keepends=True)[-1])
     assert (len(whole.splitlines()) - 1, len(whole.splitlines()), "not a trace record") == verify_trace(path)
+
+
+# -- retry / fork / recover, killed between their commits ---------------------------------------------------
+
+
+def _lifecycle(tmp: Path, op: str, arg: Any = None, kill: str = "") -> subprocess.CompletedProcess[str]:
+    return child(tmp / "j.db", tmp / "e.db", op, arg, kill)
+
+
+@pytest.mark.parametrize("kill", ["before_commit:run.started", "after_effect@reserve"])
+def test_a_retry_killed_between_its_commits_is_finished_once_and_never_retried_twice(
+    tmp_path: Path, kill: str
+) -> None:
+    """The parent's idempotent `reserve` lost every answer; its retry re-sends the parent's key and is
+    SIGKILLed (before its first commit, or after the re-sent key's effect, before its answer is journaled).
+
+    Proves: killed before its first commit, the retry left nothing (its turn and claim died with it)
+    and the next retry runs; killed after it, a second retry is refused (exit 5: the fork exists)
+    and ``recover`` finishes the fork. Either way one reservation and one log, the fork's `reserve`
+    under the parent's key, and ``effectlog verify`` ok.
+    """
+    plan = lossy(tmp_path)
+    assert 0 == _lifecycle(tmp_path, "run", msgspec_plan(plan)).returncode
+    (tmp_path / "answers").touch()
+    assert -9 == _lifecycle(tmp_path, "retry", "book-1", kill).returncode
+    again = _lifecycle(tmp_path, "retry", "book-1")
+    if kill == "before_commit:run.started":
+        assert (0, ["book-1.retry1", "completed"]) == (again.returncode, json.loads(again.stdout)), again.stderr
+    else:
+        assert ExitStatus.CONFLICT == again.returncode, again.stderr
+        assert "already forked as book-1.retry1" in again.stderr
+        recovered = _lifecycle(tmp_path, "recover")
+        assert [["book-1.retry1", "completed"]] == json.loads(recovered.stdout), recovered.stderr
+    assert Counter({("book-1", "reserve"): 1, ("book-1.retry1", "log"): 1}) == effect_counts(tmp_path / "e.db")
+    with Runtime(str(tmp_path / "j.db"), effects=tmp_path / "e.db", adapters=ADAPTERS) as rt:
+        keys = {rt.load(r).step("reserve").idempotency_key for r in ("book-1", "book-1.retry1")}
+    assert 1 == len(keys)
+    checked = verify(tmp_path / "j.db")
+    assert 0 == checked.returncode, checked.stdout + checked.stderr
+
+
+def msgspec_plan(plan: Any) -> Any:
+    """A plan as the JSON object ``parse_plan`` reads (the child rebuilds it)."""
+    import msgspec
+
+    return msgspec.to_builtins(plan)
+
+
+def test_a_retry_of_a_fork_of_a_retry_each_killed_sends_one_key_and_makes_one_reservation(tmp_path: Path) -> None:
+    """A chain: the parent loses `reserve`'s answers; its retry is SIGKILLed after recording the re-send
+    and recovered (answers still lost: it fails); that retry is forked (fails too); the answers come back
+    and the fork's retry is SIGKILLed after the effect, then recovered.
+
+    Proves: four runs, one key for `reserve` in all of them (each ``key_from`` naming the run it
+    was forked from), one reservation and one log in the effect store, each run retried once
+    (a second retry of a forked run is refused, exit 5), and ``effectlog verify`` ok.
+    """
+    plan = lossy(tmp_path)
+    assert 0 == _lifecycle(tmp_path, "run", msgspec_plan(plan)).returncode
+    assert -9 == _lifecycle(tmp_path, "retry", "book-1", "after_resend@reserve").returncode
+    assert [["book-1.retry1", "failed"]] == json.loads(_lifecycle(tmp_path, "recover").stdout)
+    forked = _lifecycle(tmp_path, "fork", ["book-1.retry1", "F"])
+    assert (0, ["F", "failed"]) == (forked.returncode, json.loads(forked.stdout)), forked.stderr
+    (tmp_path / "answers").touch()
+    assert -9 == _lifecycle(tmp_path, "retry", "F", "after_effect@reserve").returncode
+    assert [["F.retry1", "completed"]] == json.loads(_lifecycle(tmp_path, "recover").stdout)
+    for parent in ("book-1", "book-1.retry1", "F"):
+        assert ExitStatus.CONFLICT == _lifecycle(tmp_path, "retry", parent).returncode
+    assert Counter({("book-1", "reserve"): 1, ("F.retry1", "log"): 1}) == effect_counts(tmp_path / "e.db")
+    runs = ("book-1", "book-1.retry1", "F", "F.retry1")
+    j = open_journal(str(tmp_path / "j.db"), writer=False)
+    try:
+        sent = {
+            r: [(e.idempotency_key, e.key_from) for e in map(ev.decode, (x.body for x in j.read(r)))
+                if isinstance(e, ev.StepRequested) and e.step_id == "reserve"]
+            for r in runs
+        }  # fmt: skip
+    finally:
+        j.close()
+    key = sent["book-1"][0][0]
+    assert {
+        "book-1": [(key, "")],
+        "book-1.retry1": [(key, "book-1")],
+        "F": [(key, "book-1.retry1")],
+        "F.retry1": [(key, "F")],
+    } == sent
+    checked = verify(tmp_path / "j.db")
+    assert 0 == checked.returncode, checked.stdout + checked.stderr
