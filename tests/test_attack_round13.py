@@ -18,12 +18,12 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
 from effectlog import events as ev
 from effectlog.errors import ExitStatus
 from effectlog.journal import open_journal
-from effectlog.plan import parse_plan
 from effectlog.runtime import Runtime
 from effectlog.testing import sample_run
 from effectlog.trace import verify_trace
@@ -131,9 +131,7 @@ def _lifecycle(tmp: Path, op: str, arg: Any = None, kill: str = "") -> subproces
 
 
 @pytest.mark.parametrize("kill", ["before_commit:run.started", "after_effect@reserve"])
-def test_a_retry_killed_between_its_commits_is_finished_once_and_never_retried_twice(
-    tmp_path: Path, kill: str
-) -> None:
+def test_a_retry_killed_between_its_commits_is_finished_once_and_never_retried_twice(tmp_path: Path, kill: str) -> None:
     """The parent's idempotent `reserve` lost every answer; its retry re-sends the parent's key and is
     SIGKILLed (before its first commit, or after the re-sent key's effect, before its answer is journaled).
 
@@ -143,7 +141,7 @@ def test_a_retry_killed_between_its_commits_is_finished_once_and_never_retried_t
     under the parent's key, and ``effectlog verify`` ok.
     """
     plan = lossy(tmp_path)
-    assert 0 == _lifecycle(tmp_path, "run", msgspec_plan(plan)).returncode
+    assert 0 == _lifecycle(tmp_path, "run", msgspec.to_builtins(plan)).returncode
     (tmp_path / "answers").touch()
     assert -9 == _lifecycle(tmp_path, "retry", "book-1", kill).returncode
     again = _lifecycle(tmp_path, "retry", "book-1")
@@ -162,13 +160,6 @@ def test_a_retry_killed_between_its_commits_is_finished_once_and_never_retried_t
     assert 0 == checked.returncode, checked.stdout + checked.stderr
 
 
-def msgspec_plan(plan: Any) -> Any:
-    """A plan as the JSON object ``parse_plan`` reads (the child rebuilds it)."""
-    import msgspec
-
-    return msgspec.to_builtins(plan)
-
-
 def test_a_retry_of_a_fork_of_a_retry_each_killed_sends_one_key_and_makes_one_reservation(tmp_path: Path) -> None:
     """A chain: the parent loses `reserve`'s answers; its retry is SIGKILLed after recording the re-send
     and recovered (answers still lost: it fails); that retry is forked (fails too); the answers come back
@@ -179,7 +170,7 @@ def test_a_retry_of_a_fork_of_a_retry_each_killed_sends_one_key_and_makes_one_re
     (a second retry of a forked run is refused, exit 5), and ``effectlog verify`` ok.
     """
     plan = lossy(tmp_path)
-    assert 0 == _lifecycle(tmp_path, "run", msgspec_plan(plan)).returncode
+    assert 0 == _lifecycle(tmp_path, "run", msgspec.to_builtins(plan)).returncode
     assert -9 == _lifecycle(tmp_path, "retry", "book-1", "after_resend@reserve").returncode
     assert [["book-1.retry1", "failed"]] == json.loads(_lifecycle(tmp_path, "recover").stdout)
     forked = _lifecycle(tmp_path, "fork", ["book-1.retry1", "F"])
