@@ -200,3 +200,118 @@ def test_a_retry_of_a_fork_of_a_retry_each_killed_sends_one_key_and_makes_one_re
     } == sent
     checked = verify(tmp_path / "j.db")
     assert 0 == checked.returncode, checked.stdout + checked.stderr
+
+
+# -- the agent integrations: a model answer paid for once ---------------------------------------------------
+
+AGENT_CHILD = """
+import json, os, signal, sys
+from pathlib import Path
+from pydantic_ai import Agent
+from pydantic_ai.messages import ModelResponse, TextPart, ToolCallPart
+from pydantic_ai.models.function import FunctionModel
+from effectlog.errors import EffectlogError
+from effectlog.integrations.pydantic_ai import DurableAgent, idempotency_key
+from session_kit import note
+
+journal, calls, die = sys.argv[1], Path(sys.argv[2]), sys.argv[3]
+
+
+def model(messages, info):
+    note(calls, "model " + (info.model_settings or {}).get("extra_headers", {}).get("Idempotency-Key", ""))
+    if not any(isinstance(m, ModelResponse) for m in messages):
+        return ModelResponse(parts=[
+            ToolCallPart("lookup", {"who": "bob"}, tool_call_id="a"),
+            ToolCallPart("charge", {"who": "bob"}, tool_call_id="b"),
+            ToolCallPart("lookup", {"who": "cy"}, tool_call_id="c"),
+        ])
+    return ModelResponse(parts=[TextPart("done")])
+
+
+agent = Agent(FunctionModel(model), output_type=str)
+
+
+@agent.tool_plain
+def lookup(who: str) -> str:
+    note(calls, "lookup " + idempotency_key())
+    if die == "lookup-" + who:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return "found " + who
+
+
+@agent.tool_plain
+def charge(who: str) -> str:
+    note(calls, "charge " + idempotency_key())
+    if die == "charge":
+        os.kill(os.getpid(), signal.SIGKILL)
+    return "charged " + who
+
+
+try:
+    print(json.dumps(DurableAgent(agent, journal=journal, idempotent={"lookup"}).run_sync("go", run_id="r").output))
+except EffectlogError as exc:
+    print(f"{exc.code}: {exc}", file=sys.stderr)
+    sys.exit(int(exc.exit_status))
+"""
+
+
+def agent_pass(tmp: Path, die: str = "") -> subprocess.CompletedProcess[str]:
+    """One pass of a pydantic-ai DurableAgent run in a real child process (SIGKILLed inside ``die``)."""
+    pytest.importorskip("pydantic_ai")
+    env = {**cli_env(), "PYTHONPATH": os.pathsep.join([str(HERE.parent / "src"), str(HERE)])}
+    return subprocess.run(
+        [sys.executable, "-c", AGENT_CHILD, str(tmp / "runs.db"), str(tmp / "calls.log"), die],
+        env=env, capture_output=True, text=True, timeout=SAFETY_TIMEOUT_S,
+    )  # fmt: skip
+
+
+def test_an_agent_killed_inside_one_of_three_parallel_calls_pays_its_model_once_and_runs_the_others_once(
+    tmp_path: Path,
+) -> None:
+    """One model answer asks for three calls at once (lookup, charge, lookup); the process is SIGKILLed
+    inside the charge (not idempotent), after its effect.
+
+    Proves: the resumed pass asks the model nothing (its answer is journaled), runs neither
+    lookup's tool again before it stops on the uncertain charge (exit 3); once the charge is
+    reconciled from the CLI, the next pass calls the model once more (the next turn) and runs the
+    last lookup once; the model paid twice in all (two turns, two keys), the charge made once.
+    """
+    calls = tmp_path / "calls.log"
+    assert -9 == agent_pass(tmp_path, "charge").returncode
+    first = Counter(line.split(" ")[0] for line in calls.read_text().splitlines())
+    resumed = agent_pass(tmp_path)
+    assert ExitStatus.STOPPED_UNCERTAIN == resumed.returncode, resumed.stderr
+    assert first == Counter(line.split(" ")[0] for line in calls.read_text().splitlines())
+    reconciled = subprocess.run(
+        [sys.executable, "-m", "effectlog", "reconcile", "--journal", str(tmp_path / "runs.db"), "--run-id", "r",
+         "--step", "tool-1-b", "--outcome", "applied", "--evidence", "the bank shows it", "--operator", "ann"],
+        env=cli_env(), capture_output=True, text=True, timeout=SAFETY_TIMEOUT_S,
+    )  # fmt: skip
+    assert 0 == reconciled.returncode, reconciled.stderr
+    done = agent_pass(tmp_path)
+    assert (0, '"done"') == (done.returncode, done.stdout.strip()), done.stderr
+    lines = calls.read_text().splitlines()
+    models = [line.split(" ")[1] for line in lines if line.startswith("model ")]
+    assert (2, 2) == (len(models), len(set(models)))
+    assert Counter({"model": 2, "lookup": 2, "charge": 1}) == Counter(line.split(" ")[0] for line in lines)
+
+
+def test_an_agent_killed_inside_the_last_of_three_parallel_calls_resends_only_that_one_under_its_key(
+    tmp_path: Path,
+) -> None:
+    """The same three calls, SIGKILLed inside the last lookup (idempotent) after its effect.
+
+    Proves: the resumed pass completes, asking the model only for the next turn; the charge is
+    not run again; the killed lookup is sent again under the same key (so a service keyed on it
+    answers it once) and the first lookup is not sent again.
+    """
+    calls = tmp_path / "calls.log"
+    assert -9 == agent_pass(tmp_path, "lookup-cy").returncode
+    done = agent_pass(tmp_path)
+    assert (0, '"done"') == (done.returncode, done.stdout.strip()), done.stderr
+    lines = calls.read_text().splitlines()
+    assert Counter({"model": 2, "lookup": 3, "charge": 1}) == Counter(line.split(" ")[0] for line in lines)
+    lookups = [line.split(" ")[1] for line in lines if line.startswith("lookup ")]
+    assert (lookups[1], 2) == (lookups[2], len(set(lookups)))
+    models = [line.split(" ")[1] for line in lines if line.startswith("model ")]
+    assert 2 == len(set(models))
