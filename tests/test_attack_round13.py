@@ -10,10 +10,12 @@ stand-in provider; every journal is checked with ``effectlog verify``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
+import threading
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -22,8 +24,9 @@ import msgspec
 import pytest
 
 from effectlog import events as ev
-from effectlog.errors import ExitStatus
+from effectlog.errors import EffectlogError, ExitStatus
 from effectlog.journal import open_journal
+from effectlog.plan import parse_plan
 from effectlog.runtime import Runtime
 from effectlog.testing import sample_run
 from effectlog.trace import verify_trace
@@ -315,3 +318,73 @@ def test_an_agent_killed_inside_the_last_of_three_parallel_calls_resends_only_th
     assert (lookups[1], 2) == (lookups[2], len(set(lookups)))
     models = [line.split(" ")[1] for line in lines if line.startswith("model ")]
     assert 2 == len(set(models))
+
+
+# -- a timeout ends the wait, not the call ----------------------------------------------------------------
+
+
+class _Late:
+    """A non-idempotent tool whose first call answers late (when the test releases it), making its effect
+    then, as a slow remote service would; later calls answer at once. ``lookup`` reads the effect store,
+    as a truthful service would: it says what has landed so far."""
+
+    def __init__(self, ctx: Any) -> None:
+        self.store = ctx.effect_store()
+
+    def invoke(self, request: Any) -> Any:
+        LATE_CALLS.append(threading.current_thread())
+        if len(LATE_CALLS) == 1:
+            RELEASE.wait(SAFETY_TIMEOUT_S)
+        return self.store.apply_control(request)
+
+    def lookup(self, request: Any) -> Any:
+        return self.store.lookup(request)
+
+
+LATE_CALLS: list[threading.Thread] = []
+RELEASE = threading.Event()
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a timed-out call still running in this process is not known to reconcile: a lookup made while "
+    "it is in flight says not applied, the next attempt runs, and the late call applies too (two effects)",
+)
+def test_a_lookup_while_the_timed_out_call_is_still_running_in_this_process_does_not_start_a_second_effect(
+    tmp_path: Path,
+) -> None:
+    """A non-idempotent step's tool does not answer within ``timeout_s``: the run stops uncertain (right),
+    but the call goes on in its thread in this process (a long-lived runtime: an app, a fleet runner).
+
+    ``reconcile_by_lookup`` asks the tool's own lookup while that call is still in flight: "no
+    effect for this attempt" is recorded as not applied, the next run makes attempt 2's effect, and
+    then the first call lands: two effects, the journal saying one. Proves (when fixed): while this
+    process still runs the attempt's call, its absence from a ledger is no evidence (the lookup is
+    refused, or the resume waits for the call), and the effect is made once.
+    """
+    journal, effects = tmp_path / "j.db", tmp_path / "e.db"
+    plan = parse_plan(
+        json.dumps(
+            {
+                "run_id": "pay-1",
+                "adapters": {"bank": {"type": "test.late"}},
+                "steps": [{"id": "pay", "adapter": "bank", "args": {"n": 1}, "timeout_s": 0.2}],
+            }
+        ).encode()
+    )
+    adapters = {"test.late": lambda decl, ctx: _Late(ctx)}
+    LATE_CALLS.clear()
+    RELEASE.clear()
+    try:
+        with Runtime(str(journal), effects=effects, adapters=adapters) as rt:
+            assert "stopped" == rt.run(plan).state
+            with contextlib.suppress(EffectlogError):  # refused while the call runs: the fix
+                rt.reconcile_by_lookup("pay-1", "pay")
+            with contextlib.suppress(EffectlogError):
+                rt.run(plan)
+            RELEASE.set()
+            for thread in LATE_CALLS:
+                thread.join(SAFETY_TIMEOUT_S)
+    finally:
+        RELEASE.set()
+    assert Counter({("pay-1", "pay"): 1}) == effect_counts(effects)
