@@ -388,3 +388,59 @@ def test_a_lookup_while_the_timed_out_call_is_still_running_in_this_process_does
     finally:
         RELEASE.set()
     assert Counter({("pay-1", "pay"): 1}) == effect_counts(effects)
+
+
+def _billing_agent(instructions: str, system_prompt: str, tool_doc: str, calls: list[str]) -> Any:
+    """A pydantic-ai agent whose one model turn asks for `charge`, whose first charge loses its answer."""
+    from pydantic_ai import Agent
+    from pydantic_ai.messages import ModelResponse, TextPart, ToolCallPart
+    from pydantic_ai.models.function import FunctionModel
+
+    def model(messages: list[Any], info: Any) -> Any:
+        calls.append("model")
+        if not any(isinstance(m, ModelResponse) for m in messages):
+            return ModelResponse(parts=[ToolCallPart("charge", {"who": "bob"}, tool_call_id="b")])
+        return ModelResponse(parts=[TextPart("done")])
+
+    agent: Any = Agent(FunctionModel(model), output_type=str, instructions=instructions, system_prompt=system_prompt)
+
+    def charge(who: str) -> str:
+        calls.append("charge")
+        raise ConnectionError("the bank hung up")
+
+    charge.__doc__ = tool_doc
+    agent.tool_plain(charge)
+    return agent
+
+
+@pytest.mark.parametrize(
+    "changed",
+    [
+        ("Bill politely.", "You bill.", "Charge."),
+        ("Bill.", "You refund.", "Charge."),
+        ("Bill.", "You bill.", "Refund."),
+    ],
+    ids=["instructions", "system-prompt", "tool-description"],
+)
+def test_a_resumed_agent_whose_instructions_or_tools_changed_gets_no_recorded_answer(
+    tmp_path: Path, changed: tuple[str, str, str]
+) -> None:
+    """A pass stops after the model's answer was recorded (its tool call's outcome unknown); the next pass
+    comes with other instructions, another system prompt or another tool description.
+
+    Proves: the recorded answer, given for another conversation, is not handed to it: the pass
+    is refused (``IdempotencyConflict``, exit 5) before the model or any tool is called.
+    """
+    pytest.importorskip("pydantic_ai")
+    from effectlog.errors import IdempotencyConflict, UncertainEffect
+    from effectlog.integrations.pydantic_ai import DurableAgent
+
+    calls: list[str] = []
+    first = DurableAgent(_billing_agent("Bill.", "You bill.", "Charge.", calls), journal=str(tmp_path / "j.db"))
+    with pytest.raises(UncertainEffect):
+        first.run_sync("charge bob", run_id="r")
+    assert ["model", "charge"] == calls
+    again = DurableAgent(_billing_agent(*changed, calls), journal=str(tmp_path / "j.db"))
+    with pytest.raises(IdempotencyConflict, match="model-0") as info:
+        again.run_sync("charge bob", run_id="r")
+    assert (ExitStatus.CONFLICT, ["model", "charge"]) == (info.value.exit_status, calls)
