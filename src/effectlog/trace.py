@@ -38,6 +38,7 @@ from effectlog.events import (
 )
 
 _GENESIS_HEX = "0" * 64
+TORN = "torn: the file ends inside a record (cut mid-write); the records before it verify"
 MAX_LINE_BYTES = 16 << 20  # a record carries ids, digests and a reason, never args or receipts: far less
 _FIELDS_NEVER_TRACED = frozenset({"args", "plan", "receipt", "evidence"})
 _OUTCOMES: dict[type, str] = {
@@ -102,6 +103,15 @@ def last_hash(path: Path) -> str:
     raise BadInput(f"{path}: the trace file does not end with a trace record; refusing to extend it")
 
 
+def _ends_a_line(path: Path, size: int) -> bool:
+    """Whether the file's first ``size`` bytes are empty or end with a newline."""
+    if size == 0:
+        return True
+    with path.open("rb") as fh:
+        fh.seek(size - 1)
+        return fh.read(1) == b"\n"
+
+
 class _AppendFile:
     """structlog's logger for the trace: chains and writes each record under an exclusive lock on the file.
 
@@ -125,12 +135,16 @@ class _AppendFile:
         fcntl.flock(self.fd, fcntl.LOCK_EX)
         try:
             began = os.lseek(self.fd, 0, os.SEEK_END)
+            # A file whose last record has no newline after it (a copy, an editor) still verifies; a
+            # record written straight after it would share its line, and neither would verify.
+            lead = b""
             if began != self.end:
                 self.prev = last_hash(self.path)
+                lead = b"" if _ends_a_line(self.path, began) else b"\n"
             fields["prev"] = self.prev
             digest = _link(self.key, self.prev, fields)
             fields["hash"] = digest
-            data = (json.dumps(fields, sort_keys=True) + "\n").encode()
+            data = lead + (json.dumps(fields, sort_keys=True) + "\n").encode()
             size = len(data)
             try:
                 while data:
@@ -224,6 +238,8 @@ def verify_trace(path: str | os.PathLike[str], *, key: bytes | None = None) -> t
                 continue
             stored = _record_hash(line)
             if stored is None:
+                if not line.endswith(b"\n"):  # the file's last line, cut short: a crash mid-write, not an edit
+                    return count, lineno, TORN
                 return count, lineno, "not a trace record"
             record = json.loads(line)
             del record["hash"]
