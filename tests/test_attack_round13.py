@@ -345,11 +345,6 @@ LATE_CALLS: list[threading.Thread] = []
 RELEASE = threading.Event()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a timed-out call still running in this process is not known to reconcile: a lookup made while "
-    "it is in flight says not applied, the next attempt runs, and the late call applies too (two effects)",
-)
 def test_a_lookup_while_the_timed_out_call_is_still_running_in_this_process_does_not_start_a_second_effect(
     tmp_path: Path,
 ) -> None:

@@ -407,7 +407,9 @@ class RunActor:
             # An adapter that enforces the timeout itself (the shell kills its process group)
             # gets a grace period to finish that cleanup before the outcome is declared unknown.
             grace = float(getattr(adapter, "timeout_grace_s", 0.0))
-            result = await _in_thread(adapter.invoke, request, timeout + grace if timeout is not None else None)
+            result = await _in_thread(
+                adapter.invoke, request, timeout + grace if timeout is not None else None, self.rt.calls.linger
+            )
         receipt = result if isinstance(result, Receipt) else Receipt(data=result)
         if not isinstance(receipt.ok, bool):
             raise UnusableResult(f"the tool's result cannot be recorded: Receipt.ok is a {type(receipt.ok).__name__}")
@@ -575,11 +577,18 @@ def refuse_other_store(
         )
 
 
-async def _in_thread(fn: Callable[[Request], Any], request: Request, timeout: float | None) -> Any:
+async def _in_thread(
+    fn: Callable[[Request], Any],
+    request: Request,
+    timeout: float | None,
+    linger: Callable[[Request, threading.Thread], None] | None = None,
+) -> Any:
     """Call a blocking adapter on a daemon thread; a timeout means "outcome unknown".
 
     A daemon thread (not the default executor) so that a hung tool cannot keep the
     process from exiting; the shell adapter kills its own process group on timeout.
+    A call that times out still runs, and may still make its effect: ``linger`` is told
+    (``runtime.RunningCalls``), so nothing decides the run until it has ended.
     """
     loop = asyncio.get_running_loop()
     future: asyncio.Future[Any] = loop.create_future()
@@ -595,12 +604,15 @@ async def _in_thread(fn: Callable[[Request], Any], request: Request, timeout: fl
         with contextlib.suppress(RuntimeError):
             loop.call_soon_threadsafe(_settle, future, result, error)
 
-    threading.Thread(target=target, name=f"effectlog-{request.step_id}", daemon=True).start()
+    thread = threading.Thread(target=target, name=f"effectlog-{request.step_id}", daemon=True)
+    thread.start()
     if timeout is None:
         return await future
     try:
         return await asyncio.wait_for(future, timeout)
     except TimeoutError:
+        if thread.is_alive() and linger is not None:
+            linger(request, thread)
         if not future.cancelled():  # the adapter's own TimeoutError (e.g. ShellTimeout): keep its message
             raise
         raise TimeoutError(f"no answer within {timeout}s") from None

@@ -531,3 +531,14 @@ def printable(text: object) -> str:
 def describe(exc: BaseException) -> str:
     """``Type: message`` of a tool's exception, ``printable``."""
     return f"{type(exc).__name__}: {printable(exc)}"
+
+
+# -- a timed-out call still running in this process -------------------------------------------
+
+
+class CallStillRunning(RunOwned):
+    """A call of this run timed out (its outcome unknown) and is still running in this process: until it
+    ends, what any ledger or lookup says of it may change, so nothing about the run is decided and the
+    run stays claimed (exit 6; nothing written)."""
+
+    code = "call_still_running"

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import os
 import random
+import threading
 import time
 from collections.abc import Callable, Coroutine, Iterable, Mapping
 from pathlib import Path
@@ -23,6 +24,7 @@ from effectlog.actor import RunActor
 from effectlog.adapters.registry import AdapterContext, Factory, Registry
 from effectlog.fold import RunState
 from effectlog.journal import Journal, load_run, open_journal
+from effectlog.latecalls import LateCalls
 from effectlog.outcome import (
     CrashHook,
     Decision,
@@ -91,6 +93,7 @@ class Runtime:
         from effectlog.writer import JournalWriter
 
         self.writer = JournalWriter(self.journal)
+        self.calls = LateCalls(self.journal.release)  # timed-out calls still running, and their runs' claims
         if crash_hook is not None and hasattr(self.journal, "before_commit"):
             self.journal.before_commit = lambda events: crash_hook(
                 f"before_commit:{ev.tag_of(events[0])}", getattr(events[0], "step_id", "")
@@ -108,6 +111,7 @@ class Runtime:
             plan = load_plan(plan)
         # One owner per run: claimed before its state is read, so nobody else writes it while
         # this actor drives it (RunOwned, exit 6, for a second actor here or anywhere else).
+        self.calls.refuse(plan.run_id)
         claim = self.journal.claim(plan.run_id, "run")
         try:
             actor = RunActor(self, plan)
@@ -120,7 +124,7 @@ class Runtime:
             finally:
                 self.writer.active_runs -= 1
         finally:
-            self.journal.release(claim)
+            self.calls.release(claim)  # kept while a timed-out call of the run still runs (latecalls)
 
     async def arun_many(self, plans: Iterable[Plan]) -> list[RunOutcome]:
         return list(await asyncio.gather(*(self.arun(p) for p in plans)))
@@ -188,6 +192,7 @@ class Runtime:
         secrets: Provider | None = None,
     ) -> RunOutcome:
         """A new run carrying ``run_id``'s results before ``from_step`` (default: its first unfinished step)."""
+        self.calls.refuse(run_id)
         from effectlog.lifecycle import afork
 
         return _run_sync(
@@ -205,6 +210,7 @@ class Runtime:
         secrets: Provider | None = None,
     ) -> RunOutcome:
         """Fork ``run_id`` from its first unfinished step (the one it failed on) as ``R.retryN``; once per run."""
+        self.calls.refuse(run_id)
         from effectlog.lifecycle.fork import retry_run_id, retry_turn
 
         # The "once" check and the fork's first commit are one turn: two retries racing both passed the
@@ -222,6 +228,7 @@ class Runtime:
 
     def repin(self, run_id: str, *, by: str, reason: str, plan: Plan | None = None) -> Repinned:
         """Accept the current adapter implementations for an open run (appends run.repinned)."""
+        self.calls.refuse(run_id)
         from effectlog.lifecycle import repin
 
         return repin(
@@ -248,6 +255,7 @@ class Runtime:
         expires_at: int | None = None,
         expect_digest: str | None = None,
     ) -> RunState:
+        self.calls.refuse(run_id)
         from effectlog.approvals import approve
 
         return approve(
@@ -263,6 +271,7 @@ class Runtime:
         )
 
     def deny(self, run_id: str, step_id: str, *, by: str, reason: str = "") -> RunState:
+        self.calls.refuse(run_id)
         from effectlog.approvals import deny
 
         return deny(self.journal, run_id, step_id, by=by, reason=reason, clock=self.clock, trace=self.trace)
@@ -270,6 +279,7 @@ class Runtime:
     def reconcile(
         self, run_id: str, step_id: str, *, outcome: Literal["applied", "not_applied"], evidence: str, operator: str
     ) -> RunState:
+        self.calls.refuse(run_id)
         from effectlog.reconcile import reconcile
 
         return reconcile(
@@ -285,6 +295,7 @@ class Runtime:
 
     def reconcile_from_ledger(self, run_id: str, step_id: str, effects: str | None = None) -> RunState:
         """Ask the run's own effect store (the one ``run.started`` pinned), opened read-only."""
+        self.calls.refuse(run_id)
         from effectlog.errors import BadInput
         from effectlog.reconcile import reconcile_from_ledger
 
@@ -301,6 +312,7 @@ class Runtime:
         ``plan`` supplies secret args' real values (the journal holds digests); ``lookup``
         answering ``None`` raises ``LookupUndecided`` and the step stays uncertain.
         """
+        self.calls.refuse(run_id)
         from effectlog.reconcile import reconcile_by_lookup
 
         return reconcile_by_lookup(
@@ -315,6 +327,23 @@ class Runtime:
         )
 
     def close(self) -> None:
+        """Close the journal, the effect store and the trace; while a timed-out call still runs, a
+        background thread does it once every such call has ended (the runs' claims and the store it
+        may still write stay open until then; the process's exit ends both)."""
+        self.calls.reap()
+        late = self.calls.threads()
+        if late:
+            threading.Thread(target=self._close_after, args=(late,), name="effectlog-late-close", daemon=True).start()
+            return
+        self._close_now()
+
+    def _close_after(self, late: list[threading.Thread]) -> None:
+        for thread in late:
+            thread.join()
+        self.calls.reap()
+        self._close_now()
+
+    def _close_now(self) -> None:
         self.context.close()
         if self.trace is not None:
             self.trace.close()
