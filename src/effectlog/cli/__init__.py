@@ -73,6 +73,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     shutdown = _telemetry()
     try:
         refuse_undecodable(args)
+        refuse_empty_locations(args)
         status = handler(args)
     except EffectlogError as exc:
         status = _fail(exc)
@@ -117,6 +118,23 @@ def refuse_undecodable(args: argparse.Namespace) -> None:
                         "UTF-8); nothing was done"
                     ) from None
 
+
+def refuse_empty_locations(args: argparse.Namespace) -> None:
+    """``BadInput`` for a file or database location given as empty or blank text (``--journal ""``, an unset
+    shell variable): it reached SQLite as the current directory ("cannot open the journal (Is a
+    directory)"), and a blank ``--effects " "`` made a store file named by a space."""
+    for dest in _LOCATIONS:
+        value = getattr(args, dest, None)
+        if isinstance(value, str) and not value.strip():
+            flag = dest if dest in _POSITIONALS else "--" + dest.replace("_", "-")
+            raise BadInput(f"argument {flag}: {value!r} is empty, not a location; nothing was done")
+
+
+# The arguments that name a file or a database.
+_LOCATIONS = (
+    "journal", "store", "effects", "trace", "key_file", "plan", "ledger", "output", "postgres_url",
+    "tls_cert", "tls_key", "workdir", "blind", "report",
+)  # fmt: skip
 
 # Arguments without a flag (dests as argparse names them): said as they are, not as --DEST.
 _POSITIONALS = frozenset({"plan", "command", "what", "machine", "action", "report"})
