@@ -443,6 +443,8 @@ class Runner:
             except Exception as exc:  # an adapter's bug: re-queueing it on every runner would loop for ever
                 return escalate(f"unexpected error: {type(exc).__name__}: {exc}", None)
             status = outcome.exit_status
+            if status != ExitStatus.DONE:
+                self._await_late_calls(slot, runtime)
             if status == ExitStatus.DONE:
                 if journal.finished is not None:  # run.completed's batch made the attempt succeed
                     return journal.finished
@@ -461,6 +463,18 @@ class Runner:
                 self._record_cancel(journal, lease)
                 return advance("cancel", op_key="final", reason="cancelled while waiting for a decision")
             advance("resume", op_key=f"resume#{waits}")
+
+    def _await_late_calls(self, slot: Slot, runtime: Runtime) -> None:
+        """A call of this attempt that timed out may still make its effect (``effectlog.latecalls``): the
+        lease is kept (the heartbeats go on) until it has ended, so that nobody decides the run on
+        evidence it can still change. A runner that is stopping (or whose lease was lost) stops waiting
+        without reporting the attempt: its exit ends the call, and the lease, left to expire, goes to
+        the recovery pass, which finds the step uncertain."""
+        for thread in runtime.calls.threads():
+            while thread.is_alive():
+                if slot.lost.is_set() or self._stopping.is_set():
+                    raise LeaseLost  # not reported: the lease expires once this process (and the call) ended
+                thread.join(0.2)
 
     def _notify(  # noqa: PLR0917 - one call site per occasion, each with all of them
         self,
