@@ -69,6 +69,7 @@ from effectlog.journal.sqlite_schema import (
     READ_PAGE_ROWS,
     RUN_NUMBER,
     RUN_NUMBERING,
+    RUN_TRACES,
     SEALS_DDL,
     SQLITE_SCHEMA_VERSION,
     UPSERT_OWNER,
@@ -309,8 +310,6 @@ class SqliteJournal:
                 )
                 if version == 0:
                     self._db.execute("INSERT INTO meta (key, value) VALUES ('chain', ?)", (self.chain.name,))
-                if self.before_commit is not None:  # test hook (a migration killed before its commit)
-                    self.before_commit(())
                 self._db.execute("COMMIT")
             except BaseException:
                 self._db.execute("ROLLBACK")
@@ -384,19 +383,33 @@ class SqliteJournal:
         cursor = self._cursor
         row = cursor.execute(RUN_NUMBER, (run_id,)).fetchone()
         if row is None:
-            count, top, used = cursor.execute(RUN_NUMBERING).fetchone()
-            if count != top or used > top:
+            self._check_numbering(run_id)
+            claim = self._claims.get(run_id)
+            # A run's owner row (token > 1: named before this batch), seal and segments are written only
+            # with its events: any of them for a run without a number is a run whose number was renamed.
+            if (claim is not None and claim.token > 1) or cursor.execute(RUN_TRACES, (run_id, run_id)).fetchone():
                 raise ChainBroken(
-                    f"the journal's runs table was changed ({count} run(s) numbered up to {top}, events up to run "
-                    f"number {used}): a run's history may be under another number, so no new run is numbered "
-                    "(run verify)",
+                    "the run has no events under its id, but its owner, seal or checkpoint rows say it ran: the "
+                    "runs table was changed; the run is not started again (run verify)",
                     run_id=run_id,
-                    column="runs.run",
+                    column="runs.run_id",
                 )
             row = cursor.execute(NEW_RUN, (run_id,)).fetchone()
             created.append(run_id)
         self._numbers[run_id] = number = int(row[0])
         return number
+
+    def _check_numbering(self, run_id: str | None = None) -> None:
+        """Run numbers are 1..n, never removed, and no event lies past them; else ``runs`` was changed and
+        a run's history is under no number or another's (``ChainBroken``, exit 7)."""
+        count, top, used = self._db.execute(RUN_NUMBERING).fetchone()
+        if count != top or used > top:
+            raise ChainBroken(
+                f"the journal's runs table was changed ({count} run(s) numbered up to {top}, events up to run "
+                f"number {used}): a run's history may be under no number or another's (run verify)",
+                run_id=run_id,
+                column="runs.run",
+            )
 
     # -- ownership ----------------------------------------------------------------
 
@@ -878,6 +891,8 @@ class SqliteJournal:
 
     def runs(self) -> list[str]:
         try:
+            if self._layout.numbered:  # every run's rows are under a listed number (``_check_numbering``)
+                self._check_numbering()
             return [r[0] for r in self._db.execute(self._layout.list_runs)]
         except sqlite3.Error as exc:
             raise translate(exc, self.location) from None

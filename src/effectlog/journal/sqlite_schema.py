@@ -94,6 +94,7 @@ RUN_NUMBER = "SELECT run FROM runs WHERE run_id = ?"
 NEW_RUN = "INSERT INTO runs (run_id) VALUES (?) RETURNING run"
 # Before a new run number is given: numbers are dense (1..n, never deleted) and no event row lies past
 # them, else the ``runs`` table was changed and a run's history would look new (``check_numbering``).
+RUN_TRACES = "SELECT 1 FROM seals WHERE run_id = ? UNION ALL SELECT 1 FROM checkpoints WHERE run_id = ? LIMIT 1"
 RUN_NUMBERING = "SELECT count(*), COALESCE(max(run), 0), COALESCE((SELECT max(id) >> 32 FROM events), 0) FROM runs"
 
 SEALS_DDL: tuple[str, ...] = (
