@@ -140,6 +140,7 @@ class Layout(NamedTuple):
     # (run_id) -> the seal's seq, body, hash and the run's last event's seq, hash: one statement, one snapshot.
     select_seal: str
     checkpoint_join: str  # ``checkpoint.select_sql``'s join of a segment ``c`` to its event ``e``
+    count_run: str  # (run_id) -> how many events the run has (the console's change detection)
     numbered: bool  # runs interned in ``runs`` (v2)
 
 
@@ -165,6 +166,7 @@ _V1 = Layout(
         "WHERE s.run_id = ? ORDER BY e.seq DESC LIMIT 1"
     ),
     checkpoint_join="LEFT JOIN events e ON e.run_id = c.run_id AND e.seq = c.seq",
+    count_run="SELECT count(*) FROM events WHERE run_id = ?",
     numbered=False,
 )
 # v2: a run's rows are one rowid range, ``run << 32 | seq``, its number looked up once by run id.
@@ -189,9 +191,17 @@ _V2 = Layout(
         "ORDER BY e.id DESC LIMIT 1"
     ),
     checkpoint_join="LEFT JOIN runs n ON n.run_id = c.run_id LEFT JOIN events e ON e.id = (n.run << 32 | c.seq)",
+    count_run=f"SELECT count(*) {_V2_RANGE}",
     numbered=True,
 )
 LAYOUTS: dict[int, Layout] = {1: _V1, 2: _V2}
+
+
+def layout_of(db: sqlite3.Connection) -> Layout:
+    """The statements of the journal open on ``db`` (by its ``meta`` schema version), for a reader
+    outside ``SqliteJournal`` (the console); the current layout when the version is not one we know."""
+    row = db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+    return LAYOUTS.get(int(row[0]) if row and str(row[0]).isdigit() else 0, LAYOUTS[SQLITE_SCHEMA_VERSION])
 
 
 def translate(exc: sqlite3.Error, path: str) -> Exception:
