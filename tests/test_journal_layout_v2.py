@@ -178,6 +178,19 @@ def test_a_writer_migrates_v1_to_v2_in_one_transaction_and_everything_reads_the_
     assert 0 == cli("verify", "--journal", str(v1)).returncode
 
 
+def test_the_console_reads_a_v1_journal_as_it_is_and_counts_the_same_after_the_migration(v1: Path) -> None:
+    """The console's change detection (a reader of the file's own layout) counts a v1 journal's events
+    without writing to it, and counts the same once a writer migrated it."""
+    from effectlog.console.changes import _journal_counts
+
+    before = files(v1)
+    counts = {run_id: _journal_counts(str(v1), run_id) for run_id in ("done", "half", "fleet-1", None)}
+    assert before == files(v1)
+    SqliteJournal(v1).close()
+    assert counts == {run_id: _journal_counts(str(v1), run_id) for run_id in ("done", "half", "fleet-1", None)}
+    assert counts["half"].startswith("7,")
+
+
 _CHILD = """
 import sys, time
 import effectlog.journal.sqlite as js

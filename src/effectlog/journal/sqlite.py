@@ -8,8 +8,10 @@ when it has a second name (a hard link): SQLite keeps its WAL beside the name it
 given, so two names would be two journals over one file.
 
 Append-only is enforced by the database (triggers abort UPDATE and DELETE), and
-deduplication is a constraint (primary key ``(run_id, seq)``, unique
-``(run_id, step_id, phase, attempt)``), never a check before the insert.
+deduplication is a constraint (schema v2: rowid ``run << 32 | seq``, unique
+``(run, step_id, phase, attempt)``, the run's number from ``runs``), never a check
+before the insert. Readers read a v1 file as it is; a writer migrates it
+(``sqlite_schema``).
 
 Closed runs may carry a seal (``effectlog.seal``) in the append-only ``seals``
 table, written in the same transaction as the closing event and bound to it by the
