@@ -304,3 +304,65 @@ def test_a_run_number_edited_by_hand_fails_verify_and_a_resume_refuses(v2: Path,
         assert count == db.execute("SELECT count(*) FROM events").fetchone()[0]
     finally:
         db.close()
+
+
+# -- numbering runs ----------------------------------------------------------------------------------
+
+
+def test_a_run_numbered_in_a_batch_that_rolls_back_is_numbered_again_by_its_next_batch(tmp_path: Path) -> None:
+    """A run's number is written in the transaction of its first event; when that transaction rolls back
+    (here a failure before the commit), the number goes with it and the writer forgets it: the next
+    batch numbers the run again, and the run reads back whole under the one number it has."""
+    from effectlog.journal.sqlite import SqliteJournal as Journal
+    from effectlog.testing import sample_run
+
+    history = sample_run("r", steps=1)
+    with Journal(tmp_path / "j.db") as journal:
+        journal.claim("r")
+
+        def fail(events: object) -> None:
+            raise RuntimeError("before the commit")
+
+        journal.before_commit = fail
+        with pytest.raises(RuntimeError):
+            journal.append(history[:1])
+        journal.before_commit = None
+        assert [] == journal.runs()
+        journal.append(history[:1])
+        journal.append(history[1:])
+        assert (["r"], [e.seq for e in history]) == (journal.runs(), [r.seq for r in journal.read("r")])
+    db = sqlite3.connect(tmp_path / "j.db")
+    try:
+        assert [(1, "r")] == db.execute("SELECT run, run_id FROM runs").fetchall()
+    finally:
+        db.close()
+
+
+_RACER = """
+import sys
+from effectlog.plan import AdapterDecl, Plan, StepDecl
+from effectlog.runtime import Runtime
+with Runtime(sys.argv[1]) as rt:
+    for i in range(int(sys.argv[3])):
+        plan = Plan(run_id=f"{sys.argv[2]}-{i}", adapters={"tool": AdapterDecl(type="noop")},
+                    steps=(StepDecl(id="s0", adapter="tool", args={}),))
+        assert rt.run(plan).state == "completed"
+"""
+
+
+def test_two_processes_numbering_new_runs_at_once_give_each_run_its_own_number(tmp_path: Path) -> None:
+    """Two real processes start new runs on one journal at the same time: each run is numbered in its
+    first event's transaction (the file's write lock), so the numbers are 1..n, one per run, and the
+    journal verifies."""
+    path, each = tmp_path / "j.db", 40
+    SqliteJournal(path).close()
+    racers = [subprocess.Popen([sys.executable, "-c", _RACER, str(path), name, str(each)]) for name in "ab"]
+    assert [0, 0] == [p.wait(120) for p in racers]
+    db = sqlite3.connect(path)
+    try:
+        numbers = db.execute("SELECT run, run_id FROM runs ORDER BY run").fetchall()
+    finally:
+        db.close()
+    assert list(range(1, 2 * each + 1)) == [n for n, _ in numbers]
+    assert sorted(f"{name}-{i}" for name in "ab" for i in range(each)) == sorted(r for _, r in numbers)
+    assert 0 == cli("verify", "--journal", str(path)).returncode
