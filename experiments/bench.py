@@ -97,6 +97,12 @@ def floor_db(path: Path, ddl: tuple[str, ...] = (FLOOR_DDL,)) -> sqlite3.Connect
     return db
 
 
+# The journal's current schema (SQLite schema v2: runs numbered in ``runs``, an event's rowid ``run << 32 | seq``)
+# with the two runs the rows floor writes, numbered as a writer numbers them: INSERT binds the number.
+ROWS_DDL = (*(sql for step in MIGRATIONS for sql in step), "INSERT INTO runs (run_id) VALUES ('run'), ('warm-up')")
+RUN, WARM_UP = 1, 2
+
+
 def floor_commits(steps: int) -> list[tuple[str, list[tuple[Any, ...]]]]:
     """The floor's commits: two per step, one 200-byte row each."""
     return [(FLOOR_INSERT, [("run", seq, PAYLOAD)]) for seq in range(2 * steps)]
@@ -111,9 +117,9 @@ def effectlog_rows_commits(steps: int) -> list[tuple[str, list[tuple[Any, ...]]]
     seq = 0
     for i in range(steps):
         step = f"step-{i}"
-        commits.append((INSERT, [("run", seq + 1, step, "requested", 1, body, digest)]))
-        commits.append((INSERT, [("run", seq + 2, step, "effected", 1, body, digest),
-                                 ("run", seq + 3, step, "confirmed", 1, body, digest)]))
+        commits.append((INSERT, [(RUN, seq + 1, step, "requested", 1, body, digest)]))
+        commits.append((INSERT, [(RUN, seq + 2, step, "effected", 1, body, digest),
+                                 (RUN, seq + 3, step, "confirmed", 1, body, digest)]))
         seq += 3
     return commits
 
@@ -122,8 +128,8 @@ def floor_single(path: Path, steps: int, *, evidence: bool = False, rows: str = 
     """Two commits per step and nothing else; wall and CPU microseconds per step. ``rows="effectlog"``
     writes effectlog's table and rows instead of the floor's (``effectlog_rows_commits``)."""
     if rows == "effectlog":
-        db, commits = floor_db(path, MIGRATIONS[0]), effectlog_rows_commits(steps)
-        warm = [(INSERT, [("warm-up", seq, f"w-{seq}", "requested", 1, PAYLOAD, PAYLOAD[:32])]) for seq in range(1, 11)]
+        db, commits = floor_db(path, ROWS_DDL), effectlog_rows_commits(steps)
+        warm = [(INSERT, [(WARM_UP, seq, f"w-{seq}", "requested", 1, PAYLOAD, PAYLOAD[:32])]) for seq in range(1, 11)]
     else:
         db, commits = floor_db(path), floor_commits(steps)
         warm = [(FLOOR_INSERT, [("warm-up", seq, PAYLOAD)]) for seq in range(10)]

@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+import journal_tamper
 from effectlog.chain import Chain
 from effectlog.journal import SqliteJournal
 from effectlog.plan import load_plan
@@ -152,7 +153,7 @@ def run_good_plan(path: Path, chain: Chain | None = None, crash_after: str | Non
 
 
 def _edit(path: Path, *sql: str) -> None:
-    db = sqlite3.connect(path, isolation_level=None)
+    db = journal_tamper.connect(path, isolation_level=None)
     try:
         for statement in sql:
             db.execute(statement)
@@ -180,7 +181,7 @@ def build_journal(kind: str, path: Path) -> None:
         _edit(
             path,
             "DROP TRIGGER events_append_only_update",
-            "UPDATE events SET body = CAST(replace(CAST(body AS TEXT), 'el1-', 'el2-') AS BLOB) WHERE seq = 3",
+            "UPDATE ev SET body = CAST(replace(CAST(body AS TEXT), 'el1-', 'el2-') AS BLOB) WHERE seq = 3",
         )
     elif kind == "zero-length":
         path.write_bytes(b"")

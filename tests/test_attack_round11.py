@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +15,7 @@ from typing import Any
 
 import pytest
 
+import journal_tamper
 from hardening_kit import SAFETY_TIMEOUT_S, cli_env, last_line
 
 # A user adapter module: each send is written to sends.jsonl (step, key, the body as the tool got it)
@@ -161,8 +161,8 @@ class World:
         return status
 
     def journal_bytes(self) -> bytes:
-        with sqlite3.connect(self.dir / "j.db") as db:
-            return b"".join(bytes(row[0]) for row in db.execute("SELECT body FROM events"))
+        with journal_tamper.connect(self.dir / "j.db") as db:
+            return b"".join(bytes(row[0]) for row in db.execute("SELECT body FROM ev"))
 
 
 @pytest.fixture

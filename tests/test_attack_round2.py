@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import sqlite3
 import subprocess
 import sys
 import threading
@@ -15,6 +14,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
+import journal_tamper
 from effectlog.adapters import EffectStore
 from effectlog.crashmatrix.processes import run_process
 from effectlog.errors import ExitStatus
@@ -76,13 +76,13 @@ def test_a_cut_tail_of_a_killed_cli_run_is_refused_not_sent_again(tmp_path: Path
     worker = [sys.executable, "-m", "effectlog", "crash-matrix", "worker", "--plan", str(plan_file)]
     killed = run_process("crash", [*worker, "--journal", str(journal), "--effects", str(effects)], point, env=env)
     assert (point, 9) == (killed.reached, killed.signal)
-    with sqlite3.connect(journal) as db:
+    with journal_tamper.connect(journal) as db:
         first = db.execute(
-            "SELECT min(seq) FROM events WHERE run_id = 'cut' AND step_id = ("
-            "SELECT step_id FROM events WHERE run_id = 'cut' AND step_id != '' ORDER BY seq DESC LIMIT 1)"
+            "SELECT min(seq) FROM ev WHERE run_id = 'cut' AND step_id = ("
+            "SELECT step_id FROM ev WHERE run_id = 'cut' AND step_id != '' ORDER BY seq DESC LIMIT 1)"
         ).fetchone()[0]
         db.execute("DROP TRIGGER events_append_only_delete")
-        db.execute("DELETE FROM events WHERE run_id = 'cut' AND seq >= ?", (first,))
+        db.execute("DELETE FROM ev WHERE run_id = 'cut' AND seq >= ?", (first,))
     store = EffectStore(str(effects))
     try:
         before = [store.count(run_id="cut", step_id=f"s{i}") for i in range(4)]
@@ -113,12 +113,12 @@ def _stop_at(step_id: str, point: str = "after_confirm"):  # type: ignore[no-unt
 
 def _cut_after(path: Path, run_id: str, step_id: str, phase: str) -> int:
     """Cut the run's events after ``step_id``'s last ``phase`` event (a tail lost, its segments kept); the new head."""
-    with sqlite3.connect(path) as db:
+    with journal_tamper.connect(path) as db:
         last = db.execute(
-            "SELECT max(seq) FROM events WHERE run_id = ? AND step_id = ? AND phase = ?", (run_id, step_id, phase)
+            "SELECT max(seq) FROM ev WHERE run_id = ? AND step_id = ? AND phase = ?", (run_id, step_id, phase)
         ).fetchone()[0]
         db.execute("DROP TRIGGER IF EXISTS events_append_only_delete")
-        db.execute("DELETE FROM events WHERE run_id = ? AND seq > ?", (run_id, last))
+        db.execute("DELETE FROM ev WHERE run_id = ? AND seq > ?", (run_id, last))
     return int(last)
 
 
@@ -214,9 +214,9 @@ def test_verify_refuses_an_open_run_deleted_whole_with_its_segments_left(tmp_pat
         rt.run(plan_of("gone", 4))
     with Runtime(path) as rt:
         assert "completed" == rt.run(plan_of("kept", 2)).state
-    with sqlite3.connect(path) as db:
+    with journal_tamper.connect(path) as db:
         db.execute("DROP TRIGGER events_append_only_delete")
-        db.execute("DELETE FROM events WHERE run_id = 'gone'")
+        db.execute("DELETE FROM ev WHERE run_id = 'gone'")
         assert db.execute("SELECT count(*) FROM checkpoints WHERE run_id = 'gone'").fetchone()[0] > 0
     done = cli("verify", "--journal", str(path), *(["--run-id", "gone"] if one_run else []))
     assert (int(ExitStatus.INTEGRITY), 1) == (done.returncode, len(done.stderr.strip().splitlines())), done.stderr
@@ -456,11 +456,11 @@ def test_with_a_key_a_forged_segment_relinked_without_it_is_ignored_by_resume_an
     keyed = SqliteJournal(path, chain=Chain(key))
     with Runtime(keyed, crash_hook=_stop_at("s3")) as rt, pytest.raises(SimulatedCrash):
         rt.run(plan)
-    with sqlite3.connect(path) as db:
+    with journal_tamper.connect(path) as db:
         seq, prev, body = db.execute(
             "SELECT seq, prev, body FROM checkpoints WHERE run_id = 'k' ORDER BY seq DESC LIMIT 1"
         ).fetchone()
-        event_hash = db.execute("SELECT hash FROM events WHERE run_id = 'k' AND seq = ?", (seq,)).fetchone()[0]
+        event_hash = db.execute("SELECT hash FROM ev WHERE run_id = 'k' AND seq = ?", (seq,)).fetchone()[0]
         segment = msgspec.msgpack.decode(zlib.decompress(body))  # segments are zlib over msgpack
         segment["steps"] = [s for s in segment["steps"] if s["step_id"] != "s3"]
         forged = zlib.compress(msgspec.msgpack.encode(segment))

@@ -19,6 +19,7 @@ from typing import Any
 import msgspec
 import pytest
 
+import journal_tamper
 from effectlog.adapters import EffectStore
 from effectlog.errors import ExitStatus
 from effectlog.journal import Journal, SqliteJournal, checkpoint, load_run, resume_point
@@ -419,8 +420,8 @@ def test_runs_lists_odd_run_ids_as_distinct_did_and_read_gives_each_its_own_even
         for rid in ODD_RUN_IDS:
             journal.append([ev.RunStarted(run_id=rid, seq=1, ts=1, plan={"steps": []}, plan_digest="x")])
         listed = journal.runs()
-    with sqlite3.connect(path) as db:
-        expected = [r[0] for r in db.execute("SELECT DISTINCT run_id FROM events ORDER BY run_id")]
+    with journal_tamper.connect(path) as db:
+        expected = [r[0] for r in db.execute("SELECT DISTINCT run_id FROM ev ORDER BY run_id")]
     assert expected == listed
     assert sorted(ODD_RUN_IDS) == sorted(listed)
     with SqliteJournal(path, writer=False) as reader:

@@ -7,7 +7,6 @@ interpreter, never in pytest's own)."""
 from __future__ import annotations
 
 import json
-import sqlite3
 import subprocess
 import sys
 import textwrap
@@ -16,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+import journal_tamper
 from hardening_kit import effectlog, one_line
 
 
@@ -268,9 +268,9 @@ def test_an_event_body_stored_as_another_sqlite_type_is_refused_in_one_line(
         str(path),
     )
     assert "" == proc.stderr
-    db = sqlite3.connect(path)
+    db = journal_tamper.connect(path)
     db.execute("DROP TRIGGER events_append_only_update")
-    db.execute(f"UPDATE events SET body = {value} WHERE run_id = 'r' AND seq = 2")
+    db.execute(f"UPDATE ev SET body = {value} WHERE run_id = 'r' AND seq = 2")
     db.commit()
     db.close()
     args = ["--run-id", "r"] if command == "status" else []

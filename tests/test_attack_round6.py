@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+import journal_tamper
 from hardening_kit import GOOD_PLAN, cli_env, effectlog, one_line
 
 pytest_plugins = ["pg_fixture"]
@@ -112,11 +113,12 @@ def test_a_file_whose_wal_name_holds_another_journal_is_refused(tmp_path: Path, 
 def _damage(path: Path, table: str, column: str) -> None:
     """Rewrite ``column`` of the last row of ``table`` as TEXT holding bytes that are not UTF-8 (the
     append-only triggers dropped first, as anyone with the file can)."""
-    db = sqlite3.connect(path)
+    db = journal_tamper.connect(path)
     for (trigger,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'trigger'").fetchall():
         db.execute(f'DROP TRIGGER "{trigger}"')
-    last = "(SELECT max(seq) FROM events)" if table == "events" else "(SELECT max(seq) FROM seals)"
-    db.execute(f"UPDATE {table} SET {column} = CAST(x'ff00fe' AS TEXT) WHERE seq = {last}")
+    last = "(SELECT max(seq) FROM ev)" if table == "events" else "(SELECT max(seq) FROM seals)"
+    rows = "ev" if table == "events" else table  # (journal_tamper: the events' v1 columns)
+    db.execute(f"UPDATE {rows} SET {column} = CAST(x'ff00fe' AS TEXT) WHERE seq = {last}")
     db.commit()
     db.close()
 

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+import journal_tamper
 from effectlog import durable
 from effectlog.errors import BadInput
 from effectlog.session import SqliteCheckpointer, ToolInfo
@@ -668,16 +669,15 @@ def test_lineage_of_a_run_whose_first_event_does_not_decode_is_one_line(tmp_path
     event whose body does not decode (a damaged file, a hand edit) came out as a msgspec traceback,
     exit 1. Proves: one line naming the run and seq 1, the integrity exit status (7), no traceback."""
     import json
-    import sqlite3
 
     from effectlog.errors import ExitStatus
     from hardening_kit import GOOD_PLAN, effectlog, one_line
 
     assert 0 == effectlog("run", "--journal", "j.db", str(GOOD_PLAN), cwd=tmp_path).returncode
     run_id = json.loads(GOOD_PLAN.read_text())["run_id"]
-    db = sqlite3.connect(tmp_path / "j.db")
+    db = journal_tamper.connect(tmp_path / "j.db")
     db.execute("DROP TRIGGER events_append_only_update")
-    db.execute("UPDATE events SET body = ? WHERE run_id = ? AND seq = 1", (b"\x00damaged", run_id))
+    db.execute("UPDATE ev SET body = ? WHERE run_id = ? AND seq = 1", (b"\x00damaged", run_id))
     db.commit()
     db.close()
     proc = effectlog("lineage", "--journal", "j.db", "--run-id", run_id, cwd=tmp_path)

@@ -13,6 +13,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
+import journal_tamper
 from effectlog.adapters import EffectStore
 from effectlog.chain import GENESIS, Chain
 from effectlog.crashmatrix.processes import run_process
@@ -127,7 +128,7 @@ def test_a_segment_not_bound_to_the_chain_is_never_used_and_verify_names_it(
     plan = half_run(path)
     rows = segments(path)
     at = 1 if which == "middle" else len(rows) - 1
-    with sqlite3.connect(path) as db:
+    with journal_tamper.connect(path) as db:
         db.execute("DROP TRIGGER checkpoints_append_only_update")
         db.execute("DROP TRIGGER checkpoints_append_only_delete")
         db.execute("DROP TRIGGER events_append_only_update")
@@ -139,7 +140,7 @@ def test_a_segment_not_bound_to_the_chain_is_never_used_and_verify_names_it(
         elif damage == "delete":
             db.execute("DELETE FROM checkpoints WHERE seq = ?", (seq,))
         else:
-            db.execute("UPDATE events SET hash = ? WHERE seq = ?", (bytes(32), seq))
+            db.execute("UPDATE ev SET hash = ? WHERE seq = ?", (bytes(32), seq))
     with SqliteJournal(path) as journal:
         if damage == "event edited":
             with pytest.raises(ChainBroken):
@@ -280,10 +281,10 @@ def test_an_open_run_whose_tail_was_cut_under_a_segment_is_refused(tmp_path: Pat
     path = tmp_path / "j.db"
     plan = half_run(path)
     last = segments(path)[-1][0]
-    with sqlite3.connect(path) as db:
+    with journal_tamper.connect(path) as db:
         db.execute("DROP TRIGGER events_append_only_delete")
-        db.execute("DELETE FROM events WHERE seq >= ?", (last - 1,))
-        kept = db.execute("SELECT count(*) FROM events").fetchone()[0]
+        db.execute("DELETE FROM ev WHERE seq >= ?", (last - 1,))
+        kept = db.execute("SELECT count(*) FROM ev").fetchone()[0]
     (tmp_path / "plan.json").write_bytes(msgspec.json.encode(plan))
     done = subprocess.run(
         [sys.executable, "-m", "effectlog", "run", str(tmp_path / "plan.json"), "--journal", str(path), "--quiet"],
@@ -332,12 +333,12 @@ def test_segments_are_stored_compressed_and_plain_ones_of_earlier_journals_still
     assert len(stored) >= 3
     assert all(body[:1] == b"\x78" for _, _, body, _ in stored)
     # The same journal as an earlier version wrote it: each body plain, each hash re-bound to it.
-    with sqlite3.connect(path) as db:
+    with journal_tamper.connect(path) as db:
         db.execute("DROP TRIGGER checkpoints_append_only_delete")
         db.execute("DELETE FROM checkpoints")
         prev, chain = GENESIS, Chain()
         for seq, _, body, _ in stored:
-            (event_hash,) = db.execute("SELECT hash FROM events WHERE run_id = 'r' AND seq = ?", (seq,)).fetchone()
+            (event_hash,) = db.execute("SELECT hash FROM ev WHERE run_id = 'r' AND seq = ?", (seq,)).fetchone()
             plain = zlib.decompress(body)
             digest = checkpoint.link(chain, event_hash, prev, plain)
             db.execute("INSERT INTO checkpoints VALUES ('r', ?, ?, ?, ?)", (seq, prev, plain, digest))

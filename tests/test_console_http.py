@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 from markupsafe import escape
 
+import journal_tamper
 from console_kit import (
     CARD,
     NASTY,
@@ -424,12 +425,11 @@ def test_a_fleet_request_in_needs_operator_needs_attention_and_requeue_records_t
 def test_a_run_whose_history_does_not_replay_is_listed_as_unreadable_and_hides_no_other(setup: Setup) -> None:
     """One run's second event is deleted (a gap): Needs attention still lists the held run, and lists
     the broken one as unreadable with the journal's own one-line reason."""
-    import sqlite3
 
-    db = sqlite3.connect(setup.journal, isolation_level=None)
+    db = journal_tamper.connect(setup.journal, isolation_level=None)
     try:  # as an attacker (or a broken disk) would: around the append-only trigger
         db.execute("DROP TRIGGER events_append_only_delete")
-        db.execute("DELETE FROM events WHERE run_id = ? AND seq = 2", ("charge-1",))
+        db.execute("DELETE FROM ev WHERE run_id = ? AND seq = 2", ("charge-1",))
     finally:
         db.close()
     with console(setup) as base:
@@ -448,12 +448,11 @@ def test_the_runs_page_lists_every_other_run_when_one_row_of_the_journal_is_dama
     around the append-only trigger): /runs still answers 200 and lists refund-1 as before, and
     lists charge-1 as unreadable with the journal's own reason; a state filter keeps it shown; the
     JSON API's run list says the same."""
-    import sqlite3
 
-    db = sqlite3.connect(setup.journal, isolation_level=None)
+    db = journal_tamper.connect(setup.journal, isolation_level=None)
     try:
         db.execute("DROP TRIGGER events_append_only_update")
-        db.execute("UPDATE events SET body = ? WHERE run_id = ? AND seq = 2", (b'{"garbage": true}', "charge-1"))
+        db.execute("UPDATE ev SET body = ? WHERE run_id = ? AND seq = 2", (b'{"garbage": true}', "charge-1"))
     finally:
         db.close()
     with console(setup) as base:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+import journal_tamper
 from effectlog.chain import GENESIS
 from effectlog.errors import EventConflict, StaleLease
 from effectlog.fleet import open_store
@@ -22,8 +23,9 @@ from effectlog.fleet.contract import noop_plan, requested, started
 from effectlog.fleet.model import Lease
 from effectlog.fleet.recovery import recover_once
 from effectlog.fleet.sqlite_store import SqliteFleetStore
+from effectlog.journal.sqlite_schema import LAYOUTS
 
-HEAD_READ = "SELECT seq, hash FROM events WHERE run_id"
+HEAD_READ = LAYOUTS[2].head.split("?")[0]  # the journal's head read (schema v2), up to its parameter
 
 
 @pytest.fixture
@@ -97,15 +99,15 @@ def test_a_head_moved_by_another_writer_refuses_the_batch_and_forks_nothing(stor
     journal = store.leased_journal(lease)
     journal.append([started("run-1")])
     journal.append([requested("run-1", 2, idempotent=True)])  # remembered: seq 2
-    db = store.journal().connection
+    db = journal_tamper.rows(store.journal().connection)  # (a temp view on this connection)
     db.execute(
-        "INSERT INTO events (run_id, seq, step_id, phase, attempt, body, hash)"
-        " SELECT run_id, 3, 'other', phase, 9, body, ? FROM events WHERE run_id = 'run-1' AND seq = 2",
+        "INSERT INTO ev (run_id, seq, step_id, phase, attempt, body, hash)"
+        " SELECT run_id, 3, 'other', phase, 9, body, ? FROM ev WHERE run_id = 'run-1' AND seq = 2",
         (b"x" * 32,),
     )
     with pytest.raises(EventConflict):
         journal.append([requested("run-1", 3, "s1", idempotent=True), requested("run-1", 4, "s2", idempotent=True)])
-    rows = db.execute("SELECT seq, step_id FROM events WHERE run_id = 'run-1' ORDER BY seq").fetchall()
+    rows = db.execute("SELECT seq, step_id FROM ev WHERE run_id = 'run-1' ORDER BY seq").fetchall()
     assert [(1, ""), (2, "s0"), (3, "other")] == rows
 
 
@@ -117,10 +119,10 @@ def test_a_row_another_writer_chained_on_is_read_and_chained_onto(store: SqliteF
     journal = store.leased_journal(lease)
     journal.append([started("run-1")])
     journal.append([requested("run-1", 2, idempotent=True)])  # remembered: seq 2
-    db, chain = store.journal().connection, store.journal().chain
-    body, head = db.execute("SELECT body, hash FROM events WHERE run_id = 'run-1' AND seq = 2").fetchone()
+    db, chain = journal_tamper.rows(store.journal().connection), store.journal().chain
+    body, head = db.execute("SELECT body, hash FROM ev WHERE run_id = 'run-1' AND seq = 2").fetchone()
     db.execute(  # the other writer's row: a copy of seq 2's body, chained onto seq 2 as the journal does
-        "INSERT INTO events (run_id, seq, step_id, phase, attempt, body, hash)"
+        "INSERT INTO ev (run_id, seq, step_id, phase, attempt, body, hash)"
         " VALUES ('run-1', 3, 'other', 'x', 9, ?, ?)",
         (bytes(body), chain.link(bytes(head), bytes(body))),
     )

@@ -4,7 +4,6 @@ write-ahead is still durable before its tool runs (and its result before it adva
 from __future__ import annotations
 
 import asyncio
-import sqlite3
 import threading
 from collections.abc import Sequence
 from pathlib import Path
@@ -12,6 +11,7 @@ from typing import Any
 
 import pytest
 
+import journal_tamper
 from effectlog import events as ev
 from effectlog.adapters.protocol import Receipt, Request
 from effectlog.errors import SequenceGap
@@ -71,11 +71,11 @@ class Witness:
     blocking = False  # called inline on the event loop, while other groups may be committing
 
     def __init__(self, path: Path, seen: list[str]) -> None:
-        self.db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, check_same_thread=False)
+        self.db = journal_tamper.connect(f"file:{path}?mode=ro", uri=True, check_same_thread=False)
         self.seen = seen
 
     def committed(self, run_id: str, step_id: str) -> set[str]:
-        rows = self.db.execute("SELECT phase FROM events WHERE run_id = ? AND step_id = ?", (run_id, step_id))
+        rows = self.db.execute("SELECT phase FROM ev WHERE run_id = ? AND step_id = ?", (run_id, step_id))
         return {phase for (phase,) in rows}
 
     def invoke(self, request: Request) -> Receipt:

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+import journal_tamper
 from effectlog import events as ev
 from effectlog.journal import SqliteJournal, load_run
 from effectlog.journal import sqlite as sqlite_journal
@@ -36,8 +37,8 @@ def test_a_read_record_carries_every_index_column_as_stored(tmp_path: Path) -> N
     history = sample_run("cols", steps=2)
     with SqliteJournal(tmp_path / "j.db") as journal:
         journal.append(history)
-        stored = journal._db.execute(
-            "SELECT run_id, seq, step_id, phase, attempt FROM events WHERE run_id = 'cols' ORDER BY seq"
+        stored = journal_tamper.connect(tmp_path / "j.db").execute(
+            "SELECT run_id, seq, step_id, phase, attempt FROM ev WHERE run_id = 'cols' ORDER BY seq"
         ).fetchall()
         got = [(r.run_id, r.seq, r.step_id, r.phase, r.attempt) for r in journal.read("cols")]
     assert stored == got
@@ -59,6 +60,8 @@ def test_runs_lists_what_select_distinct_lists_in_the_same_order(tmp_path: Path,
     with SqliteJournal(tmp_path / "j.db") as journal:
         for run_id in run_ids:
             journal.append(sample_run(run_id, steps=1))
-        expected = [r[0] for r in journal._db.execute("SELECT DISTINCT run_id FROM events ORDER BY run_id")]
+        tamper = journal_tamper.connect(tmp_path / "j.db")
+        expected = [r[0] for r in tamper.execute("SELECT DISTINCT run_id FROM ev ORDER BY run_id")]
+        tamper.close()
         assert sorted(run_ids) == expected
         assert expected == journal.runs()

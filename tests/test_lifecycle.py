@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 
+import journal_tamper
 from effectlog import events as ev
 from effectlog.errors import ExitStatus, ForkRefused, SecretUnavailable
 from effectlog.journal import load_run, open_journal
@@ -645,10 +646,10 @@ def test_a_run_whose_history_is_damaged_is_refused_and_the_others_are_still_reco
         plan = parse_plan(json.dumps({"run_id": rid, "adapters": {"ledger": LEDGER}, "steps": steps}).encode())
         with Runtime(str(journal), effects=effects, crash_hook=crash_after("a")) as rt, pytest.raises(SimulatedCrash):
             rt.run(plan)
-    db = sqlite3.connect(journal, isolation_level=None)
+    db = journal_tamper.connect(journal, isolation_level=None)
     try:
         db.execute("DROP TRIGGER events_append_only_update")
-        db.execute("UPDATE events SET hash = zeroblob(32) WHERE run_id = 'bad' AND seq = 2")
+        db.execute("UPDATE ev SET hash = zeroblob(32) WHERE run_id = 'bad' AND seq = 2")
     finally:
         db.close()
     done = effectlog("recover", "--journal", str(journal), "--effects", str(effects), "--json")

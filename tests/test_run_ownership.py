@@ -14,7 +14,6 @@ import asyncio
 import json
 import os
 import signal
-import sqlite3
 import subprocess
 import sys
 import time
@@ -24,6 +23,7 @@ from typing import Any
 
 import pytest
 
+import journal_tamper
 from effectlog.adapters import Receipt
 from effectlog.errors import ExitStatus, RunOwned
 from effectlog.journal import SqliteJournal, open_journal
@@ -68,9 +68,9 @@ def effects(tmp: Path) -> list[str]:
 
 def rows(journal: Path) -> list[tuple[Any, ...]]:
     """Every stored byte of the events table (read-only, from the test process)."""
-    db = sqlite3.connect(f"{journal.resolve().as_uri()}?mode=ro", uri=True)
+    db = journal_tamper.connect(f"{journal.resolve().as_uri()}?mode=ro", uri=True)
     try:
-        every = "SELECT run_id, seq, step_id, phase, attempt, body, hash FROM events ORDER BY 1, 2"
+        every = "SELECT run_id, seq, step_id, phase, attempt, body, hash FROM ev ORDER BY 1, 2"
         return db.execute(every).fetchall()
     finally:
         db.close()

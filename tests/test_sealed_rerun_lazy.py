@@ -24,6 +24,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import journal_tamper
 from effectlog.chain import Chain
 from effectlog.cli.run_cmds import run_json
 from effectlog.errors import ChainBroken, CorruptEvent
@@ -65,10 +66,10 @@ def v1_body(state: object) -> bytes:
 
 def replace_seal_body(path: Path, body: bytes, *, relink: bool) -> None:
     """An attacker edits the seal body (dropping the append-only trigger); with ``relink`` also its hash."""
-    db = sqlite3.connect(path)
+    db = journal_tamper.connect(path)
     with db:
         db.execute("DROP TRIGGER seals_append_only_update")
-        (head,) = db.execute("SELECT hash FROM events ORDER BY seq DESC LIMIT 1").fetchone()
+        (head,) = db.execute("SELECT hash FROM ev ORDER BY seq DESC LIMIT 1").fetchone()
         if relink:
             db.execute("UPDATE seals SET body = ?, hash = ?", (body, hashlib.sha256(bytes(head) + body).digest()))
         else:
@@ -359,14 +360,14 @@ def test_run_of_a_seal_relinked_over_rows_that_do_not_decode_exits_7_in_one_line
     first = zlib.decompressobj()
     first.decompress(body)
     replace_seal_body(path, body[: len(body) - len(first.unused_data)] + zlib.compress(b"[1,2]"), relink=True)
-    db = sqlite3.connect(path)
-    before = db.execute("SELECT COUNT(*), MAX(seq) FROM events").fetchone()
+    db = journal_tamper.connect(path)
+    before = db.execute("SELECT COUNT(*), MAX(seq) FROM ev").fetchone()
     db.close()
     argv = [sys.executable, "-m", "effectlog", "run", str(plan_file), "--journal", str(path), "--quiet"]
     done = subprocess.run(argv + (["--json"] if json_flag else []), capture_output=True, text=True, timeout=120)
     assert "Traceback" not in done.stderr
     assert (7, 1, "") == (done.returncode, len(done.stderr.splitlines()), done.stdout)
     assert done.stderr.startswith(f"effectlog: corrupt_event: run '{RUN}', seq 20: the run's seal's step rows do not")
-    db = sqlite3.connect(path)
-    assert before == db.execute("SELECT COUNT(*), MAX(seq) FROM events").fetchone()
+    db = journal_tamper.connect(path)
+    assert before == db.execute("SELECT COUNT(*), MAX(seq) FROM ev").fetchone()
     db.close()

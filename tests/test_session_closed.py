@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+import journal_tamper
 from effectlog.errors import IdempotencyConflict, PlanMismatch, RunClosed, UnknownRun
 from effectlog.session import Agent, FinalStep, Session, SqliteCheckpointer
 from effectlog.testing import sample_run
@@ -137,7 +138,6 @@ def test_a_session_closed_by_a_deny_and_cut_back_is_refused(tmp_path: Path) -> N
     """A person's deny closes (and seals) a held session run. Cut back to before the deny, the
     run would look held again and a pass could ask for approval anew; the store raises
     Truncated instead and nothing runs."""
-    import sqlite3
 
     from effectlog.errors import Truncated
     from effectlog.session import Decision, ToolCall
@@ -149,9 +149,9 @@ def test_a_session_closed_by_a_deny_and_cut_back_is_refused(tmp_path: Path) -> N
         asyncio.run(drive(Session(RUN, scripted(tmp_path / "calls.log"), store, policy=hold)))
         store.deny(RUN, "step-1", by="ann")
         last = store.state(RUN).seq
-    db = sqlite3.connect(tmp_path / "runs.db", isolation_level=None)
+    db = journal_tamper.connect(tmp_path / "runs.db", isolation_level=None)
     db.execute("DROP TRIGGER events_append_only_delete")
-    db.execute(f"DELETE FROM events WHERE run_id = '{RUN}' AND seq >= {last - 1}")
+    db.execute(f"DELETE FROM ev WHERE run_id = '{RUN}' AND seq >= {last - 1}")
     db.close()
     with SqliteCheckpointer(tmp_path / "runs.db") as store, pytest.raises(Truncated):
         Session(RUN, scripted(tmp_path / "calls.log"), store)

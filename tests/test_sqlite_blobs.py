@@ -5,9 +5,9 @@ change: BLOBs holding the canonical bytes and their chain hashes, read back as `
 
 from __future__ import annotations
 
-import sqlite3
 from pathlib import Path
 
+import journal_tamper
 from effectlog import events as ev
 from effectlog.chain import GENESIS, Chain
 from effectlog.journal import SqliteJournal
@@ -32,8 +32,8 @@ def test_bodies_and_hashes_are_stored_as_blobs_of_the_canonical_bytes(tmp_path: 
         body = ev.encode(event)
         head = Chain().link(head, body)
         expected.append(("blob", "blob", body, head))
-    with sqlite3.connect(path) as db:
-        stored = db.execute("SELECT typeof(body), typeof(hash), body, hash FROM events ORDER BY seq").fetchall()
+    with journal_tamper.connect(path) as db:
+        stored = db.execute("SELECT typeof(body), typeof(hash), body, hash FROM ev ORDER BY seq").fetchall()
     assert expected == stored
     assert [(bytes, bytes)] * 3 == [(type(r.body), type(r.hash)) for r in written]
     assert [(r.seq, r.body, r.hash) for r in written] == [(r.seq, r.body, r.hash) for r in read]

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import hashlib
 import shutil
-import sqlite3
 from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
 
 import pytest
 
+import journal_tamper
 from effectlog.chain import GENESIS, Chain
 from hardening_kit import KEY, effectlog, one_line, run_good_plan
 
@@ -40,28 +40,28 @@ def rewrite(
     Returns the seq of the first changed event."""
     copy = journal.with_name("attacker-copy.db")
     shutil.copyfile(journal, copy)
-    db = sqlite3.connect(copy, isolation_level=None)
+    db = journal_tamper.connect(copy, isolation_level=None)
     try:
         for trigger in ("events_append_only_update", "events_append_only_delete", "seals_append_only_update"):
             db.execute(f"DROP TRIGGER {trigger}")
         db.execute("DROP TRIGGER seals_append_only_delete")
-        rows = db.execute("SELECT seq, body, hash FROM events WHERE run_id = ? ORDER BY seq", (RUN,)).fetchall()
+        rows = db.execute("SELECT seq, body, hash FROM ev WHERE run_id = ? ORDER BY seq", (RUN,)).fetchall()
         first_changed = 0
         prev = GENESIS
         for seq, body, stored in rows:
             new = edit(seq, bytes(body))
             if new is None:
-                db.execute("DELETE FROM events WHERE run_id = ? AND seq = ?", (RUN, seq))
+                db.execute("DELETE FROM ev WHERE run_id = ? AND seq = ?", (RUN, seq))
                 first_changed = first_changed or seq
                 continue
             if new != bytes(body):
                 first_changed = first_changed or seq
             relink = first_changed or claim_unkeyed
             link = hashlib.sha256(prev + new).digest() if relink else bytes(stored)
-            db.execute("UPDATE events SET body = ?, hash = ? WHERE run_id = ? AND seq = ?", (new, link, RUN, seq))
+            db.execute("UPDATE ev SET body = ?, hash = ? WHERE run_id = ? AND seq = ?", (new, link, RUN, seq))
             prev = link
         if seal == "forge" and (first_changed or claim_unkeyed):
-            last = db.execute("SELECT MAX(seq) FROM events WHERE run_id = ?", (RUN,)).fetchone()[0]
+            last = db.execute("SELECT MAX(seq) FROM ev WHERE run_id = ?", (RUN,)).fetchone()[0]
             sealed = db.execute("SELECT seq, body FROM seals WHERE run_id = ?", (RUN,)).fetchone()
             if sealed is not None and sealed[0] == last:
                 relinked = hashlib.sha256(prev + sealed[1]).digest()

@@ -15,6 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import journal_tamper
 from effectlog.chain import Chain
 from hardening_kit import KEY, effectlog, one_line, run_good_plan
 from strategies import legal_histories
@@ -32,12 +33,14 @@ TRIGGERS = (
 
 
 def tamper(journal: Path, *sql: str) -> None:
-    db = sqlite3.connect(journal, isolation_level=None)
+    db = journal_tamper.connect(journal, isolation_level=None)
     try:
         for trigger in TRIGGERS:
             db.execute(f"DROP TRIGGER {trigger}")
         for statement in sql:
-            assert db.execute(statement).rowcount >= 1, statement
+            before = db.total_changes  # (a view's rowcount is 0: journal_tamper's ``ev`` changes rows by trigger)
+            db.execute(statement)
+            assert db.total_changes > before, statement
     finally:
         db.close()
 
@@ -49,11 +52,11 @@ def verify_json(journal: Path, env: dict[str, str] | None = None) -> tuple[int, 
 
 # seq 1 run.started, 2-4 charge requested/effected/confirmed, 5-7 email, 8 run.completed
 COLUMN_EDITS = {
-    "step_id": (f"UPDATE events SET step_id = 's9' WHERE run_id = '{RUN}' AND step_id = 'charge'", 2, "step_id"),
-    "phase": (f"UPDATE events SET phase = 'step.forged' WHERE run_id = '{RUN}' AND seq = 3", 3, "phase"),
-    "attempt": (f"UPDATE events SET attempt = 2 WHERE run_id = '{RUN}' AND seq = 6", 6, "attempt"),
-    "seq": (f"UPDATE events SET seq = 108 WHERE run_id = '{RUN}' AND seq = 8", 108, "seq"),
-    "run_id": (f"UPDATE events SET run_id = 'a-{RUN}' WHERE run_id = '{RUN}' AND seq = 8", 8, "run_id"),
+    "step_id": (f"UPDATE ev SET step_id = 's9' WHERE run_id = '{RUN}' AND step_id = 'charge'", 2, "step_id"),
+    "phase": (f"UPDATE ev SET phase = 'step.forged' WHERE run_id = '{RUN}' AND seq = 3", 3, "phase"),
+    "attempt": (f"UPDATE ev SET attempt = 2 WHERE run_id = '{RUN}' AND seq = 6", 6, "attempt"),
+    "seq": (f"UPDATE ev SET seq = 108 WHERE run_id = '{RUN}' AND seq = 8", 108, "seq"),
+    "run_id": (f"UPDATE ev SET run_id = 'a-{RUN}' WHERE run_id = '{RUN}' AND seq = 8", 8, "run_id"),
 }
 
 
@@ -128,9 +131,9 @@ def test_a_seal_that_disagrees_with_the_replay_exits_7(tmp_path: Path) -> None:
 
     journal = tmp_path / "journal.db"
     run_good_plan(journal)
-    db = sqlite3.connect(journal)
+    db = journal_tamper.connect(journal)
     (body,) = db.execute("SELECT body FROM seals").fetchone()
-    (head,) = db.execute(f"SELECT hash FROM events WHERE run_id = '{RUN}' ORDER BY seq DESC LIMIT 1").fetchone()
+    (head,) = db.execute(f"SELECT hash FROM ev WHERE run_id = '{RUN}' ORDER BY seq DESC LIMIT 1").fetchone()
     db.close()
     forged = zlib.compress(zlib.decompress(body).replace(b'"completed"', b'"cancelled"'))
     link = hashlib.sha256(bytes(head) + forged).hexdigest()
@@ -149,7 +152,7 @@ def test_a_cut_tail_of_a_sealed_run_is_truncated(tmp_path: Path, keyed: bool) ->
     seq 8, the journal ends at 5, so verify exits 7 ``truncated`` naming the run."""
     journal = tmp_path / "journal.db"
     run_good_plan(journal, Chain(KEY) if keyed else None)
-    tamper(journal, f"DELETE FROM events WHERE run_id = '{RUN}' AND seq > 5")
+    tamper(journal, f"DELETE FROM ev WHERE run_id = '{RUN}' AND seq > 5")
 
     done = effectlog("verify", "--journal", str(journal), cwd=tmp_path, env=KEYED if keyed else None)
 
@@ -162,7 +165,7 @@ def test_a_sealed_run_with_every_event_deleted_is_truncated(tmp_path: Path) -> N
     journal, and of that run id, exits 7 ``truncated`` (not "no such run")."""
     journal = tmp_path / "journal.db"
     run_good_plan(journal)
-    tamper(journal, f"DELETE FROM events WHERE run_id = '{RUN}'")
+    tamper(journal, f"DELETE FROM ev WHERE run_id = '{RUN}'")
 
     whole = effectlog("verify", "--journal", str(journal), cwd=tmp_path)
     one = effectlog("verify", "--journal", str(journal), "--run-id", RUN, cwd=tmp_path)
@@ -187,12 +190,12 @@ def test_run_refuses_a_sealed_run_whose_tail_was_cut_and_sends_nothing_again(tmp
     journal, effects = tmp_path / "journal.db", tmp_path / "effects.db"
     args = ("run", str(plan), "--journal", str(journal), "--effects", str(effects))
     assert 0 == effectlog(*args, cwd=tmp_path).returncode
-    tamper(journal, "DELETE FROM events WHERE run_id = 'pay' AND seq > 4")
-    before = sqlite3.connect(journal).execute("SELECT COUNT(*) FROM events").fetchone()[0]
+    tamper(journal, "DELETE FROM ev WHERE run_id = 'pay' AND seq > 4")
+    before = journal_tamper.connect(journal).execute("SELECT COUNT(*) FROM ev").fetchone()[0]
 
     again = effectlog(*args, cwd=tmp_path)
 
-    after = sqlite3.connect(journal).execute("SELECT COUNT(*) FROM events").fetchone()[0]
+    after = journal_tamper.connect(journal).execute("SELECT COUNT(*) FROM ev").fetchone()[0]
     sent = sqlite3.connect(effects).execute("SELECT COUNT(*) FROM effects").fetchone()[0]
     assert (7, 3, before) == (again.returncode, sent, after)
     assert one_line(again.stderr).startswith("effectlog: truncated: run 'pay', seq 4: the run's seal says")
@@ -216,7 +219,7 @@ def test_an_edited_index_column_on_postgres_exits_7(pg_url: str, tmp_path: Path,
     with psycopg.connect(pg_url, autocommit=True) as db:
         db.execute("SET search_path TO effectlog")
         db.execute("DROP TRIGGER events_append_only ON effectlog.events")
-        assert 1 <= db.execute(sql).rowcount
+        assert 1 <= db.execute(sql.replace("UPDATE ev ", "UPDATE events ")).rowcount  # (PostgreSQL's own table)
 
     done = effectlog("verify", "--journal", pg_url, "--json", cwd=tmp_path)
 
@@ -269,13 +272,14 @@ def test_an_operator_decision_on_a_cut_sealed_run_exits_7_and_writes_nothing(tmp
     assert 0 == effectlog("approve", *decide, cwd=tmp_path).returncode
     assert 0 == effectlog(*run, cwd=tmp_path).returncode
     journal = tmp_path / "j.db"
-    held_at = sqlite3.connect(journal).execute("SELECT seq FROM events WHERE phase LIKE 'run.suspended%'").fetchone()[0]
-    tamper(journal, f"DELETE FROM events WHERE run_id = 'refund-042' AND seq > {held_at}")
-    before = sqlite3.connect(journal).execute("SELECT COUNT(*) FROM events").fetchone()[0]
+    rows = journal_tamper.connect(journal)
+    held_at = rows.execute("SELECT seq FROM ev WHERE phase LIKE 'run.suspended%'").fetchone()[0]
+    tamper(journal, f"DELETE FROM ev WHERE run_id = 'refund-042' AND seq > {held_at}")
+    before = journal_tamper.connect(journal).execute("SELECT COUNT(*) FROM ev").fetchone()[0]
 
     again = effectlog("approve", *decide, cwd=tmp_path)
 
-    after = sqlite3.connect(journal).execute("SELECT COUNT(*) FROM events").fetchone()[0]
+    after = journal_tamper.connect(journal).execute("SELECT COUNT(*) FROM ev").fetchone()[0]
     assert (7, before) == (again.returncode, after)
     assert one_line(again.stderr).startswith("effectlog: truncated: run 'refund-042'")
 
@@ -318,7 +322,7 @@ def test_status_of_a_cut_sealed_run_is_truncated_not_a_state(tmp_path: Path, arg
     closed run whose tail was cut as the open run that is left: exit 7, truncated."""
     journal = tmp_path / "journal.db"
     run_good_plan(journal)
-    tamper(journal, f"DELETE FROM events WHERE run_id = '{RUN}' AND seq > 5")
+    tamper(journal, f"DELETE FROM ev WHERE run_id = '{RUN}' AND seq > 5")
 
     done = effectlog("status", "--journal", str(journal), *argv, cwd=tmp_path)
 

@@ -25,6 +25,7 @@ from starlette.concurrency import run_in_threadpool
 from effectlog.console import decisions
 from effectlog.console.decisions import Config
 from effectlog.errors import EffectlogError, JournalUnreadable, StorageError
+from effectlog.journal.sqlite_schema import layout_of
 
 POLL_S = 0.5  # how often a waiting feed reads the version
 REFRESH_S = 30.0  # a change is announced at least this often: an owner's death writes nothing
@@ -80,6 +81,8 @@ def _count(db: sqlite3.Connection, table: str, run_id: str | None, location: str
     what = "coalesce(sum(token), 0)" if table == "owners" else "count(*)"
     where, params = ("WHERE run_id = ?", (run_id,)) if run_id is not None else ("", ())
     try:
+        if table == "events" and run_id is not None:  # by the journal's layout (schema v1 or v2)
+            return str(db.execute(layout_of(db).count_run, params).fetchone()[0])
         return str(db.execute(f"SELECT {what} FROM {table} {where}", params).fetchone()[0])  # fixed table names
     except sqlite3.Error as exc:
         if "no such table" in str(exc):  # a journal no writer has opened since the table exists

@@ -58,6 +58,13 @@ SQLITE = Dialect(
         # A request fits when it requires nothing the runner does not offer (the offer: a JSON array).
         "fits": "NOT EXISTS (SELECT 1 FROM json_each(r.requires) n WHERE n.value NOT IN"
         " (SELECT o.value FROM json_each(?) o))",
+        # The journal's rows (schema v2, ``sqlite_schema``): a run's rows are the rowids of its number.
+        "run_head_r": "COALESCE((SELECT e.id & 4294967295 FROM runs n, events e WHERE n.run_id = r.run_id"
+        " AND e.id > n.run << 32 AND e.id < (n.run + 1) << 32 ORDER BY e.id DESC LIMIT 1), 0)",
+        "run_head": "SELECT COALESCE((SELECT e.id & 4294967295 FROM runs n, events e WHERE n.run_id = ?"
+        " AND e.id > n.run << 32 AND e.id < (n.run + 1) << 32 ORDER BY e.id DESC LIMIT 1), 0)",
+        "bodies_after": "SELECT e.body FROM runs n, events e WHERE n.run_id = ? AND e.id > (n.run << 32 | ?)"
+        " AND e.id < (n.run + 1) << 32 ORDER BY e.id",
     },
 )
 
@@ -237,7 +244,8 @@ _RECORD_IF_CURRENT = (
 # The same, when the lease's last batch left the run's head at a seq this process remembers: also only while
 # no event follows that seq (one probe of the events' key), so the head is the one remembered.
 _RECORD_IF_CURRENT_AT = (
-    _RECORD_IF_CURRENT + " AND NOT EXISTS (SELECT 1 FROM events e WHERE e.run_id = ? AND e.seq > ?)"
+    _RECORD_IF_CURRENT + " AND NOT EXISTS (SELECT 1 FROM runs n, events e WHERE n.run_id = ?"
+    " AND e.id > (n.run << 32 | ?) AND e.id < (n.run + 1) << 32)"
 )
 
 

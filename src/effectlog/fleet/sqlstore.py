@@ -73,11 +73,29 @@ _REQUEST = (
 _PICK = (
     "SELECT a.attempt_id, a.request_id, a.attempt_no, r.run_id, r.plan, r.cancel_requested_at,"
     " (SELECT COALESCE(MAX(b.fencing_token), 0) + 1 FROM {attempts} b WHERE b.request_id = a.request_id),"
-    " (SELECT COALESCE(MAX(e.seq), 0) FROM {events} e WHERE e.run_id = r.run_id)"
+    " {run_head_r}"
     " FROM {attempts} a JOIN {requests} r ON r.request_id = a.request_id"
     f" WHERE a.state = '{am.QUEUED}' AND (a.not_before IS NULL OR a.not_before <= ?) AND {{fits}}"
     " ORDER BY a.request_id LIMIT ?"
 )
+# How the fleet reads a run's journal rows: keyed ``(run_id, seq)`` (the PostgreSQL journal) unless the
+# dialect names its own statements (the SQLite journal's schema v2, rowids ``run << 32 | seq``:
+# ``sqlite_journal.SQLITE``). ``run_head_r``: the last seq of request ``r``'s run; ``run_head``: of the
+# run ``?``; ``bodies_after``: the run ``?``'s bodies after seq ``?``, in order.
+EVENT_READS = {
+    "run_head_r": "(SELECT COALESCE(MAX(e.seq), 0) FROM {events} e WHERE e.run_id = r.run_id)",
+    "run_head": "SELECT COALESCE(MAX(seq), 0) FROM {events} WHERE run_id = ?",
+    "bodies_after": "SELECT body FROM {events} WHERE run_id = ? AND seq > ? ORDER BY seq",
+}
+
+
+def _event_sql(d: Dialect, template: str) -> str:
+    """``d.sql`` of ``template`` with its event reads (``EVENT_READS``) as the dialect's journal keeps them."""
+    for name, default in EVENT_READS.items():
+        template = template.replace("{" + name + "}", d.values.get(name) or default)
+    return d.sql(template)
+
+
 _ATTEMPT = (
     "SELECT attempt_id, request_id, attempt_no, state, runner_id, fencing_token, lease_expires_at, base_seq,"
     " created_at FROM {attempts}"
@@ -338,7 +356,7 @@ class SqlFleetStore:
                 d.sql("SELECT COALESCE(MAX(fencing_token), 0) + 1 FROM {attempts} WHERE request_id = ?"),
                 (request_id,),
             )
-            base_row = tx.one(d.sql("SELECT COALESCE(MAX(seq), 0) FROM {events} WHERE run_id = ?"), (run_id,))
+            base_row = tx.one(_event_sql(d, "{run_head}"), (run_id,))
             assert token_row is not None
             assert base_row is not None
             token, base_seq = int(token_row[0]), int(base_row[0])
@@ -425,7 +443,7 @@ class SqlFleetStore:
         d = self.dialect
         leases: list[Lease] = []
         now = tx.now()
-        rows = tx.all(d.sql(_PICK + " {claim}"), (now, offered, limit))
+        rows = tx.all(_event_sql(d, _PICK + " {claim}"), (now, offered, limit))
         for row in rows:
             attempt = (int(row[0]), int(row[1]), int(row[2]), str(row[3]), str(row[4]), row[5] is not None)
             lease = self._lease(tx, attempt, runner_id, (int(row[6]), int(row[7])), (now, lease_s))
@@ -541,7 +559,7 @@ class SqlFleetStore:
             bodies = [
                 bytes(r[0])
                 for r in tx.all(
-                    d.sql("SELECT body FROM {events} WHERE run_id = ? AND seq > ? ORDER BY seq"), (run_id, base_seq)
+                    _event_sql(d, "{bodies_after}"), (run_id, base_seq)
                 )
             ]
             verdict, not_before = decide(bodies), None

@@ -313,11 +313,14 @@ def check_not_cut(rows: Sequence[tuple[Any, ...]], head: tuple[int, bytes], run_
         )
 
 
-def select_sql(table: str, events: str, mark: str, *, last: bool = False) -> str:
-    """A run's segments (or only its ``last``), each with its event's hash (NULL when that event is gone), in order."""
+def select_sql(table: str, events: str, mark: str, *, last: bool = False, join: str | None = None) -> str:
+    """A run's segments (or only its ``last``), each with its event's hash (NULL when that event is gone), in order.
+    ``join``: how a segment ``c`` finds its event ``e`` when the events are not keyed ``(run_id, seq)``
+    (the SQLite journal's schema v2)."""
+    join = join or f"LEFT JOIN {events} e ON e.run_id = c.run_id AND e.seq = c.seq"
     return (
-        f"SELECT c.seq, c.prev, c.body, c.hash, e.hash FROM {table} c LEFT JOIN {events} e "
-        f"ON e.run_id = c.run_id AND e.seq = c.seq WHERE c.run_id = {mark} ORDER BY c.seq"
+        f"SELECT c.seq, c.prev, c.body, c.hash, e.hash FROM {table} c {join} "
+        f"WHERE c.run_id = {mark} ORDER BY c.seq"
         + (" DESC LIMIT 1" if last else "")
     )
 

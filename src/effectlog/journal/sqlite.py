@@ -8,8 +8,10 @@ when it has a second name (a hard link): SQLite keeps its WAL beside the name it
 given, so two names would be two journals over one file.
 
 Append-only is enforced by the database (triggers abort UPDATE and DELETE), and
-deduplication is a constraint (primary key ``(run_id, seq)``, unique
-``(run_id, step_id, phase, attempt)``), never a check before the insert.
+deduplication is a constraint (schema v2: rowid ``run << 32 | seq``, unique
+``(run, step_id, phase, attempt)``, the run's number from ``runs``), never a check
+before the insert. Readers read a v1 file as it is; a writer migrates it
+(``sqlite_schema``).
 
 Closed runs may carry a seal (``effectlog.seal``) in the append-only ``seals``
 table, written in the same transaction as the closing event and bound to it by the
@@ -34,6 +36,7 @@ from typing import Any
 
 from effectlog.chain import GENESIS, Chain
 from effectlog.errors import (
+    ChainBroken,
     EventConflict,
     JournalAliased,
     JournalUnreadable,
@@ -58,33 +61,32 @@ from effectlog.journal.ownership import (
     new_owner,
     plausible,
 )
-from effectlog.journal.protocol import SCHEMA_VERSION
 from effectlog.journal.sqlite_schema import (
     INSERT,
     INSERT_SEAL,
-    LIST_RUNS,
+    LAYOUTS,
     MIGRATIONS,
+    NEW_RUN,
     OWNERS_DDL,
-    READ_PAGE,
     READ_PAGE_ROWS,
+    RUN_NUMBER,
+    RUN_NUMBERING,
+    RUN_TRACES,
     SEALS_DDL,
-    SELECT_SEAL,
+    SQLITE_SCHEMA_VERSION,
     UPSERT_OWNER,
     WAL_AUTOCHECKPOINT_PAGES,
     Durability,
     file_size,
+    insert_rows,
     translate,
 )
 from effectlog.journal.walwatch import WalWatch, switch_to_wal
 
-# The events table's columns, in order (``MIGRATIONS``): a table of that name with others is not a journal's.
-EVENT_COLUMNS = ["run_id", "seq", "step_id", "phase", "attempt", "body", "hash"]
-
 # ``_append_owned``'s statements: ``INSERT`` with one ``VALUES`` tuple per row (as the PostgreSQL journal
 # builds its batches), for 1 to 64 rows (a group commit of 32 runs holds at most 64); larger batches go
 # through ``_transact``.
-_MORE_ROWS = ", (?, ?, ?, ?, ?, ?, ?)"  # INSERT's VALUES list, one more row
-_INSERT_ROWS: dict[int, str] = {count: INSERT + _MORE_ROWS * (count - 1) for count in range(1, 65)}
+_INSERT_ROWS: dict[int, str] = {count: insert_rows(count) for count in range(1, 65)}
 
 
 class SqliteJournal:
@@ -107,6 +109,9 @@ class SqliteJournal:
         self.chain = chain or Chain()
         self.writer = writer
         self._heads: dict[str, tuple[int, bytes]] = {}  # only for runs this object holds a claim on
+        # Run numbers (schema v2's ``runs``), committed ones only: a number is never reused or renamed.
+        self._numbers: dict[str, int] = {}
+        self._layout = LAYOUTS[SQLITE_SCHEMA_VERSION]  # the file's (``_migrate``)
         self._claims: dict[str, Claim] = {}
         self._unnamed: set[str] = set()  # claimed runs whose owner row is not written yet (first append does)
         # Test hook: called inside the transaction, after the rows are written, before COMMIT.
@@ -268,37 +273,42 @@ class SqliteJournal:
         # An application's own ``meta`` and ``events`` tables (a common pair of names) are no journal:
         # taken for one, the writer added its tables to that database before failing on a missing column.
         columns = [r[0] for r in db.execute("SELECT name FROM pragma_table_info('events')")]
-        if version <= SCHEMA_VERSION and columns != EVENT_COLUMNS:
+        layout = LAYOUTS.get(version)
+        if layout is not None and columns != layout.columns:
             raise JournalUnreadable(f"{self.location}: not an effectlog journal (its events table is another's)")
         return version
 
     def _migrate(self) -> None:
         try:
             version = self._version()
-            if version > SCHEMA_VERSION:
+            if version > SQLITE_SCHEMA_VERSION:
                 raise JournalUnreadable(
                     f"{self.location}: journal schema v{version} is newer than this effectlog "
-                    f"(v{SCHEMA_VERSION}); upgrade effectlog to read it"
+                    f"(v{SQLITE_SCHEMA_VERSION}); upgrade effectlog to read it"
                 )
-            if version == SCHEMA_VERSION:
+            if version == SQLITE_SCHEMA_VERSION or (version > 0 and not self.writer):
+                # A reader reads the file's own layout as it is: no migration, no write.
+                self._layout = LAYOUTS[version]
                 self._check_chain()
                 return
             if not self.writer:
-                if version == 0:
-                    raise JournalUnreadable(f"{self.location}: no journal there yet (the database is empty)")
-                raise JournalUnreadable(f"{self.location}: journal schema v{version} needs a writer to migrate")
+                raise JournalUnreadable(f"{self.location}: no journal there yet (the database is empty)")
+            # A writer brings the file to the current layout in one transaction: all of it or none.
             self._db.execute("BEGIN IMMEDIATE")
             try:
                 version = self._version()  # another writer may have migrated while this one waited
-                if version == SCHEMA_VERSION:
+                if version == SQLITE_SCHEMA_VERSION:
                     self._db.execute("COMMIT")
                     self._check_chain()
                     return
+                if version > 0:
+                    self._check_chain()  # a journal opened with the wrong key is not rewritten
                 for statements in MIGRATIONS[version:]:
                     for sql in statements:
                         self._db.execute(sql)
                 self._db.execute(
-                    "INSERT OR REPLACE INTO meta (key, value) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),)
+                    "INSERT OR REPLACE INTO meta (key, value) VALUES ('schema_version', ?)",
+                    (str(SQLITE_SCHEMA_VERSION),),
                 )
                 if version == 0:
                     self._db.execute("INSERT INTO meta (key, value) VALUES ('chain', ?)", (self.chain.name,))
@@ -343,15 +353,65 @@ class SqliteJournal:
         if cached is not None:
             return cached
         try:
-            row = self._db.execute(
-                "SELECT seq, hash FROM events WHERE run_id = ? ORDER BY seq DESC LIMIT 1", (run_id,)
-            ).fetchone()
+            row = self._db.execute(self._layout.head, (run_id,)).fetchone()
+            if row is None and self._layout.numbered:
+                self._refuse_empty_number(run_id)
         except sqlite3.Error as exc:
             raise translate(exc, self.location) from None
         head = (row[0], bytes(row[1])) if row else (0, GENESIS)
         if run_id in self._claims:  # only the run's owner may trust a cached head: nobody else appends to it
             self._heads[run_id] = head
         return head
+
+    def _refuse_empty_number(self, run_id: str) -> None:
+        """A run's number is written with its first event and neither is ever removed: a number with no
+        events means ``runs`` or ``events`` was changed by hand, and the run's history is elsewhere. Its
+        head would read as a new run's (seq 0), whose steps would all be sent again: refuse instead."""
+        row = self._db.execute(RUN_NUMBER, (run_id,)).fetchone()
+        if row is not None:
+            raise ChainBroken(
+                f"the journal's runs table gives the run number {row[0]}, which has no events: the runs or "
+                "events table was changed; the run is not driven from here (run verify)",
+                run_id=run_id,
+                column="runs.run",
+            )
+
+    def _number(self, run_id: str, created: list[str]) -> int:
+        """The run's number (schema v2), inside the append's transaction; a new run's is added to
+        ``runs`` here, with its first event, and named in ``created`` (forgotten if the batch rolls back)."""
+        number = self._numbers.get(run_id)
+        if number is not None:
+            return number
+        cursor = self._cursor
+        row = cursor.execute(RUN_NUMBER, (run_id,)).fetchone()
+        if row is None:
+            self._check_numbering(run_id)
+            claim = self._claims.get(run_id)
+            # A run's owner row (token > 1: named before this batch), seal and segments are written only
+            # with its events: any of them for a run without a number is a run whose number was renamed.
+            if (claim is not None and claim.token > 1) or cursor.execute(RUN_TRACES, (run_id, run_id)).fetchone():
+                raise ChainBroken(
+                    "the run has no events under its id, but its owner, seal or checkpoint rows say it ran: the "
+                    "runs table was changed; the run is not started again (run verify)",
+                    run_id=run_id,
+                    column="runs.run_id",
+                )
+            row = cursor.execute(NEW_RUN, (run_id,)).fetchone()
+            created.append(run_id)
+        self._numbers[run_id] = number = int(row[0])
+        return number
+
+    def _check_numbering(self, run_id: str | None = None) -> None:
+        """Run numbers are 1..n, never removed, and no event lies past them; else ``runs`` was changed and
+        a run's history is under no number or another's (``ChainBroken``, exit 7)."""
+        count, top, used = self._db.execute(RUN_NUMBERING).fetchone()
+        if count != top or used > top:
+            raise ChainBroken(
+                f"the journal's runs table was changed ({count} run(s) numbered up to {top}, events up to run "
+                f"number {used}): a run's history may be under no number or another's (run verify)",
+                run_id=run_id,
+                column="runs.run",
+            )
 
     # -- ownership ----------------------------------------------------------------
 
@@ -542,7 +602,7 @@ class SqliteJournal:
         sql = _INSERT_ROWS.get(len(events))
         if sql is None:
             return None
-        cached = self._heads
+        cached, numbers = self._heads, self._numbers
         heads: dict[str, tuple[int, bytes]] = {}
         params: list[Any] = []
         out: list[Record] = []
@@ -551,8 +611,9 @@ class SqliteJournal:
         for event, body in zip(events, map(encode_direct, events), strict=True):
             run_id, seq = event.run_id, event.seq
             head = heads.get(run_id) or cached.get(run_id)
-            if head is None or seq != head[0] + 1:
-                return None  # a head not known yet, a repeat or a gap: _transact's cases
+            number = numbers.get(run_id)
+            if head is None or seq != head[0] + 1 or number is None:
+                return None  # a head or run number not known yet, a repeat or a gap: _transact's cases
             digest = link(head[1], body) if keyed else sha256(head[1] + body).digest()
             phase = plain.get(type(event))
             if phase is not None:  # a plain step event: its columns are these fields (``index_columns``)
@@ -561,7 +622,7 @@ class SqliteJournal:
             else:
                 step_key, phase, attempt = event.step_key, event.phase, event.attempt_no
             # bytearray, not bytes: see _transact
-            params += (run_id, seq, step_key, phase, attempt, bytearray(body), bytearray(digest))
+            params += (number, seq, step_key, phase, attempt, bytearray(body), bytearray(digest))
             heads[run_id] = (seq, digest)
             out.append(Record(run_id, seq, body, digest))
         shared, db = self._file, self._db
@@ -606,6 +667,7 @@ class SqliteJournal:
         heads: dict[str, tuple[int, bytes]] = {}
         out: list[Record] = []
         named: list[Claim] = []
+        created: list[str] = []  # runs numbered in this transaction
         encoded = list(map(encode_direct, events))
         shared = self._file
         try:
@@ -628,6 +690,7 @@ class SqliteJournal:
                     chain, sha256 = self.chain, hashlib.sha256
                     link, keyed = chain.link, chain.key is not None
                     insert, plain, cached = cursor.execute, PLAIN_STEP_PHASE, self._heads
+                    numbers, number_of = self._numbers, self._number
                     for event, body in zip(events, encoded, strict=True):
                         run_id, seq = event.run_id, event.seq
                         last_seq, last_hash = heads.get(run_id) or cached.get(run_id) or self.head(run_id)
@@ -649,7 +712,8 @@ class SqliteJournal:
                                 step_key, attempt = step.step_id, step.attempt
                             else:
                                 step_key, phase, attempt = event.step_key, event.phase, event.attempt_no
-                            insert(INSERT, (run_id, seq, step_key, phase, attempt, bytearray(body), bytearray(digest)))
+                            number = numbers.get(run_id) or number_of(run_id, created)
+                            insert(INSERT, (number, seq, step_key, phase, attempt, bytearray(body), bytearray(digest)))
                         except sqlite3.IntegrityError:
                             raise self._dedup_conflict(event) from None
                         heads[run_id] = (seq, digest)
@@ -669,6 +733,8 @@ class SqliteJournal:
                     for claim in named:
                         claim.token = 0  # the owner row was rolled back with the batch: write it next time
                         self._unnamed.add(claim.run_id)
+                    for run_id in created:  # its runs row was rolled back with the batch: not its number
+                        self._numbers.pop(run_id, None)
                     raise
             finally:
                 shared.leave()
@@ -722,12 +788,12 @@ class SqliteJournal:
 
     def checkpoint_rows(self, run_id: str) -> list[tuple[int, bytes, bytes, bytes, bytes | None]]:
         """The run's checkpoint segments with their events' hashes, for ``checkpoint.load``; unchecked."""
-        sql = checkpoint.select_sql("checkpoints", "events", "?")
+        sql = checkpoint.select_sql("checkpoints", "events", "?", join=self._layout.checkpoint_join)
         return self._checkpoints(sql, (run_id,))
 
     def last_checkpoint_row(self, run_id: str) -> list[tuple[int, bytes, bytes, bytes, bytes | None]]:
         """The run's last checkpoint segment (``checkpoint_rows``' last row, or none), for a resume; unchecked."""
-        sql = checkpoint.select_sql("checkpoints", "events", "?", last=True)
+        sql = checkpoint.select_sql("checkpoints", "events", "?", last=True, join=self._layout.checkpoint_join)
         return self._checkpoints(sql, (run_id,))
 
     def stored_checkpoints(self, run_id: str) -> list[checkpoint.StoredSegment]:
@@ -753,7 +819,7 @@ class SqliteJournal:
     def sealed(self, run_id: str) -> tuple[bytes, bytes] | None:
         """``(seal, chain head)`` when the run's seal is bound to its last event; ``None`` otherwise."""
         try:
-            row = self._db.execute(SELECT_SEAL, (run_id,)).fetchone()
+            row = self._db.execute(self._layout.select_seal, (run_id,)).fetchone()
         except sqlite3.OperationalError as exc:
             if "no such table" in str(exc):  # a journal no writer has opened since seals exist
                 return None
@@ -781,14 +847,14 @@ class SqliteJournal:
             raise translate(exc, self.location) from None
 
     def _existing(self, run_id: str, seq: int, body: bytes) -> Record:
-        row = self._db.execute("SELECT body, hash FROM events WHERE run_id = ? AND seq = ?", (run_id, seq)).fetchone()
+        row = self._db.execute(self._layout.existing, (run_id, seq)).fetchone()
         if row is None or bytes(row[0]) != body:
             raise EventConflict("a different event is already recorded at this seq", run_id=run_id, seq=seq)
         return Record(run_id, seq, bytes(row[0]), bytes(row[1]))
 
     def _dedup_conflict(self, event: Event) -> EventConflict:
         row = self._db.execute(
-            "SELECT seq FROM events WHERE run_id = ? AND step_id = ? AND phase = ? AND attempt = ?",
+            self._layout.dedup,
             (event.run_id, event.step_key, event.phase, event.attempt_no),
         ).fetchone()
         at = f" at seq {row[0]}" if row else ""
@@ -814,9 +880,10 @@ class SqliteJournal:
         return chained.from_iterable(self._pages(run_id, after_seq))
 
     def _pages(self, run_id: str, after_seq: int) -> Iterator[list[Row]]:
+        sql = self._layout.read_page
         while True:
             try:
-                rows: list[Row] = self._db.execute(READ_PAGE, (run_id, after_seq, READ_PAGE_ROWS)).fetchall()
+                rows: list[Row] = self._db.execute(sql, (run_id, after_seq, READ_PAGE_ROWS)).fetchall()
             except sqlite3.Error as exc:
                 raise translate(exc, self.location) from None
             yield rows
@@ -826,7 +893,9 @@ class SqliteJournal:
 
     def runs(self) -> list[str]:
         try:
-            return [r[0] for r in self._db.execute(LIST_RUNS)]
+            if self._layout.numbered:  # every run's rows are under a listed number (``_check_numbering``)
+                self._check_numbering()
+            return [r[0] for r in self._db.execute(self._layout.list_runs)]
         except sqlite3.Error as exc:
             raise translate(exc, self.location) from None
 
