@@ -71,6 +71,7 @@ from effectlog.journal.sqlite_schema import (
     READ_PAGE_ROWS,
     RUN_NUMBER,
     RUN_NUMBERING,
+    RUN_TOPS,
     RUN_TRACES,
     SEALS_DDL,
     SQLITE_SCHEMA_VERSION,
@@ -385,7 +386,7 @@ class SqliteJournal:
         cursor = self._cursor
         row = cursor.execute(RUN_NUMBER, (run_id,)).fetchone()
         if row is None:
-            self._check_numbering(run_id)
+            self._check_numbering(run_id, dense=False)
             claim = self._claims.get(run_id)
             # A run's owner row (token > 1: named before this batch), seal and segments are written only
             # with its events: any of them for a run without a number is a run whose number was renamed.
@@ -401,10 +402,15 @@ class SqliteJournal:
         self._numbers[run_id] = number = int(row[0])
         return number
 
-    def _check_numbering(self, run_id: str | None = None) -> None:
-        """Run numbers are 1..n, never removed, and no event lies past them; else ``runs`` was changed and
-        a run's history is under no number or another's (``ChainBroken``, exit 7)."""
-        count, top, used = self._db.execute(RUN_NUMBERING).fetchone()
+    def _check_numbering(self, run_id: str | None = None, *, dense: bool = True) -> None:
+        """Run numbers are 1..n, never removed (``dense``: a count of every run), and no event lies past
+        them; else ``runs`` was changed and a run's history is under no number or another's
+        (``ChainBroken``, exit 7). A new run's number checks only the tops (``RUN_TOPS``)."""
+        if dense:
+            count, top, used = self._db.execute(RUN_NUMBERING).fetchone()
+        else:
+            top, used = self._db.execute(RUN_TOPS).fetchone()
+            count = top
         if count != top or used > top:
             raise ChainBroken(
                 f"the journal's runs table was changed ({count} run(s) numbered up to {top}, events up to run "
