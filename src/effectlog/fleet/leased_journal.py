@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from typing import Protocol
 
+import msgspec
+
 from effectlog.chain import GENESIS, Chain
 from effectlog.errors import StaleLease
 from effectlog.events import Event, RunCompleted, RunStarted, encode
@@ -75,6 +77,11 @@ class LeasedJournal:
     requeued; were ``run.started`` durable, the next attempt would resume it instead, with
     no step done either). Anything else that looks at the run or reports on the attempt
     (``read``, ``head``, ``reporting``, ``flush``) writes the held batch first.
+
+    The ``run.started`` a lease writes names the request it serves (``RunStarted.request``,
+    stamped here: the lease is what knows it). The fleet tables are outside the chain, so
+    this is what lets ``verify`` name a request served by two runs (a request re-pointed
+    at a new run id by hand, whose steps would otherwise run again unseen).
     """
 
     def __init__(
@@ -122,6 +129,10 @@ class LeasedJournal:
         if self.before_append is not None and events:
             self.before_append(events)
         first = self.lease.base_seq == 0 and self.appended == 0 and not self._held  # the run has no event yet
+        if events and isinstance(events[0], RunStarted) and events[0].request != self.lease.request_id:
+            # Every time, not only on the first append: a batch re-sent after a lost acknowledgement must
+            # have the bytes it had (the store's batch key finds it).
+            events = [msgspec.structs.replace(events[0], request=self.lease.request_id), *events[1:]]
         if self.hold_start and first and len(events) == 1 and isinstance(events[0], RunStarted):
             self._fresh = False
             self._held = [events[0]]
