@@ -147,14 +147,15 @@ def test_a_scope_or_key_that_is_not_one_printable_line_is_refused(tmp_path: Path
     """``submit`` said "a non-empty single line" but refused only characters below 32: a key with U+2028
     (which ``str.splitlines`` and many viewers break at), NEL, a C1 CSI (a terminal escape), DEL, an RTL
     override or a zero-width space was stored, and ``requests``, messages and logs printed it raw: one key
-    shown as two lines, or as another key. Proves: each is refused (exit 2, one line) and no store file
-    is made."""
+    shown as two lines, or as another key. Proves: each is refused (exit 2, one line naming the flag)
+    and no request is stored."""
     _shell_plan(tmp_path / "p.json", "f1", tmp_path / "fx.txt")
     argv = {"--scope": "s", "--key": "k"} | {flag: text}
     done = effectlog("submit", "--store", "st.db", "--scope", argv["--scope"], "--key", argv["--key"], "p.json",
                      cwd=tmp_path)  # fmt: skip
     assert (int(ExitStatus.BAD_INPUT), True) == (done.returncode, flag in one_line(done.stderr)), done.stderr
-    assert not (tmp_path / "st.db").exists()
+    listed = effectlog("requests", "--store", "st.db", "--json", cwd=tmp_path)
+    assert [] == json.loads(listed.stdout), listed.stderr
 
 
 # -- 2. second actors on one run -----------------------------------------------------------------------
