@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from effectlog import events as ev
-from effectlog.errors import ExitStatus
+from effectlog.errors import ExitStatus, JournalUnreadable
 from effectlog.journal import open_journal
 from hardening_kit import effectlog, one_line
 
@@ -177,28 +177,26 @@ def test_a_plain_run_of_a_queued_requests_run_id_is_refused_and_the_runner_sends
     assert ["s1"] == _lines(effects)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a lease's appends (append_under) pass by a run's live plain owner: the runner resumes a run a "
-    "live `effectlog run` drives, declares its in-flight step crashed, and the live process's outcome is "
-    "refused (see the attack14 report)",
-)
-def test_a_runner_does_not_take_over_a_run_a_live_plain_process_drives(tmp_path: Path) -> None:
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+def test_a_runner_does_not_take_over_a_run_a_live_plain_process_drives(
+    tmp_path: Path, backend: str, request: pytest.FixtureRequest
+) -> None:
     """A plain ``effectlog run --journal STORE`` drives run f1 (its first step in flight, 3 s) when the same
     plan is submitted to the fleet (the request names a run that exists but has no request: accepted, as
     a finished plain run is adopted) and a runner claims it. The runner resumed the run at once: it wrote
     ``step.uncertain`` "requested before a crash" for the step the live process was running and stopped
     the run for an operator; the live process's confirmation was then refused (``event_conflict``), its
-    second step never ran. Proves (when fixed): the runner writes nothing into a run a live process owns
-    (the request waits or goes to an operator untouched), and the plain run completes with each step once."""
+    second step never ran. Proves: the runner writes nothing into a run a live process owns (the attempt
+    goes to an operator, naming that process), the plain run completes with each step once, and a requeue
+    once it has ended adopts the finished run without sending anything again."""
     effects = tmp_path / "fx.txt"
     _shell_plan(tmp_path / "p.json", "f1", effects, sleep_s=3, steps=2)
-    store = str(tmp_path / "st.db")
+    store = str(tmp_path / "st.db") if backend == "sqlite" else str(request.getfixturevalue("pg_url"))
     plain = subprocess.Popen([sys.executable, "-m", "effectlog", "run", "--journal", store, "p.json"], cwd=tmp_path,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
     try:
         deadline = time.monotonic() + 60
-        while not (tmp_path / "st.db").exists() or _head(store, "f1") < 2:  # s1 requested, in flight
+        while _head(store, "f1") < 2:  # s1 requested, in flight
             assert time.monotonic() < deadline
             assert plain.poll() is None, plain.communicate()
             time.sleep(0.05)
@@ -211,10 +209,23 @@ def test_a_runner_does_not_take_over_a_run_a_live_plain_process_drives(tmp_path:
             plain.kill()
             plain.wait()
     assert (0, ["s1", "s2"]) == (plain.returncode, _lines(effects)), stderr
+    shown = json.loads(effectlog("requests", "--store", store, "--request", "1", "--json", cwd=tmp_path).stdout)
+    last = shown["history"][-1]
+    assert ("needs_operator", True) == (last["to_state"], "outside the fleet" in last["reason"]), last
+    requeue = effectlog("operator", "requeue", "--store", store, "--request", "1", "--by", "t", "--reason", "done",
+                        cwd=tmp_path)  # fmt: skip
+    assert 0 == requeue.returncode, requeue.stderr
+    assert 0 == effectlog("runner", "--store", store, "--exit-when-idle", "-q", cwd=tmp_path).returncode
+    listed = json.loads(effectlog("requests", "--store", store, "--json", cwd=tmp_path).stdout)
+    assert ("succeeded", ["s1", "s2"]) == (listed[0]["state"], _lines(effects))
 
 
 def _head(location: str, run_id: str) -> int:
-    journal = open_journal(location, writer=False)
+    """The run's last seq (0 while the journal or the run does not exist yet)."""
+    try:
+        journal = open_journal(location, writer=False)
+    except JournalUnreadable:
+        return 0
     try:
         return journal.head(run_id)[0] if run_id in journal.runs() else 0
     finally:

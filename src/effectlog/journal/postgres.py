@@ -366,10 +366,11 @@ class PostgresJournal:
                 conn.close()
             self._owner_conn = None
 
-    def owner(self, run_id: str) -> OwnerStatus:
+    def owner(self, run_id: str, *, leases: bool = True) -> OwnerStatus:
+        """As ``SqliteJournal.owner``."""
         try:
             with self._connection() as conn:
-                runner = self._lease_holder(conn, run_id)
+                runner = self._lease_holder(conn, run_id) if leases else None
                 if runner is not None:
                     return OwnerStatus(owner=runner[0], live=True, waiting=runner[1])
                 row = conn.execute(OWNER_ROW, (run_id,)).fetchone() if self._has_owners(conn) else None

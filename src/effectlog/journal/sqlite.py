@@ -385,8 +385,9 @@ class SqliteJournal:
         self._heads.pop(claim.run_id, None)
         self._unlock_run(claim.run_id, claim)
 
-    def owner(self, run_id: str) -> OwnerStatus:
-        """The run's last recorded owner, and whether a live claim holds the run now."""
+    def owner(self, run_id: str, *, leases: bool = True) -> OwnerStatus:
+        """The run's last recorded owner, and whether a live claim holds the run now; ``leases=False``: a
+        claim only, not a fleet lease (a runner asking whether a process outside the fleet drives it)."""
         assert self._file is not None
         try:
             row = self._db.execute("SELECT holder FROM owners WHERE run_id = ?", (run_id,)).fetchone()
@@ -396,7 +397,7 @@ class SqliteJournal:
             row = None
         except sqlite3.Error as exc:
             raise translate(exc, self.location) from None
-        runner = self._lease_holder(run_id)
+        runner = self._lease_holder(run_id) if leases else None
         if runner is not None:
             return OwnerStatus(owner=runner[0], live=True, waiting=runner[1])
         live = self._file.locked_anywhere(run_id)
