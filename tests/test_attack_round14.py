@@ -7,6 +7,7 @@ processes (``python -m effectlog``)."""
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 import time
@@ -228,5 +229,125 @@ def _head(location: str, run_id: str) -> int:
         return 0
     try:
         return journal.head(run_id)[0] if run_id in journal.runs() else 0
+    finally:
+        journal.close()
+
+
+# -- 1. commit outcome unknown at the storage layer (PostgreSQL) ----------------------------------------
+
+
+def _drop_every_other_session(url: str) -> int:
+    """``pg_terminate_backend`` of every session of the database but this one: the runner's pooled
+    connections (appends, heartbeats, claims) and its watcher's all die at once, as in a failover."""
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        ).fetchall()
+    return len(rows)
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("point", ["after_request", "before_append:step.effected"])
+def test_connections_dropped_mid_step_neither_repeat_nor_lose_an_effect(
+    tmp_path: Path, pg_url: str, point: str
+) -> None:
+    """A runner on PostgreSQL pauses at ``point`` of step s1 (its request durable; its tool's effect done;
+    its confirmation about to be sent) while every one of its connections is terminated by the server,
+    then goes on: its next append, heartbeat and report meet dead connections (a commit or a renewal in
+    flight when a connection drops is the same situation seen from the client). Proves: whatever the
+    runner then decides, each step's effect happens at most once, a requeue by an operator (when the
+    attempt went to one) sends nothing again, and ``verify`` passes."""
+    from fleet_kit import RunnerProcess
+
+    effects = tmp_path / "fx.txt"
+    _shell_plan(tmp_path / "p.json", "f1", effects, steps=2)
+    assert 0 == effectlog("submit", "--store", pg_url, "--scope", "s", "--key", "k", "p.json", cwd=tmp_path).returncode
+    fast = ("--lease-s", "2", "--heartbeat-s", "0.2", "--poll-s", "0.05", "--max-attempts", "1")
+    runner = RunnerProcess(pg_url, tmp_path, "A", arm=point, resumable=True, extra=fast)
+    try:
+        assert f"{point} s1" == runner.reached()
+        assert _drop_every_other_session(pg_url) >= 1
+        runner.resume()
+        assert 0 == runner.wait(), runner.log()
+    finally:
+        runner.stop()
+    assert ["s1"] == _lines(effects), runner.log()
+    shown = json.loads(effectlog("requests", "--store", pg_url, "--request", "1", "--json", cwd=tmp_path).stdout)
+    if shown["attempts"][-1]["state"] == "running":  # its report failed too: the lease runs out, recovery decides
+        deadline = time.monotonic() + 60
+        while shown["attempts"][-1]["state"] == "running":
+            assert time.monotonic() < deadline, shown
+            time.sleep(0.5)
+            assert 0 == effectlog("recovery", "--store", pg_url, "--once", cwd=tmp_path).returncode
+            shown = json.loads(
+                effectlog("requests", "--store", pg_url, "--request", "1", "--json", cwd=tmp_path).stdout
+            )
+    assert "needs_operator" == shown["attempts"][-1]["state"], shown  # s1's outcome is not recorded: a person
+    requeue = effectlog("operator", "requeue", "--store", pg_url, "--request", "1", "--by", "t", "--reason", "r",
+                        cwd=tmp_path)  # fmt: skip
+    assert 0 == requeue.returncode, requeue.stderr
+    effectlog("runner", "--store", pg_url, "--exit-when-idle", "-q", "--max-attempts", "1", cwd=tmp_path)
+    assert ["s1"] == _lines(effects), runner.log()  # s1 uncertain, not sent again; s2 not begun
+    verify = effectlog("verify", "--journal", pg_url, cwd=tmp_path)
+    assert 0 == verify.returncode, verify.stderr
+
+
+# -- 2. a runner stopped inside a step, past its lease ---------------------------------------------------
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+def test_a_runner_stopped_between_a_steps_request_and_its_call_is_fenced_and_nobody_sends_the_step_twice(
+    tmp_path: Path, backend: str, request: pytest.FixtureRequest
+) -> None:
+    """Runner Z has recorded step s1's request (non-idempotent shell) and is about to call the tool when it is
+    SIGSTOPped past its lease; the recovery service and runner B act meanwhile; then Z continues (SIGCONT)
+    and makes its call. Proves: B does not send s1 (a requested step of an expired lease is a person's
+    decision, not a requeue), Z's later writes are refused, s1's effect happens at most once, and s2 is
+    never sent while s1's outcome is unrecorded."""
+    from fleet_kit import RunnerProcess
+
+    effects = tmp_path / "fx.txt"
+    _shell_plan(tmp_path / "p.json", "f1", effects, steps=2)
+    store = str(tmp_path / "st.db") if backend == "sqlite" else str(request.getfixturevalue("pg_url"))
+    assert 0 == effectlog("submit", "--store", store, "--scope", "s", "--key", "k", "p.json", cwd=tmp_path).returncode
+    fast = ("--lease-s", "1", "--heartbeat-s", "0.2", "--poll-s", "0.05", "--max-attempts", "1")
+    zombie = RunnerProcess(store, tmp_path, "Z", arm="after_request", resumable=True, extra=fast)
+    try:
+        assert "after_request s1" == zombie.reached()
+        zombie.signal(signal.SIGSTOP)
+        deadline = time.monotonic() + 60
+        while True:  # the lease runs out; the recovery pass (in B) decides the attempt
+            assert time.monotonic() < deadline
+            time.sleep(0.3)
+            effectlog("runner", "--store", store, "--runner-id", "B", "--exit-when-idle", "-q", *fast[:-2],
+                      cwd=tmp_path)  # fmt: skip
+            shown = json.loads(effectlog("requests", "--store", store, "--request", "1", "--json", cwd=tmp_path).stdout)
+            if shown["attempts"][-1]["state"] not in ("leased", "preparing", "running"):
+                break
+        assert "needs_operator" == shown["attempts"][-1]["state"], shown
+        assert [] == _lines(effects)  # B sent nothing
+        before = _bodies(store, "f1")
+        zombie.signal(signal.SIGCONT)
+        zombie.resume()
+        assert 0 == zombie.wait(), zombie.log()
+    finally:
+        zombie.stop()
+    assert _lines(effects) in ([], ["s1"]), zombie.log()
+    assert "needs_operator" == json.loads(
+        effectlog("requests", "--store", store, "--request", "1", "--json", cwd=tmp_path).stdout
+    )["attempts"][-1]["state"]
+    assert before == _bodies(store, "f1"), zombie.log()  # Z wrote nothing once it woke
+    assert "step.uncertain" in [ev.tag_of(ev.decode(body)) for body in before]  # the recovery's decision
+    verify = effectlog("verify", "--journal", store, cwd=tmp_path)
+    assert 0 == verify.returncode, verify.stderr
+
+
+def _bodies(location: str, run_id: str) -> list[bytes]:
+    journal = open_journal(location, writer=False)
+    try:
+        return [record.body for record in journal.read(run_id)]
     finally:
         journal.close()
