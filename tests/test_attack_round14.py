@@ -351,3 +351,34 @@ def _bodies(location: str, run_id: str) -> list[bytes]:
         return [record.body for record in journal.read(run_id)]
     finally:
         journal.close()
+
+
+# -- 5. a PostgreSQL database where another application uses the fleet's schema name -------------------
+
+
+@pytest.mark.postgres
+def test_another_applications_effectlog_fleet_schema_is_refused_by_name_and_left_alone(
+    tmp_path: Path, pg_url: str
+) -> None:
+    """The database holds a schema ``effectlog_fleet`` of another application (a ``requests`` table, no
+    ``meta``). It was taken for a fresh fleet schema: the DDL ran into the other table and ``submit`` said
+    only ``relation "requests" already exists``. Proves: ``submit`` and ``requests`` are refused in one
+    line saying the schema is not an effectlog fleet, and the other application's schema is unchanged."""
+    import psycopg
+
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute("CREATE SCHEMA effectlog_fleet")
+        conn.execute("CREATE TABLE effectlog_fleet.requests (id int, note text)")
+        conn.execute("INSERT INTO effectlog_fleet.requests VALUES (1, 'theirs')")
+    _shell_plan(tmp_path / "p.json", "f1", tmp_path / "fx.txt")
+    submit = ["submit", "--store", pg_url, "--scope", "s", "--key", "k", "p.json"]
+    for argv in (submit, ["requests", "--store", pg_url]):
+        done = effectlog(*argv, cwd=tmp_path)
+        line = one_line(done.stderr)
+        assert (int(ExitStatus.BAD_INPUT), True) == (done.returncode, "is not an effectlog fleet" in line), line
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        tables = conn.execute(
+            "SELECT table_name FROM information_schema.tables WHERE table_schema = 'effectlog_fleet'"
+        ).fetchall()
+        rows = conn.execute("SELECT * FROM effectlog_fleet.requests").fetchall()
+    assert ([("requests",)], [(1, "theirs")]) == (tables, rows)
