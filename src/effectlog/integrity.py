@@ -108,9 +108,14 @@ def check_requests(journal: Journal, run_ids: list[str]) -> None:
     (``RunStarted.request``, 0 outside a fleet), and a request owns one run. The fleet's tables are
     outside the chain; this is the chain's own word on which request each run served."""
     served: dict[int, str] = {}
+    first_body = getattr(journal, "first_body", None)  # PostgreSQL's ``read`` fetches a whole run; SQLite's pages
     for run_id in run_ids:
-        first = next(iter(journal.read(run_id)), None)
-        started = decode(first.body) if first is not None and first.seq == 1 else None
+        if first_body is not None:
+            body = first_body(run_id)
+        else:
+            first = next(iter(journal.read(run_id)), None)
+            body = first.body if first is not None and first.seq == 1 else None
+        started = decode(body) if body is not None else None
         if not isinstance(started, RunStarted) or started.request == 0:
             continue
         other = served.setdefault(started.request, run_id)

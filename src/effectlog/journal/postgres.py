@@ -745,6 +745,18 @@ class PostgresJournal:
         for seq, body, digest, step_id, phase, attempt in rows:
             yield int(seq), bytes(body), bytes(digest), step_id, phase, attempt
 
+    def first_body(self, run_id: str) -> bytes | None:
+        """The body of the run's first event, one row read (``verify``'s look at the request a run serves:
+        ``read`` would fetch the whole run again)."""
+        try:
+            with self._connection() as conn:
+                row = conn.execute(
+                    f"SELECT body FROM {SCHEMA}.events WHERE run_id = %s AND seq = 1", (run_id,)
+                ).fetchone()
+        except (psycopg.Error, PoolTimeout) as exc:
+            raise translate(exc, self.location) from None
+        return bytes(row[0]) if row is not None else None
+
     def runs(self) -> list[str]:
         try:
             with self._connection() as conn:
