@@ -108,7 +108,7 @@ def check_requests(journal: Journal, run_ids: list[str]) -> None:
     (``RunStarted.request``, 0 outside a fleet), and a request owns one run. The fleet's tables are
     outside the chain; this is the chain's own word on which request each run served."""
     served: dict[int, str] = {}
-    first_body = getattr(journal, "first_body", None)  # PostgreSQL's ``read`` fetches a whole run; SQLite's pages
+    first_body = getattr(journal, "first_body", None)  # one row; ``read`` would fetch a run (or a page) again
     for run_id in run_ids:
         if first_body is not None:
             body = first_body(run_id)

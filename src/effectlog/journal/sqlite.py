@@ -825,6 +825,15 @@ class SqliteJournal:
                 return
             after_seq = rows[-1][0]
 
+    def first_body(self, run_id: str) -> bytes | None:
+        """The body of the run's first event, one row read (``verify``'s look at the request a run serves:
+        ``read``'s first page is up to 2,000 rows)."""
+        try:
+            row = self._db.execute("SELECT body FROM events WHERE run_id = ? AND seq = 1", (run_id,)).fetchone()
+        except sqlite3.Error as exc:
+            raise translate(exc, self.location) from None
+        return bytes(row[0]) if row is not None else None
+
     def runs(self) -> list[str]:
         try:
             return [r[0] for r in self._db.execute(LIST_RUNS)]
