@@ -6,12 +6,16 @@ processes (``python -m effectlog``)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -38,6 +42,14 @@ def _shell_plan(path: Path, run_id: str, effects: Path, *, sleep_s: float = 0.0,
     }  # fmt: skip
     path.write_text(json.dumps(plan))
     return path
+
+
+def _request(store: str, cwd: Path) -> dict[str, Any]:
+    """``requests --request 1 --json``: request 1's attempts and history."""
+    shown: dict[str, Any] = json.loads(
+        effectlog("requests", "--store", store, "--request", "1", "--json", cwd=cwd).stdout
+    )
+    return shown
 
 
 def _lines(path: Path) -> list[str]:
@@ -139,11 +151,12 @@ def test_the_same_key_with_another_secret_value_is_an_idempotency_conflict(tmp_p
 
 
 @pytest.mark.parametrize(
-    "text",
-    ["k\u2028x", "k\u2029x", "k\x85x", "k\x9b31mx", "k\x7fx", "k\u202ex", "k\u200bx"],
-    ids=["line-separator", "paragraph-separator", "next-line", "c1-csi", "delete", "rtl-override", "zero-width"],
-)
-@pytest.mark.parametrize("flag", ["--scope", "--key"])
+    ("flag", "text"),
+    [("--key", "k\u2028x"), ("--key", "k\u2029x"), ("--key", "k\x85x"), ("--key", "k\x9b31mx"), ("--key", "k\x7fx"),
+     ("--key", "k\u202ex"), ("--key", "k\u200bx"), ("--scope", "s\u2028x")],
+    ids=["line-separator", "paragraph-separator", "next-line", "c1-csi", "delete", "rtl-override", "zero-width",
+         "scope-line-separator"],
+)  # fmt: skip
 def test_a_scope_or_key_that_is_not_one_printable_line_is_refused(tmp_path: Path, flag: str, text: str) -> None:
     """``submit`` said "a non-empty single line" but refused only characters below 32: a key with U+2028
     (which ``str.splitlines`` and many viewers break at), NEL, a C1 CSI (a terminal escape), DEL, an RTL
@@ -210,7 +223,7 @@ def test_a_runner_does_not_take_over_a_run_a_live_plain_process_drives(
             plain.kill()
             plain.wait()
     assert (0, ["s1", "s2"]) == (plain.returncode, _lines(effects)), stderr
-    shown = json.loads(effectlog("requests", "--store", store, "--request", "1", "--json", cwd=tmp_path).stdout)
+    shown = _request(store, tmp_path)
     last = shown["history"][-1]
     assert ("needs_operator", True) == (last["to_state"], "outside the fleet" in last["reason"]), last
     requeue = effectlog("operator", "requeue", "--store", store, "--request", "1", "--by", "t", "--reason", "done",
@@ -275,16 +288,14 @@ def test_connections_dropped_mid_step_neither_repeat_nor_lose_an_effect(
     finally:
         runner.stop()
     assert ["s1"] == _lines(effects), runner.log()
-    shown = json.loads(effectlog("requests", "--store", pg_url, "--request", "1", "--json", cwd=tmp_path).stdout)
+    shown = _request(pg_url, tmp_path)
     if shown["attempts"][-1]["state"] == "running":  # its report failed too: the lease runs out, recovery decides
         deadline = time.monotonic() + 60
         while shown["attempts"][-1]["state"] == "running":
             assert time.monotonic() < deadline, shown
             time.sleep(0.5)
             assert 0 == effectlog("recovery", "--store", pg_url, "--once", cwd=tmp_path).returncode
-            shown = json.loads(
-                effectlog("requests", "--store", pg_url, "--request", "1", "--json", cwd=tmp_path).stdout
-            )
+            shown = _request(pg_url, tmp_path)
     assert "needs_operator" == shown["attempts"][-1]["state"], shown  # s1's outcome is not recorded: a person
     requeue = effectlog("operator", "requeue", "--store", pg_url, "--request", "1", "--by", "t", "--reason", "r",
                         cwd=tmp_path)  # fmt: skip
@@ -324,7 +335,7 @@ def test_a_runner_stopped_between_a_steps_request_and_its_call_is_fenced_and_nob
             time.sleep(0.3)
             effectlog("runner", "--store", store, "--runner-id", "B", "--exit-when-idle", "-q", *fast[:-2],
                       cwd=tmp_path)  # fmt: skip
-            shown = json.loads(effectlog("requests", "--store", store, "--request", "1", "--json", cwd=tmp_path).stdout)
+            shown = _request(store, tmp_path)
             if shown["attempts"][-1]["state"] not in ("leased", "preparing", "running"):
                 break
         assert "needs_operator" == shown["attempts"][-1]["state"], shown
@@ -336,9 +347,7 @@ def test_a_runner_stopped_between_a_steps_request_and_its_call_is_fenced_and_nob
     finally:
         zombie.stop()
     assert _lines(effects) in ([], ["s1"]), zombie.log()
-    assert "needs_operator" == json.loads(
-        effectlog("requests", "--store", store, "--request", "1", "--json", cwd=tmp_path).stdout
-    )["attempts"][-1]["state"]
+    assert "needs_operator" == _request(store, tmp_path)["attempts"][-1]["state"]
     assert before == _bodies(store, "f1"), zombie.log()  # Z wrote nothing once it woke
     assert "step.uncertain" in [ev.tag_of(ev.decode(body)) for body in before]  # the recovery's decision
     verify = effectlog("verify", "--journal", store, cwd=tmp_path)
@@ -382,3 +391,106 @@ def test_another_applications_effectlog_fleet_schema_is_refused_by_name_and_left
         ).fetchall()
         rows = conn.execute("SELECT * FROM effectlog_fleet.requests").fetchall()
     assert ([("requests",)], [(1, "theirs")]) == (tables, rows)
+
+
+class _AckDropper:
+    """A TCP proxy in front of the PostgreSQL server that, once ``arm``ed, lets the next ``COMMIT`` through
+    to the server and then cuts that connection before the server's answer reaches the client: a commit
+    that landed, whose acknowledgement was lost (the case ``pg_terminate_backend`` cannot time)."""
+
+    COMMIT = b"Q\x00\x00\x00\x0bCOMMIT\x00"  # a simple-protocol Query message of "COMMIT"
+
+    def __init__(self, port: int) -> None:
+        self.server_port = port
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.armed = threading.Event()
+        self.fired = threading.Event()
+        self.closed = False
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while not self.closed:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(("127.0.0.1", self.server_port))
+            cut = threading.Event()
+            threading.Thread(target=self._pump, args=(client, upstream, cut, True), daemon=True).start()
+            threading.Thread(target=self._pump, args=(upstream, client, cut, False), daemon=True).start()
+
+    def _pump(self, src: socket.socket, dst: socket.socket, cut: threading.Event, from_client: bool) -> None:
+        try:
+            while True:
+                data = src.recv(65536)
+                if not data:
+                    break
+                if from_client and self.COMMIT in data and self.armed.is_set() and not self.fired.is_set():
+                    self.fired.set()
+                    cut.set()  # set before the COMMIT goes out: its answer is never relayed
+                    dst.sendall(data)
+                    time.sleep(0.5)  # the server commits meanwhile
+                    break
+                if cut.is_set() and not from_client:
+                    continue  # the answer to the COMMIT: dropped
+                dst.sendall(data)
+        except OSError:
+            pass
+        for sock in (src, dst):
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+            sock.close()
+
+    def close(self) -> None:
+        self.closed = True
+        self.listener.close()
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("point", ["after_effect", "after_request", "heartbeat"])
+def test_a_commit_that_landed_but_whose_acknowledgement_was_lost_sends_no_step_again(
+    tmp_path: Path, pg_url: str, point: str
+) -> None:
+    """A runner on PostgreSQL (through a proxy) commits the batch after ``point`` of step s1 (s1's effected
+    and confirmed records; or the attempt's next commit), or a lease renewal while it holds s1
+    (``heartbeat``), the commit lands, and the connection is cut before the acknowledgement arrives.
+    Proves: the runner does not take the landed commit for a failed one and send s1 again; after at most
+    an operator's requeue the run completes with s1 and s2 sent once each, the request succeeds, and
+    ``verify`` passes."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    from fleet_kit import RunnerProcess
+
+    effects = tmp_path / "fx.txt"
+    _shell_plan(tmp_path / "p.json", "f1", effects, steps=2)
+    assert 0 == effectlog("submit", "--store", pg_url, "--scope", "s", "--key", "k", "p.json", cwd=tmp_path).returncode
+    parts = urlsplit(pg_url)
+    proxy = _AckDropper(int(parts.port or 5432))
+    through = urlunsplit(parts._replace(netloc=f"{parts.username}@127.0.0.1:{proxy.port}"))
+    beat = "0.3" if point == "heartbeat" else "10"  # else no renewal commits in the window
+    slow = ("--lease-s", "30", "--heartbeat-s", beat, "--poll-s", "0.05", "--max-attempts", "1")
+    arm = "after_request" if point == "heartbeat" else point
+    runner = RunnerProcess(through, tmp_path, "A", arm=arm, resumable=True, extra=slow)
+    try:
+        assert f"{arm} s1" == runner.reached()
+        proxy.armed.set()
+        if point == "heartbeat":
+            assert proxy.fired.wait(30)  # a renewal's commit: landed, unacknowledged
+            time.sleep(1)  # the next renewals, on other connections
+        runner.resume()
+        assert 0 == runner.wait(), runner.log()
+    finally:
+        runner.stop()
+        proxy.close()
+    assert proxy.fired.is_set()
+    shown = _request(pg_url, tmp_path)
+    if shown["attempts"][-1]["state"] == "needs_operator":
+        requeue = effectlog("operator", "requeue", "--store", pg_url, "--request", "1", "--by", "t", "--reason", "r",
+                            cwd=tmp_path)  # fmt: skip
+        assert 0 == requeue.returncode, requeue.stderr
+        effectlog("runner", "--store", pg_url, "--exit-when-idle", "-q", "--max-attempts", "1", cwd=tmp_path)
+        shown = _request(pg_url, tmp_path)
+    assert ("succeeded", ["s1", "s2"]) == (shown["attempts"][-1]["state"], _lines(effects)), runner.log()
+    verify = effectlog("verify", "--journal", pg_url, cwd=tmp_path)
+    assert 0 == verify.returncode, verify.stderr
