@@ -306,6 +306,32 @@ def test_connections_dropped_mid_step_neither_repeat_nor_lose_an_effect(
     assert 0 == verify.returncode, verify.stderr
 
 
+def test_recover_over_a_store_leaves_a_killed_runners_run_to_the_fleet(tmp_path: Path) -> None:
+    """A runner is SIGKILLed after step s1's effect; its lease runs out; someone runs ``effectlog recover
+    --journal STORE`` ("resume every interrupted run nobody drives") before any recovery pass. Proves: the
+    fleet's run is refused there (exit 5, the row names the request), nothing is sent, and the fleet's own
+    recovery sends the attempt to an operator with s1 sent once."""
+    from fleet_kit import RunnerProcess
+
+    effects = tmp_path / "fx.txt"
+    _shell_plan(tmp_path / "p.json", "f1", effects, steps=2)
+    store = str(tmp_path / "st.db")
+    assert 0 == effectlog("submit", "--store", store, "--scope", "s", "--key", "k", "p.json", cwd=tmp_path).returncode
+    killed = RunnerProcess(store, tmp_path, "A", arm="after_effect", extra=("--lease-s", "1", "--heartbeat-s", "0.2"))
+    try:
+        assert "after_effect s1" == killed.reached()
+        killed.signal(signal.SIGKILL)
+        killed.wait()
+    finally:
+        killed.stop()
+    time.sleep(1.2)  # past the lease
+    recover = effectlog("recover", "--journal", store, cwd=tmp_path)
+    assert (int(ExitStatus.CONFLICT), True) == (recover.returncode, "fleet request 1" in recover.stdout), recover
+    assert ["s1"] == _lines(effects)
+    assert 0 == effectlog("runner", "--store", store, "--exit-when-idle", "-q", cwd=tmp_path).returncode
+    assert ("needs_operator", ["s1"]) == (_request(store, tmp_path)["attempts"][-1]["state"], _lines(effects))
+
+
 # -- 2. a runner stopped inside a step, past its lease ---------------------------------------------------
 
 
