@@ -14,7 +14,7 @@ from typing import Protocol
 import msgspec
 
 from effectlog.chain import GENESIS, Chain
-from effectlog.errors import StaleLease
+from effectlog.errors import StaleLease, StorageError
 from effectlog.events import Event, RunCompleted, RunStarted, encode
 from effectlog.fleet.fencing import Carry, Tx
 from effectlog.fleet.model import Lease, Move
@@ -123,7 +123,10 @@ class LeasedJournal:
         made, its acknowledgement lost, is recognised by its operation key and passed over).
         """
         self.flush()
-        state = report(list(self.pending))
+        try:
+            state = report(list(self.pending))
+        except StorageError:  # its commit's outcome is unknown: once more (an operation key makes it idempotent)
+            state = report(list(self.pending))
         self.pending = []
         return state
 
@@ -144,7 +147,16 @@ class LeasedJournal:
         held, self._held = self._held, []  # written with this batch, or not at all (a refused batch ends the attempt)
         batch = [*held, *events] if held else events
         carry = _Carry(self) if self.mover is not None and batch else None
-        records = self.base.append_fenced(batch, self.lease, carry)
+        try:
+            records = self.base.append_fenced(batch, self.lease, carry)
+        except StorageError:
+            # The commit's outcome is unknown (the connection dropped during COMMIT, a failover): the same
+            # batch once more, on another connection. Its batch key makes it idempotent: landed, it is
+            # found and handed back; lost, it is written now. No tool was called on it yet either way, so
+            # the runtime goes on as if the first try had answered (attack14: it escalated instead, and the
+            # step it had not called became "uncertain" for a person to settle).
+            carry = _Carry(self) if carry is not None else None
+            records = self.base.append_fenced(batch, self.lease, carry)
         if carry is not None and carry.state is not None:  # committed with the batch
             self.pending = []
             if carry.completes:
