@@ -172,6 +172,24 @@ def test_a_scope_or_key_that_is_not_one_printable_line_is_refused(tmp_path: Path
     assert [] == json.loads(listed.stdout), listed.stderr
 
 
+def test_a_journal_given_as_a_store_adopts_its_finished_run_and_sends_nothing_again(tmp_path: Path) -> None:
+    """A plain journal file whose run f1 completed is given to ``submit --store`` with the same plan (the
+    store is a journal too), and a runner serves the request. Proves: the runner adopts the finished run
+    (request succeeded) without sending its step again, the run's first event names no request (it was
+    not the fleet's), and ``verify`` passes."""
+    effects = tmp_path / "fx.txt"
+    _shell_plan(tmp_path / "p.json", "f1", effects)
+    journal = str(tmp_path / "j.db")
+    assert 0 == effectlog("run", "--journal", journal, "p.json", cwd=tmp_path).returncode
+    assert 0 == effectlog("submit", "--store", journal, "--scope", "s", "--key", "k", "p.json", cwd=tmp_path).returncode
+    assert 0 == effectlog("runner", "--store", journal, "--exit-when-idle", "-q", cwd=tmp_path).returncode
+    started = _first_event(journal, "f1")
+    assert isinstance(started, ev.RunStarted)
+    assert ("succeeded", ["s1"], 0) == (_request(journal, tmp_path)["attempts"][-1]["state"], _lines(effects),
+                                        started.request)  # fmt: skip
+    assert 0 == effectlog("verify", "--journal", journal, cwd=tmp_path).returncode
+
+
 # -- 2. second actors on one run -----------------------------------------------------------------------
 
 
