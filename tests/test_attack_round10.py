@@ -559,11 +559,6 @@ def test_something_not_a_file_at_the_wal_name_hangs_nothing_and_makes_nothing(tm
 # -- 10. fleet tables edited by hand -------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="fleet tables are outside the chain: a run does not record the request it serves, so nothing "
-    "can tell a request re-pointed at a new run id from a new request (see the attack10 report)",
-)
 def test_a_request_re_pointed_at_a_new_run_id_by_hand_does_not_run_its_steps_again(tmp_path: Path) -> None:
     """A request that succeeded (its non-idempotent step applied) is edited by hand in the SQLite store:
     the triggers that keep a request's identity dropped, its ``run_id`` and the ``run_id`` in its stored

@@ -542,3 +542,15 @@ class CallStillRunning(RunOwned):
     run stays claimed (exit 6; nothing written)."""
 
     code = "call_still_running"
+
+
+# -- branch attack14 (round-14 attacks on the fleet) -----------------------------------------
+
+
+class RequestServedTwice(IntegrityError):
+    """Two runs of one journal name the same fleet request in their ``run.started`` (exit 7). A request
+    owns one run: a second one means its steps were started again under a new run id (the request's row
+    re-pointed by hand, a restore script), so each run verifying on its own no longer says the request's
+    effects happened once."""
+
+    code = "request_served_twice"

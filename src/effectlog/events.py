@@ -78,6 +78,9 @@ class RunStarted(Event, frozen=True, kw_only=True, tag="run.started"):
     # The W3C traceparent of the process's `effectlog.run` span when tracing was on (issue 16),
     # so that a later process driving the run links its span to this one.
     traceparent: str = ""
+    # The fleet request the run serves (its id in the fleet store; 0: none, or a run older than this
+    # field): a request owns one run, so ``verify`` names two runs that serve one request (attack14).
+    request: int = 0
 
 
 class RunResumed(Event, frozen=True, kw_only=True, tag="run.resumed"):

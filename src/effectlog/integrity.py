@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from itertools import chain as chained
 
-from effectlog.errors import Truncated
+from effectlog.errors import RequestServedTwice, Truncated
+from effectlog.events import RunStarted, decode
 from effectlog.fold import Record, RunState, fold_rows, initial, replay_records, rows_of
 from effectlog.journal import Journal, _no_cyclic_gc, load_run, stored_rows
 from effectlog.journal.checkpoint import CheckpointJournal, StoredSegment, check_segments
@@ -99,4 +100,29 @@ def check_orphan_seals(journal: Journal, run_ids: list[str], only: str | None = 
                 run_id=run_id,
                 seq=0,
                 column="checkpoints.seq",
+            )
+
+
+def check_requests(journal: Journal, run_ids: list[str]) -> None:
+    """No fleet request is served by two runs: each run's ``run.started`` names the request it serves
+    (``RunStarted.request``, 0 outside a fleet), and a request owns one run. The fleet's tables are
+    outside the chain; this is the chain's own word on which request each run served."""
+    served: dict[int, str] = {}
+    first_body = getattr(journal, "first_body", None)  # one row; ``read`` would fetch a run (or a page) again
+    for run_id in run_ids:
+        if first_body is not None:
+            body = first_body(run_id)
+        else:
+            first = next(iter(journal.read(run_id)), None)
+            body = first.body if first is not None and first.seq == 1 else None
+        started = decode(body) if body is not None else None
+        if not isinstance(started, RunStarted) or started.request == 0:
+            continue
+        other = served.setdefault(started.request, run_id)
+        if other != run_id:
+            raise RequestServedTwice(
+                f"fleet request {started.request} is served by two runs, {other!r} and {run_id!r}: its steps were "
+                "started again under a new run id (a request's row edited by hand?); see docs/fleet.md",
+                run_id=run_id,
+                seq=1,
             )

@@ -9,7 +9,7 @@ from typing import Any
 from effectlog.cli.output import emit_json, err, out
 from effectlog.diagrams import render
 from effectlog.errors import ExitStatus, IntegrityError, JournalUnreadable, UnknownRun
-from effectlog.integrity import check_orphan_seals, verify_run
+from effectlog.integrity import check_orphan_seals, check_requests, verify_run
 from effectlog.journal import chain_from_env, load_run, open_journal
 from effectlog.spec import MACHINES
 
@@ -128,6 +128,11 @@ def cmd_verify(args: argparse.Namespace) -> int:
                 )
                 break
             report.append({"run_id": run_id, "events": state.seq, "state": state.state, "head": state.head.hex()})
+        if failure is None and args.run_id is None:
+            try:
+                check_requests(journal, runs)
+            except IntegrityError as exc:
+                failure = exc
     finally:
         journal.close()
     if args.json:

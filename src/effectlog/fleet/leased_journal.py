@@ -11,8 +11,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from typing import Protocol
 
+import msgspec
+
 from effectlog.chain import GENESIS, Chain
-from effectlog.errors import StaleLease
+from effectlog.errors import StaleLease, StorageError
 from effectlog.events import Event, RunCompleted, RunStarted, encode
 from effectlog.fleet.fencing import Carry, Tx
 from effectlog.fleet.model import Lease, Move
@@ -45,7 +47,9 @@ class FencedJournal(Protocol):
 
     def release(self, claim: Claim) -> None: ...
 
-    def owner(self, run_id: str) -> OwnerStatus: ...
+    def owner(self, run_id: str, *, leases: bool = True) -> OwnerStatus:
+        """``leases=False``: whether a claim (a process outside the fleet) drives the run, leases aside."""
+        ...
 
     def runs(self) -> list[str]: ...
 
@@ -75,6 +79,11 @@ class LeasedJournal:
     requeued; were ``run.started`` durable, the next attempt would resume it instead, with
     no step done either). Anything else that looks at the run or reports on the attempt
     (``read``, ``head``, ``reporting``, ``flush``) writes the held batch first.
+
+    The ``run.started`` a lease writes names the request it serves (``RunStarted.request``,
+    stamped here: the lease is what knows it). The fleet tables are outside the chain, so
+    this is what lets ``verify`` name a request served by two runs (a request re-pointed
+    at a new run id by hand, whose steps would otherwise run again unseen).
     """
 
     def __init__(
@@ -114,7 +123,10 @@ class LeasedJournal:
         made, its acknowledgement lost, is recognised by its operation key and passed over).
         """
         self.flush()
-        state = report(list(self.pending))
+        try:
+            state = report(list(self.pending))
+        except StorageError:  # its commit's outcome is unknown: once more (an operation key makes it idempotent)
+            state = report(list(self.pending))
         self.pending = []
         return state
 
@@ -122,6 +134,10 @@ class LeasedJournal:
         if self.before_append is not None and events:
             self.before_append(events)
         first = self.lease.base_seq == 0 and self.appended == 0 and not self._held  # the run has no event yet
+        if events and isinstance(events[0], RunStarted) and events[0].request != self.lease.request_id:
+            # Every time, not only on the first append: a batch re-sent after a lost acknowledgement must
+            # have the bytes it had (the store's batch key finds it).
+            events = [msgspec.structs.replace(events[0], request=self.lease.request_id), *events[1:]]
         if self.hold_start and first and len(events) == 1 and isinstance(events[0], RunStarted):
             self._fresh = False
             self._held = [events[0]]
@@ -131,7 +147,16 @@ class LeasedJournal:
         held, self._held = self._held, []  # written with this batch, or not at all (a refused batch ends the attempt)
         batch = [*held, *events] if held else events
         carry = _Carry(self) if self.mover is not None and batch else None
-        records = self.base.append_fenced(batch, self.lease, carry)
+        try:
+            records = self.base.append_fenced(batch, self.lease, carry)
+        except StorageError:
+            # The commit's outcome is unknown (the connection dropped during COMMIT, a failover): the same
+            # batch once more, on another connection. Its batch key makes it idempotent: landed, it is
+            # found and handed back; lost, it is written now. No tool was called on it yet either way, so
+            # the runtime goes on as if the first try had answered (attack14: it escalated instead, and the
+            # step it had not called became "uncertain" for a person to settle).
+            carry = _Carry(self) if carry is not None else None
+            records = self.base.append_fenced(batch, self.lease, carry)
         if carry is not None and carry.state is not None:  # committed with the batch
             self.pending = []
             if carry.completes:

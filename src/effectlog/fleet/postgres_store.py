@@ -337,6 +337,20 @@ class PostgresFleetStore(SqlFleetStore):
         for name, value in self._settings.items():
             conn.execute("SELECT set_config(%s, %s, false)", (name, value))
 
+    @staticmethod
+    def _foreign(conn: psycopg.Connection[Any]) -> bool:
+        """Whether the fleet's schema, without its ``meta`` table, holds anything: another application's
+        schema of that name (an empty one, made by an administrator for its grants, is ours to fill). Taken
+        for a fresh one, its first clashing table failed the DDL with a bare "relation already exists"."""
+        found = conn.execute(
+            "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n"
+            " ON n.oid = c.relnamespace WHERE n.nspname = %s)"
+            " OR EXISTS (SELECT 1 FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_namespace n"
+            " ON n.oid = p.pronamespace WHERE n.nspname = %s)",
+            (FLEET_SCHEMA, FLEET_SCHEMA),
+        ).fetchone()
+        return bool(found and found[0])
+
     def _migrate(self, conn: psycopg.Connection[Any]) -> None:
         with conn.transaction():
             # Many runners may open a fresh database at once: one creates the schema, the others wait and see it.
@@ -344,6 +358,11 @@ class PostgresFleetStore(SqlFleetStore):
             exists = conn.execute(
                 "SELECT 1 FROM pg_catalog.pg_tables WHERE schemaname = %s AND tablename = 'meta'", (FLEET_SCHEMA,)
             ).fetchone()
+            if exists is None and self._foreign(conn):
+                raise JournalUnreadable(
+                    f"{self.location}: schema {FLEET_SCHEMA} exists but is not an effectlog fleet (it holds another "
+                    "application's tables or functions); nothing was changed"
+                )
             if exists is None:
                 for sql in DDL:
                     conn.execute(sql)  # module constants, never input

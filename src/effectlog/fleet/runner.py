@@ -44,6 +44,7 @@ from effectlog.fleet.secrets import Provider, redact_all, resolve
 from effectlog.fleet.sqlite_store import SqliteFleetStore
 from effectlog.fold import StepState
 from effectlog.journal import Journal, load_run
+from effectlog.journal.ownership import describe
 from effectlog.notify import Kind, Notification, cli_hooks, deliver, shown_location
 from effectlog.observe import requests_gauge, telemetry
 from effectlog.plan import Plan, parse_plan
@@ -379,10 +380,36 @@ class Runner:
             )
         try:
             journal.defer("start", "start")
+            driven = self._driven_outside(lease, journal)
+            if driven:  # a person looks once that process is done: nothing is written into its run
+                return journal.reporting(
+                    lambda before: store.advance(lease, "escalate", op_key="final", reason=driven, before=before)
+                )
             return self._drive(slot, runtime, plan, journal, loop)
         finally:
             slot.following = journal.claimed
             runtime.close()
+
+    @staticmethod
+    def _driven_outside(lease: Lease, journal: LeasedJournal) -> str:
+        """Why the lease's run must not be resumed: a live process outside the fleet drives it ("" if none).
+
+        A run with events when leased may have been started by a plain ``effectlog run`` before it was
+        submitted (a finished one is adopted). A lease's appends are fenced by the lease, not by a run's
+        owner, so the runner would resume a run that process is driving, call its step in flight crashed
+        and refuse that process's outcome (attack14). Once the request exists no new plain run of it
+        starts (``run_bound``), so one look when the attempt starts is enough. A fresh run (no event) needs
+        none: a process that claimed it but wrote nothing is refused at seq 1 before any tool is invoked.
+        """
+        if not lease.base_seq:
+            return ""
+        found = journal.base.owner(lease.run_id, leases=False)
+        if not found.live:
+            return ""
+        return (
+            f"run_owned: run {lease.run_id!r} is driven by {describe(found.owner)} outside the fleet; nothing "
+            "was written: requeue the request once that process has ended"
+        )
 
     def _claim_after(self, store: SqliteFleetStore, tx: Tx) -> list[Lease]:
         """The next lease, claimed in the transaction that makes this runner's attempt succeed (its slot frees).

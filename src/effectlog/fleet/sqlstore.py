@@ -165,7 +165,10 @@ class Change(msgspec.Struct, frozen=True, kw_only=True):
 
 
 def _check_text(name: str, value: str) -> None:
-    if not value.strip() or len(value) > _MAX_TEXT or any(ord(c) < 32 for c in value):
+    # isprintable, not "no character below 32": U+2028/U+2029/NEL end a line for str.splitlines and many
+    # viewers, C1 controls and DEL are terminal escapes, format characters (RTL override, zero width)
+    # make one key look like another; all were stored and printed raw (attack14).
+    if not value.strip() or len(value) > _MAX_TEXT or not value.replace(" ", "x").isprintable():
         raise BadInput(f"{name}: give a non-empty single line of at most {_MAX_TEXT} characters")
 
 

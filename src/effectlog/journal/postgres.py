@@ -366,10 +366,11 @@ class PostgresJournal:
                 conn.close()
             self._owner_conn = None
 
-    def owner(self, run_id: str) -> OwnerStatus:
+    def owner(self, run_id: str, *, leases: bool = True) -> OwnerStatus:
+        """As ``SqliteJournal.owner``."""
         try:
             with self._connection() as conn:
-                runner = self._lease_holder(conn, run_id)
+                runner = self._lease_holder(conn, run_id) if leases else None
                 if runner is not None:
                     return OwnerStatus(owner=runner[0], live=True, waiting=runner[1])
                 row = conn.execute(OWNER_ROW, (run_id,)).fetchone() if self._has_owners(conn) else None
@@ -743,6 +744,18 @@ class PostgresJournal:
             raise translate(exc, self.location) from None
         for seq, body, digest, step_id, phase, attempt in rows:
             yield int(seq), bytes(body), bytes(digest), step_id, phase, attempt
+
+    def first_body(self, run_id: str) -> bytes | None:
+        """The body of the run's first event, one row read (``verify``'s look at the request a run serves:
+        ``read`` would fetch the whole run again)."""
+        try:
+            with self._connection() as conn:
+                row = conn.execute(
+                    f"SELECT body FROM {SCHEMA}.events WHERE run_id = %s AND seq = 1", (run_id,)
+                ).fetchone()
+        except (psycopg.Error, PoolTimeout) as exc:
+            raise translate(exc, self.location) from None
+        return bytes(row[0]) if row is not None else None
 
     def runs(self) -> list[str]:
         try:

@@ -451,8 +451,9 @@ class SqliteJournal:
         self._heads.pop(claim.run_id, None)
         self._unlock_run(claim.run_id, claim)
 
-    def owner(self, run_id: str) -> OwnerStatus:
-        """The run's last recorded owner, and whether a live claim holds the run now."""
+    def owner(self, run_id: str, *, leases: bool = True) -> OwnerStatus:
+        """The run's last recorded owner, and whether a live claim holds the run now; ``leases=False``: a
+        claim only, not a fleet lease (a runner asking whether a process outside the fleet drives it)."""
         assert self._file is not None
         try:
             row = self._db.execute("SELECT holder FROM owners WHERE run_id = ?", (run_id,)).fetchone()
@@ -462,7 +463,7 @@ class SqliteJournal:
             row = None
         except sqlite3.Error as exc:
             raise translate(exc, self.location) from None
-        runner = self._lease_holder(run_id)
+        runner = self._lease_holder(run_id) if leases else None
         if runner is not None:
             return OwnerStatus(owner=runner[0], live=True, waiting=runner[1])
         live = self._file.locked_anywhere(run_id)
@@ -896,6 +897,15 @@ class SqliteJournal:
             if len(rows) < READ_PAGE_ROWS:
                 return
             after_seq = rows[-1][0]
+
+    def first_body(self, run_id: str) -> bytes | None:
+        """The body of the run's first event, one row read (``verify``'s look at the request a run serves:
+        ``read``'s first page is up to 2,000 rows)."""
+        try:
+            row = self._db.execute(self._layout.existing, (run_id, 1)).fetchone()
+        except sqlite3.Error as exc:
+            raise translate(exc, self.location) from None
+        return bytes(row[0]) if row is not None else None
 
     def runs(self) -> list[str]:
         try:
