@@ -44,6 +44,19 @@ class JournalWriter:
         # append_sealed are known to be that call with nothing extra (SQLite's and PostgreSQL's own).
         self._direct = self.checkpointing and forwarding(journal)
 
+    def append_alone(
+        self, events: Sequence[Event], seal: SealRow | None = None, checkpoint: CheckpointRow | None = None
+    ) -> list[Record] | None:
+        """``append``'s lone-run direct path as a plain call (no coroutine for the caller to create and
+        await): the same commit ``append`` makes when no other run is active, or ``None`` (nothing done)
+        when the batch must go through ``append`` (other runs active, a group forming, another journal)."""
+        if self.active_runs > 1 or self._flushing or self._queue or not self._direct:
+            return None
+        self.commits += 1
+        return self.journal.append_checkpointed(  # type: ignore[attr-defined,no-any-return]
+            events, (seal,) if seal is not None else (), (checkpoint,) if checkpoint is not None else ()
+        )
+
     async def append(
         self, events: Sequence[Event], seal: SealRow | None = None, checkpoint: CheckpointRow | None = None
     ) -> list[Record]:
