@@ -36,7 +36,7 @@ from effectlog.errors import (
     describe,
     printable,
 )
-from effectlog.fold import DONE_STATES, StepState, apply
+from effectlog.fold import DONE_STATES, StepState, apply, apply_receipt
 from effectlog.journal import checkpoint, load_closed, resume_point
 from effectlog.journal.frontier import Tracker, is_done
 from effectlog.observe import run_observer
@@ -100,10 +100,18 @@ class RunActor:
         events: list[ev.Event] = []
         new_state, ts = self.state, rt.clock()
         run_id, changed = new_state.run_id, self._changed
-        for cls, fields in specs:
-            event = cls(run_id=run_id, seq=new_state.seq + 1, ts=ts, **fields)
-            new_state = apply(new_state, event)
-            events.append(event)
+        if len(specs) == 2 and specs[0][0] is ev.StepEffected and specs[1][0] is ev.StepConfirmed:
+            # A step's receipt and confirmation (its happy path): the fold's checks of both, one new run state.
+            seq = new_state.seq
+            effected = ev.StepEffected(run_id=run_id, seq=seq + 1, ts=ts, **specs[0][1])
+            confirmed = ev.StepConfirmed(run_id=run_id, seq=seq + 2, ts=ts, **specs[1][1])
+            new_state = apply_receipt(new_state, effected, confirmed)
+            events += (effected, confirmed)
+        else:
+            for cls, fields in specs:
+                event = cls(run_id=run_id, seq=new_state.seq + 1, ts=ts, **fields)
+                new_state = apply(new_state, event)
+                events.append(event)
         for event in events:
             if isinstance(event, ev.StepEvent):
                 changed.add(event.step_id)
