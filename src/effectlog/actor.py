@@ -3,8 +3,8 @@
 Per step: ``step.requested`` is durable before the adapter is invoked (commit 1);
 the receipt and confirmation are durable before the run advances (commit 2). The
 actor decides with ``recovery.decide`` from recorded state alone, builds events
-with ``recorder.prepare`` (the fold checks them before anything is written) and
-hands batches to the shared journal-writer actor.
+as ``recorder.prepare`` does (inline in ``_record``: the fold checks them before
+anything is written) and hands batches to the shared journal-writer actor.
 """
 
 from __future__ import annotations
