@@ -3,8 +3,8 @@
 Per step: ``step.requested`` is durable before the adapter is invoked (commit 1);
 the receipt and confirmation are durable before the run advances (commit 2). The
 actor decides with ``recovery.decide`` from recorded state alone, builds events
-with ``recorder.prepare`` (the fold checks them before anything is written) and
-hands batches to the shared journal-writer actor.
+as ``recorder.prepare`` does (inline in ``_record``: the fold checks them before
+anything is written) and hands batches to the shared journal-writer actor.
 """
 
 from __future__ import annotations
@@ -19,10 +19,12 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+import immutables
 import msgspec
 
 from effectlog import events as ev
 from effectlog.adapters.protocol import Receipt, Request, idempotency_key
+from effectlog.canonical import digest
 from effectlog.errors import (
     IdempotencyConflict,
     LedgerMismatch,
@@ -34,7 +36,7 @@ from effectlog.errors import (
     describe,
     printable,
 )
-from effectlog.fold import StepState
+from effectlog.fold import DONE_STATES, StepState, apply, apply_receipt
 from effectlog.journal import checkpoint, load_closed, resume_point
 from effectlog.journal.frontier import Tracker, is_done
 from effectlog.observe import run_observer
@@ -49,7 +51,7 @@ from effectlog.outcome import (
 )
 from effectlog.plan import Plan, StepDecl, args_digest, own_copy, redact
 from effectlog.recordable import as_recorded
-from effectlog.recorder import EventSpec, prepare
+from effectlog.recorder import EventSpec
 from effectlog.recovery import Action, decide, still_blocked
 from effectlog.seal import seal_row
 from effectlog.stake import approve_command
@@ -93,23 +95,39 @@ class RunActor:
     async def _record(self, *specs: EventSpec) -> None:
         rt = self.rt
         writer = rt.writer
-        events, new_state = prepare(self.state, specs, rt.clock())
-        closed = new_state.closed
-        # The batch that closes a run carries its seal, in the same transaction.
-        seal = seal_row(new_state) if closed and writer.sealing else None
-        changed = self._changed
+        # (``recorder.prepare``, inline: twice per step) each event built and checked by the fold
+        # before anything is written
+        events: list[ev.Event] = []
+        new_state, ts = self.state, rt.clock()
+        run_id, changed = new_state.run_id, self._changed
+        if len(specs) == 2 and specs[0][0] is ev.StepEffected and specs[1][0] is ev.StepConfirmed:
+            # A step's receipt and confirmation (its happy path): the fold's checks of both, one new run state.
+            seq = new_state.seq
+            effected = ev.StepEffected(run_id=run_id, seq=seq + 1, ts=ts, **specs[0][1])
+            confirmed = ev.StepConfirmed(run_id=run_id, seq=seq + 2, ts=ts, **specs[1][1])
+            new_state = apply_receipt(new_state, effected, confirmed)
+            events += (effected, confirmed)
+        else:
+            for cls, fields in specs:
+                event = cls(run_id=run_id, seq=new_state.seq + 1, ts=ts, **fields)
+                new_state = apply(new_state, event)
+                events.append(event)
         for event in events:
             if isinstance(event, ev.StepEvent):
                 changed.add(event.step_id)
+        # The batch that closes a run carries its seal, in the same transaction.
+        seal = seal_row(new_state) if writer.sealing and new_state.closed else None
         # Every checkpoint.EVERY_EVENTS events an open run's batch carries a checkpoint segment.
         segment, tracker = None, self._tracker
-        if writer.checkpointing and checkpoint.due(new_state, self._segment_seq):
+        every = checkpoint.EVERY_EVENTS  # (``checkpoint.due``, inline, its cheapest test first)
+        if writer.checkpointing and every > 0 and new_state.seq - self._segment_seq >= every and not new_state.closed:
             front = None
             if tracker is not None and new_state.kind == "plan":
                 tracker, front = tracker.advance(new_state, changed)
             segment = checkpoint.segment_row(new_state, changed, front)
         began = time.perf_counter() if self.obs is not None else 0.0
-        await writer.append(events, seal, segment)
+        if writer.append_alone(events, seal, segment) is None:  # a lone run's commit without a coroutine
+            await writer.append(events, seal, segment)
         if segment is not None:
             self._segment_seq, self._changed, self._tracker = new_state.seq, set(), tracker
         self.state = new_state
@@ -175,7 +193,12 @@ class RunActor:
             decl = decls[i]
             if self.rt.stop_signal is not None:
                 return self._interrupted(self.rt.stop_signal)
-            if is_done(self.state.steps, decl.id):
+            steps = self.state.steps
+            if type(steps) is immutables.Map:  # (``is_done``, inline for a loaded map: once per step)
+                done = steps.get(decl.id)
+                if done is not None and done.state in DONE_STATES:
+                    continue
+            elif is_done(steps, decl.id):
                 continue  # decide() would SKIP it: what _drive_step would do, without a coroutine per finished step
             stop = await self._drive_step(decl)
             if stop is not None:
@@ -254,11 +277,16 @@ class RunActor:
         sid = decl.id
         while True:
             step = self.state.steps.get(sid)  # (``RunState.step``, without its frame: once per step)
-            action = decide(step)
+            action = Action.EXECUTE if step is None else decide(step)  # (decide's first answer, inline)
             if action is Action.SKIP:
                 return None
             if action is Action.EXECUTE:
-                if self._gate_may_hold(decl, step):
+                # (``_gate_may_hold``, inline for a step never requested: no policy, no approval asked for)
+                if step is not None or self.rt.policy is not None or decl.approval == "required":
+                    may_hold = self._gate_may_hold(decl, step)
+                else:
+                    may_hold = False
+                if may_hold:
                     held = await self._policy_gate(decl)
                     if held is not None:
                         return held
@@ -276,7 +304,7 @@ class RunActor:
                             "attempt": attempt,
                             "adapter": decl.adapter,
                             "idempotency_key": idempotency_key(self.plan.run_id, sid, attempt),
-                            "args_digest": args_digest(decl),
+                            "args_digest": digest(decl.args),  # (``args_digest``, without its frame)
                             "idempotent": decl_adapter.idempotent,
                         },
                     )
@@ -400,23 +428,22 @@ class RunActor:
         ``KeyboardInterrupt``) and ``UnusableResult`` if its answer cannot be encoded: both
         mean "outcome unknown" to ``_invoke``, like any exception the tool raises.
         """
-        self.adapter_calls += 1
         if not getattr(adapter, "blocking", True) and timeout is None:
-            result = _guarded(adapter.invoke, request)
-        else:
-            # An adapter that enforces the timeout itself (the shell kills its process group)
-            # gets a grace period to finish that cleanup before the outcome is declared unknown.
-            grace = float(getattr(adapter, "timeout_grace_s", 0.0))
-            result = await _in_thread(
-                adapter.invoke, request, timeout + grace if timeout is not None else None, self.rt.calls.linger
-            )
-        receipt = result if isinstance(result, Receipt) else Receipt(data=result)
-        if not isinstance(receipt.ok, bool):
-            raise UnusableResult(f"the tool's result cannot be recorded: Receipt.ok is a {type(receipt.ok).__name__}")
-        data, problem = as_recorded(receipt.data)
-        if problem is not None:
-            raise UnusableResult(f"the tool's result cannot be recorded: {problem}")
-        return Receipt(data=data, ok=receipt.ok)  # read once: the event, segments and state all hold this
+            return self._call_inline(adapter, request)
+        self.adapter_calls += 1
+        # An adapter that enforces the timeout itself (the shell kills its process group)
+        # gets a grace period to finish that cleanup before the outcome is declared unknown.
+        grace = float(getattr(adapter, "timeout_grace_s", 0.0))
+        result = await _in_thread(
+            adapter.invoke, request, timeout + grace if timeout is not None else None, self.rt.calls.linger
+        )
+        return _checked(result)
+
+    def _call_inline(self, adapter: Any, request: Request) -> Receipt:
+        """``_call`` for an adapter that answers at once (``blocking = False``) and no timeout: called in
+        this thread, as a plain call (no coroutine per step); the same checks of its answer."""
+        self.adapter_calls += 1
+        return _checked(_guarded(adapter.invoke, request))
 
     async def _invoke(self, decl: StepDecl) -> RunOutcome | None:
         sid = decl.id
@@ -428,6 +455,7 @@ class RunActor:
         # "Not applied" is definite only if no send of this attempt had an unknown outcome: a send
         # lost to a crash (a resume resends) or to a timeout may still land after a later refusal.
         every_send_refused = entry is not None and entry.resends == 0
+        inline = not getattr(adapter, "blocking", True) and decl.timeout_s is None  # answers at once, in this thread
         while True:
             step = self.state.steps.get(sid)
             assert step is not None
@@ -440,14 +468,17 @@ class RunActor:
                 timeout_s=decl.timeout_s,
             )
             try:
-                sent = self._call(adapter, request, decl.timeout_s)
-                receipt = await (
-                    sent
-                    if self.obs is None
-                    else self.obs.tool(
-                        sent, step_id=sid, attempt=step.attempt, adapter=decl.adapter, key=step.idempotency_key
+                if inline and self.obs is None:
+                    receipt = self._call_inline(adapter, request)
+                else:
+                    sent = self._call(adapter, request, decl.timeout_s)
+                    receipt = await (
+                        sent
+                        if self.obs is None
+                        else self.obs.tool(
+                            sent, step_id=sid, attempt=step.attempt, adapter=decl.adapter, key=step.idempotency_key
+                        )
                     )
-                )
             except StoreWalLost:
                 # effectlog's own effect store refused the commit (rolled back): no outcome of the tool's.
                 # The run stops as on a journal fault (exit 6), open: a resume sends the same key again.
@@ -577,6 +608,18 @@ def refuse_other_store(
         )
 
 
+def _checked(result: Any) -> Receipt:
+    """The tool's answer as the receipt to record, read once (the event, segments and state all hold
+    this reading); ``UnusableResult`` (outcome unknown) if it cannot be recorded."""
+    receipt = result if isinstance(result, Receipt) else Receipt(data=result)
+    if not isinstance(receipt.ok, bool):
+        raise UnusableResult(f"the tool's result cannot be recorded: Receipt.ok is a {type(receipt.ok).__name__}")
+    data, problem = as_recorded(receipt.data)
+    if problem is not None:
+        raise UnusableResult(f"the tool's result cannot be recorded: {problem}")
+    return Receipt(data=data, ok=receipt.ok)
+
+
 async def _in_thread(
     fn: Callable[[Request], Any],
     request: Request,
@@ -588,7 +631,7 @@ async def _in_thread(
     A daemon thread (not the default executor) so that a hung tool cannot keep the
     process from exiting; the shell adapter kills its own process group on timeout.
     A call that times out still runs, and may still make its effect: ``linger`` is told
-    (``runtime.RunningCalls``), so nothing decides the run until it has ended.
+    (``latecalls.LateCalls``), so nothing decides the run until it has ended.
     """
     loop = asyncio.get_running_loop()
     future: asyncio.Future[Any] = loop.create_future()
@@ -618,7 +661,7 @@ async def _in_thread(
         raise TimeoutError(f"no answer within {timeout}s") from None
 
 
-_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+_SIGINT, _SIGTERM = int(signal.SIGINT), int(signal.SIGTERM)
 # The C function under signal.getsignal: the same handler, without the wrapper's conversion to an enum,
 # which for a handler that is a function formats its repr into a ValueError it then swallows (for asyncio's
 # handler, the repr of its loop's tasks): two calls per tool call were a quarter of a no-op step's CPU.
@@ -636,17 +679,26 @@ def _guarded(fn: Callable[[Request], Any], request: Request) -> Any:
     "graceful shutdown"): the process's handlers from before the call are put back after it, or a
     later signal would go to the tool's handler and the run would never stop (README: exit 130/143).
     """
-    if threading.current_thread() is not threading.main_thread():  # only the main thread can set handlers
+    if threading.get_ident() != threading.main_thread().ident:  # only the main thread can set handlers
         return _call_tool(fn, request)
-    before = [_getsignal(signum) for signum in _STOP_SIGNALS]
+    getsignal = _getsignal  # (both signals unrolled: this runs around every inline tool call)
+    before_int, before_term = getsignal(_SIGINT), getsignal(_SIGTERM)
     try:
         return _call_tool(fn, request)
     finally:
-        for signum, handler in zip(_STOP_SIGNALS, before, strict=True):
-            now = _getsignal(signum)
-            # SIG_DFL: effectlog's own one-shot stop handler fired during the call (a second signal ends at once).
-            if handler is not None and now is not handler and now != signal.SIG_DFL:
-                signal.signal(signum, handler)
+        now = getsignal(_SIGINT)
+        if now is not before_int:
+            _put_back(_SIGINT, before_int, now)
+        now = getsignal(_SIGTERM)
+        if now is not before_term:
+            _put_back(_SIGTERM, before_term, now)
+
+
+def _put_back(signum: int, handler: Any, now: Any) -> None:
+    """The handler from before a tool call, again, unless effectlog's own one-shot stop handler fired
+    during the call (now ``SIG_DFL``: a second signal ends the process at once)."""
+    if handler is not None and now != signal.SIG_DFL:
+        signal.signal(signum, handler)
 
 
 def _call_tool(fn: Callable[[Request], Any], request: Request) -> Any:

@@ -142,6 +142,28 @@ def apply(state: RunState, event: ev.Event) -> RunState:
     return _apply_run(state, event, tag)
 
 
+def apply_receipt(state: RunState, effected: ev.StepEffected, confirmed: ev.StepConfirmed) -> RunState:
+    """``apply(apply(state, effected), confirmed)`` (the same checks, in the same order, and the same state)
+    for the batch every step records on its happy path: the step goes through the step machine twice and
+    the run state and its step map are rebuilt once. A step event changes no run-level field that
+    ``_step_after`` reads, so both events are checked against ``state``'s."""
+    sid = effected.step_id
+    if (
+        effected.run_id != state.run_id
+        or confirmed.run_id != state.run_id
+        or effected.seq != state.seq + 1
+        or confirmed.seq != effected.seq + 1
+        or confirmed.step_id != sid
+    ):
+        return apply(apply(state, effected), confirmed)  # its errors name what is wrong
+    steps = state.steps
+    step = steps.get(sid)
+    count = len(steps)
+    mid = _step_after(state, step, count, effected, "step.effected")
+    last = _step_after(state, mid, count if step is not None else count + 1, confirmed, "step.confirmed")
+    return _replace(state, seq=confirmed.seq, updated_ts=confirmed.ts, steps=steps.set(sid, last))
+
+
 # Hot-path lookups (the fold runs once per event on every resume): a tag by type, and the
 # run machine's admission answer per (run state, tag), both derived from the specs.
 _TAG_OF: dict[type[ev.Event], str] = {cls: tag for tag, cls in ev.TAGS.items()}

@@ -160,7 +160,11 @@ def own_copy(args: dict[str, Any]) -> dict[str, Any]:
     the plan, the caller's objects or the next send of the same key (which must carry the body the journal
     digested), nor what secrets are redacted against. Args of JSON atoms only (most) are copied shallow;
     values ``deepcopy`` refuses stay shared below the top level."""
-    if all(type(value) in _ATOMS for value in args.values()):
+    atoms = _ATOMS
+    for value in args.values():  # (a loop, not ``all`` over a generator: once per send)
+        if type(value) not in atoms:
+            break
+    else:
         return dict(args)
     try:
         return copy.deepcopy(args)

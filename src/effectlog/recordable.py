@@ -11,7 +11,7 @@ from typing import Any
 
 import msgspec
 
-from effectlog.canonical import canonical_json
+from effectlog.canonical import canonical_json, encode_sorted
 from effectlog.errors import BadInput, printable
 
 _MAX_DEPTH = 256  # deeper than this, the encoder itself would give up
@@ -23,6 +23,7 @@ def why_unrecordable(value: Any, where: str = "result") -> str | None:
 
 
 _decoder = msgspec.json.Decoder()
+_encode = encode_sorted  # canonical JSON's encoder itself (sorted keys, the same bytes)
 
 
 def as_recorded(value: Any, where: str = "result") -> tuple[Any, str | None]:
@@ -33,6 +34,12 @@ def as_recorded(value: Any, where: str = "result") -> tuple[Any, str | None]:
     thread of the tool still edits): the event, a checkpoint segment and the live state are all taken
     from this one reading, so they never disagree with each other (``verify``) and a second reading
     that raises cannot lose the answer after it was checked."""
+    try:  # (``canonical_json``'s encode, inline: once per tool call; its checks below when they can apply)
+        data: bytes | None = _encode(value)
+    except (Exception, RecursionError):
+        data = None
+    if data is not None and b"null" not in data:  # no NaN or infinity can hide in it: canonical as is
+        return _decoder.decode(data), None
     try:
         data = canonical_json(value, where)
     except BadInput as exc:  # a NaN or an infinity, or nested too deep: the walk names a cycle more precisely

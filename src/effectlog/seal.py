@@ -116,6 +116,18 @@ class SealingJournal(Protocol):
         ...
 
 
+_SEALING: dict[type, bool] = {}
+
+
+def is_sealing(journal: object) -> bool:
+    """``isinstance(journal, SealingJournal)``, answered once per class (``checkpoint.is_checkpointing``)."""
+    cls = type(journal)
+    known = _SEALING.get(cls)
+    if known is None:
+        known = _SEALING[cls] = isinstance(journal, SealingJournal)
+    return known
+
+
 def seal_row(state: RunState) -> SealRow:
     """The seal of a closed run's state: its run-level fields and its rows, each compressed (step ids
     repeat a lot), as two streams (see the module docstring)."""

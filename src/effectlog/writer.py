@@ -21,12 +21,13 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from typing import cast
 
 from effectlog.events import Event
 from effectlog.fold import Record
-from effectlog.journal.checkpoint import CheckpointJournal, CheckpointRow, forwarding
+from effectlog.journal.checkpoint import CheckpointJournal, CheckpointRow, forwarding, is_checkpointing
 from effectlog.journal.protocol import Journal
-from effectlog.seal import SealingJournal, SealRow
+from effectlog.seal import SealingJournal, SealRow, is_sealing
 
 _Pending = tuple[Sequence[Event], SealRow | None, CheckpointRow | None, "asyncio.Future[list[Record]]"]
 
@@ -38,11 +39,24 @@ class JournalWriter:
         self._queue: list[_Pending] = []
         self._flushing = False
         self.commits = 0
-        self.sealing = isinstance(journal, SealingJournal)
-        self.checkpointing = isinstance(journal, CheckpointJournal)
+        self.sealing = is_sealing(journal)  # (isinstance, once per class: a runtime per fleet run)
+        self.checkpointing = is_checkpointing(journal)
         # A lone run's batch may go straight to append_checkpointed only where append and
         # append_sealed are known to be that call with nothing extra (SQLite's and PostgreSQL's own).
         self._direct = self.checkpointing and forwarding(journal)
+
+    def append_alone(
+        self, events: Sequence[Event], seal: SealRow | None = None, checkpoint: CheckpointRow | None = None
+    ) -> list[Record] | None:
+        """``append``'s lone-run direct path as a plain call (no coroutine for the caller to create and
+        await): the same commit ``append`` makes when no other run is active, or ``None`` (nothing done)
+        when the batch must go through ``append`` (other runs active, a group forming, another journal)."""
+        if self.active_runs > 1 or self._flushing or self._queue or not self._direct:
+            return None
+        self.commits += 1
+        return self.journal.append_checkpointed(  # type: ignore[attr-defined,no-any-return]
+            events, (seal,) if seal is not None else (), (checkpoint,) if checkpoint is not None else ()
+        )
 
     async def append(
         self, events: Sequence[Event], seal: SealRow | None = None, checkpoint: CheckpointRow | None = None
@@ -69,10 +83,10 @@ class JournalWriter:
         self, events: Sequence[Event], seals: Sequence[SealRow] = (), checkpoints: Sequence[CheckpointRow] = ()
     ) -> list[Record]:
         self.commits += 1
-        if checkpoints and isinstance(self.journal, CheckpointJournal):
-            return self.journal.append_checkpointed(events, seals, checkpoints)
-        if seals and isinstance(self.journal, SealingJournal):
-            return self.journal.append_sealed(events, seals)
+        if checkpoints and self.checkpointing:
+            return cast(CheckpointJournal, self.journal).append_checkpointed(events, seals, checkpoints)
+        if seals and self.sealing:
+            return cast(SealingJournal, self.journal).append_sealed(events, seals)
         return self.journal.append(events)
 
     async def _flush(self) -> None:

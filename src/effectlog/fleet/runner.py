@@ -567,6 +567,8 @@ class Runner:
         return hook
 
     def _before_append(self, slot: Slot, events: Sequence[ev.Event]) -> None:
+        if self._armed is None:  # only an armed test hook stops before an append: no point named per append
+            return
         self._point(slot, f"before_append:{ev.tag_of(events[0])}", getattr(events[0], "step_id", "") or "")
 
     def _point(self, slot: Slot, point: str, step_id: str) -> None:

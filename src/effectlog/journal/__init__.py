@@ -8,6 +8,7 @@ import os
 import sys
 import zlib
 from collections.abc import Iterator, Sequence
+from typing import cast
 
 import immutables
 import msgspec
@@ -16,12 +17,12 @@ from effectlog.chain import Chain
 from effectlog.fold import Record, Row, RunState, StepState, replay_records_fast, replay_rows
 from effectlog.journal import checkpoint
 from effectlog.journal import frontier as fr
-from effectlog.journal.checkpoint import CheckpointJournal
+from effectlog.journal.checkpoint import CheckpointJournal, is_checkpointing
 from effectlog.journal.protocol import SCHEMA_VERSION, Journal
 from effectlog.journal.sqlite import SqliteJournal
 from effectlog.outcome import StepSummary
 from effectlog.plan import Plan
-from effectlog.seal import SealingJournal, check_bound, closed_summary, state_from_seal
+from effectlog.seal import SealingJournal, check_bound, closed_summary, is_sealing, state_from_seal
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -137,7 +138,7 @@ def resume_point(journal: Journal, run_id: str, plan: Plan) -> ResumePoint:
     3. else ``load_run`` (the full replay, which checks the whole chain).
     """
     ids = fr.PlanIds(plan.steps)
-    if isinstance(journal, CheckpointJournal):
+    if is_checkpointing(journal):  # (isinstance, once per class)
         last_row = getattr(journal, "last_checkpoint_row", None)
         if last_row is not None:
             row = last_row(run_id)
@@ -156,7 +157,7 @@ def resume_point(journal: Journal, run_id: str, plan: Plan) -> ResumePoint:
                     steps = fr.LazySteps.at(front, ids, plan.positions, lambda: _all_steps(journal, run_id))
                     start = checkpoint.state_at(segment, head, steps)
                     return _tail(journal, run_id, plan, start, tracker=fr.Tracker.of(ids, front), skip=front.prefix)
-        rows = journal.checkpoint_rows(run_id)
+        rows = cast("CheckpointJournal", journal).checkpoint_rows(run_id)
         _check_segments_not_cut(journal, rows, run_id)
         with _no_cyclic_gc():
             base = checkpoint.load(rows, journal.chain, run_id)
@@ -207,8 +208,8 @@ def refuse_cut(journal: Journal, run_id: str) -> None:
     written over a cut. A decision appended there would also hide the cut from the next resume:
     the segment's seq would exist again, as another event."""
     load_sealed(journal, run_id)
-    if isinstance(journal, CheckpointJournal):
-        _check_segments_not_cut(journal, journal.checkpoint_rows(run_id), run_id)
+    if is_checkpointing(journal):  # (isinstance, once per class)
+        _check_segments_not_cut(journal, cast("CheckpointJournal", journal).checkpoint_rows(run_id), run_id)
 
 
 def _check_segments_not_cut(
@@ -233,16 +234,16 @@ def load_resumable(journal: Journal, run_id: str) -> RunState:
 def load_closed(journal: Journal, run_id: str) -> tuple[RunState, Sequence[StepSummary]] | None:
     """A closed run's report from its seal (``seal.closed_summary``: run-level fields, and step rows
     built when first read, no step states); ``None`` without a usable seal. Raises as ``load_sealed`` does."""
-    if not isinstance(journal, SealingJournal):
+    if not is_sealing(journal):  # (isinstance, once per class)
         return None
-    found = journal.sealed(run_id)
+    found = cast("SealingJournal", journal).sealed(run_id)
     if found is not None:
         try:
             with _no_cyclic_gc():  # 33k rows: a full collection over the caller's heap cost ~7 ms
                 return closed_summary(*found)
         except (zlib.error, msgspec.DecodeError, msgspec.ValidationError):
             return None
-    for stored in journal.stored_seals(run_id):
+    for stored in cast("SealingJournal", journal).stored_seals(run_id):
         check_bound(stored, journal.head(run_id), journal.chain)
     return None
 
@@ -253,14 +254,15 @@ def load_sealed(journal: Journal, run_id: str) -> RunState | None:
     Raises ``Truncated``/``ChainBroken`` when the run has a seal no longer bound to its
     last event (see ``load_resumable``).
     """
-    if not isinstance(journal, SealingJournal):
+    if not is_sealing(journal):  # (isinstance, once per class)
         return None
-    found = journal.sealed(run_id)
+    found = cast("SealingJournal", journal).sealed(run_id)
     if found is not None:
         try:
             return state_from_seal(*found)
         except (zlib.error, msgspec.DecodeError, msgspec.ValidationError):
             return None  # a seal that does not decode is no shortcut: replay in full
-    for stored in journal.stored_seals(run_id):  # a seal no longer bound: the tail was cut or edited
+    # a seal no longer bound: the tail was cut or edited
+    for stored in cast("SealingJournal", journal).stored_seals(run_id):
         check_bound(stored, journal.head(run_id), journal.chain)
     return None

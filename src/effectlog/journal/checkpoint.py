@@ -118,6 +118,20 @@ class CheckpointJournal(Protocol):
         ...
 
 
+_CHECKPOINTING: dict[type, bool] = {}
+
+
+def is_checkpointing(journal: object) -> bool:
+    """``isinstance(journal, CheckpointJournal)``, answered once per class (journals declare these methods on
+    their class): on Python 3.11 a runtime-checkable protocol's check walks the protocol's members on every
+    call (~10-20 µs), and every run's runtime, resume and re-run asks it."""
+    cls = type(journal)
+    known = _CHECKPOINTING.get(cls)
+    if known is None:
+        known = _CHECKPOINTING[cls] = isinstance(journal, CheckpointJournal)
+    return known
+
+
 _F = TypeVar("_F", bound=Callable[..., Any])
 
 
