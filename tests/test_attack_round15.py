@@ -1,0 +1,282 @@
+"""Attack round 15: the lead's late calls, lazily opened stores pinned, forked children's loops and
+the WAL switch, fresh; and the PostgreSQL journal outside the fleet when a connection is lost.
+
+Real processes, real SQLite files, a real (throwaway) PostgreSQL server via ``pg_url``; the
+effects are counted in the effect store itself. The late-call tests reuse round 13's ``_Late``
+tool (its first call answers only when the test releases it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from effectlog import events as ev
+from effectlog.errors import EffectlogError, ExitStatus, RunOwned
+from effectlog.journal import open_journal
+from effectlog.plan import Plan, parse_plan
+from effectlog.runtime import Runtime
+from hardening_kit import SAFETY_TIMEOUT_S, cli_env
+from test_attack_round13 import LATE_CALLS, RELEASE, _Late
+from test_lifecycle import effect_counts
+
+pytest_plugins = ["pg_fixture"]
+
+HERE = Path(__file__).parent
+
+
+def _wait_for(path: Path, child: subprocess.Popen[str] | None = None) -> None:
+    deadline = time.monotonic() + SAFETY_TIMEOUT_S
+    while not path.exists():
+        assert time.monotonic() < deadline, f"{path} never appeared"
+        if child is not None and child.poll() is not None:
+            raise AssertionError(f"the child ended first: {child.communicate()}")
+        time.sleep(0.02)
+
+
+class Gated:
+    """A non-idempotent tool whose first attempt says it started, then makes its effect only when the test
+    creates ``<dir>/go`` (a slow remote service); later attempts answer at once. ``lookup`` reads the
+    effect store, as a truthful service's would: what has landed so far."""
+
+    def __init__(self, options: dict[str, Any], ctx: Any) -> None:
+        self.dir, self.store = Path(options["dir"]), ctx.effect_store()
+
+    def invoke(self, request: Any) -> Any:
+        if request.attempt == 1:
+            (self.dir / "started").touch()
+            _wait_for(self.dir / "go")
+        return self.store.apply_control(request)
+
+    def lookup(self, request: Any) -> Any:
+        return self.store.lookup(request)
+
+
+ADAPTERS = {"test.gated": lambda decl, ctx: Gated(decl.options, ctx)}
+
+
+def gated_plan(directory: str) -> Plan:
+    return parse_plan(
+        json.dumps(
+            {
+                "run_id": "pay-1",
+                "adapters": {"bank": {"type": "test.gated", "options": {"dir": directory}}},
+                "steps": [{"id": "pay", "adapter": "bank", "args": {"n": 1}}],
+            }
+        ).encode()
+    )
+
+
+# P1: drives the run; its tool blocks until the test lets it land.
+DRIVER = """
+import sys
+from effectlog.runtime import Runtime
+from test_attack_round15 import ADAPTERS, gated_plan
+
+url, effects, directory = sys.argv[1:4]
+try:
+    with Runtime(url, effects=effects, adapters=ADAPTERS) as rt:
+        print(rt.run(gated_plan(directory)).state)
+except Exception as exc:
+    print(type(exc).__name__, exc)
+    sys.exit(9)
+"""
+
+
+def _terminate(url: str, application_name: str) -> int:
+    with psycopg.connect(url, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT pg_terminate_backend(pid, 5000) FROM pg_stat_activity"
+            " WHERE datname = current_database() AND application_name = %s AND pid <> pg_backend_pid()",
+            (application_name,),
+        ).fetchall()
+    return len(rows)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a PostgreSQL owner whose claim connection is lost keeps sending; another process takes the run "
+    "over, its lookup says not applied while the first call is in flight, attempt 2 lands, then attempt 1",
+)
+def test_pg_a_lost_claim_connection_lets_another_process_decide_a_run_whose_call_is_still_in_flight(
+    tmp_path: Path, pg_url: str
+) -> None:
+    """Process P1 drives a non-idempotent step on a PostgreSQL journal; while its tool call is in flight
+    the server ends P1's claim connection (``pg_terminate_backend``: a failover, an idle-session
+    timeout, a firewall dropping the idle socket during a long call). P1 does not notice: it is in
+    the tool. Another process then resumes the run (no live owner: the step is uncertain), asks the
+    tool's lookup (nothing landed yet: not applied) and resumes again (attempt 2's effect); then P1's
+    call lands. Proves (when fixed): while the first owner's process still lives and may still make
+    the effect, nobody else decides the run: one effect."""
+    effects = tmp_path / "e.db"
+    child = subprocess.Popen(
+        [sys.executable, "-c", DRIVER, pg_url, str(effects), str(tmp_path)],
+        env=cli_env({"PYTHONPATH": str(HERE)}),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        _wait_for(tmp_path / "started", child)
+        assert 1 == _terminate(pg_url, "effectlog-owner")
+        with Runtime(pg_url, effects=effects, adapters=ADAPTERS) as rt:
+            with contextlib.suppress(EffectlogError):  # refused while P1 lives: the fix
+                rt.run(gated_plan(str(tmp_path)))
+            with contextlib.suppress(EffectlogError):
+                rt.reconcile_by_lookup("pay-1", "pay")
+            with contextlib.suppress(EffectlogError):
+                rt.run(gated_plan(str(tmp_path)))
+    finally:
+        (tmp_path / "go").touch()
+        out, err = child.communicate(timeout=SAFETY_TIMEOUT_S)
+    assert Counter({("pay-1", "pay"): 1}) == effect_counts(effects), (out, err)
+
+
+def _idempotent_plan(run_id: str) -> Plan:
+    return parse_plan(
+        json.dumps(
+            {
+                "run_id": run_id,
+                "adapters": {"fx": {"type": "effects.idempotent", "idempotent": True}},
+                "steps": [{"id": "pay", "adapter": "fx", "args": {"n": 1}}, {"id": "ship", "adapter": "fx"}],
+            }
+        ).encode()
+    )
+
+
+@pytest.mark.parametrize("at", ["before_commit:step.effected", "before_commit:step.requested"])
+def test_pg_a_journal_connection_ended_inside_an_append_is_never_taken_as_landed(
+    tmp_path: Path, pg_url: str, at: str
+) -> None:
+    """The server ends the journal's connection inside an append (after its inserts, before COMMIT).
+    Proves: the run stops with ``storage`` (the batch is never taken as landed, and nothing of it is
+    recorded), and running the plan again in the same runtime (a new pooled connection) finishes it
+    with one effect per step (a lost ``step.effected`` re-sends the same key, deduplicated by the
+    store), no phase of a step recorded twice for one attempt, and the journal verifies."""
+    effects = tmp_path / "e.db"
+    fired: list[str] = []
+
+    def hook(where: str, step_id: str) -> None:
+        if where == at and step_id == "pay" and not fired:
+            fired.append(where)
+            # Every backend of this database but the claim's: the pool's, in its transaction. Waits
+            # (up to 5 s) until the backend is gone, so the COMMIT cannot outrun the signal.
+            with psycopg.connect(pg_url, autocommit=True) as conn:
+                conn.execute(
+                    "SELECT pg_terminate_backend(pid, 5000) FROM pg_stat_activity WHERE datname = current_database()"
+                    " AND pid <> pg_backend_pid() AND application_name <> 'effectlog-owner'"
+                    " AND backend_type = 'client backend'"
+                )
+
+    states = []
+    with Runtime(pg_url, effects=effects, crash_hook=hook) as rt:
+        for _ in range(2):
+            try:
+                states.append(rt.run(_idempotent_plan("pay-1")).state)
+            except EffectlogError as exc:
+                states.append(exc.code)
+    j = open_journal(pg_url, writer=False)
+    try:
+        phases = Counter(
+            (e.step_id, e.attempt, ev.tag_of(e))
+            for e in (ev.decode(r.body) for r in j.read("pay-1"))
+            if hasattr(e, "attempt") and hasattr(e, "step_id")
+        )
+    finally:
+        j.close()
+    verify = subprocess.run(
+        [sys.executable, "-m", "effectlog", "verify", "--journal", pg_url],
+        capture_output=True,
+        text=True,
+        env=cli_env(),
+        timeout=SAFETY_TIMEOUT_S,
+    )
+    assert ([at], ["storage", "completed"]) == (fired, states)
+    assert Counter({("pay-1", "pay"): 1, ("pay-1", "ship"): 1}) == effect_counts(effects)
+    assert 1 == max(phases.values()), phases
+    assert 0 == verify.returncode, verify.stderr
+
+
+@pytest.fixture
+def _late_released() -> Any:
+    LATE_CALLS.clear()
+    RELEASE.clear()
+    yield None
+    RELEASE.set()
+    for thread in LATE_CALLS:
+        thread.join(SAFETY_TIMEOUT_S)
+
+
+LATE = {"test.late": lambda decl, ctx: _Late(ctx)}
+
+
+def _late_plan() -> Plan:
+    return parse_plan(
+        b'{"run_id": "pay-1", "adapters": {"bank": {"type": "test.late"}},'
+        b' "steps": [{"id": "pay", "adapter": "bank", "args": {"n": 1}, "timeout_s": 0.2}]}'
+    )
+
+
+@pytest.mark.usefixtures("_late_released")
+def test_a_second_runtime_in_this_process_cannot_decide_a_run_whose_timed_out_call_still_runs(tmp_path: Path) -> None:
+    """Two runtimes on one journal in one process (a web app opening one per request), the first's call
+    timed out and still runs (and the first was even closed). Proves: the second runtime's lookup and
+    resume are refused (exit 6), nothing written, and after the call ends it finds the effect: one."""
+    journal, effects = tmp_path / "j.db", tmp_path / "e.db"
+    first = Runtime(str(journal), effects=effects, adapters=LATE)
+    assert "stopped" == first.run(_late_plan()).state
+    first.close()
+    refused = []
+    with Runtime(str(journal), effects=effects, adapters=LATE) as second:
+        for decide in (lambda: second.reconcile_by_lookup("pay-1", "pay"), lambda: second.run(_late_plan())):
+            with pytest.raises(RunOwned) as info:
+                decide()
+            refused.append(info.value.exit_status)
+        RELEASE.set()
+        LATE_CALLS[0].join(SAFETY_TIMEOUT_S)
+        for thread in [t for t in threading.enumerate() if t.name == "effectlog-late-close"]:
+            thread.join(SAFETY_TIMEOUT_S)
+        step = second.reconcile_by_lookup("pay-1", "pay").step("pay")
+        assert step is not None
+        assert ("applied", "completed") == (step.outcome, second.run(_late_plan()).state)
+    assert [ExitStatus.LOCKED] * 2 == refused
+    assert Counter({("pay-1", "pay"): 1}) == effect_counts(effects)
+
+
+@pytest.mark.usefixtures("_late_released")
+def test_pg_a_timed_out_call_keeps_the_claim_after_close_and_the_close_thread_ends_the_journal(
+    pg_url: str, tmp_path: Path
+) -> None:
+    """On a PostgreSQL journal: the runtime closed while a timed-out call still runs keeps the claim's
+    connection (another process's decision: exit 6); once the call ends, the close thread releases
+    the claim and closes the pool (no owner connection left on the server) and the decision goes through."""
+    effects = tmp_path / "e.db"
+    rt = Runtime(pg_url, effects=effects, adapters=LATE)
+    assert "stopped" == rt.run(_late_plan()).state
+    rt.close()
+    argv = [sys.executable, "-m", "effectlog", "reconcile", "--journal", pg_url, "--run-id", "pay-1", "--step", "pay"]
+    argv += ["--outcome", "applied", "--evidence", "bank statement", "--operator", "ops"]
+    held = subprocess.run(argv, capture_output=True, text=True, env=cli_env(), timeout=SAFETY_TIMEOUT_S)
+    RELEASE.set()
+    LATE_CALLS[0].join(SAFETY_TIMEOUT_S)
+    for thread in [t for t in threading.enumerate() if t.name == "effectlog-late-close"]:
+        thread.join(SAFETY_TIMEOUT_S)
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        left = conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        ).fetchone()
+    after = subprocess.run(argv, capture_output=True, text=True, env=cli_env(), timeout=SAFETY_TIMEOUT_S)
+    assert (ExitStatus.LOCKED, (0,), 0) == (held.returncode, tuple(left or ()), after.returncode), (
+        held.stderr,
+        after.stderr,
+    )
