@@ -8,6 +8,7 @@ tool (its first call answers only when the test releases it).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import subprocess
@@ -280,3 +281,37 @@ def test_pg_a_timed_out_call_keeps_the_claim_after_close_and_the_close_thread_en
         held.stderr,
         after.stderr,
     )
+
+
+def _untimed_late_plan() -> Plan:
+    return parse_plan(
+        b'{"run_id": "pay-1", "adapters": {"bank": {"type": "test.late"}},'
+        b' "steps": [{"id": "pay", "adapter": "bank", "args": {"n": 1}}]}'
+    )
+
+
+@pytest.mark.usefixtures("_late_released")
+def test_a_run_cancelled_while_its_call_still_runs_is_not_decided_until_the_call_ends(tmp_path: Path) -> None:
+    """The caller cancels ``arun`` while a non-idempotent tool call is in flight (``asyncio.wait_for`` around
+    it, a task group, a web request's deadline): the call goes on in its thread, exactly as a timed-out
+    one does. Proves (when fixed): until it ends, a resume, the lookup and a resume after it are refused
+    in this runtime (nothing decided from a ledger the call may still write), and the effect is made once."""
+    journal, effects = tmp_path / "j.db", tmp_path / "e.db"
+    with Runtime(str(journal), effects=effects, adapters=LATE) as rt:
+
+        async def cancelled() -> None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(rt.arun(_untimed_late_plan()), 0.3)
+
+        asyncio.run(cancelled())
+        assert [True] == [t.is_alive() for t in LATE_CALLS]
+        for decide in (
+            lambda: rt.run(_untimed_late_plan()),
+            lambda: rt.reconcile_by_lookup("pay-1", "pay"),
+            lambda: rt.run(_untimed_late_plan()),
+        ):
+            with contextlib.suppress(EffectlogError):  # refused while the call runs: the fix
+                decide()
+        RELEASE.set()
+        LATE_CALLS[0].join(SAFETY_TIMEOUT_S)
+    assert Counter({("pay-1", "pay"): 1}) == effect_counts(effects)
