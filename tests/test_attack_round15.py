@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -315,3 +316,71 @@ def test_a_run_cancelled_while_its_call_still_runs_is_not_decided_until_the_call
         RELEASE.set()
         LATE_CALLS[0].join(SAFETY_TIMEOUT_S)
     assert Counter({("pay-1", "pay"): 1}) == effect_counts(effects)
+
+
+class Forking:
+    """A tool that forks; the child drives a durable run of its own (its own journal and store, its own
+    ``asyncio`` loop through the runtime) and leaves with ``os._exit``; the parent waits for it."""
+
+    def __init__(self, options: dict[str, Any]) -> None:
+        self.dir = Path(options["dir"])
+
+    def invoke(self, request: Any) -> Any:
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                with Runtime(str(self.dir / "child.db"), effects=self.dir / "child-e.db") as rt:
+                    code = 0 if "completed" == rt.run(_idempotent_plan("child-1")).state else 2
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        return {"child": os.waitstatus_to_exitcode(status)}
+
+
+FORKING = {"test.forking": lambda decl, ctx: Forking(decl.options)}
+
+FORK_DRIVER = """
+import json, sys
+from effectlog.plan import parse_plan
+from effectlog.runtime import Runtime
+from test_attack_round15 import FORKING
+
+directory = sys.argv[1]
+plan = parse_plan(json.dumps({
+    "run_id": "parent-1",
+    "adapters": {"f": {"type": "test.forking", "idempotent": True, "options": {"dir": directory}}},
+    "steps": [{"id": "spawn", "adapter": "f"}, {"id": "again", "adapter": "f"}],
+}).encode())
+with Runtime(directory + "/parent.db", adapters=FORKING) as rt:
+    out = rt.run(plan)
+    print(json.dumps([out.state, [s.state for s in out.steps]]))
+"""
+
+
+def test_a_tool_whose_forked_child_drives_a_run_of_its_own_leaves_both_runs_completed(tmp_path: Path) -> None:
+    """A tool forks twice (two steps); each child drives a second durable run on its own journal with the
+    runtime's event loop, completes it and ``os._exit``s. Proves: the parent's run does not hang after
+    either fork (its loop is its own), both steps are confirmed with the child's exit 0, the child's
+    run completed once (the second child resumes the completed run: one effect per step), and both
+    journals verify."""
+    done = subprocess.run(
+        [sys.executable, "-c", FORK_DRIVER, str(tmp_path)],
+        env=cli_env({"PYTHONPATH": str(HERE)}),
+        capture_output=True,
+        text=True,
+        timeout=SAFETY_TIMEOUT_S,
+    )
+    verify = [
+        subprocess.run(
+            [sys.executable, "-m", "effectlog", "verify", "--journal", str(tmp_path / name)],
+            capture_output=True,
+            text=True,
+            env=cli_env(),
+            timeout=SAFETY_TIMEOUT_S,
+        ).returncode
+        for name in ("parent.db", "child.db")
+    ]
+    assert (0, '["completed", ["confirmed", "confirmed"]]') == (done.returncode, done.stdout.strip()), done.stderr
+    assert Counter({("child-1", "pay"): 1, ("child-1", "ship"): 1}) == effect_counts(tmp_path / "child-e.db")
+    assert [0, 0] == verify
