@@ -24,6 +24,7 @@ import psycopg
 import pytest
 
 from effectlog import events as ev
+from effectlog.adapters.effects import EffectStore
 from effectlog.errors import EffectlogError, ExitStatus, RunOwned
 from effectlog.journal import open_journal
 from effectlog.plan import Plan, parse_plan
@@ -384,3 +385,51 @@ def test_a_tool_whose_forked_child_drives_a_run_of_its_own_leaves_both_runs_comp
     assert (0, '["completed", ["confirmed", "confirmed"]]') == (done.returncode, done.stdout.strip()), done.stderr
     assert Counter({("child-1", "pay"): 1, ("child-1", "ship"): 1}) == effect_counts(tmp_path / "child-e.db")
     assert [0, 0] == verify
+
+
+class LazyLost:
+    """A non-idempotent tool over the effect store, opened on first use (in ``invoke`` and in ``lookup``, not
+    in the factory): attempt 1 makes its effect and loses the answer; later attempts answer."""
+
+    def __init__(self, ctx: Any) -> None:
+        self.ctx = ctx
+
+    def invoke(self, request: Any) -> Any:
+        receipt = self.ctx.effect_store().apply_control(request)
+        if request.attempt == 1:
+            raise ConnectionError("the answer was lost on the way back")
+        return receipt
+
+    def lookup(self, request: Any) -> Any:
+        return self.ctx.effect_store().lookup(request)
+
+
+LAZY = {"test.lazy-lost": lambda decl, ctx: LazyLost(ctx)}
+
+
+def _lazy_plan() -> Plan:
+    return parse_plan(
+        b'{"run_id": "pay-1", "adapters": {"bank": {"type": "test.lazy-lost"}},'
+        b' "steps": [{"id": "pay", "adapter": "bank", "args": {"n": 1}}]}'
+    )
+
+
+def test_a_lookup_through_a_lazily_opened_store_is_checked_against_the_store_the_run_pinned(tmp_path: Path) -> None:
+    """The run pins store A (given, opened on first use by its adapter); its non-idempotent step made its
+    effect in A and lost the answer (uncertain). ``reconcile_by_lookup`` is asked with store B: the
+    check of the given store looked only at a store the factory opened (none), so B's silence was
+    recorded as "not applied" and the resume against A made attempt 2's effect there too: two effects.
+    Proves: the lookup is refused (``ledger_mismatch``), nothing written, and the effect is made once."""
+    journal, a, b = str(tmp_path / "j.db"), tmp_path / "a.db", tmp_path / "b.db"
+    EffectStore(str(b)).close()  # another store, in use elsewhere (a staging ledger)
+    with Runtime(journal, effects=a, adapters=LAZY) as rt:
+        assert "stopped" == rt.run(_lazy_plan()).state
+    answer = "recorded"
+    with Runtime(journal, effects=b, adapters=LAZY) as rt:
+        try:
+            rt.reconcile_by_lookup("pay-1", "pay")
+        except EffectlogError as exc:
+            answer = exc.code
+    with Runtime(journal, effects=a, adapters=LAZY) as rt, contextlib.suppress(EffectlogError):
+        rt.run(_lazy_plan())
+    assert ("ledger_mismatch", Counter({("pay-1", "pay"): 1})) == (answer, effect_counts(a))
