@@ -167,7 +167,9 @@ def reconcile_by_lookup(
                 run_id=run_id,
                 step_id=step_id,
             )
-        _check_store(state, context.pinned_store(), f"--effects {context.effects}")
+        # The store given, opened now if the factory did not (an adapter may open it on first use, in
+        # ``lookup`` itself): another store's silence is no evidence for this run.
+        _check_store(state, context.store_to_pin(), f"--effects {context.effects}")
         lookup = getattr(adapter, "lookup", None)
         if not callable(lookup):
             raise BadInput(
