@@ -433,3 +433,52 @@ def test_a_lookup_through_a_lazily_opened_store_is_checked_against_the_store_the
     with Runtime(journal, effects=a, adapters=LAZY) as rt, contextlib.suppress(EffectlogError):
         rt.run(_lazy_plan())
     assert ("ledger_mismatch", Counter({("pay-1", "pay"): 1})) == (answer, effect_counts(a))
+
+
+class Endless:
+    """A tool that never answers (its thread sleeps for ever; a hung remote call)."""
+
+    def invoke(self, request: Any) -> Any:
+        threading.Event().wait()
+
+
+ENDLESS = {"test.endless": lambda decl, ctx: Endless()}
+
+ENDLESS_DRIVER = """
+import sys
+from effectlog.plan import parse_plan
+from effectlog.runtime import Runtime
+from test_attack_round15 import ENDLESS
+
+plan = parse_plan(
+    b'{"run_id": "pay-1", "adapters": {"bank": {"type": "test.endless"}},'
+    b' "steps": [{"id": "pay", "adapter": "bank", "timeout_s": 0.2}]}'
+)
+with Runtime(sys.argv[1], effects=sys.argv[2], adapters=ENDLESS) as rt:
+    print(rt.run(plan).state)
+"""
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+def test_a_process_whose_timed_out_call_never_ends_still_exits_and_gives_the_run_up(
+    tmp_path: Path, backend: str, request: pytest.FixtureRequest
+) -> None:
+    """A tool call times out and never ends; the runtime is closed (a background thread waits for the call).
+    Proves: the process still exits at the end of its script (nothing it left joins the call), and
+    with it the claim is gone: another process can decide the run (exit 0)."""
+    journal = request.getfixturevalue("pg_url") if backend == "postgresql" else str(tmp_path / "j.db")
+    try:  # a hang detector, not a timing assertion: the script takes well under a second
+        done = subprocess.run(
+            [sys.executable, "-c", ENDLESS_DRIVER, journal, str(tmp_path / "e.db")],
+            env=cli_env({"PYTHONPATH": str(HERE)}),
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        ended: tuple[int, str] | None = (done.returncode, done.stdout.strip())
+    except subprocess.TimeoutExpired:
+        ended = None
+    argv = [sys.executable, "-m", "effectlog", "reconcile", "--journal", journal, "--run-id", "pay-1", "--step", "pay"]
+    argv += ["--outcome", "not-applied", "--evidence", "bank: no such payment", "--operator", "ops"]
+    decided = subprocess.run(argv, capture_output=True, text=True, env=cli_env(), timeout=SAFETY_TIMEOUT_S)
+    assert ((0, "stopped"), 0) == (ended, decided.returncode), decided.stderr
