@@ -482,3 +482,36 @@ def test_a_process_whose_timed_out_call_never_ends_still_exits_and_gives_the_run
     argv += ["--outcome", "not-applied", "--evidence", "bank: no such payment", "--operator", "ops"]
     decided = subprocess.run(argv, capture_output=True, text=True, env=cli_env(), timeout=SAFETY_TIMEOUT_S)
     assert ((0, "stopped"), 0) == (ended, decided.returncode), decided.stderr
+
+
+def test_the_wal_switch_gives_up_on_a_lock_held_past_its_timeout_and_never_retries_other_errors(
+    tmp_path: Path,
+) -> None:
+    """``walwatch.switch_to_wal`` on a real file: a read-only connection's refusal (``SQLITE_READONLY``) is
+    raised as it is, not retried as a busy lock; while another connection holds the write lock past the
+    timeout it raises ``SQLITE_BUSY`` (it does not spin for ever); once the lock is gone it switches,
+    and switching again is a no-op answering ``wal``."""
+    import sqlite3
+
+    from effectlog.journal.walwatch import switch_to_wal
+
+    path = tmp_path / "w.db"
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("CREATE TABLE t (x)")
+    read_only = sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True, isolation_level=None)
+    other = sqlite3.connect(path, isolation_level=None, timeout=0.05)
+    errors = []
+    try:
+        with pytest.raises(sqlite3.OperationalError) as refused:
+            switch_to_wal(read_only, SAFETY_TIMEOUT_S)
+        errors.append(refused.value.sqlite_errorname)
+        holder.execute("BEGIN EXCLUSIVE")
+        with pytest.raises(sqlite3.OperationalError) as busy:
+            switch_to_wal(other, 0.3)
+        errors.append(busy.value.sqlite_errorname)
+        holder.execute("COMMIT")
+        modes = [switch_to_wal(other, 0.3), switch_to_wal(other, 0.3)]
+    finally:
+        for db in (holder, read_only, other):
+            db.close()
+    assert (["SQLITE_READONLY", "SQLITE_BUSY"], ["wal", "wal"]) == (errors, modes)
