@@ -515,3 +515,54 @@ def test_the_wal_switch_gives_up_on_a_lock_held_past_its_timeout_and_never_retri
         for db in (holder, read_only, other):
             db.close()
     assert (["SQLITE_READONLY", "SQLITE_BUSY"], ["wal", "wal"]) == (errors, modes)
+
+
+class LazyKeys:
+    """An idempotent tool over the effect store, opened on its first call (not in the factory)."""
+
+    def __init__(self, ctx: Any) -> None:
+        self.ctx = ctx
+
+    def invoke(self, request: Any) -> Any:
+        return self.ctx.effect_store().apply_idempotent(request)
+
+
+LAZY_KEYS = {"test.lazy-keys": lambda decl, ctx: LazyKeys(ctx)}
+
+
+def _approved_plan() -> Plan:
+    return parse_plan(
+        b'{"run_id": "pay-1", "adapters": {"psp": {"type": "test.lazy-keys", "idempotent": true}},'
+        b' "steps": [{"id": "pay", "adapter": "psp", "args": {"cents": 500}, "approval": "required"}]}'
+    )
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a run started without --effects pins no store for good: the resume that first uses store A "
+    "records no pin, so a later resume with store B re-sends the key where it is unknown (two effects)",
+)
+def test_a_run_that_started_without_a_store_is_held_to_the_first_store_a_resume_sent_into(tmp_path: Path) -> None:
+    """The run starts with no ``--effects`` and waits for an approval before its only step (so it pins no
+    store); approved, it is resumed with store A, whose lazily opening adapter sends the step's key
+    there, and the process dies before the result is written. Resumed with store B, the step's key is
+    sent again into a store that never saw it: the effect twice (once per store). Proves (when fixed):
+    the resume with B is refused (the run's effects are in A), one effect in all."""
+    from effectlog.outcome import SimulatedCrash
+
+    journal, a, b = str(tmp_path / "j.db"), tmp_path / "a.db", tmp_path / "b.db"
+    EffectStore(str(b)).close()
+
+    def crash(where: str, step_id: str) -> None:
+        if where == "after_effect":
+            raise SimulatedCrash(where)
+
+    with Runtime(journal, adapters=LAZY_KEYS) as rt:
+        waiting = rt.run(_approved_plan()).state
+        rt.approve("pay-1", "pay", by="ops")
+    with Runtime(journal, effects=a, adapters=LAZY_KEYS, crash_hook=crash) as rt, pytest.raises(SimulatedCrash):
+        rt.run(_approved_plan())
+    with Runtime(journal, effects=b, adapters=LAZY_KEYS) as rt, contextlib.suppress(EffectlogError):
+        rt.run(_approved_plan())
+    made = effect_counts(a) + effect_counts(b)
+    assert ("suspended", Counter({("pay-1", "pay"): 1})) == (waiting, made)
