@@ -566,3 +566,52 @@ def test_a_run_that_started_without_a_store_is_held_to_the_first_store_a_resume_
         rt.run(_approved_plan())
     made = effect_counts(a) + effect_counts(b)
     assert ("suspended", Counter({("pay-1", "pay"): 1})) == (waiting, made)
+
+
+class OwnLedger:
+    """A non-idempotent tool that keeps no rows in the effect store: its service is asked for the truth
+    (a file standing in for the provider's API); attempt 1 lands and loses its answer."""
+
+    def __init__(self, options: dict[str, Any]) -> None:
+        self.ledger = Path(options["ledger"])
+
+    def invoke(self, request: Any) -> Any:
+        with self.ledger.open("a") as fh:
+            fh.write(f"{request.idempotency_key}\n")
+        if request.attempt == 1:
+            raise ConnectionError("the answer was lost on the way back")
+        return {"ok": True}
+
+    def lookup(self, request: Any) -> Any:
+        from effectlog.adapters import Evidence
+
+        keys = self.ledger.read_text().split() if self.ledger.exists() else []
+        return Evidence(applied=request.idempotency_key in keys, detail="provider's ledger")
+
+
+OWN_LEDGER = {"test.own-ledger": lambda decl, ctx: OwnLedger(decl.options)}
+
+
+def test_a_lookup_that_needs_no_store_still_answers_when_the_pinned_store_file_is_gone(tmp_path: Path) -> None:
+    """The run was given ``--effects`` (so it pins that store) but its tool keeps no rows there and asks its
+    own service; the store file was removed since. Proves: ``reconcile_by_lookup`` with no ``effects``
+    still asks the tool's lookup and records its answer (applied), as before stores given were opened
+    for the check; the effect is made once."""
+    journal, store, ledger = str(tmp_path / "j.db"), tmp_path / "e.db", tmp_path / "provider.txt"
+    plan = parse_plan(
+        json.dumps(
+            {
+                "run_id": "pay-1",
+                "adapters": {"psp": {"type": "test.own-ledger", "options": {"ledger": str(ledger)}}},
+                "steps": [{"id": "pay", "adapter": "psp", "args": {"n": 1}}],
+            }
+        ).encode()
+    )
+    with Runtime(journal, effects=store, adapters=OWN_LEDGER) as rt:
+        assert "stopped" == rt.run(plan).state
+    for leftover in tmp_path.glob("e.db*"):
+        leftover.unlink()
+    with Runtime(journal, adapters=OWN_LEDGER) as rt:
+        step = rt.reconcile_by_lookup("pay-1", "pay").step("pay")
+    assert step is not None
+    assert (("reconciled", "applied"), 1) == ((step.state, step.outcome), len(ledger.read_text().split()))
