@@ -615,3 +615,60 @@ def test_a_lookup_that_needs_no_store_still_answers_when_the_pinned_store_file_i
         step = rt.reconcile_by_lookup("pay-1", "pay").step("pay")
     assert step is not None
     assert (("reconciled", "applied"), 1) == ((step.state, step.outcome), len(ledger.read_text().split()))
+
+
+def _square(n: int) -> int:
+    return n * n
+
+
+class PoolUser:
+    """A tool that hands work to a ``multiprocessing`` pool started with the fork method (from its thread)."""
+
+    def invoke(self, request: Any) -> Any:
+        import multiprocessing
+
+        with multiprocessing.get_context("fork").Pool(2) as pool:
+            return {"squares": pool.map(_square, range(4))}
+
+
+POOL = {"test.pool": lambda decl, ctx: PoolUser()}
+
+POOL_DRIVER = """
+import sys
+from effectlog.plan import parse_plan
+from effectlog.runtime import Runtime
+from test_attack_round15 import POOL
+
+plan = parse_plan(
+    b'{"run_id": "p", "adapters": {"pool": {"type": "test.pool", "idempotent": true}},'
+    b' "steps": [{"id": "one", "adapter": "pool"}, {"id": "two", "adapter": "pool"}]}'
+)
+with Runtime(sys.argv[1], adapters=POOL) as rt:
+    out = rt.run(plan)
+    print(out.state, rt.load("p").step("two").receipt)
+"""
+
+
+def test_a_tool_using_a_fork_started_multiprocessing_pool_completes_the_run(tmp_path: Path) -> None:
+    """Two steps each hand work to a fork-started ``multiprocessing`` pool from the tool's thread (the
+    forked workers hold copies of the runtime's loop, journal and locks). Proves: the run completes
+    (no hang, no worker refused or writing), with the pool's answer recorded, and the journal verifies."""
+    try:  # a hang detector, not a timing assertion
+        done = subprocess.run(
+            [sys.executable, "-c", POOL_DRIVER, str(tmp_path / "j.db")],
+            env=cli_env({"PYTHONPATH": str(HERE)}),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        ended: tuple[int, str] | None = (done.returncode, done.stdout.strip())
+    except subprocess.TimeoutExpired:
+        ended = None
+    verify = subprocess.run(
+        [sys.executable, "-m", "effectlog", "verify", "--journal", str(tmp_path / "j.db")],
+        capture_output=True,
+        text=True,
+        env=cli_env(),
+        timeout=SAFETY_TIMEOUT_S,
+    )
+    assert ((0, "completed {'squares': [0, 1, 4, 9]}"), 0) == (ended, verify.returncode)
