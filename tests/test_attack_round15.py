@@ -19,6 +19,7 @@ import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import psycopg
 import pytest
@@ -672,3 +673,72 @@ def test_a_tool_using_a_fork_started_multiprocessing_pool_completes_the_run(tmp_
         timeout=SAFETY_TIMEOUT_S,
     )
     assert ((0, "completed {'squares': [0, 1, 4, 9]}"), 0) == (ended, verify.returncode)
+
+
+def test_pg_a_server_stopped_immediately_during_a_call_leaves_the_effect_made_once(tmp_path: Path) -> None:
+    """The journal's database defaults to ``synchronous_commit = off`` (a common tuning, made for other
+    applications of the server): the server acknowledges a commit before its WAL is written, and a
+    crash loses the last ones. Process P1's non-idempotent call is in flight when its own throwaway
+    server is stopped with ``pg_ctl stop -m immediate`` (a crash to the clients) and started again;
+    then the call lands. ``run.started`` and ``step.requested`` were lost: the resume started the
+    run anew and sent attempt 1 again (two effects, the journal saying one). Proves (fixed): an
+    append effectlog was told is durable survives the crash; P1 records what it can (an append on
+    a new pooled connection lands, one on a connection the restart broke ends P1 with ``storage``);
+    the resume never sends the step again (confirmed: the run completes; still requested:
+    uncertain, not guessed); one effect; the journal verifies. (P1 wrote on after the restart
+    although its claim's lock was gone: the class of the strict xfail above.)"""
+    from effectlog.pgcluster import ClusterUnavailable, PgCluster
+
+    cluster = PgCluster()
+    try:
+        cluster.start()
+    except ClusterUnavailable as exc:
+        cluster.stop()
+        pytest.skip(f"PostgreSQL unavailable: {exc}")
+    try:
+        url = cluster.create_database()
+        # A database whose default is asynchronous commit (a common tuning, made for other applications
+        # of the same server), and a WAL writer that flushes such commits only every 10 s.
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute(f"ALTER DATABASE {urlsplit(url).path.lstrip('/')} SET synchronous_commit = off")
+            conn.execute("ALTER SYSTEM SET wal_writer_delay = '10s'")
+            conn.execute("SELECT pg_reload_conf()")
+        effects = tmp_path / "e.db"
+        child = subprocess.Popen(
+            [sys.executable, "-c", DRIVER, url, str(effects), str(tmp_path)],
+            env=cli_env({"PYTHONPATH": str(HERE)}),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            _wait_for(tmp_path / "started", child)
+            pg_ctl = str(cluster._bindir / "pg_ctl")
+            cluster._run([pg_ctl, "-D", str(cluster.data), "-m", "immediate", "-w", "-t", "30", "stop"], "stop")
+            options = f"-c listen_addresses=127.0.0.1 -p {cluster.port} -k {cluster.tmp} -c fsync=off"
+            cluster._run(
+                [pg_ctl, "-D", str(cluster.data), "-l", str(cluster.log), "-o", options, "-w", "start"], "start"
+            )
+        finally:
+            (tmp_path / "go").touch()
+            out, err = child.communicate(timeout=SAFETY_TIMEOUT_S)
+        with Runtime(url, effects=effects, adapters=ADAPTERS) as rt:
+            resumed = rt.run(gated_plan(str(tmp_path))).state
+            step = rt.load("pay-1").step("pay")
+        verify = subprocess.run(
+            [sys.executable, "-m", "effectlog", "verify", "--journal", url],
+            capture_output=True,
+            text=True,
+            env=cli_env(),
+            timeout=SAFETY_TIMEOUT_S,
+        )
+    finally:
+        cluster.stop()
+    assert step is not None
+    first = out.strip()
+    assert first == "completed" or first.startswith("StorageError"), (out, err)
+    # Which pooled connection each append got decides how far P1 wrote; never a second attempt.
+    expected = ("completed", "confirmed") if step.state == "confirmed" else ("stopped", "uncertain")
+    assert (expected, 1) == ((resumed, step.state), step.attempt), (out, err)
+    assert Counter({("pay-1", "pay"): 1}) == effect_counts(effects)
+    assert 0 == verify.returncode, verify.stderr
