@@ -631,10 +631,13 @@ async def _in_thread(
     A daemon thread (not the default executor) so that a hung tool cannot keep the
     process from exiting; the shell adapter kills its own process group on timeout.
     A call that times out still runs, and may still make its effect: ``linger`` is told
-    (``latecalls.LateCalls``), so nothing decides the run until it has ended.
+    (``latecalls.LateCalls``), so nothing decides the run until it has ended; so is a call
+    whose caller was cancelled before it answered.
     """
     loop = asyncio.get_running_loop()
     future: asyncio.Future[Any] = loop.create_future()
+
+    answered: list[bool] = []
 
     def target() -> None:
         result: Any = None
@@ -643,22 +646,28 @@ async def _in_thread(
             result = _guarded(fn, request)
         except BaseException as exc:  # an Exception, or our own control flow (SimulatedCrash)
             error = exc
+        answered.append(True)
         # After a timeout the loop may be closed: nobody waits for this answer any more.
         with contextlib.suppress(RuntimeError):
             loop.call_soon_threadsafe(_settle, future, result, error)
 
     thread = threading.Thread(target=target, name=f"effectlog-{request.step_id}", daemon=True)
     thread.start()
-    if timeout is None:
-        return await future
     try:
-        return await asyncio.wait_for(future, timeout)
-    except TimeoutError:
-        if thread.is_alive() and linger is not None:
+        if timeout is None:
+            return await future
+        try:
+            return await asyncio.wait_for(future, timeout)
+        except TimeoutError:
+            if not future.cancelled():  # the adapter's own TimeoutError (e.g. ShellTimeout): keep its message
+                raise
+            raise TimeoutError(f"no answer within {timeout}s") from None
+    except BaseException:
+        # Timed out, or cancelled by the caller (its own timeout, a task group) before the tool
+        # answered: either way the call goes on in its thread and may still make its effect.
+        if linger is not None and not answered and thread.is_alive():
             linger(request, thread)
-        if not future.cancelled():  # the adapter's own TimeoutError (e.g. ShellTimeout): keep its message
-            raise
-        raise TimeoutError(f"no answer within {timeout}s") from None
+        raise
 
 
 _SIGINT, _SIGTERM = int(signal.SIGINT), int(signal.SIGTERM)

@@ -18,6 +18,7 @@ Three sources of evidence:
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from typing import Any, Literal
@@ -167,7 +168,12 @@ def reconcile_by_lookup(
                 run_id=run_id,
                 step_id=step_id,
             )
-        _check_store(state, context.pinned_store(), f"--effects {context.effects}")
+        # The store given, opened now if the factory did not (an adapter may open it on first use, in
+        # ``lookup`` itself): another store's silence is no evidence for this run. With no --effects and
+        # the pinned store's file gone there is nothing to mistake for it, and a lookup that asks its
+        # own service still answers.
+        named = effects is not None or (context.effects is not None and os.path.lexists(context.effects))
+        _check_store(state, context.store_to_pin() if named else context.pinned_store(), f"--effects {context.effects}")
         lookup = getattr(adapter, "lookup", None)
         if not callable(lookup):
             raise BadInput(

@@ -192,6 +192,13 @@ class PostgresJournal:
         # READ COMMITTED whatever the server's default: the head query after the run
         # lock must take a fresh snapshot that includes the previous holder's commit.
         conn.isolation_level = psycopg.IsolationLevel.READ_COMMITTED
+        # A commit is durable when the server says so: a server, database or role whose default is
+        # synchronous_commit = off acknowledges before the WAL is written, a crash loses the last
+        # appends, and a resume sends their steps again. Any stronger default (remote_apply, ...) is
+        # kept; a setting given explicitly (``settings``, below) still wins.
+        conn.execute(
+            "SELECT set_config('synchronous_commit', 'on', false) WHERE current_setting('synchronous_commit') = 'off'"
+        )
         for name, value in self._settings.items():
             conn.execute("SELECT set_config(%s, %s, false)", (name, value))
 
