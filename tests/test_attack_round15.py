@@ -538,11 +538,6 @@ def _approved_plan() -> Plan:
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a run started without --effects pins no store for good: the resume that first uses store A "
-    "records no pin, so a later resume with store B re-sends the key where it is unknown (two effects)",
-)
 def test_a_run_that_started_without_a_store_is_held_to_the_first_store_a_resume_sent_into(tmp_path: Path) -> None:
     """The run starts with no ``--effects`` and waits for an approval before its only step (so it pins no
     store); approved, it is resumed with store A, whose lazily opening adapter sends the step's key

@@ -390,3 +390,15 @@ def test_walk_helper_agrees_with_sample_run() -> None:
         walk.run_state,
         {sid: m.state for sid, m in walk.steps.items()},
     )
+
+
+def test_a_resume_pins_an_effect_store_only_for_a_run_that_has_none() -> None:
+    """``run.resumed`` naming a store pins it for a run that started without one (the next resume is
+    checked against it), and is illegal for a run that has one pinned already (two stores for one run)."""
+    store_a = ev.EffectStoreIdentity(store_id="es-a", path="/fx/a.db")
+    store_b = ev.EffectStoreIdentity(store_id="es-b", path="/fx/b.db")
+    unpinned = replay([started(), ev.RunResumed(run_id=RUN_ID, seq=2, ts=2, effect_store=store_a)])
+    pinned = apply(initial(RUN_ID), msgspec.structs.replace(started(), effect_store=store_a))
+    with pytest.raises(IllegalTransition) as info:
+        apply(pinned, ev.RunResumed(run_id=RUN_ID, seq=2, ts=2, effect_store=store_b))
+    assert (store_a, 2) == (unpinned.effect_store, info.value.seq)

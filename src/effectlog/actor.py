@@ -186,7 +186,19 @@ class RunActor:
             blocked = still_blocked(self.state)
             if blocked is not None:
                 return self._blocked_outcome(blocked, self.state.blocked_step or "")
-            await self._record((ev.RunResumed, {"pid": os.getpid(), **(self.obs.fields() if self.obs else {})}))
+            # A run that pinned no store (it started without one) pins the one this resume was given:
+            # a later resume with another store is refused as for any pinned run.
+            pin = self.rt.context.store_to_pin() if self.state.effect_store is None else None
+            await self._record(
+                (
+                    ev.RunResumed,
+                    {
+                        "pid": os.getpid(),
+                        **({"effect_store": pin} if pin is not None else {}),
+                        **(self.obs.fields() if self.obs else {}),
+                    },
+                )
+            )
         decls = plan.steps
         # The plan's first ``_skip`` steps are done (confirmed or reconciled, terminal): skipped unread.
         for i in range(self._skip, len(decls)):

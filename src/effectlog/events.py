@@ -86,6 +86,9 @@ class RunStarted(Event, frozen=True, kw_only=True, tag="run.started"):
 class RunResumed(Event, frozen=True, kw_only=True, tag="run.resumed"):
     pid: int = 0
     traceparent: str = ""  # as on run.started
+    # The effect store this resume was given, for a run that pinned none until now (it started without
+    # one): from here on it is the run's, as if run.started had named it.
+    effect_store: EffectStoreIdentity | None = None
     repeatable: ClassVar[bool] = True
 
 

@@ -211,6 +211,10 @@ def _apply_run(state: RunState, event: ev.Event, tag: str) -> RunState:
         )
     elif isinstance(event, ev.RunResumed):
         changes.update(resumes=state.resumes + 1, blocked_step=None, reason="", traceparent=event.traceparent)
+        if event.effect_store is not None:
+            if state.effect_store is not None:
+                raise _illegal(state, event, "run.resumed pins an effect store, but the run has one pinned already")
+            changes.update(effect_store=event.effect_store)
     elif isinstance(event, ev.RunSuspended | ev.RunStopped | ev.RunFailed):
         changes.update(blocked_step=event.step_id, reason=event.reason)
     elif isinstance(event, ev.RunCancelled):
