@@ -503,11 +503,12 @@ def replay_parts(resume: dict[str, Any] | None) -> str:
         tail = (
             f" The read and the fold alone come to {read + fold:.2f} µs, before the hash, the decode and the checks "
             "of the segments and the seal (about 2 µs more): each is already one pass over the rows in Python. "
-            "Counted by valgrind, verify is about 49k instructions per event (50.8k before this round's fold "
-            "change); reading the rows, hashing and decoding each event and decoding the segments and the seal "
-            "are C work on every stored byte and leave about 0.1 µs per event of the 4 for the fold's Python: "
-            "the target needs a compiled fold or another stored format (docs/architecture.md, replay). CPU time "
-            "of a first verify in a process moves with the machine: the same code measured 7.38 µs last session."
+            "Counted by valgrind last round, verify was about 49k instructions per event (not recounted after "
+            "schema v2, which reads a run as one rowid range); reading the rows, hashing and decoding each event "
+            "and decoding the segments and the seal are C work on every stored byte and leave about 0.1 µs per "
+            "event of the 4 for the fold's Python: the target needs a compiled fold or another stored format "
+            "(docs/architecture.md, replay). CPU time of a first verify in a process moves with the machine: "
+            "last round's bench measured 9.34 µs on a busier machine."
         )
     return f"at {parts.get('events') or 0:,} events, per event: " + ", ".join(shown) + " (resume_bench.py)." + tail
 
@@ -715,20 +716,15 @@ def why_group(results: dict[str, Any]) -> str:
         text += (
             f" At K=32 the process spent {k32['cpu_us_per_step']:,.0f} µs of CPU per step: one Python process "
             f"cannot exceed about {ceiling:,.0f} steps/s, {ceiling / one_run['steps_per_s']:.1f}x one run's rate."
-            " Counted by valgrind (experiments/instructions_per_step.py, by hand, 2026-12-01): 396k instructions"
-            " per step at 32 runs and 492k for one run (377k and 474k last session: this round's safety fixes,"
-            " each send's own copy of its args and one reading of the tool's answer, cost about 15k), of which"
-            " SQLite's own work is about 226k for one run (docs/architecture.md, where a step's CPU goes); the rest is"
-            " effectlog's Python and the hashing. Part of SQLite's share is the events table's layout: it is"
-            " WITHOUT ROWID, keyed by (run_id, seq), so a run's rows go into the middle of the tree and an"
-            " overflowing leaf is rebalanced with its siblings (SQLite's append fast path is for rowid tables"
-            " only), and each commit also writes its UNIQUE (run_id, step_id, phase, attempt) index. Measured"
-            " side by side in raw sqlite3 (experiments/layout_bench.py): 4.61 WAL pages per commit for one run"
-            " and 126 for a 32-run group; the best candidate layout (rowid = run << 32 | seq, one dedup index)"
-            " writes 2.68 and 89.6 and takes 22-25% fewer instructions per event, about 9% of a step"
-            " (docs/architecture.md, the journal's row layout). A second process on the same journal did not"
-            " help either (2 processes x 16 runs: 4,600 to 6,000 steps/s against 6,300 to 6,500 for one"
-            " process, measured by hand on a quiet machine: their commits take turns at the file's one"
-            " writer). Reaching 5x needs that format change and about half of the Python per step."
+            " Counted by valgrind (experiments/instructions_per_step.py, by hand, 2026-12-01): 357.4k instructions"
+            " per step at 32 runs and 425.0k for one run (395.5k and 491.5k before this round's schema v2 and"
+            " third pass: docs/architecture.md), of which SQLite's own work is about 180k for one run (about 226k"
+            " before schema v2 took 43k off it; docs/architecture.md, where a step's CPU goes); the rest is"
+            " effectlog's Python and the hashing. Schema v2 stores a run's events at rowid run << 32 | seq, so a"
+            " commit appends at the tree's edge (2.5 to 2.9 WAL pages per commit in this run's single-run rounds,"
+            " 4.2 to 4.9 with last round's WITHOUT ROWID table). A second process on the same journal did not"
+            " help (2 processes x 16 runs: 4,600 to 6,000 steps/s against 6,300 to 6,500 for one process,"
+            " measured by hand on a quiet machine last round: their commits take turns at the file's one"
+            " writer). Reaching 5x needs about half of the Python per step."
         )
     return text
