@@ -224,11 +224,15 @@ def _late_released() -> Any:
 LATE = {"test.late": lambda decl, ctx: _Late(ctx)}
 
 
+def _pay_plan(adapter: dict[str, Any], **step: Any) -> Plan:
+    """Run ``pay-1``: one step ``pay`` (args ``{"n": 1}`` unless given) on adapter ``bank``, declared as
+    ``adapter``; ``step`` adds to or replaces the step's fields."""
+    pay = {"id": "pay", "adapter": "bank", "args": {"n": 1}, **step}
+    return parse_plan(json.dumps({"run_id": "pay-1", "adapters": {"bank": adapter}, "steps": [pay]}).encode())
+
+
 def _late_plan() -> Plan:
-    return parse_plan(
-        b'{"run_id": "pay-1", "adapters": {"bank": {"type": "test.late"}},'
-        b' "steps": [{"id": "pay", "adapter": "bank", "args": {"n": 1}, "timeout_s": 0.2}]}'
-    )
+    return _pay_plan({"type": "test.late"}, timeout_s=0.2)
 
 
 @pytest.mark.usefixtures("_late_released")
@@ -287,10 +291,7 @@ def test_pg_a_timed_out_call_keeps_the_claim_after_close_and_the_close_thread_en
 
 
 def _untimed_late_plan() -> Plan:
-    return parse_plan(
-        b'{"run_id": "pay-1", "adapters": {"bank": {"type": "test.late"}},'
-        b' "steps": [{"id": "pay", "adapter": "bank", "args": {"n": 1}}]}'
-    )
+    return _pay_plan({"type": "test.late"})
 
 
 @pytest.mark.usefixtures("_late_released")
@@ -409,10 +410,7 @@ LAZY = {"test.lazy-lost": lambda decl, ctx: LazyLost(ctx)}
 
 
 def _lazy_plan() -> Plan:
-    return parse_plan(
-        b'{"run_id": "pay-1", "adapters": {"bank": {"type": "test.lazy-lost"}},'
-        b' "steps": [{"id": "pay", "adapter": "bank", "args": {"n": 1}}]}'
-    )
+    return _pay_plan({"type": "test.lazy-lost"})
 
 
 def test_a_lookup_through_a_lazily_opened_store_is_checked_against_the_store_the_run_pinned(tmp_path: Path) -> None:
@@ -532,10 +530,7 @@ LAZY_KEYS = {"test.lazy-keys": lambda decl, ctx: LazyKeys(ctx)}
 
 
 def _approved_plan() -> Plan:
-    return parse_plan(
-        b'{"run_id": "pay-1", "adapters": {"psp": {"type": "test.lazy-keys", "idempotent": true}},'
-        b' "steps": [{"id": "pay", "adapter": "psp", "args": {"cents": 500}, "approval": "required"}]}'
-    )
+    return _pay_plan({"type": "test.lazy-keys", "idempotent": True}, args={"cents": 500}, approval="required")
 
 
 def test_a_run_that_started_without_a_store_is_held_to_the_first_store_a_resume_sent_into(tmp_path: Path) -> None:
