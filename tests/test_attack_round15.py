@@ -678,13 +678,17 @@ def test_pg_a_server_stopped_immediately_during_a_call_leaves_the_effect_made_on
     uncertain, not guessed); one effect; the journal verifies. (P1 wrote on after the restart
     although its claim's lock was gone: the class of the strict xfail above.)"""
     from effectlog.pgcluster import ClusterUnavailable, PgCluster
+    from pg_fixture import unavailable
 
     cluster = PgCluster()
+    reason = ""
     try:
         cluster.start()
     except ClusterUnavailable as exc:
+        reason = str(exc)
+    if reason:  # a skip outside CI, a failure under CI=true (as every PostgreSQL test)
         cluster.stop()
-        pytest.skip(f"PostgreSQL unavailable: {exc}")
+        unavailable(reason)
     try:
         url = cluster.create_database()
         # A database whose default is asynchronous commit (a common tuning, made for other applications
@@ -756,3 +760,29 @@ def test_a_run_kept_for_a_late_call_is_given_up_when_the_call_ends_even_if_the_r
         argv += ["--step", "pay", "--outcome", "applied", "--evidence", "bank statement", "--operator", "ops"]
         decided = subprocess.run(argv, capture_output=True, text=True, env=cli_env(), timeout=SAFETY_TIMEOUT_S)
     assert 0 == decided.returncode, decided.stderr
+
+
+def test_every_pooled_session_of_the_journal_and_the_fleet_store_commits_synchronously(pg_url: str) -> None:
+    """The database defaults to ``synchronous_commit = off``. Proves: the journal's sessions and the fleet
+    store's own sessions (its claims and transitions) both run with it ``on`` (one ``configure_session``
+    for both), while a stronger default is kept (``remote_apply`` stays)."""
+    from effectlog.fleet import open_store
+    from effectlog.journal import open_journal
+
+    database = urlsplit(pg_url).path.lstrip("/")
+
+    def seen(default: str) -> tuple[str, str]:
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            conn.execute(f"ALTER DATABASE {database} SET synchronous_commit = {default}")
+        journal, store = open_journal(pg_url), open_store(pg_url)
+        try:
+            with journal._connection() as a, store._connection() as b:  # type: ignore[attr-defined]
+                return (
+                    str(a.execute("SHOW synchronous_commit").fetchone()[0]),
+                    str(b.execute("SHOW synchronous_commit").fetchone()[0]),
+                )
+        finally:
+            store.close()
+            journal.close()
+
+    assert (("on", "on"), ("remote_apply", "remote_apply")) == (seen("off"), seen("remote_apply"))

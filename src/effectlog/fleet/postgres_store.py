@@ -31,7 +31,7 @@ from effectlog.fleet.leased_journal import LeasedJournal
 from effectlog.fleet.model import Lease, Move
 from effectlog.fleet.postgres_journal import FLEET_SCHEMA, POSTGRES, FleetPostgresJournal, PgTx, translate
 from effectlog.fleet.sqlstore import Change, SqlFleetStore
-from effectlog.journal.postgres_schema import RUN_LOCK_CLASS, pin_search_path, redact
+from effectlog.journal.postgres_schema import RUN_LOCK_CLASS, configure_session, redact
 from effectlog.journal.postgres_schema import SCHEMA as JOURNAL_SCHEMA
 
 FLEET_SCHEMA_VERSION = 3
@@ -332,10 +332,7 @@ class PostgresFleetStore(SqlFleetStore):
             raise
 
     def _configure(self, conn: psycopg.Connection[Any]) -> None:
-        pin_search_path(conn)  # the run lock's hashtext() as the journal's sessions resolve it
-        conn.isolation_level = psycopg.IsolationLevel.READ_COMMITTED
-        for name, value in self._settings.items():
-            conn.execute("SELECT set_config(%s, %s, false)", (name, value))
+        configure_session(conn, self._settings)  # as the journal's sessions: search path, durability
 
     @staticmethod
     def _foreign(conn: psycopg.Connection[Any]) -> bool:

@@ -86,6 +86,7 @@ from effectlog.journal.postgres_schema import (
     RUN_LOCK_CLASS,
     SCHEMA,
     UPSERT_OWNER,
+    configure_session,
     pin_search_path,
     redact,
     translate,
@@ -188,19 +189,7 @@ class PostgresJournal:
             raise translate(exc, self.location) from None
 
     def _configure(self, conn: psycopg.Connection[Any]) -> None:
-        pin_search_path(conn)
-        # READ COMMITTED whatever the server's default: the head query after the run
-        # lock must take a fresh snapshot that includes the previous holder's commit.
-        conn.isolation_level = psycopg.IsolationLevel.READ_COMMITTED
-        # A commit is durable when the server says so: a server, database or role whose default is
-        # synchronous_commit = off acknowledges before the WAL is written, a crash loses the last
-        # appends, and a resume sends their steps again. Any stronger default (remote_apply, ...) is
-        # kept; a setting given explicitly (``settings``, below) still wins.
-        conn.execute(
-            "SELECT set_config('synchronous_commit', 'on', false) WHERE current_setting('synchronous_commit') = 'off'"
-        )
-        for name, value in self._settings.items():
-            conn.execute("SELECT set_config(%s, %s, false)", (name, value))
+        configure_session(conn, self._settings)
 
     # -- schema -------------------------------------------------------------------
 

@@ -3,6 +3,7 @@ statements, and how psycopg's errors read to a user. ``PostgresJournal`` uses th
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -28,6 +29,27 @@ def pin_search_path(conn: psycopg.Connection[Any]) -> None:
     then gave one run a second lock key, and a second live owner. effectlog names its own tables with
     their schema, so nothing else is looked up there."""
     conn.execute("SET search_path = pg_catalog, pg_temp")
+
+
+def configure_session(conn: psycopg.Connection[Any], settings: Mapping[str, str]) -> None:
+    """Every pooled session of the journal and of the fleet store, before its first use.
+
+    - The search path pinned (``pin_search_path``).
+    - READ COMMITTED whatever the server's default: the head query after the run lock, and the
+      fleet's lease checks, must take a fresh snapshot that includes the previous holder's commit.
+    - A commit is durable when the server says so: a server, database or role whose default is
+      ``synchronous_commit = off`` acknowledges before the WAL is written, and a crash loses the
+      last appends (a resume sent their steps again) or the fleet's last transitions. Any stronger
+      default (``remote_apply``, ...) is kept.
+    - The settings given explicitly last, so they still win.
+    """
+    pin_search_path(conn)
+    conn.isolation_level = psycopg.IsolationLevel.READ_COMMITTED
+    conn.execute(
+        "SELECT set_config('synchronous_commit', 'on', false) WHERE current_setting('synchronous_commit') = 'off'"
+    )
+    for name, value in settings.items():
+        conn.execute("SELECT set_config(%s, %s, false)", (name, value))
 
 
 # Ordered migrations: index i brings schema version i to i + 1. DDL is transactional
