@@ -411,7 +411,8 @@ def test_a_run_recorded_before_store_ids_still_resumes_and_reconciles(
 ) -> None:
     """Old runs stay usable: a run whose ``run.started`` pinned no store, with an effect store
     that has no id yet, still stops on its uncertain step, is reconciled from that store and
-    completes with one effect (the key formula did not change, so its recorded key still holds)."""
+    completes with one effect (the key formula did not change, so its recorded key still holds); its
+    first resume pins the store it was given (``run.resumed.effect_store``)."""
     from effectlog.adapters.registry import AdapterContext
     from effectlog.plan import parse_plan
     from effectlog.runtime import Runtime, SimulatedCrash
@@ -441,7 +442,9 @@ def test_a_run_recorded_before_store_ids_still_resumes_and_reconciles(
         assert 3 == runtime.run(plan).exit_status
         assert "applied" == runtime.reconcile_from_ledger("old-1", "email").step("email").outcome  # type: ignore[union-attr]
         assert 0 == runtime.run(plan).exit_status
-        assert None is runtime.load("old-1").effect_store
+        pinned = runtime.load("old-1").effect_store  # the first resume pinned the store it was given
+    assert pinned is not None
+    assert str(effects) == pinned.path
     store = EffectStore(effects, read_only=True)
     try:
         assert 1 == store.count(run_id="old-1")
