@@ -315,7 +315,8 @@ class SqliteJournal:
                     self._db.execute("INSERT INTO meta (key, value) VALUES ('chain', ?)", (self.chain.name,))
                 self._db.execute("COMMIT")
             except BaseException:
-                self._db.execute("ROLLBACK")
+                if self._db.in_transaction:  # SQLite ends a transaction itself on some errors (a full disk)
+                    self._db.execute("ROLLBACK")
                 raise
         except sqlite3.Error as exc:
             raise translate(exc, self.location) from None
@@ -342,7 +343,8 @@ class SqliteJournal:
                         self._db.execute(sql)
                 self._db.execute("COMMIT")
             except BaseException:
-                self._db.execute("ROLLBACK")
+                if self._db.in_transaction:  # SQLite ends a transaction itself on some errors (a full disk)
+                    self._db.execute("ROLLBACK")
                 raise
         except sqlite3.Error as exc:
             raise translate(exc, self.location) from None
