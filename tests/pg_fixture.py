@@ -25,9 +25,8 @@ def unavailable(reason: str) -> NoReturn:
     pytest.skip(f"PostgreSQL unavailable: {reason}")
 
 
-@pytest.fixture(scope="session")
-def pg_cluster() -> Iterator[PgCluster]:
-    """One throwaway server for the whole session, stopped (and its data removed) at the end."""
+def started_cluster() -> PgCluster:
+    """A throwaway server of its own, started (the caller stops it); unavailable: skip, or fail under CI."""
     cluster = PgCluster()
     reason = ""
     try:
@@ -37,6 +36,13 @@ def pg_cluster() -> Iterator[PgCluster]:
     if reason:  # outside the except block, so the report is the reason alone
         cluster.stop()
         unavailable(reason)
+    return cluster
+
+
+@pytest.fixture(scope="session")
+def pg_cluster() -> Iterator[PgCluster]:
+    """One throwaway server for the whole session, stopped (and its data removed) at the end."""
+    cluster = started_cluster()
     try:
         yield cluster
     finally:

@@ -17,6 +17,7 @@ import subprocess
 import sys
 import threading
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -343,6 +344,17 @@ class _Late:
 
 LATE_CALLS: list[threading.Thread] = []
 RELEASE = threading.Event()
+
+
+@pytest.fixture
+def late_released() -> Iterator[None]:
+    """``_Late``'s first call held until the test sets ``RELEASE``; released and joined after the test."""
+    LATE_CALLS.clear()
+    RELEASE.clear()
+    yield None
+    RELEASE.set()
+    for thread in LATE_CALLS:
+        thread.join(SAFETY_TIMEOUT_S)
 
 
 def test_a_lookup_while_the_timed_out_call_is_still_running_in_this_process_does_not_start_a_second_effect(

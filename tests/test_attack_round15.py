@@ -31,7 +31,7 @@ from effectlog.journal import open_journal
 from effectlog.plan import Plan, parse_plan
 from effectlog.runtime import Runtime
 from hardening_kit import SAFETY_TIMEOUT_S, cli_env
-from test_attack_round13 import LATE_CALLS, RELEASE, _Late
+from test_attack_round13 import LATE_CALLS, RELEASE, _Late, late_released  # noqa: F401 (a fixture)
 from test_lifecycle import effect_counts
 
 pytest_plugins = ["pg_fixture"]
@@ -107,6 +107,17 @@ def _terminate(url: str, application_name: str) -> int:
     return len(rows)
 
 
+def _drive(url: str, effects: Path, where: Path) -> subprocess.Popen[str]:
+    """``DRIVER`` in a child process: P1 driving the gated non-idempotent step on the journal at ``url``."""
+    return subprocess.Popen(
+        [sys.executable, "-c", DRIVER, url, str(effects), str(where)],
+        env=cli_env({"PYTHONPATH": str(HERE)}),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
 @pytest.mark.xfail(
     strict=True,
     reason="a PostgreSQL owner whose claim connection is lost keeps sending; another process takes the run "
@@ -123,13 +134,7 @@ def test_pg_a_lost_claim_connection_lets_another_process_decide_a_run_whose_call
     call lands. Proves (when fixed): while the first owner's process still lives and may still make
     the effect, nobody else decides the run: one effect."""
     effects = tmp_path / "e.db"
-    child = subprocess.Popen(
-        [sys.executable, "-c", DRIVER, pg_url, str(effects), str(tmp_path)],
-        env=cli_env({"PYTHONPATH": str(HERE)}),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    child = _drive(pg_url, effects, tmp_path)
     try:
         _wait_for(tmp_path / "started", child)
         assert 1 == _terminate(pg_url, "effectlog-owner")
@@ -211,14 +216,6 @@ def test_pg_a_journal_connection_ended_inside_an_append_is_never_taken_as_landed
     assert 0 == verify.returncode, verify.stderr
 
 
-@pytest.fixture
-def _late_released() -> Any:
-    LATE_CALLS.clear()
-    RELEASE.clear()
-    yield None
-    RELEASE.set()
-    for thread in LATE_CALLS:
-        thread.join(SAFETY_TIMEOUT_S)
 
 
 LATE = {"test.late": lambda decl, ctx: _Late(ctx)}
@@ -235,7 +232,7 @@ def _late_plan() -> Plan:
     return _pay_plan({"type": "test.late"}, timeout_s=0.2)
 
 
-@pytest.mark.usefixtures("_late_released")
+@pytest.mark.usefixtures("late_released")
 def test_a_second_runtime_in_this_process_cannot_decide_a_run_whose_timed_out_call_still_runs(tmp_path: Path) -> None:
     """Two runtimes on one journal in one process (a web app opening one per request), the first's call
     timed out and still runs (and the first was even closed). Proves: the second runtime's lookup and
@@ -261,7 +258,7 @@ def test_a_second_runtime_in_this_process_cannot_decide_a_run_whose_timed_out_ca
     assert Counter({("pay-1", "pay"): 1}) == effect_counts(effects)
 
 
-@pytest.mark.usefixtures("_late_released")
+@pytest.mark.usefixtures("late_released")
 def test_pg_a_timed_out_call_keeps_the_claim_after_close_and_the_close_thread_ends_the_journal(
     pg_url: str, tmp_path: Path
 ) -> None:
@@ -294,7 +291,7 @@ def _untimed_late_plan() -> Plan:
     return _pay_plan({"type": "test.late"})
 
 
-@pytest.mark.usefixtures("_late_released")
+@pytest.mark.usefixtures("late_released")
 def test_a_run_cancelled_while_its_call_still_runs_is_not_decided_until_the_call_ends(tmp_path: Path) -> None:
     """The caller cancels ``arun`` while a non-idempotent tool call is in flight (``asyncio.wait_for`` around
     it, a task group, a web request's deadline): the call goes on in its thread, exactly as a timed-out
@@ -677,18 +674,9 @@ def test_pg_a_server_stopped_immediately_during_a_call_leaves_the_effect_made_on
     the resume never sends the step again (confirmed: the run completes; still requested:
     uncertain, not guessed); one effect; the journal verifies. (P1 wrote on after the restart
     although its claim's lock was gone: the class of the strict xfail above.)"""
-    from effectlog.pgcluster import ClusterUnavailable, PgCluster
-    from pg_fixture import unavailable
+    from pg_fixture import started_cluster
 
-    cluster = PgCluster()
-    reason = ""
-    try:
-        cluster.start()
-    except ClusterUnavailable as exc:
-        reason = str(exc)
-    if reason:  # a skip outside CI, a failure under CI=true (as every PostgreSQL test)
-        cluster.stop()
-        unavailable(reason)
+    cluster = started_cluster()
     try:
         url = cluster.create_database()
         # A database whose default is asynchronous commit (a common tuning, made for other applications
@@ -698,13 +686,7 @@ def test_pg_a_server_stopped_immediately_during_a_call_leaves_the_effect_made_on
             conn.execute("ALTER SYSTEM SET wal_writer_delay = '10s'")
             conn.execute("SELECT pg_reload_conf()")
         effects = tmp_path / "e.db"
-        child = subprocess.Popen(
-            [sys.executable, "-c", DRIVER, url, str(effects), str(tmp_path)],
-            env=cli_env({"PYTHONPATH": str(HERE)}),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
+        child = _drive(url, effects, tmp_path)
         try:
             _wait_for(tmp_path / "started", child)
             pg_ctl = str(cluster._bindir / "pg_ctl")
@@ -743,7 +725,7 @@ def test_pg_a_server_stopped_immediately_during_a_call_leaves_the_effect_made_on
     reason="a claim kept for a late call is given up only when the runtime is next used or closed: an idle "
     "long-lived runtime keeps the run owned after the call ended, and other processes get exit 6",
 )
-@pytest.mark.usefixtures("_late_released")
+@pytest.mark.usefixtures("late_released")
 def test_a_run_kept_for_a_late_call_is_given_up_when_the_call_ends_even_if_the_runtime_is_idle(
     tmp_path: Path,
 ) -> None:

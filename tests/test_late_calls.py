@@ -23,7 +23,7 @@ from effectlog.journal import open_journal
 from effectlog.plan import Plan, parse_plan
 from effectlog.runtime import Runtime
 from hardening_kit import SAFETY_TIMEOUT_S
-from test_attack_round13 import LATE_CALLS, RELEASE, _Late
+from test_attack_round13 import LATE_CALLS, RELEASE, _Late, late_released  # noqa: F401 (a fixture)
 from test_lifecycle import effect_counts
 
 ADAPTERS = {"test.late": lambda decl, ctx: _Late(ctx)}
@@ -50,14 +50,7 @@ def _reconcile_elsewhere(journal: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(argv, capture_output=True, text=True, timeout=SAFETY_TIMEOUT_S)
 
 
-@pytest.fixture(autouse=True)
-def _late_calls_released() -> object:
-    LATE_CALLS.clear()
-    RELEASE.clear()
-    yield None
-    RELEASE.set()
-    for thread in LATE_CALLS:
-        thread.join(SAFETY_TIMEOUT_S)
+pytestmark = pytest.mark.usefixtures("late_released")
 
 
 def test_nothing_decides_a_run_while_its_timed_out_call_still_runs(tmp_path: Path) -> None:
