@@ -35,6 +35,7 @@ import msgspec
 
 from effectlog import events as ev
 from effectlog.chain import Chain
+from effectlog.conforms import conforms
 from effectlog.errors import ChainBroken, CorruptEvent, Truncated
 from effectlog.fold import Record, RunState, StepState, state_from_summary
 from effectlog.outcome import StepRows, StepSummary
@@ -116,16 +117,9 @@ class SealingJournal(Protocol):
         ...
 
 
-_SEALING: dict[type, bool] = {}
-
-
 def is_sealing(journal: object) -> bool:
-    """``isinstance(journal, SealingJournal)``, answered once per class (``checkpoint.is_checkpointing``)."""
-    cls = type(journal)
-    known = _SEALING.get(cls)
-    if known is None:
-        known = _SEALING[cls] = isinstance(journal, SealingJournal)
-    return known
+    """``isinstance(journal, SealingJournal)``, answered once per class (``effectlog.conforms``)."""
+    return conforms(journal, SealingJournal)
 
 
 def seal_row(state: RunState) -> SealRow:

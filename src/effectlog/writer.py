@@ -48,9 +48,9 @@ class JournalWriter:
     def append_alone(
         self, events: Sequence[Event], seal: SealRow | None = None, checkpoint: CheckpointRow | None = None
     ) -> list[Record] | None:
-        """``append``'s lone-run direct path as a plain call (no coroutine for the caller to create and
-        await): the same commit ``append`` makes when no other run is active, or ``None`` (nothing done)
-        when the batch must go through ``append`` (other runs active, a group forming, another journal)."""
+        """A lone run's batch straight to the journal's widest append, as a plain call (no coroutine for
+        the caller to create and await; ``append`` takes this path too): ``None`` (nothing done) when the
+        batch must go through ``append`` (other runs active, a group forming, a journal without it)."""
         if self.active_runs > 1 or self._flushing or self._queue or not self._direct:
             return None
         self.commits += 1
@@ -64,14 +64,8 @@ class JournalWriter:
         """Append ``events`` atomically, with the seal of the run they close or a checkpoint segment of
         the run they advance if given; returns once durable."""
         if self.active_runs <= 1 and not self._flushing and not self._queue:
-            if self._direct:
-                # A lone run's batch, straight to the journal's widest append: two frames fewer per commit
-                # (and ``_one``, inline: two more).
-                self.commits += 1
-                return self.journal.append_checkpointed(  # type: ignore[attr-defined,no-any-return]
-                    events, (seal,) if seal is not None else (), (checkpoint,) if checkpoint is not None else ()
-                )
-            return self._append_now(events, _one(seal), _one(checkpoint))
+            done = self.append_alone(events, seal, checkpoint)  # the direct path, where the journal has one
+            return done if done is not None else self._append_now(events, _one(seal), _one(checkpoint))
         future: asyncio.Future[list[Record]] = asyncio.get_running_loop().create_future()
         self._queue.append((events, seal, checkpoint, future))
         if not self._flushing:

@@ -36,6 +36,7 @@ import msgspec
 
 from effectlog import events as ev
 from effectlog.chain import GENESIS, Chain
+from effectlog.conforms import conforms
 from effectlog.errors import ChainBroken, CorruptEvent, EventConflict, Truncated
 from effectlog.fold import Record, RunState, StepState, state_from_summary
 from effectlog.journal import frontier as fr
@@ -118,18 +119,9 @@ class CheckpointJournal(Protocol):
         ...
 
 
-_CHECKPOINTING: dict[type, bool] = {}
-
-
 def is_checkpointing(journal: object) -> bool:
-    """``isinstance(journal, CheckpointJournal)``, answered once per class (journals declare these methods on
-    their class): on Python 3.11 a runtime-checkable protocol's check walks the protocol's members on every
-    call (~10-20 µs), and every run's runtime, resume and re-run asks it."""
-    cls = type(journal)
-    known = _CHECKPOINTING.get(cls)
-    if known is None:
-        known = _CHECKPOINTING[cls] = isinstance(journal, CheckpointJournal)
-    return known
+    """``isinstance(journal, CheckpointJournal)``, answered once per class (``effectlog.conforms``)."""
+    return conforms(journal, CheckpointJournal)
 
 
 _F = TypeVar("_F", bound=Callable[..., Any])
