@@ -16,14 +16,17 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
 from collections.abc import Callable
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import pytest
 
 from effectlog.adapters.effects import EffectStore
 from effectlog.fleet.sqlite_store import SqliteFleetStore
+from effectlog.journal import sidecars
 from effectlog.journal.sqlite import SqliteJournal
 
 # Another process asks the kernel who holds a write lock's way at byte 128 of the -shm (SQLite's
@@ -60,3 +63,79 @@ def test_opening_a_file_this_process_has_open_keeps_sqlites_lock_on_its_shm(kind
         assert (True, True) == (before, _dms_held(tmp_path / "x.db-shm"))
     finally:
         first.close()
+
+
+_HOLDER = """
+import sys
+from effectlog.adapters.effects import EffectStore
+from effectlog.fleet.sqlite_store import SqliteFleetStore
+from effectlog.journal.sqlite import SqliteJournal
+kinds = {"journal": SqliteJournal, "effect-store": EffectStore, "fleet-store": SqliteFleetStore}
+held = kinds[sys.argv[1]](sys.argv[2])
+print("open", flush=True)
+sys.stdin.readline()
+held.close()
+"""
+
+
+@pytest.mark.parametrize("kind", sorted(OPENERS))
+def test_a_check_in_one_thread_never_drops_the_lock_of_a_file_another_thread_opens_meanwhile(
+    kind: str, tmp_path: Path
+) -> None:
+    """Two threads of one process open the same file at once (two attempts of a fleet runner, each with
+    its effect store; CI's racing runners died of SIGBUS, exit -7). One thread's sidecar check has the
+    -shm open (another process has the file open, so it exists) when the other thread's SQLite opens the
+    file and takes its lock on the -shm; the check's close then dropped that lock.
+
+    Proves: once both opens are done and the other process has closed the file, the second thread's
+    store still holds SQLite's lock on the -shm (the check and a registration are one at a time).
+    """
+    path = tmp_path / "x.db"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", _HOLDER, kind, str(path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    assert holder.stdout is not None
+    assert holder.stdin is not None
+    try:
+        assert "open" == holder.stdout.readline().strip()
+        checking, go = threading.Event(), threading.Event()
+
+        def pause_in_the_shm_read(frame: FrameType, event: str, arg: object) -> None:
+            if (
+                event == "c_call"
+                and frame.f_code is sidecars._database.__code__
+                and str(frame.f_locals.get("path", "")).endswith("-shm")
+                and getattr(arg, "__name__", "") == "read"
+            ):
+                checking.set()
+                go.wait(30)
+
+        def check() -> None:
+            sys.setprofile(pause_in_the_shm_read)
+            try:
+                sidecars.refuse_clash(str(path), kind)
+            finally:
+                sys.setprofile(None)
+
+        opened: list[Any] = []
+        checker = threading.Thread(target=check)
+        opener = threading.Thread(target=lambda: opened.append(OPENERS[kind](path)))
+        checker.start()
+        assert checking.wait(30)  # the check has the -shm open
+        opener.start()
+        opener.join(2)  # done at once if nothing keeps it from opening while the check reads
+        go.set()
+        checker.join(30)
+        opener.join(30)
+        assert [] == [t.name for t in (checker, opener) if t.is_alive()]
+        holder.stdin.write("close\n")
+        holder.stdin.flush()
+        assert 0 == holder.wait(30)
+        try:
+            assert _dms_held(tmp_path / "x.db-shm")
+        finally:
+            opened[0].close()
+    finally:
+        if holder.poll() is None:
+            holder.kill()
+            holder.wait()

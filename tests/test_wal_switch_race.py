@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from effectlog.adapters.effects import EffectStore
-from effectlog.fleet.sqlite_journal import connect
+from effectlog.fleet.sqlite_store import SqliteFleetStore
 from effectlog.journal.sqlite import SqliteJournal
 
 ROUNDS = 60
@@ -33,7 +33,7 @@ def _open_effect_store(path: Path) -> object:
 
 
 def _open_fleet_store(path: Path) -> object:
-    return connect(str(path))
+    return SqliteFleetStore(path)
 
 
 OPENERS = pytest.mark.parametrize(

@@ -22,7 +22,6 @@ from effectlog.chain import Chain
 from effectlog.errors import (
     EffectlogError,
     IntegrityError,
-    JournalAliased,
     JournalLocked,
     JournalUnreadable,
     StorageError,
@@ -33,9 +32,8 @@ from effectlog.fleet import limits
 from effectlog.fleet.fencing import Carry, Checked, Dialect, LeaseFence, batch_identity, check_batch_runs
 from effectlog.fleet.model import Lease
 from effectlog.fold import Record
-from effectlog.journal import filelocks, sidecars
+from effectlog.journal import filelocks
 from effectlog.journal.sqlite import SqliteJournal
-from effectlog.journal.walwatch import switch_to_wal
 
 Durability = Literal["full", "normal"]
 
@@ -81,27 +79,6 @@ def translate(exc: sqlite3.Error, where: str) -> EffectlogError:
     return StorageError(f"{where}: {text}")
 
 
-def connect(path: str, durability: Durability = "full", busy_timeout_s: float = 60.0) -> sqlite3.Connection:
-    """A connection for one process: WAL, ``synchronous=FULL`` unless asked otherwise, long busy timeout."""
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)  # new stores are private to their owner
-        os.close(fd)
-    except FileExistsError:
-        pass
-    except OSError as exc:
-        raise StorageError(f"{path}: cannot create the store ({exc.strerror})") from None
-    try:
-        db = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=busy_timeout_s)
-        db.execute(f"PRAGMA busy_timeout = {int(busy_timeout_s * 1000)}")
-        mode = switch_to_wal(db, busy_timeout_s)
-        if mode != "wal":
-            raise StorageError(f"{path}: could not switch the store to WAL (got {mode})")
-        db.execute(f"PRAGMA synchronous = {'FULL' if durability == 'full' else 'NORMAL'}")
-    except sqlite3.Error as exc:
-        raise translate(exc, path) from None
-    return db
-
-
 class SqliteTx:
     """``effectlog.fleet.sqlstore.Tx`` over a connection inside ``BEGIN IMMEDIATE``; the host's clock."""
 
@@ -140,51 +117,19 @@ class Handle:
     per connection at a time. The journal closes the connection, not the handle.
     """
 
-    def __init__(
-        self,
-        path: str,
-        durability: Durability = "full",
-        busy_timeout_s: float = 60.0,
-        *,
-        db: sqlite3.Connection | None = None,
-    ) -> None:
-        self.where = path
+    def __init__(self, where: str, db: sqlite3.Connection, file: filelocks.SharedFile, busy_timeout_s: float) -> None:
+        self.where = where
         self.busy_timeout_s = busy_timeout_s
-        real = os.path.realpath(path)  # the journal's name for the file: one WAL, one set of locks
-        sidecars.refuse_clash(path, "fleet store")  # before SQLite takes another file for its own
-        filelocks.refuse_inherited(real)  # before SQLite opens it: see filelocks.INHERITED_ADVICE
-        self.shared = db is not None
-        if db is None:
-            db = connect(real, durability, busy_timeout_s)
-            filelocks.opened(db, real)
-        self.db = db
+        self.db = db  # the journal's: it opened the file (sidecar check, registration, WAL) and closes it
+        self.file = file
         self.lock = threading.Lock()
-        # Registered with the journal files of this process, so no descriptor of the file is
-        # closed while this connection holds SQLite's locks on it (effectlog.journal.filelocks).
-        try:
-            self.file: filelocks.SharedFile | None = filelocks.acquire(real)
-        except OSError as exc:
-            if not self.shared:
-                filelocks.may_close(self.db)
-                self.db.close()
-            raise StorageError(f"{path}: cannot open the store ({exc.strerror})") from None
-        other = self.file.other_name(real)
-        if other is not None:
-            self.close()
-            raise JournalAliased(f"{path}: this store file is open under another name ({other}); open it by that name")
-        self.file.use_name(real)
 
     def writing(self) -> AbstractContextManager[None]:
-        assert self.file is not None
         return self.file.gate(self.where, self.busy_timeout_s)
 
     @contextmanager
     def reading(self) -> Iterator[None]:
-        """A read transaction's turn: on a shared connection, this process's writers' turn (not the file's gate)."""
-        if not self.shared:
-            yield
-            return
-        assert self.file is not None
+        """A read transaction's turn: this process's writers' turn on the shared connection (not the file's gate)."""
         turn = self.file.turn
         if not turn.acquire(timeout=self.busy_timeout_s):
             raise JournalLocked(
@@ -194,15 +139,6 @@ class Handle:
             yield
         finally:
             turn.release()
-
-    def close(self) -> None:
-        with self.lock:
-            if not self.shared and filelocks.may_close(self.db):  # never one opened before fork(), in the child
-                with contextlib.suppress(sqlite3.Error):
-                    self.db.close()
-            if self.file is not None:
-                filelocks.release(self.file)
-                self.file = None
 
 
 @contextmanager
@@ -317,8 +253,13 @@ class FleetSqliteJournal(SqliteJournal):
 
     @property
     def connection(self) -> sqlite3.Connection:
-        """The journal's connection, for the store's own transactions (``Handle(db=...)``)."""
+        """The journal's connection (tests look at its rows through it)."""
         return self._db
+
+    def handle(self) -> Handle:
+        """The journal's connection and file, for the store's own transactions (see ``Handle``)."""
+        assert self._file is not None
+        return Handle(self.location, self._db, self._file, self.busy_timeout_s)
 
     def append_fenced(self, events: Sequence[Event], lease: Lease | None, carry: Carry | None = None) -> list[Record]:
         if lease is None:

@@ -21,7 +21,7 @@ from effectlog.fleet import limits, wakeups
 from effectlog.fleet.fencing import Tx
 from effectlog.fleet.leased_journal import LeasedJournal
 from effectlog.fleet.model import Lease
-from effectlog.fleet.sqlite_journal import SQLITE, Durability, FleetSqliteJournal, Handle, SqliteTx, transaction
+from effectlog.fleet.sqlite_journal import SQLITE, Durability, FleetSqliteJournal, SqliteTx, transaction
 from effectlog.fleet.sqlstore import SqlFleetStore, _offer
 
 FLEET_SCHEMA_VERSION = 2
@@ -157,7 +157,7 @@ class SqliteFleetStore(SqlFleetStore):
         self.dialect = SQLITE
         self._watcher: wakeups.Watcher | None = None
         self._journal = FleetSqliteJournal(self.location, chain=chain, durability=durability)  # journal tables first
-        self._handle = Handle(self.location, durability, db=self._journal.connection)  # one connection: see Handle
+        self._handle = self._journal.handle()  # one connection: see Handle
         try:
             with transaction(self._handle) as tx:
                 self._migrate(tx)
@@ -219,7 +219,6 @@ class SqliteFleetStore(SqlFleetStore):
         if self._watcher is not None:
             self._watcher.stop()
             self._watcher = None
-        self._handle.close()
         self._journal.close()
 
     def __enter__(self) -> SqliteFleetStore:

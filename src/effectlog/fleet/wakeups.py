@@ -41,6 +41,7 @@ from typing import Any
 import psycopg
 
 from effectlog.fleet.inotify import Inotify
+from effectlog.journal import filelocks
 
 CHANNEL = "effectlog_fleet"
 NOTIFY = f"NOTIFY {CHANNEL}"
@@ -117,29 +118,23 @@ def watch_sqlite(path: str, wake: Callable[[], None], wanted: Callable[[], bool]
 
     def loop(stopped: threading.Event, listening: threading.Event) -> None:
         # SQLite's own connection: it shares the process's descriptors and locks of the file
-        # (SQLite defers closing a descriptor another connection's lock depends on).
+        # (SQLite defers closing a descriptor another connection's lock depends on). Registered as
+        # effectlog's other connections are (filelocks): no descriptor of the file is closed under it.
         notify = Inotify.open(directory or ".")  # before the first read: no commit after it goes unseen
         try:  # the watch and the pipe's end are closed however this ends (the store may be gone already)
-            db = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=1.0)
+            shared = filelocks.acquire(path, write=False)
             try:
-                seen = _Seen(db, wake)
-                listening.set()
-                if notify is not None:
-                    while notify.wait(stop_r):
-                        changes = notify.read()
-                        if changes.lost:
-                            break  # the watch ended: poll below
-                        if not changes.written(wal):
-                            continue
-                        if not want() and not _until_wanted(notify, want, stopped):
-                            break  # stopped, or the watch ended
-                        if not _follow(notify, seen, wal, stopped):
-                            break  # the watch ended (poll below), or stopped
-                while not stopped.wait(SQLITE_TICK_S):
-                    if want():
-                        seen.check()
+                db = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=1.0)
+                filelocks.opened(db, path)
+                try:
+                    seen = _Seen(db, wake)
+                    listening.set()
+                    _watch_file(notify, seen, wal, want, stopped, stop_r)
+                finally:
+                    if filelocks.may_close(db):
+                        db.close()
             finally:
-                db.close()
+                filelocks.release(shared)  # after the connection: see filelocks
         finally:
             if notify is not None:
                 notify.close()
@@ -155,6 +150,26 @@ def watch_sqlite(path: str, wake: Callable[[], None], wanted: Callable[[], bool]
             os.close(fd)
 
     return Watcher(loop, "effectlog-watch", on_stop)
+
+
+def _watch_file(  # noqa: PLR0917 - the watcher's parts, one call site
+    notify: Inotify | None, seen: _Seen, wal: str, want: Callable[[], bool], stopped: threading.Event, stop_r: int
+) -> None:
+    """Check ``seen`` after each write of the ``-wal`` (inotify), or every ``SQLITE_TICK_S`` without a watch."""
+    if notify is not None:
+        while notify.wait(stop_r):
+            changes = notify.read()
+            if changes.lost:
+                break  # the watch ended: poll below
+            if not changes.written(wal):
+                continue
+            if not want() and not _until_wanted(notify, want, stopped):
+                break  # stopped, or the watch ended
+            if not _follow(notify, seen, wal, stopped):
+                break  # the watch ended (poll below), or stopped
+    while not stopped.wait(SQLITE_TICK_S):
+        if want():
+            seen.check()
 
 
 class _Seen:

@@ -294,6 +294,19 @@ _registry_lock = threading.RLock()
 _files: dict[tuple[int, int], SharedFile] = {}
 
 
+def no_opens() -> threading.RLock:
+    """Held while a look at a file (``open_here``, then a descriptor opened, read and closed) must not
+    meet another thread's open of that file: ``acquire`` registers a file under this lock, before SQLite
+    opens it, and ``release`` forgets it under this lock, after SQLite closed it.
+
+    Checked and read apart, a thread's sidecar check found the file not open here, opened its ``-shm``,
+    another thread's store opened the file meanwhile (SQLite took its lock on the -shm), and the check's
+    close dropped that lock: another process then took the index for unused and truncated it, and the
+    runner holding it mapped died of SIGBUS (two attempts of a runner each opening the effect store).
+    """
+    return _registry_lock
+
+
 def acquire(path: str, *, write: bool = True) -> SharedFile:
     """The shared descriptor of the file at ``path`` (which must exist), one more reference to it.
 

@@ -87,6 +87,11 @@ def refuse_clash(path: str, what: str) -> None:
             f"the {what}'s WAL beside the name it opens, so each place the file is mounted would have a WAL of its "
             "own; mount the directory that holds it instead; nothing was written"
         )
+    with filelocks.no_opens():  # see no_opens: another thread's SQLite must not open the file mid-check
+        _refuse_sidecar_clash(path, what)
+
+
+def _refuse_sidecar_clash(path: str, what: str) -> None:
     for name in dict.fromkeys((path, os.path.realpath(path))):
         if filelocks.open_here(name):
             # Open here already, so checked at that open; and its sidecars are its own now, locked by
