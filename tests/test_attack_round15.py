@@ -118,11 +118,6 @@ def _drive(url: str, effects: Path, where: Path) -> subprocess.Popen[str]:
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a PostgreSQL owner whose claim connection is lost keeps sending; another process takes the run "
-    "over, its lookup says not applied while the first call is in flight, attempt 2 lands, then attempt 1",
-)
 def test_pg_a_lost_claim_connection_lets_another_process_decide_a_run_whose_call_is_still_in_flight(
     tmp_path: Path, pg_url: str
 ) -> None:

@@ -24,6 +24,7 @@ lost while another took the run over.
 
 from __future__ import annotations
 
+import functools
 import os
 import socket
 import time
@@ -48,6 +49,9 @@ class Owner(msgspec.Struct, frozen=True, kw_only=True):
     kind: str = "run"
     since: int = 0  # ns since the epoch, when the claim was taken
     runner: str | None = None
+    # The machine boot and pid namespace the pid is one of (``this_node``; "" where unknown): a host name
+    # alone is shared by containers of one host and by machines named alike, whose pids are not ours.
+    node: str = ""
 
     def describe(self) -> str:
         if self.runner:
@@ -76,8 +80,22 @@ def this_host() -> str:
     return socket.gethostname() or "localhost"
 
 
+@functools.cache
+def this_node() -> str:
+    """This process's boot and pid namespace (Linux: ``/proc``), "" where there is no telling."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as file:
+            boot = file.read().strip()
+        namespace = os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return ""
+    return f"{boot}/{namespace}"
+
+
 def new_owner(kind: str = "run", runner: str | None = None) -> Owner:
-    return Owner(pid=os.getpid(), host=this_host(), kind=kind, since=time.time_ns(), runner=runner)
+    return Owner(
+        pid=os.getpid(), host=this_host(), kind=kind, since=time.time_ns(), runner=runner, node=this_node()
+    )
 
 
 _encoder = msgspec.json.Encoder()
@@ -104,15 +122,44 @@ def plausible(owner: Owner | None) -> Owner | None:
     A new owner's row is written with its first append; until then the row names the
     last owner, and naming a dead process as the one driving the run would mislead.
     """
-    if owner is None or owner.runner or owner.host != this_host():
+    if owner is None or owner.runner:
         return owner
+    return owner if may_still_act(owner) else None
+
+
+def may_still_act(owner: Owner) -> bool:
+    """Whether the owner's process may still be running: ``False`` only when this process can tell it is gone.
+
+    Its pid is looked up only on the same host, boot and pid namespace (``node``); there, a pid now
+    used by a process started after the claim is another process (the owner's ended).
+    """
+    if owner.host != this_host() or (owner.node and owner.node != this_node()):
+        return True  # another machine, boot or namespace: its pids are not this one's to look up
     try:
         os.kill(owner.pid, 0)
     except ProcessLookupError:
-        return None
+        return False
     except PermissionError:
-        return owner  # alive, another user's
-    return owner
+        pass  # alive, another user's
+    started = _started_ns(owner.pid)
+    return started is None or owner.since == 0 or started <= owner.since + _START_SLACK_NS
+
+
+# ``/proc`` gives a process's start in clock ticks after boot and the boot in whole seconds.
+_START_SLACK_NS = 2_000_000_000
+
+
+def _started_ns(pid: int) -> int | None:
+    """When process ``pid`` started, in ns since the epoch (Linux); ``None`` where there is no telling."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as file:
+            fields = file.read().rsplit(b")", 1)[1].split()
+        with open("/proc/stat", "rb") as file:
+            boot = next(int(line.split()[1]) for line in file if line.startswith(b"btime "))
+        ticks = int(fields[19])  # field 22 of the whole line; the first two (pid, name) are before ")"
+    except (OSError, IndexError, ValueError, StopIteration):
+        return None
+    return boot * 1_000_000_000 + ticks * 1_000_000_000 // os.sysconf("SC_CLK_TCK")
 
 
 def describe(owner: Owner | None) -> str:

@@ -39,6 +39,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Protocol, runtime_checkable
@@ -71,18 +72,24 @@ from effectlog.journal.ownership import (
     decode_owner,
     describe,
     encode_owner,
+    may_still_act,
     new_owner,
 )
 from effectlog.journal.postgres_schema import (
+    ADD_ALIVE_UNTIL,
+    END_OWNER,
+    HAS_ALIVE_UNTIL,
     HEAD,
     INSERT,
     LOCK_RUN,
     MIGRATE_LOCK_CLASS,
     MIGRATIONS,
     OWNER_LOCK_CLASS,
+    OWNER_RENEWED,
     OWNER_ROW,
     OWNERS_DDL,
     READ,
+    RENEW_OWNERS,
     RUN_LOCK_CLASS,
     SCHEMA,
     UPSERT_OWNER,
@@ -93,6 +100,9 @@ from effectlog.journal.postgres_schema import (
 )
 from effectlog.journal.protocol import SCHEMA_VERSION
 
+# How long a claim stays live on the owner row after its process last renewed it (a third of this apart),
+# once its session lock is gone: the wait for another host to take over the run of a host that died.
+OWNER_LEASE_S = 15.0
 _MORE_ROWS = ", (%s, %s, %s, %s, %s, %s, %s)"  # INSERT's VALUES list, one more row
 _CHUNK = 1000  # rows per INSERT statement
 _SEEN_MAX = 10_000  # runs whose last seen head a journal keeps (``_fenced_in_one``)
@@ -138,6 +148,7 @@ class PostgresJournal:
         lock_timeout_s: float = 10.0,
         idle_in_transaction_timeout_s: float = 60.0,
         pool_size: int = 4,
+        owner_lease_s: float = OWNER_LEASE_S,
     ) -> None:
         checkpoint.check_setting()
         self.location = redact(url)
@@ -150,6 +161,9 @@ class PostgresJournal:
         self._seen: dict[str, tuple[int, bytes]] = {}  # run -> last head this journal committed (fenced appends)
         self._owner_conn: psycopg.Connection[Any] | None = None  # holds the claims' session locks
         self._pid = os.getpid()  # a child of fork() shares these server sessions: see _refuse_inherited
+        self._owner_lease_s = owner_lease_s
+        self._renewer: threading.Thread | None = None  # renews this process's claims (``_renew``)
+        self._renewing = threading.Event()  # set: the renewer stops
         self._settings = {
             "lock_timeout": f"{int(lock_timeout_s * 1000)}ms",
             "idle_in_transaction_session_timeout": f"{int(idle_in_transaction_timeout_s * 1000)}ms",
@@ -220,6 +234,10 @@ class PostgresJournal:
                 conn.execute("SELECT pg_advisory_xact_lock(%s, 0)", (MIGRATE_LOCK_CLASS,))
                 for sql in OWNERS_DDL:
                     conn.execute(sql)
+        if self.writer and conn.execute(HAS_ALIVE_UNTIL, (f"{SCHEMA}.owners",)).fetchone() is None:
+            with conn.transaction():  # an owners table of an earlier version: its rows are never renewed
+                conn.execute("SELECT pg_advisory_xact_lock(%s, 0)", (MIGRATE_LOCK_CLASS,))
+                conn.execute(ADD_ALIVE_UNTIL)
         if self.writer:
             self._add_checkpoints(conn)
 
@@ -334,8 +352,11 @@ class PostgresJournal:
             try:
                 with self._connection() as pooled, pooled.transaction():
                     pooled.execute(LOCK_RUN, (RUN_LOCK_CLASS, run_id))  # no append of the run is in flight
+                    self._refuse_renewed(pooled, run_id)
                     self._check_binding(pooled, run_id, kind)
-                    row = pooled.execute(UPSERT_OWNER, (run_id, encode_owner(claim.owner))).fetchone()
+                    row = pooled.execute(
+                        UPSERT_OWNER, (run_id, encode_owner(claim.owner), self._owner_lease_s)
+                    ).fetchone()
                     assert row is not None
                     claim.token = int(row[0])
             except BaseException:
@@ -344,7 +365,46 @@ class PostgresJournal:
         except (psycopg.Error, PoolTimeout) as exc:
             raise translate(exc, self.location) from None
         self._claims[run_id] = claim
+        self._start_renewer()
         return claim
+
+    def _refuse_renewed(self, conn: psycopg.Connection[Any], run_id: str) -> None:
+        """``RunOwned`` if the run's last owner still renews its claim and its process may still be running.
+
+        Its session lock is gone (this process could take it), but that lock ends with the connection,
+        not with the process: a server that ended the session (a failover, an idle-session timeout, a
+        firewall that dropped the idle socket during a long tool call) left the owner running, maybe
+        inside a tool call whose effect has not landed yet. Taken over then, the run's step was asked
+        of the tool's lookup ("not applied": the call was still in flight) and sent again: two effects.
+        """
+        row = conn.execute(OWNER_RENEWED, (run_id,)).fetchone()
+        if row is None or not row[2]:
+            return
+        owner = decode_owner(row[1])
+        if owner is not None and not may_still_act(owner):
+            return  # a process of this host that is gone (killed): its claim ended with it
+        raise RunOwned(
+            f"the run is driven by {describe(owner)}, whose connection to the journal ended while its process "
+            f"kept renewing its claim (every {self._owner_lease_s / 3:g}s); nothing was written: run it again once "
+            f"that process has ended or stopped renewing ({self._owner_lease_s:g}s after)",
+            run_id=run_id,
+        )
+
+    def _start_renewer(self) -> None:
+        if self._renewer is None:
+            self._renewer = threading.Thread(target=self._renew, name="effectlog-owner-renewal", daemon=True)
+            self._renewer.start()
+
+    def _renew(self) -> None:
+        """Every third of the lease, push the ``alive_until`` of this process's claims on (a pooled connection,
+        not the claims' own: the renewal must outlive it). A renewal that fails is tried again next time."""
+        every = self._owner_lease_s / 3
+        while not self._renewing.wait(every):
+            held = [(c.run_id, c.token) for c in list(self._claims.values()) if c.token]
+            if not held:
+                continue
+            with contextlib.suppress(psycopg.Error, PoolTimeout), self._pool.connection(timeout=every) as conn:
+                conn.execute(RENEW_OWNERS, (self._owner_lease_s, [r for r, _ in held], [t for _, t in held]))
 
     def release(self, claim: Claim) -> None:
         if claim.released or self._claims.get(claim.run_id) is not claim:
@@ -354,6 +414,9 @@ class PostgresJournal:
         conn = self._owner_conn
         if conn is None or os.getpid() != self._pid:
             return  # in a child of fork(): the session and its lock are the parent's
+        if claim.token:  # no longer renewed, before the lock is let go: the next claim need not wait for it
+            with contextlib.suppress(psycopg.Error, PoolTimeout), self._pool.connection() as pooled:
+                pooled.execute(END_OWNER, (claim.run_id, claim.token))
         try:
             conn.execute("SELECT pg_advisory_unlock(%s, hashtext(%s))", (OWNER_LOCK_CLASS, claim.run_id))
         except psycopg.Error:
@@ -369,7 +432,7 @@ class PostgresJournal:
                 runner = self._lease_holder(conn, run_id) if leases else None
                 if runner is not None:
                     return OwnerStatus(owner=runner[0], live=True, waiting=runner[1])
-                row = conn.execute(OWNER_ROW, (run_id,)).fetchone() if self._has_owners(conn) else None
+                row = conn.execute(OWNER_RENEWED, (run_id,)).fetchone() if self._has_owners(conn) else None
                 if run_id in self._claims:
                     live = True
                 else:
@@ -384,7 +447,10 @@ class PostgresJournal:
                         )
         except (psycopg.Error, PoolTimeout) as exc:
             raise translate(exc, self.location) from None
-        return OwnerStatus(owner=decode_owner(row[1]) if row else None, live=live)
+        owner = decode_owner(row[1]) if row else None
+        if not live and row is not None and row[2]:  # still renewed: see _refuse_renewed
+            live = owner is None or may_still_act(owner)
+        return OwnerStatus(owner=owner, live=live)
 
     def _owner_connection(self) -> psycopg.Connection[Any]:
         conn = self._owner_conn
@@ -446,6 +512,7 @@ class PostgresJournal:
                     row = conn.execute(OWNER_ROW, (run_id,)).fetchone()
                     who = describe(decode_owner(row[1]) if row else None)
                     raise RunOwned(f"the run is driven by {who}; nothing was written", run_id=run_id)
+                self._refuse_renewed(conn, run_id)
                 self._check_binding(conn, run_id, "operator")
                 continue
             row = conn.execute(OWNER_ROW, (run_id,)).fetchone()
@@ -785,6 +852,9 @@ class PostgresJournal:
     def close(self) -> None:
         for claim in list(self._claims.values()):
             self.release(claim)
+        self._renewing.set()
+        if self._renewer is not None and os.getpid() == self._pid:
+            self._renewer.join()
         if os.getpid() != self._pid:
             # Closing would end the parent's sessions (and drop its runs' locks); psycopg does not
             # close a connection it collects in another process than the one that opened it.

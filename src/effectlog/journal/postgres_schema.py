@@ -91,15 +91,40 @@ READ = (
     f"SELECT seq, body, hash, step_id, phase, attempt FROM {SCHEMA}.events WHERE run_id = %s AND seq > %s ORDER BY seq"
 )
 LOCK_RUN = "SELECT pg_advisory_xact_lock(%s, hashtext(%s))"
+# ``alive_until``: the server-clock epoch second until which the owner's process renews its claim
+# (``PostgresJournal``'s renewals, a thread of the owner's process on a pooled connection); 0 once released.
+# The claim's session lock ends with its connection; the process, and a tool call it has in flight, may
+# not: until then nobody else takes the run, unless that process is known to be gone (``may_still_act``).
 OWNERS_DDL: tuple[str, ...] = (
     f"CREATE TABLE IF NOT EXISTS {SCHEMA}.owners"
-    " (run_id TEXT PRIMARY KEY, token BIGINT NOT NULL, holder TEXT NOT NULL)",
+    " (run_id TEXT PRIMARY KEY, token BIGINT NOT NULL, holder TEXT NOT NULL,"
+    " alive_until DOUBLE PRECISION NOT NULL DEFAULT 0)",
 )
+ADD_ALIVE_UNTIL = (
+    f"ALTER TABLE {SCHEMA}.owners ADD COLUMN IF NOT EXISTS alive_until DOUBLE PRECISION NOT NULL DEFAULT 0"
+)
+HAS_ALIVE_UNTIL = (
+    "SELECT 1 FROM pg_catalog.pg_attribute WHERE attrelid = %s::regclass AND attname = 'alive_until'"
+    " AND NOT attisdropped"
+)
+_NOW = "extract(epoch FROM clock_timestamp())::float8"
 UPSERT_OWNER = (
-    f"INSERT INTO {SCHEMA}.owners (run_id, token, holder) VALUES (%s, 1, %s) ON CONFLICT (run_id) "
-    f"DO UPDATE SET token = {SCHEMA}.owners.token + 1, holder = EXCLUDED.holder RETURNING token"
+    f"INSERT INTO {SCHEMA}.owners (run_id, token, holder, alive_until) VALUES (%s, 1, %s, {_NOW} + %s)"
+    f" ON CONFLICT (run_id) DO UPDATE SET token = {SCHEMA}.owners.token + 1, holder = EXCLUDED.holder,"
+    " alive_until = EXCLUDED.alive_until RETURNING token"
 )
 OWNER_ROW = f"SELECT token, holder FROM {SCHEMA}.owners WHERE run_id = %s"
+# The row and whether its owner still renews it; through to_jsonb, so that a reader of a journal no writer
+# of this version has opened yet (no such column) reads it too (never renewed).
+OWNER_RENEWED = (
+    f"SELECT o.token, o.holder, COALESCE((to_jsonb(o) ->> 'alive_until')::float8, 0) > {_NOW}"
+    f" FROM {SCHEMA}.owners o WHERE o.run_id = %s"
+)
+RENEW_OWNERS = (
+    f"UPDATE {SCHEMA}.owners o SET alive_until = {_NOW} + %s FROM unnest(%s::text[], %s::bigint[]) AS c (run_id, token)"
+    " WHERE o.run_id = c.run_id AND o.token = c.token"
+)
+END_OWNER = f"UPDATE {SCHEMA}.owners SET alive_until = 0 WHERE run_id = %s AND token = %s"
 
 
 def redact(url: str) -> str:
