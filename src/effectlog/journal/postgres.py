@@ -41,6 +41,7 @@ import functools
 import os
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Protocol, runtime_checkable
 
@@ -392,18 +393,15 @@ class PostgresJournal:
 
     def _start_renewer(self) -> None:
         if self._renewer is None:
-            self._renewer = threading.Thread(target=self._renew, name="effectlog-owner-renewal", daemon=True)
+            # A weak reference: a journal its user forgot to close is still collected (and its pool closed).
+            target = functools.partial(_renew, weakref.ref(self), self._renewing, self._owner_lease_s)
+            self._renewer = threading.Thread(target=target, name="effectlog-owner-renewal", daemon=True)
             self._renewer.start()
 
-    def _renew(self) -> None:
-        """Every third of the lease, push the ``alive_until`` of this process's claims on (a pooled connection,
-        not the claims' own: the renewal must outlive it). A renewal that fails is tried again next time."""
-        every = self._owner_lease_s / 3
-        while not self._renewing.wait(every):
-            held = [(c.run_id, c.token) for c in list(self._claims.values()) if c.token]
-            if not held:
-                continue
-            with contextlib.suppress(psycopg.Error, PoolTimeout), self._pool.connection(timeout=every) as conn:
+    def _renew_claims(self, timeout_s: float) -> None:
+        held = [(c.run_id, c.token) for c in list(self._claims.values()) if c.token]
+        if held:
+            with contextlib.suppress(psycopg.Error, PoolTimeout), self._pool.connection(timeout=timeout_s) as conn:
                 conn.execute(RENEW_OWNERS, (self._owner_lease_s, [r for r, _ in held], [t for _, t in held]))
 
     def release(self, claim: Claim) -> None:
@@ -872,6 +870,18 @@ class PostgresJournal:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _renew(journal: weakref.ref[PostgresJournal], stop: threading.Event, lease_s: float) -> None:
+    """The renewal thread: every third of the lease, push the ``alive_until`` of the journal's claims on (on a
+    pooled connection, not the claims' own: the renewal must outlive it). One that fails is tried again next
+    time; the thread ends with the journal (closed, or collected)."""
+    while not stop.wait(lease_s / 3):
+        found = journal()
+        if found is None:
+            return
+        found._renew_claims(lease_s / 3)
+        del found
 
 
 def _rows(conn: psycopg.Connection[Any], sql: str, params: tuple[Any, ...]) -> list[tuple[Any, ...]]:
