@@ -103,6 +103,25 @@ def test_an_owner_of_this_host_that_is_gone_is_taken_over_at_once(pg_url: str) -
             journal.release(journal.claim("r1"))
 
 
+def test_an_owner_killed_and_not_yet_reaped_is_taken_over_at_once(pg_url: str) -> None:
+    """Proves: a row renewed 30 s ahead by a child of this process that was SIGKILLed and is not reaped yet
+    (a zombie: its pid still answers) does not hold the run."""
+    _claimed_once(pg_url, "r1")
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    try:
+        me = new_owner()
+        _set_owner(pg_url, "r1", Owner(pid=child.pid, host=this_host(), since=me.since, node=me.node), 30)
+        child.send_signal(signal.SIGKILL)
+        deadline = time.monotonic() + SAFETY_TIMEOUT_S
+        while Path(f"/proc/{child.pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[0] != b"Z":
+            assert time.monotonic() < deadline, "the child never ended"
+            time.sleep(0.01)
+        with PostgresJournal(pg_url) as journal:
+            journal.release(journal.claim("r1"))
+    finally:
+        child.wait()
+
+
 def test_a_released_claim_is_no_longer_renewed(pg_url: str) -> None:
     """Proves: while a claim is held its row is renewed; once released (the process still running), the
     row says so at once and another journal object claims the run."""

@@ -141,7 +141,9 @@ def may_still_act(owner: Owner) -> bool:
         return False
     except PermissionError:
         pass  # alive, another user's
-    started = _started_ns(owner.pid)
+    state, started = _process(owner.pid)
+    if state in (b"Z", b"X"):
+        return False  # killed, not yet reaped by its parent: it runs nothing any more
     return started is None or owner.since == 0 or started <= owner.since + _START_SLACK_NS
 
 
@@ -149,8 +151,9 @@ def may_still_act(owner: Owner) -> bool:
 _START_SLACK_NS = 2_000_000_000
 
 
-def _started_ns(pid: int) -> int | None:
-    """When process ``pid`` started, in ns since the epoch (Linux); ``None`` where there is no telling."""
+def _process(pid: int) -> tuple[bytes, int | None]:
+    """Process ``pid``'s state letter and start, in ns since the epoch (Linux; ``b""`` and ``None`` where
+    there is no telling)."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as file:
             fields = file.read().rsplit(b")", 1)[1].split()
@@ -158,8 +161,8 @@ def _started_ns(pid: int) -> int | None:
             boot = next(int(line.split()[1]) for line in file if line.startswith(b"btime "))
         ticks = int(fields[19])  # field 22 of the whole line; the first two (pid, name) are before ")"
     except (OSError, IndexError, ValueError, StopIteration):
-        return None
-    return boot * 1_000_000_000 + ticks * 1_000_000_000 // os.sysconf("SC_CLK_TCK")
+        return b"", None
+    return fields[0], boot * 1_000_000_000 + ticks * 1_000_000_000 // os.sysconf("SC_CLK_TCK")
 
 
 def describe(owner: Owner | None) -> str:
