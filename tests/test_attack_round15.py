@@ -715,24 +715,23 @@ def test_pg_a_server_stopped_immediately_during_a_call_leaves_the_effect_made_on
     assert 0 == verify.returncode, verify.stderr
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a claim kept for a late call is given up only when the runtime is next used or closed: an idle "
-    "long-lived runtime keeps the run owned after the call ended, and other processes get exit 6",
-)
 @pytest.mark.usefixtures("late_released")
 def test_a_run_kept_for_a_late_call_is_given_up_when_the_call_ends_even_if_the_runtime_is_idle(
     tmp_path: Path,
 ) -> None:
     """A long-lived runtime (an application's) made a call that timed out; the call then ended, and the
-    runtime is not used again for a while (no run, no decision, no close). Proves (when fixed):
-    another process's decision is no longer refused once the call has ended (exit 0), without
-    waiting for this runtime to be used again."""
+    runtime is not used again for a while (no run, no decision, no close). Proves: another process's
+    decision is no longer refused once the call has ended (exit 0), without waiting for this runtime
+    to be used again (a thread that saw the call end gave the run up)."""
     journal, effects = tmp_path / "j.db", tmp_path / "e.db"
     with Runtime(str(journal), effects=effects, adapters=LATE) as rt:
         assert "stopped" == rt.run(_late_plan()).state
         RELEASE.set()
         LATE_CALLS[0].join(SAFETY_TIMEOUT_S)
+        with open_journal(str(journal), writer=False) as reader:  # given up by a thread of its own, shortly
+            deadline = time.monotonic() + SAFETY_TIMEOUT_S
+            while reader.owner("pay-1").live and time.monotonic() < deadline:
+                time.sleep(0.01)
         argv = [sys.executable, "-m", "effectlog", "reconcile", "--journal", str(journal), "--run-id", "pay-1"]
         argv += ["--step", "pay", "--outcome", "applied", "--evidence", "bank statement", "--operator", "ops"]
         decided = subprocess.run(argv, capture_output=True, text=True, env=cli_env(), timeout=SAFETY_TIMEOUT_S)

@@ -17,6 +17,7 @@ attempt (``LeasedJournal.release`` is a no-op): this keeps nothing there (docs/g
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Callable
 
@@ -33,11 +34,22 @@ class LateCalls:
         self._calls: dict[str, list[tuple[Request, threading.Thread]]] = {}
         self._held: dict[str, Claim] = {}  # claims kept until the run's calls end
         self._lock = threading.Lock()
+        # Kept claims are given up one at a time: by the runtime's thread (its next use, its close) or by
+        # the thread that saw a late call end (``_reap_after``), whichever comes first, once.
+        self._reaping = threading.Lock()
 
     def linger(self, request: Request, thread: threading.Thread) -> None:
         """The actor's call of ``request`` timed out and its thread still runs."""
         with self._lock:
             self._calls.setdefault(request.run_id, []).append((request, thread))
+        threading.Thread(target=self._reap_after, args=(thread,), name="effectlog-late-call", daemon=True).start()
+
+    def _reap_after(self, thread: threading.Thread) -> None:
+        """Once the call's thread has ended, give up what it kept: an idle runtime (an application's,
+        not used again for a while) no longer keeps the run from other processes after the call ended."""
+        thread.join()
+        with contextlib.suppress(Exception):  # the journal's own error: the runtime's next use or close retries
+            self.reap()
 
     def running(self, run_id: str) -> list[Request]:
         """The calls of ``run_id`` that timed out and have not ended yet."""
@@ -55,17 +67,19 @@ class LateCalls:
 
     def release(self, claim: Claim) -> None:
         """Give the run up, or keep its claim while a call of it still runs."""
-        if self.running(claim.run_id):
-            self._held[claim.run_id] = claim
-        else:
-            self._release(claim)
+        with self._reaping:
+            if self.running(claim.run_id):
+                self._held[claim.run_id] = claim
+            else:
+                self._release(claim)
 
     def reap(self) -> None:
         """Give up the kept claims whose runs' calls have all ended."""
-        for run_id, claim in list(self._held.items()):
-            if not self.running(run_id):
-                del self._held[run_id]
-                self._release(claim)
+        with self._reaping:
+            for run_id, claim in list(self._held.items()):
+                if not self.running(run_id):
+                    del self._held[run_id]
+                    self._release(claim)
 
     def refuse(self, run_id: str) -> None:
         """``CallStillRunning`` if a timed-out call of ``run_id`` still runs in this process."""
