@@ -565,20 +565,17 @@ def test_a_tool_that_closes_sys_stderr_does_not_end_the_run_after_its_commit(wor
     assert 1 == len(world.sends())
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="not fixed: a tool that closes the journal's descriptors (and asyncio's self-pipe) breaks the "
-    "process under effectlog; needs a check of the journal's descriptors after each in-process tool call",
-)
-def test_a_tool_that_closes_every_descriptor_past_stderr_ends_the_run_in_one_line(world: World) -> None:
+@pytest.mark.parametrize("blocking", [False, True], ids=["in-process", "on-a-thread"])
+def test_a_tool_that_closes_every_descriptor_past_stderr_ends_the_run_in_one_line(world: World, blocking: bool) -> None:
     """An in-process tool (``blocking = False``) calls ``os.closerange(3, 65536)``, as daemonising helpers
     do: it closes the journal's database, WAL and shared-memory descriptors and the event loop's
     self-pipe. The next commit fails ("locking protocol"), the event loop's selector fails with EBADF, and
     ``effectlog run`` ends with three chained tracebacks and exit 1, the step left requested. Nothing is
-    lost or sent twice (the next run finds the step uncertain), but the error contract is broken. Proves
-    (when fixed): one error line naming the step, a documented status (6: the journal can no longer be
-    used by this process), and the next run stops on the step as uncertain without a second send."""
-    world.plan("closerange", idempotent=False, options={"blocking": False})
+    lost or sent twice (the next run finds the step uncertain), but the error contract is broken. The same
+    from a tool on a thread (the loop, asleep meanwhile, must still hear the thread's answer). Proves: one
+    error line naming the step (``descriptors_closed``), a documented status (6: the journal can no longer
+    be used by this process), and the next run stops on the step as uncertain without a second send."""
+    world.plan("closerange", idempotent=False, options={"blocking": blocking})
 
     done = world.run()
     again = world.run()

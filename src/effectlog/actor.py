@@ -23,9 +23,11 @@ import immutables
 import msgspec
 
 from effectlog import events as ev
+from effectlog import loopfork
 from effectlog.adapters.protocol import Receipt, Request, idempotency_key
 from effectlog.canonical import digest
 from effectlog.errors import (
+    DescriptorsClosed,
     IdempotencyConflict,
     LedgerMismatch,
     NotApplied,
@@ -37,7 +39,7 @@ from effectlog.errors import (
     printable,
 )
 from effectlog.fold import DONE_STATES, StepState, apply, apply_receipt
-from effectlog.journal import checkpoint, load_closed, resume_point
+from effectlog.journal import checkpoint, filelocks, load_closed, resume_point
 from effectlog.journal.frontier import Tracker, is_done
 from effectlog.observe import run_observer
 from effectlog.outcome import (
@@ -480,17 +482,23 @@ class RunActor:
                 timeout_s=decl.timeout_s,
             )
             try:
-                if inline and self.obs is None:
-                    receipt = self._call_inline(adapter, request)
-                else:
-                    sent = self._call(adapter, request, decl.timeout_s)
-                    receipt = await (
-                        sent
-                        if self.obs is None
-                        else self.obs.tool(
-                            sent, step_id=sid, attempt=step.attempt, adapter=decl.adapter, key=step.idempotency_key
+                try:
+                    if inline and self.obs is None:
+                        receipt = self._call_inline(adapter, request)
+                    else:
+                        sent = self._call(adapter, request, decl.timeout_s)
+                        receipt = await (
+                            sent
+                            if self.obs is None
+                            else self.obs.tool(
+                                sent, step_id=sid, attempt=step.attempt, adapter=decl.adapter, key=step.idempotency_key
+                            )
                         )
-                    )
+                finally:
+                    if filelocks.descriptors_closed():  # whatever the tool answered: see _descriptors_closed
+                        raise self._descriptors_closed(sid)
+            except DescriptorsClosed:
+                raise
             except StoreWalLost:
                 # effectlog's own effect store refused the commit (rolled back): no outcome of the tool's.
                 # The run stops as on a journal fault (exit 6), open: a resume sends the same key again.
@@ -546,6 +554,21 @@ class RunActor:
             if self.rt.crash_hook is not None:
                 self._crash_point("after_confirm", sid)
             return None
+
+    def _descriptors_closed(self, sid: str) -> DescriptorsClosed:
+        """The tool closed descriptors of this process's effectlog files (``os.closerange``, as daemonising
+        helpers do): SQLite's went too, and their numbers may be other files' by now, so nothing more is
+        written (its outcome is not recorded: the next run finds the step requested, hence uncertain, or
+        resends its key) and those files are left unclosed; the event loop gets new descriptors of its own
+        so that the run ends with this error, not with the loop's EBADF."""
+        loopfork.replace_closed(asyncio.get_running_loop())
+        return DescriptorsClosed(
+            f"step {sid!r}: its tool closed descriptors of this process that effectlog's files use (the "
+            "journal's, and SQLite's with them); nothing more is written by this process, and what the tool did "
+            "is not recorded: run it again (the step is then found uncertain, or resent under its key)",
+            run_id=self.plan.run_id,
+            step_id=sid,
+        )
 
     async def _interrupted_in_tool(self, decl: StepDecl, attempt: int, reason: str, *, idempotent: bool) -> RunOutcome:
         """A ``KeyboardInterrupt`` inside the tool: its outcome is unknown and nothing more is sent.
@@ -665,6 +688,7 @@ async def _in_thread(
 
     thread = threading.Thread(target=target, name=f"effectlog-{request.step_id}", daemon=True)
     thread.start()
+    unwatch = loopfork.watch_closed(loop)  # a tool that closes the loop's descriptors must not hang it
     try:
         if timeout is None:
             return await future
@@ -680,6 +704,8 @@ async def _in_thread(
         if linger is not None and not answered and thread.is_alive():
             linger(request, thread)
         raise
+    finally:
+        unwatch()
 
 
 _SIGINT, _SIGTERM = int(signal.SIGINT), int(signal.SIGTERM)

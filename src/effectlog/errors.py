@@ -438,6 +438,15 @@ class JournalWalLost(JournalLocked):
     code = "journal_wal_lost"
 
 
+class DescriptorsClosed(JournalLocked):
+    """A tool closed descriptors of this process that effectlog's open files use (``os.closerange``, as
+    daemonising helpers do): SQLite's connections can no longer be trusted (their descriptor numbers
+    may name other files by now), so nothing more is written or closed through them by this process
+    (exit 6); the next run finds the step as the journal left it."""
+
+    code = "descriptors_closed"
+
+
 # -- branch leftovers (round-4 leftovers) ----------------------------------------------
 
 

@@ -19,15 +19,23 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import signal
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 _LOOPS: weakref.WeakSet[asyncio.AbstractEventLoop] = weakref.WeakSet()
 
 
+# Each tracked loop's epoll instance, as (st_dev, st_ino): a number something else closed and reused is not it.
+_SELECTORS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, tuple[int, int] | None] = weakref.WeakKeyDictionary()
+
+
 def track(loop: asyncio.AbstractEventLoop) -> None:
     """Remember ``loop`` as one of effectlog's: a forked child detaches it from the parent's."""
     _LOOPS.add(loop)
+    selector = getattr(loop, "_selector", None)
+    _SELECTORS[loop] = _identity(selector.fileno()) if selector is not None else None
 
 
 def _detach(loop: Any) -> None:
@@ -41,6 +49,67 @@ def _detach(loop: Any) -> None:
     # sockets; then a new pair, registered in the new selector.
     loop._close_self_pipe()
     loop._make_self_pipe()
+
+
+# Selectors whose descriptor something else closed (``replace_closed``): kept here, never closed, so
+# that no close (nor a garbage collection) closes a number another file may have by now.
+_ABANDONED: list[Any] = []
+
+
+def replace_closed(loop: Any) -> None:
+    """Give ``loop`` (the running one) a new epoll instance and self-pipe when a tool closed its descriptors
+    (``os.closerange``): its next wait failed with EBADF, and the run ended in chained tracebacks instead
+    of its error. The old ones are left unclosed: their numbers may be other files' by now."""
+    selector = getattr(loop, "_selector", None)
+    if selector is None or loop.is_closed():
+        return
+    found, known = _identity(selector.fileno()), _SELECTORS.get(loop)
+    if found is not None and (known is None or found == known):
+        return
+    _ABANDONED.append(selector)
+    loop._selector = type(selector)()
+    if loop in _SELECTORS:
+        _SELECTORS[loop] = _identity(loop._selector.fileno())
+    old_csock = loop._csock.fileno() if loop._csock is not None else -1
+    for sock in (loop._ssock, loop._csock):
+        if sock is not None:
+            sock.detach()  # the socket object forgets its number without closing it
+    loop._ssock = loop._csock = None
+    loop._internal_fds -= 1
+    loop._make_self_pipe()
+    with contextlib.suppress(ValueError):  # not the main thread: signals wake no loop of this thread's
+        previous = signal.set_wakeup_fd(-1)  # the loop's old self-pipe, when it handles signals
+        signal.set_wakeup_fd(loop._csock.fileno() if previous == old_csock >= 0 else previous)
+
+
+def watch_closed(loop: Any, every_s: float = 0.5) -> Callable[[], None]:
+    """While a tool runs on a thread, look at ``loop``'s descriptors every ``every_s`` on its own thread
+    (``replace_closed``); returns the call that stops it. A tool on a thread that closed them left the
+    loop asleep on an epoll instance nothing could wake: the thread's answer was queued, but its write
+    to the closed self-pipe failed, and the run hung for ever. Asleep at most ``every_s`` now, the loop
+    finds the answer queued, with a selector of its own for its next wait."""
+    handle: asyncio.TimerHandle | None = None
+
+    def tick() -> None:
+        nonlocal handle
+        replace_closed(loop)
+        handle = loop.call_later(every_s, tick)
+
+    handle = loop.call_later(every_s, tick)
+
+    def stop() -> None:
+        if handle is not None:
+            handle.cancel()
+
+    return stop
+
+
+def _identity(fd: int) -> tuple[int, int] | None:
+    try:
+        st = os.fstat(fd)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino)
 
 
 def _after_fork_in_child() -> None:

@@ -175,8 +175,10 @@ class Trace:
             # O_NONBLOCK: a FIFO with no reader fails here (and is refused below) instead of blocking
             flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NONBLOCK
             self._fd = _regular(os.open(self.path, flags, 0o666), self.path)
+            st = os.fstat(self._fd)
         except OSError as exc:
             raise BadInput(f"{self.path}: cannot open the trace file ({exc.strerror})") from None
+        self._key = (st.st_dev, st.st_ino)
         logger = _AppendFile(self.path, self._fd, prev, key or None)
         self._log = structlog.wrap_logger(logger, processors=[_untraced_dropped])
 
@@ -217,7 +219,10 @@ class Trace:
     def close(self) -> None:
         if self._fd >= 0:
             fd, self._fd = self._fd, -1
-            os.close(fd)
+            with contextlib.suppress(OSError):
+                st = os.fstat(fd)
+                if (st.st_dev, st.st_ino) == self._key:  # not a number something else closed and reused
+                    os.close(fd)
 
 
 def verify_trace(path: str | os.PathLike[str], *, key: bytes | None = None) -> tuple[int, int | None, str]:

@@ -115,6 +115,7 @@ class SharedFile:
         self.turn = threading.Lock()  # this process's writers of the file (OFD locks of one descriptor do not exclude)
         self.inherited = False  # in a child of fork(): the parent's description, not this one's (_forget_inherited)
         self.wal_fd = -1  # the -wal file's descriptor holding this file's mark (``_mark_wal``), -1 if none
+        self.wal_key: tuple[int, int] | None = None  # that -wal file's (st_dev, st_ino)
 
     @contextmanager
     def gate(self, where: str, timeout_s: float) -> Iterator[None]:
@@ -343,7 +344,7 @@ def acquire(path: str, *, write: bool = True) -> SharedFile:
                     fd = -1
                     raise
                 shared = _files[key] = SharedFile(key, fd, writable=write)
-                shared.wal_fd = wal_fd
+                shared.wal_fd, shared.wal_key = wal_fd, _identity(wal_fd)
                 # The name's byte before IN_USE, for earlier versions' check (see IN_USE): a process
                 # they see holding IN_USE holds its name's byte already.
                 _ofd(fd, fcntl.F_OFD_SETLK, fcntl.F_RDLCK, name_slot(path))
@@ -352,6 +353,7 @@ def acquire(path: str, *, write: bool = True) -> SharedFile:
             elif write and not shared.writable:
                 if shared.wal_fd < 0:  # a reader found no WAL there: the writer makes it and marks it
                     shared.wal_fd = _mark_wal(path, key, create=True)
+                    shared.wal_key = _identity(shared.wal_fd)
                 _spare.setdefault(key, []).append(shared.fd)  # keeps its IN_USE lock until the file is closed
                 shared.fd, shared.writable, fd = fd, True, -1
                 _ofd(shared.fd, fcntl.F_OFD_SETLK, fcntl.F_RDLCK, IN_USE)
@@ -430,7 +432,10 @@ def name_moved(path: str, key: tuple[int, int]) -> bool:
 
 
 def release(shared: SharedFile) -> None:
-    """One reference less; the descriptors close once no journal object of this process uses the file."""
+    """One reference less; the descriptors close once no journal object of this process uses the file.
+
+    A descriptor is closed only while it is still this file's: one that something else in the process
+    closed (``os.closerange`` in a tool) may have its number reused by another file by now."""
     with _registry_lock:
         shared.refs -= 1
         if shared.refs > 0:
@@ -439,9 +444,39 @@ def release(shared: SharedFile) -> None:
             return  # the parent's descriptors: closing one would drop this process's POSIX locks (SQLite's)
         _files.pop(shared.key, None)
         for fd in [shared.fd, *_spare.pop(shared.key, [])]:
-            os.close(fd)
-        if shared.wal_fd >= 0:
+            if _identity(fd) == shared.key:
+                os.close(fd)
+        if shared.wal_fd >= 0 and _identity(shared.wal_fd) == shared.wal_key:
             os.close(shared.wal_fd)
+
+
+def _identity(fd: int) -> tuple[int, int] | None:
+    """The (st_dev, st_ino) of the file open at ``fd``; ``None`` if nothing is (or ``fd`` is -1)."""
+    if fd < 0:
+        return None
+    try:
+        st = os.fstat(fd)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino)
+
+
+def descriptors_closed() -> bool:
+    """Whether something in this process closed the descriptor of a file effectlog has open here (a tool
+    calling ``os.closerange``): SQLite's descriptors of it went too, or will be found elsewhere. Then
+    every SQLite connection open here to such a file is left unclosed (``may_close``): its close would
+    close descriptor numbers that may belong to other files by now."""
+    with _registry_lock:
+        broken = [key for key, shared in _files.items() if not shared.inherited and _identity(shared.fd) != key]
+        if broken:
+            _abandoned_keys.update(broken)
+        return bool(broken)
+
+
+# Files whose descriptors something else closed (``descriptors_closed``), and the connections to them
+# left unclosed: kept referenced here, so that no garbage collection closes them either.
+_abandoned_keys: set[tuple[int, int]] = set()
+_abandoned: list[Any] = []
 
 
 # Files this process's parent (or an earlier ancestor) had open when it forked this process. SQLite
@@ -500,8 +535,12 @@ def opened(connection: Any, path: str) -> None:
 
 def may_close(connection: Any) -> bool:
     """Forget a connection its owner is closing; ``False`` if it came with a fork: then it must not be
-    closed (SQLite's close in the child would act on the parent's lock records, see ``_forget_inherited``)."""
-    _connections.pop(id(connection), None)
+    closed (SQLite's close in the child would act on the parent's lock records, see ``_forget_inherited``);
+    ``False`` also for a connection to a file whose descriptors something else closed (``descriptors_closed``)."""
+    found = _connections.pop(id(connection), None)
+    if found is not None and found[1] in _abandoned_keys:
+        _abandoned.append(connection)
+        return False
     return id(connection) not in _inherited_connections
 
 
