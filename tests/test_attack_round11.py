@@ -744,3 +744,44 @@ def test_args_that_differ_in_key_order_are_one_call_and_in_type_or_normalisation
 
     expected = {"order": "replayed", "int-float": "divergence", "bool-int": "divergence", "zero": "divergence"}
     assert ({**expected, "nfc-nfd": "divergence"}, 5) == (seen, len(calls))
+
+
+DURABLE_CLOSERANGE = """
+import os, sys
+from pathlib import Path
+from effectlog import durable
+from effectlog.errors import EffectlogError
+
+calls = Path(sys.argv[2])
+
+
+@durable.tool(idempotent=False)
+def daemonise() -> str:
+    with calls.open("a") as f:
+        f.write("call\\n")
+    os.closerange(3, 65536)
+    return "done"
+
+
+try:
+    with durable.run("r", journal=sys.argv[1]):
+        daemonise()
+except EffectlogError as exc:
+    print(exc.code, exc.step_id, flush=True)
+    sys.exit(int(exc.exit_status))
+print("completed")
+"""
+
+
+def test_a_durable_tool_that_closes_every_descriptor_past_stderr_is_never_recorded_nor_repeated(
+    tmp_path: Path,
+) -> None:
+    """A ``@durable.tool`` (a session's tool path, not a plan's) calls ``os.closerange(3, 65536)``. Proves: the
+    block ends with ``descriptors_closed`` (exit 6) naming the step, and the next pass finds the step
+    uncertain (exit 3) without calling the tool again: one call."""
+    argv = [sys.executable, "-c", DURABLE_CLOSERANGE, str(tmp_path / "j.db"), str(tmp_path / "calls")]
+    first = subprocess.run(argv, capture_output=True, text=True, env=cli_env(), timeout=SAFETY_TIMEOUT_S)
+    again = subprocess.run(argv, capture_output=True, text=True, env=cli_env(), timeout=SAFETY_TIMEOUT_S)
+    assert (6, "descriptors_closed") == (first.returncode, first.stdout.split(" ")[0]), first.stderr
+    assert "Traceback" not in first.stderr, first.stderr
+    assert (3, 1) == (again.returncode, (tmp_path / "calls").read_text().count("call")), again.stderr

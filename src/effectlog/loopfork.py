@@ -61,7 +61,7 @@ def replace_closed(loop: Any) -> None:
     (``os.closerange``): its next wait failed with EBADF, and the run ended in chained tracebacks instead
     of its error. The old ones are left unclosed: their numbers may be other files' by now."""
     selector = getattr(loop, "_selector", None)
-    if selector is None or loop.is_closed():
+    if selector is None or loop.is_closed():  # no loop (None), or not a selector loop
         return
     found, known = _identity(selector.fileno()), _SELECTORS.get(loop)
     if found is not None and (known is None or found == known):
@@ -87,7 +87,10 @@ def watch_closed(loop: Any, every_s: float = 0.5) -> Callable[[], None]:
     (``replace_closed``); returns the call that stops it. A tool on a thread that closed them left the
     loop asleep on an epoll instance nothing could wake: the thread's answer was queued, but its write
     to the closed self-pipe failed, and the run hung for ever. Asleep at most ``every_s`` now, the loop
-    finds the answer queued, with a selector of its own for its next wait."""
+    finds the answer queued, with a selector of its own for its next wait. No loop (``None``: a
+    coroutine driven by hand, as ``durable`` does): nothing to watch."""
+    if loop is None:
+        return _nothing
     handle: asyncio.TimerHandle | None = None
 
     def tick() -> None:
@@ -102,6 +105,10 @@ def watch_closed(loop: Any, every_s: float = 0.5) -> Callable[[], None]:
             handle.cancel()
 
     return stop
+
+
+def _nothing() -> None:
+    pass
 
 
 def _identity(fd: int) -> tuple[int, int] | None:

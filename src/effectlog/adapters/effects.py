@@ -341,6 +341,7 @@ class _LedgerBacked:
     """An adapter over the effect store; ``lookup`` inspects the ledger for reconciliation."""
 
     blocking = True
+    keeps_descriptors = True  # closes none it did not open (effectlog.toolguard)
 
     def __init__(self, store: EffectStore) -> None:
         self.store = store

@@ -34,6 +34,7 @@ class ShellTimeout(TimeoutError):
 
 class ShellAdapter:
     blocking = True
+    keeps_descriptors = True  # its command runs in a child process, whose closes are its own
     # It enforces timeout_s itself and kills the process group; the runtime waits this much
     # longer so the kill is done before the run records "outcome unknown" (and maybe exits).
     timeout_grace_s = 5.0

@@ -116,6 +116,7 @@ class SharedFile:
         self.inherited = False  # in a child of fork(): the parent's description, not this one's (_forget_inherited)
         self.wal_fd = -1  # the -wal file's descriptor holding this file's mark (``_mark_wal``), -1 if none
         self.wal_key: tuple[int, int] | None = None  # that -wal file's (st_dev, st_ino)
+        self.lost = False  # something else closed ``fd`` (``descriptors_closed``): no lock is asked through it
 
     @contextmanager
     def gate(self, where: str, timeout_s: float) -> Iterator[None]:
@@ -251,6 +252,8 @@ class SharedFile:
     def _release_slot(self, run_id: str) -> None:
         if self.inherited:
             return  # the parent's lock on the shared description: closing a journal in the child keeps it
+        if self.lost:
+            return  # its description was closed, and its locks with it; the number may be another file's
         byte = slot(run_id)
         if any(slot(other) == byte for other in [*self.held, *self.passing]):
             return  # another run of this process shares the byte: keep it locked
@@ -466,11 +469,13 @@ def descriptors_closed() -> bool:
     calling ``os.closerange``): SQLite's descriptors of it went too, or will be found elsewhere. Then
     every SQLite connection open here to such a file is left unclosed (``may_close``): its close would
     close descriptor numbers that may belong to other files by now."""
-    with _registry_lock:
-        broken = [key for key, shared in _files.items() if not shared.inherited and _identity(shared.fd) != key]
-        if broken:
-            _abandoned_keys.update(broken)
-        return bool(broken)
+    broken = [shared for key, shared in tuple(_files.items()) if not shared.inherited and _identity(shared.fd) != key]
+    if broken:
+        with _registry_lock:
+            for shared in broken:
+                shared.lost = True
+                _abandoned_keys.add(shared.key)
+    return bool(broken)
 
 
 # Files whose descriptors something else closed (``descriptors_closed``), and the connections to them

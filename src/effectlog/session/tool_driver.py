@@ -12,8 +12,17 @@ import contextvars
 from typing import TYPE_CHECKING, Any
 
 from effectlog import events as ev
+from effectlog import loopfork, toolguard
 from effectlog.adapters.protocol import idempotency_key
-from effectlog.errors import BadInput, NotApplied, UncertainEffect, UnusableResult, describe, printable
+from effectlog.errors import (
+    BadInput,
+    DescriptorsClosed,
+    NotApplied,
+    UncertainEffect,
+    UnusableResult,
+    describe,
+    printable,
+)
 from effectlog.fold import StepState
 from effectlog.plan import own_copy
 from effectlog.recordable import as_recorded
@@ -199,14 +208,19 @@ class ToolDriver:
                     call, step_id=sid, attempt=step.attempt, adapter=self.info.name, key=step.idempotency_key
                 )
             token = CALLING.set(s)
+            unwatch = loopfork.watch_closed(asyncio._get_running_loop())  # a sync tool runs on a thread
             try:
                 value = await call
             finally:
+                unwatch()
                 CALLING.reset(token)
+                toolguard.refuse_closed(s.run_id, sid)  # whatever the tool answered (see toolguard)
             value, problem = as_recorded(value, f"the result of tool {self.info.name!r}")  # read once
             if problem is not None:
                 # The effect may have happened and its answer cannot be kept: an unknown outcome.
                 raise UnusableResult(f"the tool's result cannot be recorded: {problem}")
+        except DescriptorsClosed:
+            raise  # nothing of the step may be recorded through this process's files
         except NotApplied as exc:
             reason = self._redact(printable(exc.reason))
             s._record((ev.StepFailed, {"step_id": sid, "attempt": step.attempt, "reason": reason, "applied": False}))
