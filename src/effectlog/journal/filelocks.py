@@ -469,12 +469,11 @@ def descriptors_closed() -> bool:
     calling ``os.closerange``): SQLite's descriptors of it went too, or will be found elsewhere. Then
     every SQLite connection open here to such a file is left unclosed (``may_close``): its close would
     close descriptor numbers that may belong to other files by now."""
-    broken = [shared for key, shared in tuple(_files.items()) if not shared.inherited and _identity(shared.fd) != key]
-    if broken:
-        with _registry_lock:
-            for shared in broken:
-                shared.lost = True
-                _abandoned_keys.add(shared.key)
+    with _registry_lock:  # not while another thread releases a file: its close is no one else's
+        broken = [shared for key, shared in _files.items() if not shared.inherited and _identity(shared.fd) != key]
+        for shared in broken:
+            shared.lost = True
+            _abandoned_keys.add(shared.key)
     return bool(broken)
 
 
