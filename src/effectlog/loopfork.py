@@ -24,6 +24,8 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
+from effectlog.journal.filelocks import identity
+
 _LOOPS: weakref.WeakSet[asyncio.AbstractEventLoop] = weakref.WeakSet()
 
 
@@ -35,7 +37,7 @@ def track(loop: asyncio.AbstractEventLoop) -> None:
     """Remember ``loop`` as one of effectlog's: a forked child detaches it from the parent's."""
     _LOOPS.add(loop)
     selector = getattr(loop, "_selector", None)
-    _SELECTORS[loop] = _identity(selector.fileno()) if selector is not None else None
+    _SELECTORS[loop] = identity(selector.fileno()) if selector is not None else None
 
 
 def _detach(loop: Any) -> None:
@@ -63,13 +65,13 @@ def replace_closed(loop: Any) -> None:
     selector = getattr(loop, "_selector", None)
     if selector is None or loop.is_closed():  # no loop (None), or not a selector loop
         return
-    found, known = _identity(selector.fileno()), _SELECTORS.get(loop)
+    found, known = identity(selector.fileno()), _SELECTORS.get(loop)
     if found is not None and (known is None or found == known):
         return
     _ABANDONED.append(selector)
     loop._selector = type(selector)()
     if loop in _SELECTORS:
-        _SELECTORS[loop] = _identity(loop._selector.fileno())
+        _SELECTORS[loop] = identity(loop._selector.fileno())
     old_csock = loop._csock.fileno() if loop._csock is not None else -1
     for sock in (loop._ssock, loop._csock):
         if sock is not None:
@@ -109,14 +111,6 @@ def watch_closed(loop: Any, every_s: float = 0.5) -> Callable[[], None]:
 
 def _nothing() -> None:
     pass
-
-
-def _identity(fd: int) -> tuple[int, int] | None:
-    try:
-        st = os.fstat(fd)
-    except OSError:
-        return None
-    return (st.st_dev, st.st_ino)
 
 
 def _after_fork_in_child() -> None:

@@ -347,7 +347,7 @@ def acquire(path: str, *, write: bool = True) -> SharedFile:
                     fd = -1
                     raise
                 shared = _files[key] = SharedFile(key, fd, writable=write)
-                shared.wal_fd, shared.wal_key = wal_fd, _identity(wal_fd)
+                shared.wal_fd, shared.wal_key = wal_fd, identity(wal_fd)
                 # The name's byte before IN_USE, for earlier versions' check (see IN_USE): a process
                 # they see holding IN_USE holds its name's byte already.
                 _ofd(fd, fcntl.F_OFD_SETLK, fcntl.F_RDLCK, name_slot(path))
@@ -356,7 +356,7 @@ def acquire(path: str, *, write: bool = True) -> SharedFile:
             elif write and not shared.writable:
                 if shared.wal_fd < 0:  # a reader found no WAL there: the writer makes it and marks it
                     shared.wal_fd = _mark_wal(path, key, create=True)
-                    shared.wal_key = _identity(shared.wal_fd)
+                    shared.wal_key = identity(shared.wal_fd)
                 _spare.setdefault(key, []).append(shared.fd)  # keeps its IN_USE lock until the file is closed
                 shared.fd, shared.writable, fd = fd, True, -1
                 _ofd(shared.fd, fcntl.F_OFD_SETLK, fcntl.F_RDLCK, IN_USE)
@@ -447,13 +447,13 @@ def release(shared: SharedFile) -> None:
             return  # the parent's descriptors: closing one would drop this process's POSIX locks (SQLite's)
         _files.pop(shared.key, None)
         for fd in [shared.fd, *_spare.pop(shared.key, [])]:
-            if _identity(fd) == shared.key:
+            if identity(fd) == shared.key:
                 os.close(fd)
-        if shared.wal_fd >= 0 and _identity(shared.wal_fd) == shared.wal_key:
+        if shared.wal_fd >= 0 and identity(shared.wal_fd) == shared.wal_key:
             os.close(shared.wal_fd)
 
 
-def _identity(fd: int) -> tuple[int, int] | None:
+def identity(fd: int) -> tuple[int, int] | None:
     """The (st_dev, st_ino) of the file open at ``fd``; ``None`` if nothing is (or ``fd`` is -1)."""
     if fd < 0:
         return None
@@ -470,7 +470,7 @@ def descriptors_closed() -> bool:
     every SQLite connection open here to such a file is left unclosed (``may_close``): its close would
     close descriptor numbers that may belong to other files by now."""
     with _registry_lock:  # not while another thread releases a file: its close is no one else's
-        broken = [shared for key, shared in _files.items() if not shared.inherited and _identity(shared.fd) != key]
+        broken = [shared for key, shared in _files.items() if not shared.inherited and identity(shared.fd) != key]
         for shared in broken:
             shared.lost = True
             _abandoned_keys.add(shared.key)
