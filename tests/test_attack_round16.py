@@ -231,3 +231,68 @@ def test_a_runtime_given_a_database_it_has_open_as_its_trace_refuses_it(what: st
     finally:
         store.close()
         journal.close()
+
+
+@pytest.mark.parametrize("name", ["j.db", "./j.db", "sub/../j.db", "link.db"])
+def test_an_effect_store_opened_on_the_journal_file_is_refused_and_keeps_the_journals_locks(
+    name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The journal and the effect store given as one file under different names (``--journal j.db
+    --effects ./j.db``, a symlink), through the API, where no CLI check runs first. The store's open
+    goes through the journal's shared descriptor: nothing is closed under the journal's connection.
+
+    Proves (regression; nothing found): the store is refused (bad input, nothing written to the file) and
+    SQLite's SHARED lock on the journal file and DMS lock on its -shm are still held.
+    """
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "link.db").symlink_to("j.db")
+    journal = SqliteJournal(tmp_path / "j.db")
+    try:
+        tables = journal._db.execute("SELECT count(*) FROM sqlite_master").fetchone()
+        with pytest.raises(BadInput, match="not an effect store"):
+            EffectStore(name)
+        after = journal._db.execute("SELECT count(*) FROM sqlite_master").fetchone()
+        assert (tables, True, True) == (after, _shared_held(tmp_path / "j.db"), _dms_held(tmp_path / "j.db-shm"))
+    finally:
+        journal.close()
+
+
+@pytest.mark.parametrize("kind", sorted(OPENERS))
+def test_threads_opening_and_closing_one_file_at_once_keep_sqlites_locks(kind: str, tmp_path: Path) -> None:
+    """Four threads each open and close the same file over and over (a fleet runner's attempts, each with
+    its store), racing the last close of one against the open of another; meanwhile every few rounds one
+    thread keeps its object open across the others' closes.
+
+    Proves (regression; nothing found): after the storm, an object still open holds SQLite's SHARED lock
+    on the file and its DMS lock on the -shm, and every open succeeded.
+    """
+    path = tmp_path / "x.db"
+    OPENERS[kind](path).close()  # made once: the creation race has its own test above
+    kept: list[Any] = []
+    errors: list[BaseException] = []
+    start = threading.Barrier(4)
+
+    def churn(n: int) -> None:
+        start.wait()
+        try:
+            for round_no in range(25):
+                held = OPENERS[kind](path)
+                if n == 0 and round_no == 24:
+                    kept.append(held)
+                else:
+                    held.close()
+        except BaseException as exc:  # reported by the assert below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=churn, args=(n,)) for n in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    try:
+        assert ([], 1) == (errors, len(kept))
+        assert (True, True) == (_shared_held(path), _dms_held(tmp_path / "x.db-shm"))
+    finally:
+        for held in kept:
+            held.close()
