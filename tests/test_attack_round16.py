@@ -296,3 +296,24 @@ def test_threads_opening_and_closing_one_file_at_once_keep_sqlites_locks(kind: s
     finally:
         for held in kept:
             held.close()
+
+
+@pytest.mark.parametrize("sidecar", ["-shm", "-wal"])
+def test_a_runtime_given_its_journals_sidecar_as_the_trace_refuses_it(sidecar: str, tmp_path: Path) -> None:
+    """``Runtime(journal, trace="j.db-shm")`` (a tab completion one step too far; the CLI's ``--trace``
+    check refuses these names, the API did not): the trace read the -shm's last line and closed it,
+    dropping the DMS lock of the journal's SQLite on it, and kept a descriptor to append JSON lines into
+    SQLite's shared-memory index or WAL.
+
+    Proves: the trace is refused (bad input naming the file), the sidecar keeps its size, and SQLite's DMS
+    lock on the -shm is still held.
+    """
+    journal = SqliteJournal(tmp_path / "j.db")
+    target = tmp_path / f"j.db{sidecar}"
+    try:
+        size, before = target.stat().st_size, _dms_held(tmp_path / "j.db-shm")
+        with pytest.raises(BadInput, match=re.escape(target.name)):
+            Runtime(journal, trace=str(target))
+        assert (size, True, True) == (target.stat().st_size, before, _dms_held(tmp_path / "j.db-shm"))
+    finally:
+        journal.close()
