@@ -195,20 +195,23 @@ def test_a_console_version_read_beside_a_journal_open_keeps_sqlites_lock_on_its_
         reader.close()
 
 
-def test_a_runtime_given_its_journal_as_the_plan_refuses_it_and_keeps_the_journals_locks(tmp_path: Path) -> None:
+@pytest.mark.parametrize("name", ["j.db", "j.db-shm"])
+def test_a_runtime_given_its_journal_as_the_plan_refuses_it_and_keeps_the_journals_locks(
+    name: str, tmp_path: Path
+) -> None:
     """A tired operator passes the journal's path where the plan goes (``runtime.run("j.db")``). The plan
     reader opened the journal file, read it, closed it (dropping the runtime's SQLite locks on it), then
     said it is no plan; the runtime went on with the next plan with no lock on its journal.
 
-    Proves: the plan is refused (bad input, naming the file) and SQLite's SHARED lock on the journal file
-    is held before and after.
+    Proves: the plan (the journal file, or its -shm) is refused (bad input, naming the file), and SQLite's
+    SHARED lock on the journal file and DMS lock on its -shm are held before and after.
     """
     path = tmp_path / "j.db"
     with Runtime(str(path)) as runtime:
-        before = _shared_held(path)
-        with pytest.raises(BadInput, match=r"j\.db"):
-            runtime.run(str(path))
-        assert (True, True) == (before, _shared_held(path))
+        before = (_shared_held(path), _dms_held(tmp_path / "j.db-shm"))
+        with pytest.raises(BadInput, match=re.escape(name)):
+            runtime.run(str(tmp_path / name))
+        assert ((True, True), (True, True)) == (before, (_shared_held(path), _dms_held(tmp_path / "j.db-shm")))
 
 
 @pytest.mark.parametrize("what", ["journal", "effect-store"])

@@ -326,13 +326,20 @@ def create_empty(path: str) -> bool:
         return True
 
 
+# The names SQLite gives a database's WAL, shared-memory index and rollback journal: its name plus these.
+SIDECARS = ("-wal", "-shm", "-journal")
+
+
 def refuse_open_here(path: str, what: str) -> None:
-    """``FileInUse`` if ``path`` is a file this process has open through effectlog; call under ``no_opens``
-    and keep holding it while a descriptor of ``path`` is opened, read and closed (a plan, a trace)."""
-    if open_here(path):
+    """``FileInUse`` if ``path`` is a file this process has open through effectlog, or the ``-wal``, ``-shm``
+    or ``-journal`` beside one (SQLite holds its locks on the -shm); call under ``no_opens`` and keep
+    holding it while a descriptor of ``path`` is opened, read and closed (a plan, a trace)."""
+    names = [path, *(path[: -len(suffix)] for suffix in SIDECARS if path.endswith(suffix))]
+    if any(open_here(name) for name in names):
         raise FileInUse(
-            f"{path}: a journal or store this process has open, not a {what} file (reading it here would drop "
-            f"SQLite's locks on it); give the {what}'s own path; nothing was read or written"
+            f"{path}: a journal or store this process has open (or its SQLite file beside it), not a {what} "
+            f"file (reading it here would drop SQLite's locks on it); give the {what}'s own path; nothing was "
+            "read or written"
         )
 
 
