@@ -563,3 +563,14 @@ class RequestServedTwice(IntegrityError):
     effects happened once."""
 
     code = "request_served_twice"
+
+
+# -- branch attack16 (round-16 attacks: descriptors closed under SQLite's locks) ----------------------
+
+
+class FileInUse(BadInput):
+    """A plan or trace path naming a file this process has open as a journal, fleet store or effect store
+    (exit 2, nothing read or written): reading it would open and close a descriptor of the file, and the
+    close drops every POSIX lock the process holds on it, SQLite's included."""
+
+    code = "file_in_use"

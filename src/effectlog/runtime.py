@@ -23,7 +23,7 @@ from effectlog import loopfork
 from effectlog.actor import RunActor
 from effectlog.adapters.registry import AdapterContext, Factory, Registry
 from effectlog.fold import RunState
-from effectlog.journal import Journal, load_run, open_journal
+from effectlog.journal import Journal, filelocks, load_run, open_journal
 from effectlog.latecalls import LateCalls
 from effectlog.outcome import (
     CrashHook,
@@ -36,7 +36,7 @@ from effectlog.outcome import (
     outcome_of,
     reconcile_hint,
 )
-from effectlog.plan import Plan, load_plan
+from effectlog.plan import Plan, parse_plan, read_plan_bytes
 from effectlog.recorder import Clock
 from effectlog.trace import Trace
 
@@ -62,6 +62,28 @@ __all__ = [
 ]
 
 
+def _read_plan(path: str | Path) -> Plan:
+    """The plan file at ``path``; ``FileInUse`` for a journal or store this process has open.
+
+    Read under ``no_opens`` (a read of at most ``MAX_PLAN_BYTES`` of a regular file): given the journal's
+    path, the plan reader opened and closed a descriptor of the journal file, which dropped this process's
+    SQLite locks on it, before saying it is no plan; the runtime then went on with no lock on its journal.
+    """
+    with filelocks.no_opens():
+        filelocks.refuse_open_here(os.fspath(path), "plan")
+        data = read_plan_bytes(path)
+    return parse_plan(data, str(path))
+
+
+def _open_trace(path: str | os.PathLike[str], key: bytes | None) -> Trace:
+    """The trace at ``path``; ``FileInUse`` for a journal or store this process has open (its last line
+    was read through a descriptor whose close dropped SQLite's locks, and records were appended into the
+    database file). Opened under ``no_opens``: no SQLite of this process opens the file meanwhile."""
+    with filelocks.no_opens():
+        filelocks.refuse_open_here(os.fspath(path), "trace")
+        return Trace(path, key=key)
+
+
 class Runtime:
     """Runs plans durably against one journal; each run is owned by its actor while it is driven."""
 
@@ -83,7 +105,7 @@ class Runtime:
         self.context = AdapterContext(effects=os.fspath(effects) if effects is not None else None)
         self.policy = policy
         self.clock: Clock = clock or time.time_ns
-        self.trace = Trace(trace, key=self.journal.chain.key) if trace is not None else None  # chained as the journal
+        self.trace = _open_trace(trace, self.journal.chain.key) if trace is not None else None  # chained as the journal
         self.crash_hook = crash_hook
         self.rng = rng or random.Random()
         self.sleep = sleep or asyncio.sleep
@@ -108,7 +130,7 @@ class Runtime:
 
     async def arun(self, plan: Plan | str | Path) -> RunOutcome:
         if not isinstance(plan, Plan):
-            plan = load_plan(plan)
+            plan = _read_plan(plan)
         # One owner per run: claimed before its state is read, so nobody else writes it while
         # this actor drives it (RunOwned, exit 6, for a second actor here or anywhere else).
         self.calls.refuse(plan.run_id)

@@ -88,8 +88,7 @@ class EffectStore:
         if read_only and not Path(self.path).is_file():
             raise BadInput(f"{self.path}: no effect store there")
         if not read_only and not Path(self.path).exists():
-            with contextlib.suppress(FileExistsError):
-                os.close(os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+            filelocks.create_empty(self.path)  # closed before another thread's SQLite opens it (see create_empty)
         try:
             self._file = filelocks.acquire(self._real, write=not read_only)
         except OSError as exc:

@@ -13,7 +13,9 @@ also says "changed" every ``REFRESH_S`` seconds whatever happened.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
+import os
 import sqlite3
 import threading
 import time
@@ -25,6 +27,7 @@ from starlette.concurrency import run_in_threadpool
 from effectlog.console import decisions
 from effectlog.console.decisions import Config
 from effectlog.errors import EffectlogError, JournalUnreadable, StorageError
+from effectlog.journal import filelocks
 from effectlog.journal.sqlite_schema import layout_of
 
 POLL_S = 0.5  # how often a waiting feed reads the version
@@ -66,15 +69,22 @@ def _read_version(config: Config, run_id: str | None) -> str:
 def _journal_counts(location: str, run_id: str | None) -> str:
     if location.startswith(("postgresql://", "postgres://")):
         return _postgres_counts(location, run_id)
-    try:
-        db = sqlite3.connect(Path(location).absolute().as_uri() + "?mode=ro", uri=True, isolation_level=None)
-    except sqlite3.Error as exc:
-        raise JournalUnreadable(f"{location}: cannot read the journal ({exc})") from None
-    try:
+    real = os.path.realpath(location)  # the name the journal's own opens lock and register (SqliteJournal)
+    with contextlib.ExitStack() as stack:
+        # Registered with filelocks: a page's journal opened in another worker thread meanwhile sees the file
+        # open here, and its sidecar check closes no descriptor of the -shm under this connection's locks.
+        try:
+            db = stack.enter_context(filelocks.registered(real, lambda: _connect_read_only(real)))
+        except OSError as exc:
+            raise JournalUnreadable(f"{location}: cannot read the journal ({exc.strerror})") from None
+        except sqlite3.Error as exc:
+            raise JournalUnreadable(f"{location}: cannot read the journal ({exc})") from None
         db.execute("PRAGMA busy_timeout = 5000")
         return ",".join(_count(db, table, run_id, location) for table in _COUNTS)
-    finally:
-        db.close()
+
+
+def _connect_read_only(path: str) -> sqlite3.Connection:
+    return sqlite3.connect(Path(path).absolute().as_uri() + "?mode=ro", uri=True, isolation_level=None)
 
 
 def _count(db: sqlite3.Connection, table: str, run_id: str | None, location: str) -> str:

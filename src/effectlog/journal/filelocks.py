@@ -24,15 +24,16 @@ import errno
 import fcntl
 import hashlib
 import os
+import sqlite3
 import stat
 import struct
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from effectlog.errors import JournalAliased, JournalInherited, JournalLocked
+from effectlog.errors import FileInUse, JournalAliased, JournalInherited, JournalLocked
 
 # 256 MiB .. 384 MiB: far from SQLite's lock bytes (PENDING_BYTE is at 1 GiB), and a
 # range wide enough (2**27 slots) that two run ids sharing a byte is a curiosity.
@@ -309,6 +310,61 @@ def no_opens() -> threading.RLock:
     runner holding it mapped died of SIGBUS (two attempts of a runner each opening the effect store).
     """
     return _registry_lock
+
+
+def create_empty(path: str) -> bool:
+    """Create ``path`` as an empty file readable by its owner only (0600) unless something is there already;
+    whether this call made it (``OSError`` for any other failure).
+
+    Made and closed under ``no_opens``: two threads opening one new store at once (a fleet runner's two
+    attempts with one ``--effects``), the second saw the file the first had just made, opened it with
+    SQLite, and the first's close of its creating descriptor dropped the second's SHARED lock on the file
+    (another process's last close then deletes the WAL the second writes into).
+    """
+    with _registry_lock:
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        except FileExistsError:
+            return False
+        os.close(fd)
+        return True
+
+
+# The names SQLite gives a database's WAL, shared-memory index and rollback journal: its name plus these.
+SIDECARS = ("-wal", "-shm", "-journal")
+
+
+def refuse_open_here(path: str, what: str) -> None:
+    """``FileInUse`` if ``path`` is a file this process has open through effectlog, or the ``-wal``, ``-shm``
+    or ``-journal`` beside one (SQLite holds its locks on the -shm); call under ``no_opens`` and keep
+    holding it while a descriptor of ``path`` is opened, read and closed (a plan, a trace)."""
+    names = [path, *(path[: -len(suffix)] for suffix in SIDECARS if path.endswith(suffix))]
+    if any(open_here(name) for name in names):
+        raise FileInUse(
+            f"{path}: a journal or store this process has open (or its SQLite file beside it), not a {what} "
+            f"file (reading it here would drop SQLite's locks on it); give the {what}'s own path; nothing was "
+            "read or written"
+        )
+
+
+@contextmanager
+def registered(path: str, connect: Callable[[], sqlite3.Connection]) -> Iterator[sqlite3.Connection]:
+    """A short-lived SQLite connection ``connect()`` opens to the file at ``path`` (which must exist),
+    registered as effectlog's other connections are (``acquire`` before it opens, ``opened``; released
+    after it closed), so that a sidecar check in another thread sees the file open here and closes no
+    descriptor of it or of its ``-shm`` under this connection's locks. ``OSError`` if it cannot be opened.
+    """
+    shared = acquire(path, write=False)
+    try:
+        db = connect()
+        opened(db, path)
+        try:
+            yield db
+        finally:
+            if may_close(db):
+                db.close()
+    finally:
+        release(shared)
 
 
 def acquire(path: str, *, write: bool = True) -> SharedFile:

@@ -18,7 +18,7 @@ import stat
 from effectlog.errors import FileBindMounted, LocationAmbiguous, NotARegularFile, SidecarClash
 from effectlog.journal import filelocks
 
-SUFFIXES = ("-wal", "-shm", "-journal")
+SUFFIXES = filelocks.SIDECARS
 _DATABASE_HEADER = b"SQLite format 3\x00"  # a WAL, -shm or rollback journal never starts with it
 
 

@@ -208,12 +208,9 @@ class SqliteJournal:
             # SQLite would replay a stray WAL into a new or empty file: history that is not this journal's.
             raise JournalUnreadable(f"{path}-wal: a WAL without its database; restore {path} or move the WAL away")
         try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        except FileExistsError:
-            return
+            filelocks.create_empty(path)  # closed before another thread's SQLite opens it (see create_empty)
         except OSError as exc:
             raise StorageError(f"{path}: cannot create the journal ({exc.strerror})") from None
-        os.close(fd)
 
     def _connect(self, durability: Durability) -> sqlite3.Connection:
         try:
