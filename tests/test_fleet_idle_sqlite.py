@@ -165,15 +165,28 @@ def test_a_watcher_still_wakes_after_the_stores_directory_was_renamed(tmp_path: 
 def test_a_watcher_whose_store_cannot_be_opened_leaves_no_descriptor_open(tmp_path: Path) -> None:
     """The watcher thread's own connection fails (the store's path is a directory now): the thread ends,
     the runner keeps its --poll-s fallback, and the inotify watch and both ends of the stop pipe are
-    closed (the review found the inotify descriptor and a pipe end left open when the connect failed)."""
-    import os
+    closed (the review found the inotify descriptor and a pipe end left open when the connect failed).
 
+    Counted in a fresh interpreter: in the test process, threads left by earlier tests (a late call's
+    waiter, an owner's renewal) may open or close a descriptor between the two listings."""
     (tmp_path / "store.db").mkdir()
-    before = sorted(os.listdir("/proc/self/fd"))
-    for _ in range(3):
-        watcher = wakeups.watch_sqlite(str(tmp_path / "store.db"), lambda: None)
-        watcher.stop()
-    assert before == sorted(os.listdir("/proc/self/fd"))
+    count = (
+        "import os, sys\n"
+        "from effectlog.fleet import wakeups\n"
+        "before = sorted(os.listdir('/proc/self/fd'))\n"
+        "for _ in range(3):\n"
+        "    wakeups.watch_sqlite(sys.argv[1], lambda: None).stop()\n"
+        "after = sorted(os.listdir('/proc/self/fd'))\n"
+        "print(before == after, before, after)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", count, str(tmp_path / "store.db")],
+        capture_output=True,
+        text=True,
+        timeout=SAFETY_S,
+        check=True,
+    )
+    assert done.stdout.startswith("True "), done.stdout + done.stderr
 
 
 def test_a_watcher_whose_runner_has_no_free_slot_reads_nothing_and_looks_again_once_one_frees(
