@@ -1,0 +1,78 @@
+"""Round 16 against PostgreSQL owner renewal: cases the renewal's own tests did not try.
+
+Real server (``pg_url``), real journals; the only thing steered is when the renewal thread runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+
+from effectlog.journal.postgres import PostgresJournal
+from effectlog.journal.postgres_schema import OWNER_RENEWED
+
+pytest_plugins = ["pg_fixture"]
+
+RENEWER = "effectlog-owner-renewal"
+
+
+def _renewed(url: str, run_id: str) -> bool:
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.execute(OWNER_RENEWED, (run_id,)).fetchone()
+    return bool(row and row[2])
+
+
+class _HeldRenewal:
+    """The journal's pool, as the renewal thread sees it: its first checkout waits until ``go``, as one
+    does when the pool's connections are all busy (the renewal already chose the claims it renews)."""
+
+    def __init__(self, pool: Any) -> None:
+        self._pool = pool
+        self.waiting = threading.Event()
+        self.go = threading.Event()
+        self.done = threading.Event()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._pool, name)
+
+    @contextlib.contextmanager
+    def connection(self, *args: Any, **kwargs: Any) -> Iterator[Any]:
+        held = threading.current_thread().name == RENEWER and not self.waiting.is_set()
+        if held:
+            self.waiting.set()
+            assert self.go.wait(30)
+        try:
+            with self._pool.connection(*args, **kwargs) as conn:
+                yield conn
+        finally:
+            if held:
+                self.done.set()
+
+
+def test_a_renewal_that_lands_after_release_does_not_keep_the_run(pg_url: str) -> None:
+    """Proves: a renewal that chose its claims before ``release`` and wrote after it does not renew the
+    released claim; the run can be claimed at once (before: the row was renewed a full lease past the
+    release, and every claim of it, this very process's too, was refused as driven by a live owner)."""
+    journal = PostgresJournal(pg_url, owner_lease_s=3.0)
+    held = _HeldRenewal(journal._pool)
+    journal._pool = held  # type: ignore[assignment]
+    try:
+        claim = journal.claim("race")
+        assert held.waiting.wait(30)  # the renewer has taken its list of claims, "race" in it
+        releasing = threading.Thread(target=journal.release, args=(claim,))
+        releasing.start()
+        releasing.join(1.0)  # a release that does not wait for the renewal ends here
+        held.go.set()
+        assert held.done.wait(30)
+        releasing.join(30)
+        assert (False, False) == (releasing.is_alive(), _renewed(pg_url, "race"))
+        with PostgresJournal(pg_url) as other:
+            other.release(other.claim("race"))
+        journal.release(journal.claim("race"))
+    finally:
+        held.go.set()
+        journal.close()
