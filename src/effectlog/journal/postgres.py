@@ -165,6 +165,9 @@ class PostgresJournal:
         self._owner_lease_s = owner_lease_s
         self._renewer: threading.Thread | None = None  # renews this process's claims (``_renew``)
         self._renewing = threading.Event()  # set: the renewer stops
+        # Held by a renewal from choosing its claims to writing them, and by a release from dropping its claim
+        # to ending its row: a renewal that chose a claim before its release then writes after END_OWNER.
+        self._renewal = threading.Lock()
         self._settings = {
             "lock_timeout": f"{int(lock_timeout_s * 1000)}ms",
             "idle_in_transaction_session_timeout": f"{int(idle_in_transaction_timeout_s * 1000)}ms",
@@ -399,22 +402,28 @@ class PostgresJournal:
             self._renewer.start()
 
     def _renew_claims(self, timeout_s: float) -> None:
-        held = [(c.run_id, c.token) for c in list(self._claims.values()) if c.token]
-        if held:
-            with contextlib.suppress(psycopg.Error, PoolTimeout), self._pool.connection(timeout=timeout_s) as conn:
-                conn.execute(RENEW_OWNERS, (self._owner_lease_s, [r for r, _ in held], [t for _, t in held]))
+        with self._renewal:
+            held = [(c.run_id, c.token) for c in list(self._claims.values()) if c.token]
+            if held:
+                with (
+                    contextlib.suppress(psycopg.Error, PoolTimeout),
+                    self._pool.connection(timeout=timeout_s) as conn,
+                ):
+                    conn.execute(RENEW_OWNERS, (self._owner_lease_s, [r for r, _ in held], [t for _, t in held]))
 
     def release(self, claim: Claim) -> None:
         if claim.released or self._claims.get(claim.run_id) is not claim:
             return
         claim.released = True
-        del self._claims[claim.run_id]
         conn = self._owner_conn
         if conn is None or os.getpid() != self._pid:
+            del self._claims[claim.run_id]
             return  # in a child of fork(): the session and its lock are the parent's
-        if claim.token:  # no longer renewed, before the lock is let go: the next claim need not wait for it
-            with contextlib.suppress(psycopg.Error, PoolTimeout), self._pool.connection() as pooled:
-                pooled.execute(END_OWNER, (claim.run_id, claim.token))
+        with self._renewal:  # a renewal in flight writes before END_OWNER, a later one no longer has the claim
+            del self._claims[claim.run_id]
+            if claim.token:  # no longer renewed, before the lock is let go: the next claim need not wait for it
+                with contextlib.suppress(psycopg.Error, PoolTimeout), self._pool.connection() as pooled:
+                    pooled.execute(END_OWNER, (claim.run_id, claim.token))
         try:
             conn.execute("SELECT pg_advisory_unlock(%s, hashtext(%s))", (OWNER_LOCK_CLASS, claim.run_id))
         except psycopg.Error:
