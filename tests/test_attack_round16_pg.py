@@ -6,14 +6,21 @@ Real server (``pg_url``), real journals; the only thing steered is when the rene
 from __future__ import annotations
 
 import contextlib
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from typing import Any
 
+import msgspec
 import psycopg
+import pytest
 
+from effectlog.errors import RunOwned
+from effectlog.journal.ownership import decode_owner, encode_owner
 from effectlog.journal.postgres import PostgresJournal
-from effectlog.journal.postgres_schema import OWNER_RENEWED
+from effectlog.journal.postgres_schema import OWNER_RENEWED, SCHEMA
+from hardening_kit import cli_env
 
 pytest_plugins = ["pg_fixture"]
 
@@ -76,3 +83,43 @@ def test_a_renewal_that_lands_after_release_does_not_keep_the_run(pg_url: str) -
     finally:
         held.go.set()
         journal.close()
+
+
+# A process that is the run's owner: it prints the owner row its claim would write, then lives on.
+LIVE_OWNER = """
+import sys, time
+from effectlog.journal.ownership import encode_owner, new_owner
+print(encode_owner(new_owner()), flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_live_owner_of_this_host_is_not_taken_for_gone_after_the_clock_is_stepped(pg_url: str) -> None:
+    """Proves: an owner of this host that is still running keeps its run after the wall clock was stepped
+    forward (NTP) since its claim. Its claim's ``since`` is then older than its start as ``/proc`` now
+    gives it (boot time there follows the wall clock), which read as "its pid is another process's, started
+    after the claim": the run was taken over while its owner (maybe inside a tool call) lived on."""
+    with PostgresJournal(pg_url) as journal:
+        journal.release(journal.claim("stepped"))
+    child = subprocess.Popen(
+        [sys.executable, "-c", LIVE_OWNER], stdout=subprocess.PIPE, text=True, env=cli_env()
+    )
+    try:
+        assert child.stdout is not None
+        owner = decode_owner(child.stdout.readline())
+        assert owner is not None
+        assert child.pid == owner.pid
+        stepped = msgspec.structs.replace(owner, since=owner.since - 10 * 1_000_000_000)  # clock +10 s since
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            conn.execute(
+                f"UPDATE {SCHEMA}.owners SET holder = %s, alive_until = extract(epoch FROM clock_timestamp()) + 30"
+                " WHERE run_id = %s",
+                (encode_owner(stepped), "stepped"),
+            )
+        with PostgresJournal(pg_url) as journal:
+            with pytest.raises(RunOwned):
+                journal.claim("stepped")
+            assert journal.owner("stepped").live
+    finally:
+        child.kill()
+        child.wait()
