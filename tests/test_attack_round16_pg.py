@@ -123,3 +123,24 @@ def test_a_live_owner_of_this_host_is_not_taken_for_gone_after_the_clock_is_step
     finally:
         child.kill()
         child.wait()
+
+
+def test_every_claim_released_after_its_connection_ended_stops_being_renewed(pg_url: str) -> None:
+    """Proves: when the connection holding two claims of one journal has ended, releasing both clears both
+    rows, and both runs can be claimed at once (before: the first release dropped the dead connection and
+    the second returned before clearing its row, which kept that run refused for a lease)."""
+    journal = PostgresJournal(pg_url, owner_lease_s=30.0)
+    try:
+        first, second = journal.claim("lost-1"), journal.claim("lost-2")
+        assert journal._owner_conn is not None
+        backend = journal._owner_conn.info.backend_pid
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            conn.execute("SELECT pg_terminate_backend(%s)", (backend,))
+        journal.release(first)
+        journal.release(second)
+        assert (False, False) == (_renewed(pg_url, "lost-1"), _renewed(pg_url, "lost-2"))
+        with PostgresJournal(pg_url) as other:
+            other.release(other.claim("lost-1"))
+            other.release(other.claim("lost-2"))
+    finally:
+        journal.close()
