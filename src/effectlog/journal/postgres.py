@@ -415,8 +415,7 @@ class PostgresJournal:
         if claim.released or self._claims.get(claim.run_id) is not claim:
             return
         claim.released = True
-        conn = self._owner_conn
-        if conn is None or os.getpid() != self._pid:
+        if os.getpid() != self._pid:
             del self._claims[claim.run_id]
             return  # in a child of fork(): the session and its lock are the parent's
         with self._renewal:  # a renewal in flight writes before END_OWNER, a later one no longer has the claim
@@ -424,6 +423,9 @@ class PostgresJournal:
             if claim.token:  # no longer renewed, before the lock is let go: the next claim need not wait for it
                 with contextlib.suppress(psycopg.Error, PoolTimeout), self._pool.connection() as pooled:
                     pooled.execute(END_OWNER, (claim.run_id, claim.token))
+        conn = self._owner_conn
+        if conn is None:
+            return  # its connection ended (another release found it gone), and with it the lock
         try:
             conn.execute("SELECT pg_advisory_unlock(%s, hashtext(%s))", (OWNER_LOCK_CLASS, claim.run_id))
         except psycopg.Error:
