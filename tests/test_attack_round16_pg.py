@@ -16,7 +16,7 @@ import msgspec
 import psycopg
 import pytest
 
-from effectlog.errors import RunOwned
+from effectlog.errors import BadInput, RunOwned
 from effectlog.journal.ownership import decode_owner, encode_owner
 from effectlog.journal.postgres import PostgresJournal
 from effectlog.journal.postgres_schema import OWNER_RENEWED, SCHEMA
@@ -144,3 +144,13 @@ def test_every_claim_released_after_its_connection_ended_stops_being_renewed(pg_
             other.release(other.claim("lost-2"))
     finally:
         journal.close()
+
+
+@pytest.mark.parametrize("lease", [0.0, -1.0, float("nan"), float("inf")])
+def test_an_owner_lease_that_cannot_be_renewed_is_refused(pg_url: str, lease: float) -> None:
+    """Proves: ``owner_lease_s`` of zero, below zero or not finite is refused at open with ``BadInput``
+    naming it (before: zero or less had the renewal thread renew in a tight loop, hammering the server, and
+    no claim's row was ever ahead; infinity left the row of an owner on a host that died ahead for ever, its
+    run never to be resumed)."""
+    with pytest.raises(BadInput, match="owner_lease_s"):
+        PostgresJournal(pg_url, owner_lease_s=lease)
