@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 import os
 import threading
 import time
@@ -153,6 +154,11 @@ class PostgresJournal:
     ) -> None:
         checkpoint.check_setting()
         self.location = redact(url)
+        if not (math.isfinite(owner_lease_s) and owner_lease_s > 0):
+            # Renewed every third of it: 0 or less renews without pause; infinity holds a dead host's run for ever.
+            raise BadInput(
+                f"{self.location}: owner_lease_s must be a finite number of seconds above 0, not {owner_lease_s!r}"
+            )
         self.chain = chain or Chain()
         # Test hook: called inside the transaction, after the rows are written, before COMMIT.
         self.before_commit: Callable[[Sequence[Event]], None] | None = None
