@@ -154,3 +154,21 @@ def test_an_owner_lease_that_cannot_be_renewed_is_refused(pg_url: str, lease: fl
     run never to be resumed)."""
     with pytest.raises(BadInput, match="owner_lease_s"):
         PostgresJournal(pg_url, owner_lease_s=lease)
+
+
+def test_a_server_idle_session_timeout_does_not_end_a_claim_during_a_long_call(pg_url: str) -> None:
+    """Proves: on a database whose sessions end after half a second idle (``idle_session_timeout``), a claim
+    outlives a call longer than its lease: another claim is still refused. Before: the server ended the idle
+    claim connection (its lock) and every pooled connection the renewal was to use (each idle a third of the
+    lease), so no renewal landed and the run was taken over while its owner was inside its call."""
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        server = conn.info.server_version
+        conn.execute(f"ALTER DATABASE {conn.info.dbname} SET idle_session_timeout = '500ms'")
+    if server < 140000:
+        pytest.skip("idle_session_timeout is PostgreSQL 14's")
+    with PostgresJournal(pg_url, owner_lease_s=3.0) as journal:
+        claim = journal.claim("idle")
+        threading.Event().wait(4.5)  # the owner inside a tool call, its journal idle, past its lease
+        with PostgresJournal(pg_url) as other, pytest.raises(RunOwned):
+            other.claim("idle")
+        journal.release(claim)
