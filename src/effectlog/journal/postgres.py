@@ -96,6 +96,7 @@ from effectlog.journal.postgres_schema import (
     SCHEMA,
     UPSERT_OWNER,
     configure_session,
+    keep_when_idle,
     pin_search_path,
     redact,
     translate,
@@ -479,6 +480,7 @@ class PostgresJournal:
         if conn is None:
             conn = psycopg.connect(self._url, **{**self._kwargs, "application_name": "effectlog-owner"})
             pin_search_path(conn)
+            keep_when_idle(conn)
             self._owner_conn = conn
         return conn
 
