@@ -52,6 +52,9 @@ class Owner(msgspec.Struct, frozen=True, kw_only=True):
     # The machine boot and pid namespace the pid is one of (``this_node``; "" where unknown): a host name
     # alone is shared by containers of one host and by machines named alike, whose pids are not ours.
     node: str = ""
+    # Its process's start in clock ticks after boot (``/proc``; 0 where unknown): with ``node``, it tells that
+    # process from a later one given its pid without the wall clock, which an NTP step moves under ``since``.
+    started: int = 0
 
     def describe(self) -> str:
         if self.runner:
@@ -93,8 +96,16 @@ def this_node() -> str:
 
 
 def new_owner(kind: str = "run", runner: str | None = None) -> Owner:
+    pid = os.getpid()
+    fields = _stat(pid)
     return Owner(
-        pid=os.getpid(), host=this_host(), kind=kind, since=time.time_ns(), runner=runner, node=this_node()
+        pid=pid,
+        host=this_host(),
+        kind=kind,
+        since=time.time_ns(),
+        runner=runner,
+        node=this_node(),
+        started=(_ticks(fields) or 0) if fields else 0,
     )
 
 
@@ -141,9 +152,12 @@ def may_still_act(owner: Owner) -> bool:
         return False
     except PermissionError:
         pass  # alive, another user's
-    state, started = _process(owner.pid)
-    if state in (b"Z", b"X"):
+    fields = _stat(owner.pid)
+    if fields and fields[0] in (b"Z", b"X"):
         return False  # killed, not yet reaped by its parent: it runs nothing any more
+    if owner.started and owner.node and fields and _ticks(fields) is not None:
+        return _ticks(fields) == owner.started  # another start: the pid is another process's now
+    _, started = _process(owner.pid)  # an owner row written before ``started``
     return started is None or owner.since == 0 or started <= owner.since + _START_SLACK_NS
 
 
@@ -151,16 +165,34 @@ def may_still_act(owner: Owner) -> bool:
 _START_SLACK_NS = 2_000_000_000
 
 
-def _process(pid: int) -> tuple[bytes, int | None]:
-    """Process ``pid``'s state letter and start, in ns since the epoch (Linux; ``b""`` and ``None`` where
-    there is no telling)."""
+def _stat(pid: int) -> list[bytes] | None:
+    """The fields of ``/proc/<pid>/stat`` after the name (state first); ``None`` where there is no telling."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as file:
-            fields = file.read().rsplit(b")", 1)[1].split()
+            return file.read().rsplit(b")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def _ticks(fields: list[bytes]) -> int | None:
+    """The process's start in clock ticks after boot: field 22 of the line, the first two before ")"."""
+    try:
+        return int(fields[19])
+    except (IndexError, ValueError):
+        return None
+
+
+def _process(pid: int) -> tuple[bytes, int | None]:
+    """Process ``pid``'s state letter and start, in ns since the epoch (Linux; ``b""`` and ``None`` where
+    there is no telling): only for an owner row written before ``started``."""
+    fields = _stat(pid)
+    ticks = _ticks(fields) if fields else None
+    try:
         with open("/proc/stat", "rb") as file:
             boot = next(int(line.split()[1]) for line in file if line.startswith(b"btime "))
-        ticks = int(fields[19])  # field 22 of the whole line; the first two (pid, name) are before ")"
     except (OSError, IndexError, ValueError, StopIteration):
+        return b"", None
+    if fields is None or ticks is None:
         return b"", None
     return fields[0], boot * 1_000_000_000 + ticks * 1_000_000_000 // os.sysconf("SC_CLK_TCK")
 

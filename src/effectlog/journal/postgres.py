@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 import os
 import threading
 import time
@@ -95,6 +96,7 @@ from effectlog.journal.postgres_schema import (
     SCHEMA,
     UPSERT_OWNER,
     configure_session,
+    keep_when_idle,
     pin_search_path,
     redact,
     translate,
@@ -153,6 +155,11 @@ class PostgresJournal:
     ) -> None:
         checkpoint.check_setting()
         self.location = redact(url)
+        if not (math.isfinite(owner_lease_s) and owner_lease_s > 0):
+            # Renewed every third of it: 0 or less renews without pause; infinity holds a dead host's run for ever.
+            raise BadInput(
+                f"{self.location}: owner_lease_s must be a finite number of seconds above 0, not {owner_lease_s!r}"
+            )
         self.chain = chain or Chain()
         # Test hook: called inside the transaction, after the rows are written, before COMMIT.
         self.before_commit: Callable[[Sequence[Event]], None] | None = None
@@ -165,6 +172,9 @@ class PostgresJournal:
         self._owner_lease_s = owner_lease_s
         self._renewer: threading.Thread | None = None  # renews this process's claims (``_renew``)
         self._renewing = threading.Event()  # set: the renewer stops
+        # Held by a renewal from choosing its claims to writing them, and by a release from dropping its claim
+        # to ending its row: a renewal that chose a claim before its release then writes after END_OWNER.
+        self._renewal = threading.Lock()
         self._settings = {
             "lock_timeout": f"{int(lock_timeout_s * 1000)}ms",
             "idle_in_transaction_session_timeout": f"{int(idle_in_transaction_timeout_s * 1000)}ms",
@@ -399,22 +409,30 @@ class PostgresJournal:
             self._renewer.start()
 
     def _renew_claims(self, timeout_s: float) -> None:
-        held = [(c.run_id, c.token) for c in list(self._claims.values()) if c.token]
-        if held:
-            with contextlib.suppress(psycopg.Error, PoolTimeout), self._pool.connection(timeout=timeout_s) as conn:
-                conn.execute(RENEW_OWNERS, (self._owner_lease_s, [r for r, _ in held], [t for _, t in held]))
+        with self._renewal:
+            held = [(c.run_id, c.token) for c in list(self._claims.values()) if c.token]
+            if held:
+                with (
+                    contextlib.suppress(psycopg.Error, PoolTimeout),
+                    self._pool.connection(timeout=timeout_s) as conn,
+                ):
+                    conn.execute(RENEW_OWNERS, (self._owner_lease_s, [r for r, _ in held], [t for _, t in held]))
 
     def release(self, claim: Claim) -> None:
         if claim.released or self._claims.get(claim.run_id) is not claim:
             return
         claim.released = True
-        del self._claims[claim.run_id]
-        conn = self._owner_conn
-        if conn is None or os.getpid() != self._pid:
+        if os.getpid() != self._pid:
+            del self._claims[claim.run_id]
             return  # in a child of fork(): the session and its lock are the parent's
-        if claim.token:  # no longer renewed, before the lock is let go: the next claim need not wait for it
-            with contextlib.suppress(psycopg.Error, PoolTimeout), self._pool.connection() as pooled:
-                pooled.execute(END_OWNER, (claim.run_id, claim.token))
+        with self._renewal:  # a renewal in flight writes before END_OWNER, a later one no longer has the claim
+            del self._claims[claim.run_id]
+            if claim.token:  # no longer renewed, before the lock is let go: the next claim need not wait for it
+                with contextlib.suppress(psycopg.Error, PoolTimeout), self._pool.connection() as pooled:
+                    pooled.execute(END_OWNER, (claim.run_id, claim.token))
+        conn = self._owner_conn
+        if conn is None:
+            return  # its connection ended (another release found it gone), and with it the lock
         try:
             conn.execute("SELECT pg_advisory_unlock(%s, hashtext(%s))", (OWNER_LOCK_CLASS, claim.run_id))
         except psycopg.Error:
@@ -462,6 +480,7 @@ class PostgresJournal:
         if conn is None:
             conn = psycopg.connect(self._url, **{**self._kwargs, "application_name": "effectlog-owner"})
             pin_search_path(conn)
+            keep_when_idle(conn)
             self._owner_conn = conn
         return conn
 

@@ -41,15 +41,28 @@ def configure_session(conn: psycopg.Connection[Any], settings: Mapping[str, str]
       ``synchronous_commit = off`` acknowledges before the WAL is written, and a crash loses the
       last appends (a resume sent their steps again) or the fleet's last transitions. Any stronger
       default (``remote_apply``, ...) is kept.
+    - Never ended for being idle (``keep_when_idle``).
     - The settings given explicitly last, so they still win.
     """
     pin_search_path(conn)
+    keep_when_idle(conn)
     conn.isolation_level = psycopg.IsolationLevel.READ_COMMITTED
     conn.execute(
         "SELECT set_config('synchronous_commit', 'on', false) WHERE current_setting('synchronous_commit') = 'off'"
     )
     for name, value in settings.items():
         conn.execute("SELECT set_config(%s, %s, false)", (name, value))
+
+
+def keep_when_idle(conn: psycopg.Connection[Any]) -> None:
+    """No ``idle_session_timeout`` (PostgreSQL 14+) for this session, whatever the server's, database's or
+    role's default: a claim's connection idles through the owner's tool calls and holds its run's lock,
+    and the renewal's pooled connection idles a third of the lease between renewals. Ended by the server,
+    the lock is gone and no renewal lands: the run is taken over while its owner is inside a call."""
+    conn.execute(
+        "SELECT set_config('idle_session_timeout', '0', false)"
+        " WHERE current_setting('server_version_num')::int >= 140000"
+    )
 
 
 # Ordered migrations: index i brings schema version i to i + 1. DDL is transactional
