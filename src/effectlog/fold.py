@@ -10,6 +10,7 @@ whole history.
 from __future__ import annotations
 
 import hashlib
+import operator
 from collections.abc import Generator, Iterable, Iterator
 from itertools import chain as chained
 from typing import Any
@@ -119,6 +120,30 @@ def state_from_summary(summary: Any, *, head: bytes, steps: immutables.Map[str, 
             and hasattr(summary, name)}
     return RunState(**kept, head=head, steps=steps)
 
+_state_of = operator.attrgetter("state")
+_id_of = operator.itemgetter("id")
+
+
+def all_done(steps: Any, ids: Iterable[str]) -> bool:
+    """Whether every step of ``ids`` is in ``steps`` (a map with ``get``) and done. The lookups and the
+    states are read by ``map`` in C, with no Python frame per step: ``run.completed`` and a checkpoint's
+    frontier ask this of every step of a plan (at 33k steps, a tenth of a full replay's fold)."""
+    try:
+        return DONE_STATES.issuperset(map(_state_of, map(steps.get, ids)))
+    except AttributeError:  # a step the map does not have (``None`` has no state)
+        return False
+
+
+def _plan_step_ids(steps: Any) -> frozenset[str]:
+    """The ids of a pinned plan's steps (``run.started``'s ``plan["steps"]``): those of its entries that
+    are dicts with an ``"id"``. Read by ``map`` in C when every entry has one (a plan as effectlog writes
+    it); any other entry takes the per-entry filter, which gives the same set or raises the same error."""
+    try:
+        return frozenset(map(_id_of, steps))
+    except (KeyError, TypeError):  # an entry without an id, or not a dict
+        return frozenset(s["id"] for s in steps if isinstance(s, dict) and "id" in s)
+
+
 def initial(run_id: str) -> RunState:
     return RunState(run_id=run_id)
 
@@ -204,7 +229,7 @@ def _apply_run(state: RunState, event: ev.Event, tag: str) -> RunState:
             plan_digest=event.plan_digest,
             adapters=event.adapters,
             effect_store=event.effect_store,
-            plan_steps=frozenset(s["id"] for s in steps if isinstance(s, dict) and "id" in s),
+            plan_steps=_plan_step_ids(steps),
             started_ts=event.ts,
             deadline=event.deadline,
             traceparent=event.traceparent,
@@ -223,9 +248,9 @@ def _apply_run(state: RunState, event: ev.Event, tag: str) -> RunState:
         changes.update(adapters={**state.adapters, **event.adapters})
     elif isinstance(event, ev.RunCompleted):
         if state.kind == "plan":
-            steps = state.steps  # (``_is_done`` inline: this asks every step of the plan)
-            missing = [s for s in state.plan_steps if (step := steps.get(s)) is None or step.state not in DONE_STATES]
-            if missing:
+            steps = state.steps
+            if not all_done(steps, state.plan_steps):  # (this asks every step of the plan: no frame per step)
+                missing = [s for s in state.plan_steps if (step := steps.get(s)) is None or not step.done]
                 raise _illegal(state, event, f"run.completed with unfinished steps: {sorted(missing)}")
         changes.update(result=event.result)
     return _replace(state, **changes)

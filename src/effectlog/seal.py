@@ -25,6 +25,7 @@ expects a list, so it treats the seal as unusable and replays the run in full.
 
 from __future__ import annotations
 
+import operator
 import zlib
 from collections.abc import Sequence
 from functools import partial
@@ -301,9 +302,16 @@ def _agrees(seal: RunSeal, state: RunState) -> bool:
     run_level = msgspec.structs.replace(state, plan=None, plan_steps=frozenset(), steps=empty, traceparent="")
     if _run_fields(seal, state.head, empty) != run_level or len(seal.steps) != len(state.steps):
         return False
-    steps = state.steps
-    for i, sealed in enumerate(seal.steps):
-        step = steps.get(sealed.step_id)
-        if step is None or (step.index, step.state, step.attempt) != (i, sealed.state, sealed.attempt):
-            return False
-    return True
+    # Each sealed step's (position, state, attempt) against the replayed step's (index, state, attempt),
+    # read by ``map`` and compared as two lists in C: no Python frame per step.
+    sealed = seal.steps
+    try:
+        replayed = list(map(_placed, map(state.steps.get, map(_sealed_id, sealed))))
+    except AttributeError:  # a sealed step the replay does not have (``None`` has no index)
+        return False
+    expected = zip(range(len(sealed)), map(_sealed_state, sealed), map(_sealed_attempt, sealed), strict=True)
+    return replayed == list(expected)
+
+
+_placed = operator.attrgetter("index", "state", "attempt")
+_sealed_id, _sealed_state, _sealed_attempt = (operator.attrgetter(name) for name in ("step_id", "state", "attempt"))

@@ -478,4 +478,13 @@ _step_id = operator.attrgetter("step_id")
 def _plan_ids(state: RunState) -> list[str]:
     """The step ids of the run's pinned plan, in order (a session has none)."""
     raw = (state.plan or {}).get("steps", []) if state.kind == "plan" else []
+    try:  # read by ``map`` in C when every entry is a dict with an id (a plan as effectlog writes it)
+        ids = list(map(_plan_id, raw))
+        if set(map(type, ids)) <= {str}:
+            return ids
+    except (KeyError, TypeError):  # an entry without an id, or not a dict
+        pass
     return [s["id"] for s in raw if isinstance(s, dict) and isinstance(s.get("id"), str)]
+
+
+_plan_id = operator.itemgetter("id")
