@@ -224,6 +224,39 @@ def test_a_fleet_request_that_needs_an_operator_notifies_once(receiver: Receiver
     assert receiver.received[0]["command"].startswith(f"effectlog operator requeue|fail|cancel --store {store}")
 
 
+@pytest.mark.parametrize("folder", ["two\nlines", "a  b", "$(touch pwned)"], ids=["newline", "spaces", "subst"])
+def test_a_fleet_operator_command_for_an_odd_store_path_works_as_printed(
+    receiver: Receiver, tmp_path: Path, folder: str
+) -> None:
+    """The operator command a runner notifies is meant to be pasted. It quoted ``--store`` with plain
+    ``shlex.quote``, unlike every other printed command: a store under a directory whose name holds a
+    newline made the one command two lines (and ``str()`` of it, which folds whitespace, named another
+    file). Proves: the command is one line, and run by a shell as printed (``fail`` chosen, a name and
+    reason filled in) it decides that request in that store (exit 0), and nothing else is executed."""
+    from effectlog.cli import main
+    from effectlog.fleet import open_store
+
+    (tmp_path / folder).mkdir()
+    store = str(tmp_path / folder / "fleet.db")
+    plan = tmp_path / "broken.json"
+    plan.write_text(
+        json.dumps({"run_id": "b-1", "adapters": {"b": {"type": "broken"}}, "steps": [{"id": "s", "adapter": "b"}]})
+    )
+    assert 0 == main(["submit", str(plan), "--store", store, "--scope", "s", "--key", "k"])
+    argv = ["runner", "--store", store, "--adapters", "test_notify:BROKEN", "--exit-when-idle", "--poll-s", "0.01"]
+    assert 0 == main([*argv, "--notify-url", receiver.url])
+    command = receiver.received[0]["command"]
+    typed = command.replace("requeue|fail|cancel", "fail").replace("NAME", "ann").replace("TEXT", "broken")
+    shell = f'effectlog() {{ "{sys.executable}" -m effectlog "$@"; }}\n{typed}\n'
+    done = subprocess.run(
+        ["bash", "-c", shell], cwd=tmp_path, env=child_env(), capture_output=True, text=True, timeout=90, check=False
+    )
+    with open_store(store) as s:
+        state = s.requests()[0].state
+    assert (1, 0, "", "failed") == (len(command.splitlines()), done.returncode, done.stderr, state), command
+    assert not (tmp_path / "pwned").exists()
+
+
 def test_recover_that_stops_a_killed_run_on_an_uncertain_step_notifies_once(receiver: Receiver, tmp_path: Path) -> None:
     """A run killed (SIGKILL) inside a non-idempotent step: `recover --notify-url` stops it as uncertain and the
     receiver is told once; a second `recover` skips the waiting run and tells nobody again."""
