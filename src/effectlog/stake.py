@@ -89,14 +89,14 @@ def _word(value: str) -> str:
     return "$'" + "".join(out) + "'"
 
 
-def _opt(name: str, value: str) -> str:
+def shell_option(name: str, value: str) -> str:
     """``--name VALUE`` as one option with its value: ``--name=VALUE`` when the value starts with ``-``,
     which argparse would otherwise take for an option of its own ("expected one argument")."""
     return f"{name}={_word(value)}" if value.startswith("-") else f"{name} {_word(value)}"
 
 
 def _where(location: str, run_id: str, step_id: str) -> str:
-    return f"{_opt('--journal', location)} {_opt('--run-id', run_id)} {_opt('--step', step_id)}"
+    return f"{shell_option('--journal', location)} {shell_option('--run-id', run_id)} {shell_option('--step', step_id)}"
 
 
 def reconcile_command(location: str, run_id: str, step_id: str, attempt: int | None = None) -> str:

@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import os
 import random
-import shlex
 import signal
 import socket
 import sys
@@ -51,7 +50,7 @@ from effectlog.plan import Plan, parse_plan
 from effectlog.recorder import record_now
 from effectlog.recovery import still_blocked
 from effectlog.runtime import ReusedLoop, Runtime
-from effectlog.stake import approve_command
+from effectlog.stake import approve_command, shell_option
 
 
 class RunnerConfig(msgspec.Struct, kw_only=True):
@@ -523,7 +522,7 @@ class Runner:
             command = approve_command(store, run_id, step_id, *bound)
         else:
             command = (
-                f"effectlog operator requeue|fail|cancel --store {shlex.quote(store)} --request {request_id} "
+                f"effectlog operator requeue|fail|cancel {shell_option('--store', store)} --request {request_id} "
                 "--by NAME --reason TEXT"
             )
         note = Notification(
