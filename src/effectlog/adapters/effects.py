@@ -88,7 +88,10 @@ class EffectStore:
         if read_only and not Path(self.path).is_file():
             raise BadInput(f"{self.path}: no effect store there")
         if not read_only and not Path(self.path).exists():
-            filelocks.create_empty(self.path)  # closed before another thread's SQLite opens it (see create_empty)
+            try:
+                filelocks.create_empty(self.path)  # closed before another thread's SQLite opens it (see create_empty)
+            except OSError as exc:
+                raise StorageError(f"{self.path}: cannot create the effect store ({exc.strerror})") from None
         try:
             self._file = filelocks.acquire(self._real, write=not read_only)
         except OSError as exc:

@@ -122,12 +122,20 @@ def refuse_undecodable(args: argparse.Namespace) -> None:
 def refuse_empty_locations(args: argparse.Namespace) -> None:
     """``BadInput`` for a file or database location given as empty or blank text (``--journal ""``, an unset
     shell variable): it reached SQLite as the current directory ("cannot open the journal (Is a
-    directory)"), and a blank ``--effects " "`` made a store file named by a space."""
+    directory)"), and a blank ``--effects " "`` made a store file named by a space. Also for a file's
+    location ending in ``/`` (a shell's completion of a directory): ``run --effects fx.db/`` ended in a
+    traceback after making the journal, while ``--journal j.db/`` quietly made and used ``j.db``."""
     for dest in _LOCATIONS:
         value = getattr(args, dest, None)
-        if isinstance(value, str) and not value.strip():
-            flag = dest if dest in _POSITIONALS else "--" + dest.replace("_", "-")
+        if not isinstance(value, str):
+            continue
+        flag = dest if dest in _POSITIONALS else "--" + dest.replace("_", "-")
+        if not value.strip():
             raise BadInput(f"argument {flag}: {value!r} is empty, not a location; nothing was done")
+        if value.endswith(os.sep) and dest not in _DIRECTORIES and "://" not in value:
+            raise BadInput(
+                f"argument {flag}: {value!r} ends with {os.sep!r}, so it names a directory, not a file; nothing done"
+            )
 
 
 # The arguments that name a file or a database.
@@ -135,6 +143,9 @@ _LOCATIONS = (
     "journal", "store", "effects", "trace", "key_file", "plan", "ledger", "output", "postgres_url",
     "tls_cert", "tls_key", "workdir", "blind", "report",
 )  # fmt: skip
+
+# The locations that name a directory, where a trailing separator is usual.
+_DIRECTORIES = frozenset({"workdir"})
 
 # Arguments without a flag (dests as argparse names them): said as they are, not as --DEST.
 _POSITIONALS = frozenset({"plan", "command", "what", "machine", "action", "report"})
