@@ -14,8 +14,8 @@ no-op run of N steps (1 + 3N events, default 33,333: the bench's 100k-event jour
    (``sha256(head + body)``), then decodes each body, then both; and ``fold.replay_rows`` over the same
    rows (the fold's own work is its excess over ``chain + decode``);
 3. ``fresh_process``: one ``verify_run`` as ``effectlog verify`` runs it, the first in a new process (a
-   child): CPU per event, minor page faults and peak RSS growth, against the best of 3 in this process
-   (warm: its memory already mapped). The difference is the cost of the memory a verify takes;
+   child, median of 3): CPU per event, minor page faults and peak RSS growth (``VmHWM``: ``ru_maxrss``
+   is inherited across ``fork``);
 4. ``--compiled``: ``fold_rows`` compiled with mypyc (the module's ``fold_rows`` and nothing else, into a
    temporary copy of ``src``; needs mypyc and a C compiler) against the interpreted one, ``load_run``
    and ``verify_run`` each: does a compiled fold reach the target?
