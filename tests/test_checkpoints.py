@@ -9,6 +9,7 @@ import sqlite3
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import pytest
@@ -407,3 +408,50 @@ def test_a_segment_body_is_byte_for_byte_what_it_was_before_the_slim_decode() ->
     for changed, front in ((ids, frontier), (ids[1:3], None), ([], frontier)):
         expected = _segment_row_as_before(state, changed, front)
         assert expected == checkpoint.segment_row(state, changed, front)[2]
+
+
+@pytest.mark.parametrize("carried", ["both", "s1 only, s0 unchanged since", "s1 only, s0 changed since"])
+def test_a_step_changed_since_the_last_segment_but_left_out_of_this_one_is_compared_with_its_last_segment(
+    carried: str,
+) -> None:
+    """``check_segments`` keeps, per step a segment carried, the replay's step there (the segment's own
+    was compared equal to it and is freed): a step changed since the previous segment that this one
+    leaves out must still be as its last segment had it, else ``checkpoints.body``; left out while it
+    did not change, it is accepted."""
+    from effectlog.fold import replay
+    from effectlog.testing import sample_run
+
+    events = sample_run("r", steps=2)  # 1 started, 2-4 s0, 5-7 s1, 8 completed
+    chain = Chain()
+    changed_since = carried == "s1 only, s0 changed since"
+    first_at = 2 if changed_since else 4  # the first segment: s0 requested only, or s0 done
+    states = {seq: replay(events[:seq]) for seq in (first_at, 7)}
+    heads = {seq: chain_head(chain, events[:seq]) for seq in states}
+    first = checkpoint.segment_row(states[first_at], ["s0"])[2]
+    second = checkpoint.segment_row(states[7], ["s0", "s1"] if carried == "both" else ["s1"])[2]
+    first_hash = checkpoint.link(chain, heads[first_at], GENESIS, first)
+    stored = [
+        ("r", first_at, GENESIS, first, first_hash),
+        ("r", 7, first_hash, second, checkpoint.link(chain, heads[7], first_hash, second)),
+    ]
+    touched = {first_at: {"s0"}, 7: {"s0", "s1"} if changed_since else {"s1"}}
+
+    def advance(seq: int) -> tuple[RunState, set[str]]:
+        return msgspec.structs.replace(states[seq], head=heads[seq]), touched[seq]
+
+    if changed_since:
+        with pytest.raises(CorruptEvent) as info:
+            checkpoint.check_segments(stored, advance, chain)
+        assert ("checkpoints.body", 7) == (info.value.fields["column"], info.value.seq)
+    else:
+        checkpoint.check_segments(stored, advance, chain)
+
+
+def chain_head(chain: Chain, events: list[Any]) -> bytes:
+    """The chain's head after ``events`` encoded as a journal stores them."""
+    from effectlog.events import encode
+
+    head = GENESIS
+    for event in events:
+        head = chain.link(head, encode(event))
+    return head

@@ -410,7 +410,7 @@ def check_segments(
     segment: the others are unchanged since they were checked).
     """
     prev = GENESIS
-    steps: dict[str, StepState] = {}
+    steps: dict[str, StepState | None] = {}  # per step id a segment carried: the replay's step there
     plan_ids: list[str] | None = None
     positions: dict[str, int] = {}
     proved = 0  # the plan's first ``proved`` steps are done (a frontier's prefix, checked once)
@@ -451,12 +451,16 @@ def check_segments(
         # (The per-step work as ``map``s and one list comparison: no Python frame per step, as in
         # ``fold.fold_rows``; about a third of what a segment's check costs beside its decode.)
         ids = list(map(_step_id, segment.steps))
-        steps.update(zip(ids, segment.steps, strict=True))
+        replayed = state.steps.get
+        at_replay = list(map(replayed, ids))
+        # ``steps`` keeps the replay's step for each id a segment carried, not the segment's own: the two are
+        # compared equal just below (or the check raises), and the decoded steps are then freed with their
+        # segment instead of staying alive to the end (a second copy of every step of the run).
+        steps.update(zip(ids, at_replay, strict=True))
         empty: immutables.Map[str, StepState] = immutables.Map()
         agrees = _state(segment, empty, state.head) == msgspec.structs.replace(without_plan(state), steps=empty)
         agrees = agrees and len(steps) == len(state.steps)
-        replayed = state.steps.get
-        agrees = agrees and list(map(replayed, ids)) == segment.steps
+        agrees = agrees and at_replay == segment.steps
         # A touched step the segment carries is ``steps``' entry just compared: only the others are asked.
         rest = touched.difference(ids) if agrees else ()
         agrees = agrees and all(steps.get(sid) == replayed(sid) for sid in rest if sid)
@@ -467,6 +471,7 @@ def check_segments(
         if segment.frontier is not None:
             if plan_ids is None:
                 plan_ids = _plan_ids(state)
+            if segment.frontier.done_after and not positions:  # (only ``done_after``'s ids are looked up in it)
                 positions = {sid: i for i, sid in enumerate(plan_ids)}
             proved = fr.check(segment.frontier, state, plan_ids, positions, proved)
         prev = digest
