@@ -1,0 +1,106 @@
+"""Attack round 17: the storage and ownership side, with cases earlier rounds did not try.
+
+Each test is a real process (the CLI, a mount namespace made with ``unshare``, SIGKILL where a crash
+matters) against real SQLite files.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from hardening_kit import cli_env, effectlog, one_line
+
+# -- 1. a path whose text names another file than the one the kernel reaches (/proc magic links) -------
+
+
+def _shell_plan(path: Path, run_id: str, effects: Path) -> Path:
+    """A one-step plan whose non-idempotent shell step appends a line to ``effects`` (outside every
+    journal): a step sent twice shows as two lines."""
+    plan = {
+        "run_id": run_id,
+        "adapters": {"sh": {"type": "shell", "idempotent": False}},
+        "steps": [{"id": "s1", "adapter": "sh", "args": {"argv": ["sh", "-c", f"echo s1 >> '{effects}'"]}}],
+    }
+    path.write_text(json.dumps(plan))
+    return path
+
+
+# The agent's own process in a mount namespace of its own (a container's, in miniature): a tmpfs on
+# DIR, the run driven there to completion, then the process stays, its cwd DIR, the journal open on fd 9.
+_AGENT = r"""
+set -e
+mount -t tmpfs none "$1"
+cd "$1"
+"$2" -m effectlog run --journal "$1/j.db" "$3" > "$4.out" 2>&1 || true
+exec 9< "$1/j.db"
+echo ok > "$4"
+exec sleep 300
+"""
+
+
+@pytest.fixture
+def agent(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], Path, Path, Path]]:
+    """A process in a mount namespace of its own that ran ``plan.json`` into ``DIR/j.db`` there: (process,
+    DIR, plan, the effects file, which both namespaces share). Skips where no mount namespace can be made."""
+    work, effects = tmp_path / "app", tmp_path / "effects.txt"
+    work.mkdir()
+    plan = _shell_plan(tmp_path / "plan.json", "pay", effects)
+    ready = tmp_path / "ready"
+    try:
+        proc = subprocess.Popen(
+            ["unshare", "--mount", "--propagation", "private", "sh", "-c", _AGENT, "sh",
+             str(work), sys.executable, str(plan), str(ready)],
+            cwd=tmp_path, env=cli_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        )  # fmt: skip
+    except FileNotFoundError:
+        pytest.skip("no unshare(1)")
+    try:
+        deadline = time.monotonic() + 120
+        while not ready.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if not ready.exists():
+            assert proc.stderr is not None
+            pytest.skip(f"cannot mount in a mount namespace of its own: {proc.stderr.read()[-200:]!r}")
+        assert ["s1"] == effects.read_text().split(), Path(f"{ready}.out").read_text()
+        yield proc, work, plan, effects
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.mark.parametrize("via", ["root", "cwd", "fd"])
+def test_a_journal_reached_through_a_proc_link_into_another_mount_namespace_is_refused(
+    agent: tuple[subprocess.Popen[bytes], Path, Path, Path], tmp_path: Path, via: str
+) -> None:
+    """An operator on the host reaches a container's journal as ``/proc/PID/root/app/j.db`` (or through
+    the process's ``cwd`` or an open descriptor, ``/proc/PID/fd/9``): the kernel follows those links into
+    the process's own mounts, but their text is a path of the *host* (``readlink /proc/PID/root`` is
+    ``/``), and effectlog resolved the location by that text (``os.path.realpath``, as SQLite's own
+    full-path logic does): it opened, or created, ``/app/j.db`` of the host instead. ``effectlog run``
+    there found no such run and sent the finished run's non-idempotent step again: a second effect, and
+    ``verify`` of that same location said ok. Proves: such a location is refused before any file is made
+    (exit 2, one line naming the location), no second effect is made, and no file appears on the host."""
+    proc, work, plan, effects = agent
+    location = {
+        "root": f"/proc/{proc.pid}/root{work}/j.db",
+        "cwd": f"/proc/{proc.pid}/cwd/j.db",
+        "fd": f"/proc/{proc.pid}/fd/9",
+    }[via]
+    assert os.path.exists(location)  # the kernel does reach the agent's journal by that name
+    ran = effectlog("run", "--journal", location, str(plan), cwd=tmp_path)
+    verified = effectlog("verify", "--journal", location, cwd=tmp_path)
+    assert (2, ["s1"], [], True) == (
+        ran.returncode,
+        effects.read_text().split(),
+        sorted(p.name for p in work.iterdir()),  # the host's own /app: nothing made there
+        verified.returncode != 0,
+    ), (ran.stderr, verified.stdout, verified.stderr)
+    assert location in one_line(ran.stderr)
