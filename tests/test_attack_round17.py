@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from effectlog.adapters.effects import EffectStore
 from hardening_kit import cli_env, effectlog, one_line
 
 # -- 1. a path whose text names another file than the one the kernel reaches (/proc magic links) -------
@@ -34,12 +35,14 @@ def _shell_plan(path: Path, run_id: str, effects: Path) -> Path:
 
 
 # The agent's own process in a mount namespace of its own (a container's, in miniature): a tmpfs on
-# DIR, the run driven there to completion, then the process stays, its cwd DIR, the journal open on fd 9.
+# DIR, the run driven there to completion and an effect store made, then the process stays, its cwd DIR, the
+# journal open on fd 9.
 _AGENT = r"""
 set -e
 mount -t tmpfs none "$1"
 cd "$1"
 "$2" -m effectlog run --journal "$1/j.db" "$3" > "$4.out" 2>&1 || true
+"$2" -c 'import sys; from effectlog.adapters.effects import EffectStore; EffectStore(sys.argv[1]).close()' "$1/fx.db"
 exec 9< "$1/j.db"
 echo ok > "$4"
 exec sleep 300
@@ -104,3 +107,31 @@ def test_a_journal_reached_through_a_proc_link_into_another_mount_namespace_is_r
         verified.returncode != 0,
     ), (ran.stderr, verified.stdout, verified.stderr)
     assert location in one_line(ran.stderr)
+
+
+@pytest.mark.parametrize("what", ["effects", "store"])
+def test_an_effect_store_or_fleet_store_reached_through_a_proc_link_is_refused(
+    agent: tuple[subprocess.Popen[bytes], Path, Path, Path], tmp_path: Path, what: str
+) -> None:
+    """The effect store and the fleet store are opened by the same text resolution as the journal: an
+    agent's effect store reached as ``/proc/PID/root/app/fx.db`` was the host's store of that path (none
+    of the agent's keys: an idempotent step sent to it is applied again), or a new one, and a fleet store
+    the same. Proves: both are refused as the journal is (exit 2, one line naming the location), and the
+    host's own files of that path are left as they were (none made, the host's store unchanged)."""
+    proc, work, _, _ = agent
+    location = f"/proc/{proc.pid}/root{work}/{'fx' if what == 'effects' else 'store'}.db"
+    host_store = work / "fx.db"  # the host's own store at the agent's path (the agent's tmpfs hides it there)
+    EffectStore(host_store).close()
+    before = (sorted(p.name for p in work.iterdir()), host_store.read_bytes())
+    plan = tmp_path / "fx.json"
+    plan.write_text(json.dumps({
+        "run_id": "fx",
+        "adapters": {"tool": {"type": "effects.idempotent", "idempotent": True}},
+        "steps": [{"id": "s1", "adapter": "tool", "args": {"cents": 5}}],
+    }))  # fmt: skip
+    argv = (["run", "--journal", str(tmp_path / "host.db"), "--effects", location, str(plan)] if what == "effects"
+            else ["submit", "--store", location, "--scope", "s", "--key", "k", str(plan)])  # fmt: skip
+    done = effectlog(*argv, cwd=tmp_path)
+    line = one_line(done.stderr)
+    left = (sorted(p.name for p in work.iterdir()), host_store.read_bytes())
+    assert (2, True, True) == (done.returncode, location in line, left == before), line
