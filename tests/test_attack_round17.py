@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -135,3 +136,52 @@ def test_an_effect_store_or_fleet_store_reached_through_a_proc_link_is_refused(
     line = one_line(done.stderr)
     left = (sorted(p.name for p in work.iterdir()), host_store.read_bytes())
     assert (2, True, True) == (done.returncode, location in line, left == before), line
+
+
+# -- 2. a plan or trace path that reaches a journal's sidecar by another name --------------------------
+
+
+def _alias(tmp_path: Path, target: Path, how: str) -> Path:
+    """Another name of ``target``: a symlink to it, a hard link, or ``/proc/self/fd/N`` of a descriptor
+    this test keeps open (an ordinary-looking path; nothing in the text says ``-shm``)."""
+    alias = tmp_path / "notes.jsonl"
+    if how == "symlink":
+        alias.symlink_to(target)
+    elif how == "hardlink":
+        os.link(target, alias)
+    else:
+        return Path(f"/proc/self/fd/{os.open(target, os.O_RDONLY)}")  # kept open: closing it drops the locks
+    return alias
+
+
+@pytest.mark.parametrize("how", ["symlink", "hardlink", "proc-fd"])
+@pytest.mark.parametrize("role", ["trace", "plan"])
+def test_a_plan_or_trace_reaching_the_journals_shm_by_another_name_is_refused(
+    tmp_path: Path, role: str, how: str
+) -> None:
+    """Round 16 made a runtime refuse a plan or trace path naming a journal it has open or its
+    ``-wal``/``-shm``/``-journal`` (reading it opens and closes a descriptor, and the close drops every
+    POSIX lock of the process on that file, SQLite's DMS lock on the -shm included). It told sidecars by
+    the text of the path: a symlink to the -shm, a hard link of it or ``/proc/self/fd/N`` named no
+    sidecar, so the plan reader (or the trace, which also appends JSON into the file) opened and closed
+    the -shm and the lock was gone: another process then takes the index for unused and truncates it
+    under this one (SIGBUS), as round 16 showed. Proves: each is refused (bad input naming the path), the
+    -shm keeps its size, and SQLite's DMS lock on it is still held."""
+    from effectlog.errors import BadInput
+    from effectlog.journal.sqlite import SqliteJournal
+    from effectlog.runtime import Runtime
+    from test_attack_round16 import _dms_held
+
+    shm = tmp_path / "j.db-shm"
+    journal = SqliteJournal(tmp_path / "j.db")
+    runtime = Runtime(journal)  # its plan reader; the trace's runtime is made with the alias below
+    try:
+        alias = _alias(tmp_path, shm, how)
+        size, before = shm.stat().st_size, _dms_held(shm)
+        give = (lambda: Runtime(journal, trace=str(alias))) if role == "trace" else (lambda: runtime.run(str(alias)))
+        with pytest.raises(BadInput, match=re.escape(str(alias))):
+            give()
+        assert (size, True, True) == (shm.stat().st_size, before, _dms_held(shm))
+    finally:
+        runtime.close()
+        journal.close()
