@@ -106,6 +106,8 @@ from effectlog.journal.protocol import SCHEMA_VERSION
 # How long a claim stays live on the owner row after its process last renewed it (a third of this apart),
 # once its session lock is gone: the wait for another host to take over the run of a host that died.
 OWNER_LEASE_S = 15.0
+# The pause between a renewal turn's tries (each failed one drops a broken pooled connection).
+_RENEW_PAUSE_S = 0.02
 _MORE_ROWS = ", (%s, %s, %s, %s, %s, %s, %s)"  # INSERT's VALUES list, one more row
 _CHUNK = 1000  # rows per INSERT statement
 _SEEN_MAX = 10_000  # runs whose last seen head a journal keeps (``_fenced_in_one``)
@@ -409,14 +411,30 @@ class PostgresJournal:
             self._renewer.start()
 
     def _renew_claims(self, timeout_s: float) -> None:
+        """One turn of the renewal, tried on pooled connections until one takes it or ``timeout_s`` is spent.
+
+        A failover, a server restart or a sweep of idle sessions ends every session of this process at
+        once, the pooled ones too, and the pool only finds a connection broken once it is used (then drops
+        it): one try per turn failed on each of them in turn, and with a few idle in the pool the claim ran
+        out while its owner was inside a call (another process took the run over). Each failed try drops
+        one, so the next comes from those left or a new connection."""
         with self._renewal:
             held = [(c.run_id, c.token) for c in list(self._claims.values()) if c.token]
-            if held:
-                with (
-                    contextlib.suppress(psycopg.Error, PoolTimeout),
-                    self._pool.connection(timeout=timeout_s) as conn,
-                ):
-                    conn.execute(RENEW_OWNERS, (self._owner_lease_s, [r for r, _ in held], [t for _, t in held]))
+            if not held:
+                return
+            params = (self._owner_lease_s, [r for r, _ in held], [t for _, t in held])
+            deadline = time.monotonic() + timeout_s
+            while True:
+                try:
+                    with self._pool.connection(timeout=max(deadline - time.monotonic(), 0.001)) as conn:
+                        conn.execute(RENEW_OWNERS, params)
+                    return
+                except PoolTimeout:
+                    return  # no connection to be had this turn: the next turn tries again
+                except psycopg.Error:
+                    if time.monotonic() >= deadline:
+                        return
+                    time.sleep(_RENEW_PAUSE_S)  # a server that refuses every session is not hammered
 
     def release(self, claim: Claim) -> None:
         if claim.released or self._claims.get(claim.run_id) is not claim:
