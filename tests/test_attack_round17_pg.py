@@ -7,13 +7,18 @@ Real server (``pg_url``), real journals, real ``pg_terminate_backend``.
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import psycopg
 import pytest
 
 from effectlog.errors import RunOwned
 from effectlog.journal.postgres import PostgresJournal
+from hardening_kit import cli_env, effectlog
 
 pytest_plugins = ["pg_fixture"]
 
@@ -58,3 +63,65 @@ def test_a_claim_outlives_the_end_of_every_session_of_its_process_during_a_long_
                     time.sleep(0.02)
         journal.release(claim)
     assert [] == taken
+
+
+_RUNNER = """
+import sys
+from effectlog.fleet import open_store
+from effectlog.fleet.runner import Runner, RunnerConfig
+store = open_store(sys.argv[1], pool_size=4)
+pool = store._pool
+with pool.connection(), pool.connection(), pool.connection(), pool.connection():
+    pass  # four connections idle in the pool, as after any burst of claims and appends
+config = RunnerConfig(store=sys.argv[1], runner_id="A", lease_s=1.5, heartbeat_s=0.5, poll_s=0.05, recover=False,
+                      max_attempts=1)
+Runner(config, store, log=open("/dev/null", "w")).serve()
+store.close()
+"""
+
+
+def test_a_runners_lease_outlives_the_end_of_every_session_of_its_process_during_a_long_call(
+    tmp_path: Path, pg_url: str
+) -> None:
+    """The fleet's twin of the case above: a runner keeps its attempt's lease by heartbeats, each one
+    transaction on a pooled connection, and a failed heartbeat waited for the next (a third of the lease).
+    After a failover every idle pooled connection was broken, one failed per heartbeat, and with four idle
+    the lease ran out while the runner was inside its step's call: recovery then moves the attempt on (a
+    person asked to reconcile while the call may still land, or an idempotent step sent again by another
+    runner). Proves: with every session of the runner's process ended mid-call, the lease is never seen
+    run out while the call goes on."""
+    plan = tmp_path / "p.json"
+    plan.write_text(json.dumps({
+        "run_id": "slow",
+        "adapters": {"sh": {"type": "shell", "idempotent": False}},
+        "steps": [{"id": "s1", "adapter": "sh", "args": {"argv": ["sleep", "4"]}}],
+    }))  # fmt: skip
+    assert 0 == effectlog("submit", "--store", pg_url, "--scope", "s", "--key", "k", str(plan), cwd=tmp_path).returncode
+    runner = subprocess.Popen([sys.executable, "-c", _RUNNER, pg_url], cwd=tmp_path, env=cli_env())
+    lapsed: list[float] = []
+    try:
+        with psycopg.connect(pg_url, autocommit=True, application_name="attack17-watch") as conn:
+
+            def lease_left() -> float | None:
+                row = conn.execute(
+                    "SELECT a.lease_expires_at - extract(epoch FROM clock_timestamp()) FROM effectlog_fleet.attempts a"
+                    " JOIN effectlog.events e ON e.run_id = 'slow' AND e.phase = 'step.requested'"
+                    " WHERE a.state = 'running'"
+                ).fetchone()
+                return None if row is None else float(row[0])
+
+            deadline = time.monotonic() + 20
+            while lease_left() is None and time.monotonic() < deadline:
+                time.sleep(0.02)  # until the step's call has begun
+            assert lease_left() is not None
+            assert _end_sessions(pg_url, ("effectlog-fleet", "effectlog-journal", "effectlog-owner")) >= 4
+            until = time.monotonic() + 3.0  # inside the 4 s call, twice the lease
+            while time.monotonic() < until:
+                left = lease_left()
+                if left is not None and left <= 0:
+                    lapsed.append(left)
+                time.sleep(0.02)
+    finally:
+        runner.kill()
+        runner.wait()
+    assert [] == lapsed
