@@ -125,3 +125,38 @@ def test_a_runners_lease_outlives_the_end_of_every_session_of_its_process_during
         runner.kill()
         runner.wait()
     assert [] == lapsed
+
+
+def test_a_claim_outlives_a_server_restart_longer_than_its_lease(tmp_path: Path) -> None:
+    """A server restart (maintenance, ``pg_ctl restart``, a managed database's reboot) longer than the
+    owner's lease: nobody could renew or claim meanwhile, and once the server was back the first claim to
+    arrive found the owner's ``alive_until`` in the past and took the run over, while its owner (alive,
+    inside its call) had not had a turn to renew yet. Proves: for a lease after the server's start, the
+    claim of an owner whose last renewal predates that start is still refused (exit 6), and the owner
+    then renews and keeps its run."""
+    from pg_fixture import started_cluster
+
+    cluster = started_cluster()
+    taken: list[bool] = []
+    try:
+        url = cluster.create_database()
+        with PostgresJournal(url, owner_lease_s=1.5) as journal:
+            claim = journal.claim("restart")
+            pg_ctl = str(cluster._bindir / "pg_ctl")
+            cluster._run([pg_ctl, "-D", str(cluster.data), "-m", "fast", "-w", "-t", "30", "stop"], "stop")
+            time.sleep(2.5)  # down for longer than the lease, the owner inside its call
+            options = f"-c listen_addresses=127.0.0.1 -p {cluster.port} -k {cluster.tmp} -c fsync=off"
+            cluster._run([pg_ctl, "-D", str(cluster.data), "-l", str(cluster.log), "-o", options, "-w", "start"],
+                         "start")  # fmt: skip
+            with PostgresJournal(url) as other:
+                until = time.monotonic() + 2.0
+                while time.monotonic() < until and not taken:
+                    try:
+                        other.release(other.claim("restart"))
+                        taken.append(True)
+                    except RunOwned:
+                        time.sleep(0.02)
+            journal.release(claim)
+    finally:
+        cluster.stop()
+    assert [] == taken
