@@ -138,6 +138,7 @@ def test_a_claim_outlives_a_server_restart_longer_than_its_lease(tmp_path: Path)
 
     cluster = started_cluster()
     taken: list[bool] = []
+    renewed = False
     try:
         url = cluster.create_database()
         with PostgresJournal(url, owner_lease_s=1.5) as journal:
@@ -156,7 +157,13 @@ def test_a_claim_outlives_a_server_restart_longer_than_its_lease(tmp_path: Path)
                         taken.append(True)
                     except RunOwned:
                         time.sleep(0.02)
+            with psycopg.connect(url, autocommit=True) as conn:
+                row = conn.execute(
+                    "SELECT alive_until > extract(epoch FROM clock_timestamp()) FROM effectlog.owners"
+                    " WHERE run_id = 'restart'"
+                ).fetchone()
+            renewed = bool(row and row[0])
             journal.release(claim)
     finally:
         cluster.stop()
-    assert [] == taken
+    assert ([], True) == (taken, renewed)

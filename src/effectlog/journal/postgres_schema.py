@@ -129,8 +129,17 @@ UPSERT_OWNER = (
 OWNER_ROW = f"SELECT token, holder FROM {SCHEMA}.owners WHERE run_id = %s"
 # The row and whether its owner still renews it; through to_jsonb, so that a reader of a journal no writer
 # of this version has opened yet (no such column) reads it too (never renewed).
+#
+# A claim last renewed before the server started (a restart, a reboot) counts as renewed for a default lease
+# after that start: nobody could renew while the server was down, and a restart longer than the lease let the
+# first claim after it take the run over before its live owner, inside a call, had a turn to renew. A dead
+# host's runs wait that much more after a restart; a released claim (0) and a gone owner of this host do not.
+_ALIVE_UNTIL = "COALESCE((to_jsonb(o) ->> 'alive_until')::float8, 0)"
+_SERVER_START = "extract(epoch FROM pg_catalog.pg_postmaster_start_time())::float8"
+RESTART_GRACE_S = 15.0  # the default owner lease (``postgres.OWNER_LEASE_S``)
 OWNER_RENEWED = (
-    f"SELECT o.token, o.holder, COALESCE((to_jsonb(o) ->> 'alive_until')::float8, 0) > {_NOW}"
+    f"SELECT o.token, o.holder, {_ALIVE_UNTIL} > {_NOW} OR ({_ALIVE_UNTIL} > 0 AND {_ALIVE_UNTIL} <= {_SERVER_START}"
+    f" AND {_NOW} < {_SERVER_START} + {RESTART_GRACE_S})"
     f" FROM {SCHEMA}.owners o WHERE o.run_id = %s"
 )
 RENEW_OWNERS = (
