@@ -79,8 +79,10 @@ from effectlog.journal.ownership import (
 )
 from effectlog.journal.postgres_schema import (
     ADD_ALIVE_UNTIL,
+    ADD_RENEWED_ON,
     END_OWNER,
     HAS_ALIVE_UNTIL,
+    HAS_RENEWED_ON,
     HEAD,
     INSERT,
     LOCK_RUN,
@@ -251,6 +253,10 @@ class PostgresJournal:
             with conn.transaction():  # an owners table of an earlier version: its rows are never renewed
                 conn.execute("SELECT pg_advisory_xact_lock(%s, 0)", (MIGRATE_LOCK_CLASS,))
                 conn.execute(ADD_ALIVE_UNTIL)
+        if self.writer and conn.execute(HAS_RENEWED_ON, (f"{SCHEMA}.owners",)).fetchone() is None:
+            with conn.transaction():  # which start of the server took a claim's last renewal (OWNER_RENEWED)
+                conn.execute("SELECT pg_advisory_xact_lock(%s, 0)", (MIGRATE_LOCK_CLASS,))
+                conn.execute(ADD_RENEWED_ON)
         if self.writer:
             self._add_checkpoints(conn)
 
