@@ -185,3 +185,31 @@ def test_a_plan_or_trace_reaching_the_journals_shm_by_another_name_is_refused(
     finally:
         runtime.close()
         journal.close()
+
+
+@pytest.mark.parametrize("how", ["symlinked-directory", "symlink-to-a-new-file", "relative", "dot-dot"])
+def test_a_path_whose_text_and_file_agree_is_not_taken_for_a_misleading_one(
+    tmp_path: Path, how: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The ``location_misleads`` check compares the file a path's text names with the one the kernel
+    reaches; ordinary second spellings must still open the one journal (a symlink is fine, G9). Proves:
+    through a symlinked directory, a symlink to a journal not made yet, a relative path and ``..``, a
+    journal is made (or opened) at the file the path leads to, and both spellings meet one file."""
+    from effectlog.journal.sqlite import SqliteJournal
+
+    real = tmp_path / "real"
+    real.mkdir()
+    monkeypatch.chdir(tmp_path)
+    location = {
+        "symlinked-directory": "link/j.db",
+        "symlink-to-a-new-file": "j.db",
+        "relative": "real/j.db",
+        "dot-dot": f"{real}/../real/j.db",
+    }[how]
+    if how == "symlinked-directory":
+        (tmp_path / "link").symlink_to(real)
+    elif how == "symlink-to-a-new-file":
+        (tmp_path / "j.db").symlink_to(real / "j.db")  # dangling until the journal is made
+    SqliteJournal(location).close()
+    SqliteJournal(real / "j.db").close()
+    assert (True, True) == ((real / "j.db").is_file(), os.path.samefile(location, real / "j.db"))
