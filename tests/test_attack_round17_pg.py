@@ -167,3 +167,20 @@ def test_a_claim_outlives_a_server_restart_longer_than_its_lease(tmp_path: Path)
     finally:
         cluster.stop()
     assert ([], True) == (taken, renewed)
+
+
+def test_a_run_released_after_every_session_of_its_process_ended_is_claimable_at_once(pg_url: str) -> None:
+    """A release clears its owner row's ``alive_until`` on a pooled connection. After a failover (every
+    session of the process ended), that connection was a broken one: the clearing failed, silently, and
+    the released run stayed "renewed" by a live process (this one) for a lease: every claim of it, this
+    process's next resume included, was refused (exit 6). Proves: released after its process's sessions
+    were all ended, the run is claimed by another journal at once."""
+    with PostgresJournal(pg_url, pool_size=4) as journal:
+        pool = journal._pool
+        with pool.connection(), pool.connection(), pool.connection(), pool.connection():
+            pass  # four connections idle in the pool, as after any burst of reads and appends
+        claim = journal.claim("released")
+        assert 5 == _end_sessions(pg_url, ("effectlog-journal", "effectlog-owner"))
+        journal.release(claim)
+        with PostgresJournal(pg_url) as other:
+            other.release(other.claim("released"))
