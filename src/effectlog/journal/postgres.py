@@ -417,30 +417,34 @@ class PostgresJournal:
             self._renewer.start()
 
     def _renew_claims(self, timeout_s: float) -> None:
-        """One turn of the renewal, tried on pooled connections until one takes it or ``timeout_s`` is spent.
+        with self._renewal:
+            held = [(c.run_id, c.token) for c in list(self._claims.values()) if c.token]
+            if held:
+                params = (self._owner_lease_s, [r for r, _ in held], [t for _, t in held])
+                self._on_pooled(RENEW_OWNERS, params, timeout_s)
+
+    def _on_pooled(self, sql: str, params: Sequence[Any], timeout_s: float) -> None:
+        """One statement of the owner rows (a renewal, a release's clearing), tried on pooled connections until
+        one takes it or ``timeout_s`` is spent; a failure is dropped (the next renewal tries again).
 
         A failover, a server restart or a sweep of idle sessions ends every session of this process at
         once, the pooled ones too, and the pool only finds a connection broken once it is used (then drops
-        it): one try per turn failed on each of them in turn, and with a few idle in the pool the claim ran
-        out while its owner was inside a call (another process took the run over). Each failed try drops
-        one, so the next comes from those left or a new connection."""
-        with self._renewal:
-            held = [(c.run_id, c.token) for c in list(self._claims.values()) if c.token]
-            if not held:
+        it): a renewal tried once per turn failed on each of them in turn, and with a few idle in the pool
+        the claim ran out while its owner was inside a call (another process took the run over); a release
+        tried once left the released run refused for a lease. Each failed try drops one broken connection,
+        so the next comes from those left or is a new one."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                with self._pool.connection(timeout=max(deadline - time.monotonic(), 0.001)) as conn:
+                    conn.execute(sql, params)
                 return
-            params = (self._owner_lease_s, [r for r, _ in held], [t for _, t in held])
-            deadline = time.monotonic() + timeout_s
-            while True:
-                try:
-                    with self._pool.connection(timeout=max(deadline - time.monotonic(), 0.001)) as conn:
-                        conn.execute(RENEW_OWNERS, params)
+            except PoolTimeout:
+                return  # no connection to be had now
+            except psycopg.Error:
+                if time.monotonic() >= deadline:
                     return
-                except PoolTimeout:
-                    return  # no connection to be had this turn: the next turn tries again
-                except psycopg.Error:
-                    if time.monotonic() >= deadline:
-                        return
-                    time.sleep(_RENEW_PAUSE_S)  # a server that refuses every session is not hammered
+                time.sleep(_RENEW_PAUSE_S)  # a server that refuses every session is not hammered
 
     def release(self, claim: Claim) -> None:
         if claim.released or self._claims.get(claim.run_id) is not claim:
@@ -452,8 +456,7 @@ class PostgresJournal:
         with self._renewal:  # a renewal in flight writes before END_OWNER, a later one no longer has the claim
             del self._claims[claim.run_id]
             if claim.token:  # no longer renewed, before the lock is let go: the next claim need not wait for it
-                with contextlib.suppress(psycopg.Error, PoolTimeout), self._pool.connection() as pooled:
-                    pooled.execute(END_OWNER, (claim.run_id, claim.token))
+                self._on_pooled(END_OWNER, (claim.run_id, claim.token), self._owner_lease_s / 3)
         conn = self._owner_conn
         if conn is None:
             return  # its connection ended (another release found it gone), and with it the lock
