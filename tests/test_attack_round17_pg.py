@@ -8,6 +8,8 @@ Real server (``pg_url``), real journals, real ``pg_terminate_backend``.
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -184,3 +186,47 @@ def test_a_run_released_after_every_session_of_its_process_ended_is_claimable_at
         journal.release(claim)
         with PostgresJournal(pg_url) as other:
             other.release(other.claim("released"))
+
+
+_STOPPABLE_OWNER = """
+import sys
+from effectlog.journal.postgres import PostgresJournal
+journal = PostgresJournal(sys.argv[1], owner_lease_s=1.0)
+claim = journal.claim("stopped")
+print("claimed", flush=True)
+sys.stdin.readline()
+journal.release(claim)
+journal.close()
+print("released", flush=True)
+"""
+
+
+def test_an_owner_stopped_with_sigstop_past_its_lease_keeps_its_run(pg_url: str) -> None:
+    """A process stopped (SIGSTOP, a debugger, a frozen container) renews nothing, so its ``alive_until``
+    runs out; its claim connection is still open (the kernel keeps the socket), and with it the session
+    lock. Proves: another claim is refused while the owner is stopped past twice its lease (the lock
+    decides, not ``alive_until`` alone), and once continued and released the run is claimed at once.
+    Regression; nothing found."""
+    owner = subprocess.Popen(
+        [sys.executable, "-c", _STOPPABLE_OWNER, pg_url], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        env=cli_env(),
+    )  # fmt: skip
+    assert owner.stdin is not None
+    assert owner.stdout is not None
+    try:
+        assert "claimed" == owner.stdout.readline().strip()
+        os.kill(owner.pid, signal.SIGSTOP)
+        try:
+            time.sleep(2.0)
+            with PostgresJournal(pg_url) as other, pytest.raises(RunOwned):
+                other.claim("stopped")
+        finally:
+            os.kill(owner.pid, signal.SIGCONT)
+        owner.stdin.write("go\n")
+        owner.stdin.flush()
+        assert "released" == owner.stdout.readline().strip()
+        with PostgresJournal(pg_url) as other:
+            other.release(other.claim("stopped"))
+    finally:
+        owner.kill()
+        owner.wait()
