@@ -323,7 +323,7 @@ def test_resume_json_in_list_shape_reads_as_the_agreed_shape() -> None:
 
 def measured(wall: float, cpu: float, **one_off: float) -> dict[str, float]:
     return {"us_per_step": wall, "cpu_us_per_step": cpu, "user_us_per_step": cpu * 0.8,
-            "sys_us_per_step": cpu * 0.2, **one_off}
+            "sys_us_per_step": cpu * 0.2, "waits_per_commit": 2.0, **one_off}
 
 
 def test_summarize_single_pairs_rounds_and_keeps_ram_pairs_apart() -> None:
