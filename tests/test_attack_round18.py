@@ -1,0 +1,170 @@
+"""Round-18 attacks on the user's side: hostile tools, keys and evidence, the run's life cycle, the
+framework integrations and CLI inputs, with cases earlier rounds had not tried. Each test is one
+suspicion: a failing reproduction first where it found a defect, kept as a short regression test where
+it found none but guards a plausible mistake. Real SQLite files and real ``python -m effectlog``
+processes where the CLI is the point.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hardening_kit import SAFETY_TIMEOUT_S, cli_env
+
+# A user adapter module: each send is appended to sends.jsonl (step, key) before the tool does what its
+# mode says. ``slow`` marks its start in a file, then sleeps: a signal is sent while it runs.
+TOOLS = """
+import json
+import os
+import signal
+import sys
+import time
+
+
+class Hostile:
+    def __init__(self, options):
+        self.mode = options["mode"]
+        self.blocking = options.get("blocking", True)
+
+    def invoke(self, request):
+        with open("sends.jsonl", "a") as fh:
+            fh.write(json.dumps([request.step_id, request.idempotency_key]) + "\\n")
+        mode = self.mode
+        if mode == "block-signals":  # a library that masks signals around its work and forgets to unmask
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+        elif mode == "low-recursion-limit":  # a library that lowers the limit for its own recursion guard
+            lowest = 1
+            while True:  # the lowest limit allowed here (the depth of this frame), plus a few frames
+                try:
+                    sys.setrecursionlimit(lowest)
+                    break
+                except RecursionError:
+                    lowest += 1
+            sys.setrecursionlimit(lowest + 5)
+        elif mode == "slow":
+            open("slow-started", "w").close()
+            time.sleep(float(os.environ.get("SLOW_S", "3")))
+        elif mode != "ok":
+            raise AssertionError(mode)
+        return {"ok": True}
+
+
+ADAPTERS = {"hostile": lambda decl, ctx: Hostile(decl.options)}
+"""
+
+
+class World:
+    """A directory with the hostile tools module, a plan, and ``effectlog`` to run in it."""
+
+    def __init__(self, where: Path) -> None:
+        self.dir = where
+        (where / "hostile18_tools.py").write_text(TOOLS)
+        self.env = cli_env({"PYTHONPATH": str(where)})
+
+    def plan(self, *steps: tuple[str, str, bool], idempotent: bool = False) -> None:
+        """Steps as ``(id, mode, blocking)``, each with an adapter of its own."""
+        adapters = {
+            sid: {"type": "hostile", "idempotent": idempotent, "options": {"mode": mode, "blocking": blocking}}
+            for sid, mode, blocking in steps
+        }
+        plan = {"run_id": "r", "adapters": adapters, "steps": [{"id": sid, "adapter": sid} for sid, _, _ in steps]}
+        (self.dir / "plan.json").write_text(json.dumps(plan))
+
+    def argv(self, *argv: str) -> list[str]:
+        return [sys.executable, "-m", "effectlog", *argv]
+
+    def effectlog(self, *argv: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            self.argv(*argv),
+            cwd=self.dir,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=SAFETY_TIMEOUT_S,
+            check=False,
+        )
+
+    RUN = ("run", "plan.json", "--journal", "j.db", "--adapters", "hostile18_tools:ADAPTERS")
+
+    def run(self) -> subprocess.CompletedProcess[str]:
+        return self.effectlog(*self.RUN)
+
+    def sends(self) -> list[str]:
+        path = self.dir / "sends.jsonl"
+        return [json.loads(line)[0] for line in path.read_text().splitlines()] if path.exists() else []
+
+    def states(self) -> list[tuple[str, str]]:
+        done = self.effectlog("status", "--journal", "j.db", "--run-id", "r", "--json")
+        assert 0 == done.returncode, done.stderr
+        return [(s["id"], s["state"]) for s in json.loads(done.stdout)["steps"]]
+
+    def verified(self) -> None:
+        done = self.effectlog("verify", "--journal", "j.db")
+        assert 0 == done.returncode, done.stdout + done.stderr
+
+
+@pytest.fixture
+def world(tmp_path: Path) -> World:
+    return World(tmp_path)
+
+
+def _one_line(stderr: str) -> None:
+    assert "Traceback" not in stderr, stderr
+
+
+# -- (1) hostile tools: process state effectlog relies on -----------------------------------------
+
+
+def test_a_tool_that_blocks_the_stop_signals_does_not_take_effectlogs_graceful_stop_away(world: World) -> None:
+    """An in-process tool that blocks SIGINT/SIGTERM in the main thread's signal mask (a library masking
+    signals around its work and never unmasking) must not swallow effectlog's graceful stop: a SIGTERM
+    during a later step still stops the run after that step's commit (exit 143), the next step is not
+    sent, and running the plan again sends it once. The mask was left blocked: the SIGTERM waited for
+    ever, every remaining step was sent and the run exited 0."""
+    world.plan(("mask", "block-signals", False), ("slow", "slow", True), ("last", "ok", False))
+    child = subprocess.Popen(
+        world.argv(*World.RUN), cwd=world.dir, env=world.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        marker = world.dir / "slow-started"
+        for _ in range(int(SAFETY_TIMEOUT_S / 0.02)):
+            if marker.exists() or child.poll() is not None:
+                break
+            subprocess.run(["sleep", "0.02"], check=True)
+        child.send_signal(signal.SIGTERM)
+        _, stderr = child.communicate(timeout=SAFETY_TIMEOUT_S)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    assert 128 + signal.SIGTERM == child.returncode, stderr
+    _one_line(stderr)
+    assert ["mask", "slow"] == world.sends()
+    assert [("mask", "confirmed"), ("slow", "confirmed"), ("last", "pending")] == world.states()
+    again = world.run()
+    assert 0 == again.returncode, again.stderr
+    assert ["mask", "slow", "last"] == world.sends()
+    world.verified()
+
+
+@pytest.mark.parametrize("blocking", [True, False], ids=["thread", "inline"])
+def test_a_tool_that_lowers_the_recursion_limit_does_not_end_the_run_after_its_effect(
+    world: World, blocking: bool
+) -> None:
+    """A tool that lowers ``sys.setrecursionlimit`` (a library's recursion guard, set for the process and
+    never put back) must not make effectlog's own commit of its result fail: the step is confirmed, the
+    run goes on and completes, each step sent once. The commit raised ``RecursionError``: a traceback,
+    exit 1, the step left requested after its effect (uncertain for the next run)."""
+    world.plan(("pay", "low-recursion-limit", blocking), ("after", "ok", blocking))
+    done = world.run()
+    assert 0 == done.returncode, done.stderr
+    _one_line(done.stderr)
+    assert ["pay", "after"] == world.sends()
+    assert [("pay", "confirmed"), ("after", "confirmed")] == world.states()
+    world.verified()
