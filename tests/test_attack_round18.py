@@ -8,6 +8,7 @@ processes where the CLI is the point.
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -168,3 +169,39 @@ def test_a_tool_that_lowers_the_recursion_limit_does_not_end_the_run_after_its_e
     assert ["pay", "after"] == world.sends()
     assert [("pay", "confirmed"), ("after", "confirmed")] == world.states()
     world.verified()
+
+
+# -- (2) notifications from a directory whose name is not UTF-8 -----------------------------------
+
+
+def test_a_run_in_a_directory_whose_name_is_not_utf8_still_notifies_with_a_command_that_works(
+    tmp_path: Path,
+) -> None:
+    """``effectlog run --journal j.db --notify-command CMD`` in a directory named in Latin-1 (an old share,
+    an archive unpacked as is): the notification names the journal by its absolute path, which holds a
+    byte that is not UTF-8, and encoding it failed, so the person was never told the run waits ("not
+    delivered: UnicodeEncodeError"). Proves: the notification is delivered, and the approve command it
+    carries journals the approval when pasted in the run's directory (the CLI takes UTF-8 paths only)."""
+    where = Path(os.fsdecode(bytes(tmp_path) + b"/caf\xe9"))
+    where.mkdir()
+    plan = {
+        "run_id": "r",
+        "adapters": {"n": {"type": "noop", "idempotent": True}},
+        "steps": [{"id": "a", "adapter": "n"}, {"id": "b", "adapter": "n", "approval": "required"}],
+    }
+    (where / "plan.json").write_text(json.dumps(plan))
+    hook = "cat > note.json"
+    argv = [sys.executable, "-m", "effectlog", "run", "plan.json", "--journal", "j.db", "--notify-command", hook]
+    done = subprocess.run(
+        argv, cwd=where, env=cli_env(), capture_output=True, text=True, timeout=SAFETY_TIMEOUT_S, check=False
+    )
+    assert 4 == done.returncode, done.stderr
+    assert "not delivered" not in done.stderr, done.stderr
+    note = json.loads((where / "note.json").read_text())
+    assert ("suspended", "r", "b") == (note["kind"], note["run_id"], note["step_id"])
+    command = note["command"].replace("NAME", "olga", 1)
+    approved = subprocess.run(
+        f"{sys.executable} -m {command}", shell=True, cwd=where, env=cli_env(),
+        capture_output=True, text=True, timeout=SAFETY_TIMEOUT_S, check=False,
+    )  # fmt: skip
+    assert 0 == approved.returncode, approved.stderr
