@@ -48,6 +48,8 @@ class Hostile:
                 except RecursionError:
                     lowest += 1
             sys.setrecursionlimit(lowest + 5)
+        elif mode == "chdir":  # a tool that works in its own directory and never goes back
+            os.chdir("work")
         elif mode == "slow":
             open("slow-started", "w").close()
             time.sleep(float(os.environ.get("SLOW_S", "3")))
@@ -205,3 +207,44 @@ def test_a_run_in_a_directory_whose_name_is_not_utf8_still_notifies_with_a_comma
         capture_output=True, text=True, timeout=SAFETY_TIMEOUT_S, check=False,
     )  # fmt: skip
     assert 0 == approved.returncode, approved.stderr
+
+
+def test_a_notification_after_a_tool_changed_the_working_directory_names_the_runs_own_journal(
+    world: World,
+) -> None:
+    """A tool that changes the working directory (``os.chdir("work")``) and a later step held for approval:
+    the notification made the relative ``--journal j.db`` absolute only when it was sent, in the tool's
+    directory, and named ``work/j.db``, another journal. There, a run of the same plan held at the same
+    step took the pasted approve command (exit 0), and the run that notified went on waiting. Proves: the
+    notification names the journal the run was opened at, and its command approves that run."""
+    plan = {
+        "run_id": "r",
+        "adapters": {
+            "t": {"type": "hostile", "idempotent": False, "options": {"mode": "chdir"}},
+            "n": {"type": "noop", "idempotent": True},
+        },
+        "steps": [{"id": "a", "adapter": "t"}, {"id": "b", "adapter": "n", "approval": "required"}],
+    }
+    (world.dir / "plan.json").write_text(json.dumps(plan))
+    work = world.dir / "work"
+    work.mkdir()
+    other = {**plan, "adapters": {**plan["adapters"], "t": {"type": "noop", "idempotent": False}}}
+    (work / "plan.json").write_text(json.dumps(other))
+    there = subprocess.run(
+        world.argv("run", "plan.json", "--journal", "j.db"), cwd=work, env=world.env,
+        capture_output=True, text=True, timeout=SAFETY_TIMEOUT_S, check=False,
+    )  # fmt: skip
+    assert 4 == there.returncode, there.stderr  # another journal, its run held at the same step
+    done = world.effectlog(*World.RUN, "--notify-command", "cat > ../note.json")
+    assert 4 == done.returncode, done.stderr
+    note = json.loads((world.dir / "note.json").read_text())
+    assert os.path.realpath(world.dir / "j.db") == os.path.realpath(note["journal"])
+    elsewhere = world.dir.parent
+    approved = subprocess.run(
+        f"{sys.executable} -m {note['command'].replace('NAME', 'olga', 1)}", shell=True, cwd=elsewhere,
+        env=world.env, capture_output=True, text=True, timeout=SAFETY_TIMEOUT_S, check=False,
+    )  # fmt: skip
+    assert 0 == approved.returncode, approved.stderr
+    resumed = world.run()
+    assert 0 == resumed.returncode, resumed.stderr
+    assert [("a", "confirmed"), ("b", "confirmed")] == world.states()
