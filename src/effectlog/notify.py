@@ -239,6 +239,14 @@ def shown_location(location: str) -> str:
     return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
 
 
+def opened_location(journal: Any, location: str) -> str:
+    """Where ``journal`` is, to name it in a notification: a SQLite journal by the absolute path it was
+    opened at, since a tool may have changed the working directory since (a relative location made
+    absolute then named another directory's journal, which a pasted command decided); else ``location``."""
+    path = getattr(journal, "path", None)
+    return path if isinstance(path, str) and "://" not in location and _is_text(path) else location
+
+
 def _is_text(path: str) -> bool:
     """Whether ``path`` encodes as UTF-8 (a name with bytes that are not is decoded with lone surrogates)."""
     try:
@@ -272,7 +280,8 @@ def notify_new_waits(
     sent: list[Notification] = []
     if not notifiers:
         return sent
-    location = shown_location(location)  # no URL's password, no path relative to this directory
+    # No URL's password, no path relative to this directory (nor to the one a tool changed it to).
+    location = shown_location(opened_location(journal, location))
     for run_id, seq in since.items():
         held: dict[str, tuple[int, str]] = {}
         for record in journal.read(run_id, seq):

@@ -45,7 +45,7 @@ from effectlog.fleet.sqlite_store import SqliteFleetStore
 from effectlog.fold import StepState
 from effectlog.journal import Journal, load_run
 from effectlog.journal.ownership import describe
-from effectlog.notify import Kind, Notification, cli_hooks, deliver, shown_location
+from effectlog.notify import Kind, Notification, cli_hooks, deliver, opened_location, shown_location
 from effectlog.observe import requests_gauge, telemetry
 from effectlog.plan import Plan, parse_plan
 from effectlog.recorder import record_now
@@ -139,6 +139,8 @@ class Runner:
         assert config.heartbeat_s is not None
         self.heartbeat_s = config.heartbeat_s
         self.store = store
+        # Named in notifications as resolved now: a tool may change the working directory later.
+        self.shown_store = shown_location(opened_location(store, config.store))
         self.runner_id = config.runner_id or f"{socket.gethostname()}:{os.getpid()}"
         self.registry = Registry()
         for spec in config.adapters:
@@ -517,7 +519,7 @@ class Runner:
         A held step's approve command is bound to its attempt and call (``held``), as ``status`` lists it."""
         if not self.notifiers:
             return
-        store = shown_location(self.config.store)
+        store = self.shown_store
         if kind == "suspended" and step_id is not None:
             bound = (held.args_digest, held.attempt) if held is not None else ("", None)
             command = approve_command(store, run_id, step_id, *bound)

@@ -42,7 +42,7 @@ from effectlog.errors import (
 )
 from effectlog.fold import RunState, StepState
 from effectlog.journal.ownership import Claim
-from effectlog.notify import Kind, Notification, Notifier, deliver, hooks_of, shown_location
+from effectlog.notify import Kind, Notification, Notifier, deliver, hooks_of, opened_location, shown_location
 from effectlog.observe import provider_of, session_spans
 from effectlog.recorder import Clock, EventSpec, prepare
 from effectlog.recovery import Action, decide
@@ -182,7 +182,8 @@ class Session:
 
     def _notification(self, event: ev.RunSuspended | ev.RunStopped) -> Notification:
         # Sent to someone elsewhere: the journal by its absolute path (and no URL's password).
-        location, sid = shown_location(self.store.location), event.step_id
+        opened = opened_location(getattr(self.store, "journal", None), self.store.location)
+        location, sid = shown_location(opened), event.step_id
         if isinstance(event, ev.RunSuspended):
             step = self._state.step(sid)
             command = approve_command(
