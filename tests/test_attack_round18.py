@@ -50,12 +50,23 @@ class Hostile:
             sys.setrecursionlimit(lowest + 5)
         elif mode == "chdir":  # a tool that works in its own directory and never goes back
             os.chdir("work")
+        elif mode == "lost":  # the reply is lost: the outcome is unknown
+            raise ConnectionError("reply lost")
         elif mode == "slow":
             open("slow-started", "w").close()
             time.sleep(float(os.environ.get("SLOW_S", "3")))
         elif mode != "ok":
             raise AssertionError(mode)
         return {"ok": True}
+
+
+    def lookup(self, request):
+        how = os.environ["LOOKUP"]
+        if how == "exit":  # a helper built on a CLI library, which ends with sys.exit(0) when it is done
+            sys.exit(0)
+        if how == "generator-exit":
+            raise GeneratorExit("closed")
+        raise AssertionError(how)
 
 
 ADAPTERS = {"hostile": lambda decl, ctx: Hostile(decl.options)}
@@ -248,3 +259,28 @@ def test_a_notification_after_a_tool_changed_the_working_directory_names_the_run
     resumed = world.run()
     assert 0 == resumed.returncode, resumed.stderr
     assert [("a", "confirmed"), ("b", "confirmed")] == world.states()
+
+
+# -- (3) evidence: a lookup that ends its call without an answer -----------------------------------
+
+
+@pytest.mark.parametrize("how", ["exit", "generator-exit"])
+@pytest.mark.parametrize("blocking", [True, False], ids=["thread", "inline"])
+def test_a_lookup_that_exits_instead_of_answering_leaves_the_step_uncertain_with_exit_3(
+    world: World, how: str, blocking: bool
+) -> None:
+    """``reconcile --lookup`` whose lookup calls ``sys.exit(0)`` (a helper built on a CLI library) or raises
+    another ``BaseException``: the lookup gave no answer, so the step stays uncertain, nothing is written,
+    and the command says so in one line with exit 3, as for a lookup that raises. It exited 0, silently
+    (or with a traceback), and a script reading the status took the step as reconciled."""
+    world.plan(("pay", "lost", blocking))
+    assert 3 == world.run().returncode
+    world.env["LOOKUP"] = how
+    done = world.effectlog(
+        "reconcile", "--journal", "j.db", "--run-id", "r", "--step", "pay", "--lookup",
+        "--adapters", "hostile18_tools:ADAPTERS",
+    )  # fmt: skip
+    assert 3 == done.returncode, done.stderr
+    _one_line(done.stderr)
+    assert "lookup failed" in done.stderr, done.stderr
+    assert [("pay", "uncertain")] == world.states()
