@@ -7,6 +7,7 @@ processes where the CLI is the point.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -16,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+import journal_tamper
 from hardening_kit import SAFETY_TIMEOUT_S, cli_env
 
 # A user adapter module: each send is appended to sends.jsonl (step, key) before the tool does what its
@@ -50,6 +52,11 @@ class Hostile:
             sys.setrecursionlimit(lowest + 5)
         elif mode == "chdir":  # a tool that works in its own directory and never goes back
             os.chdir("work")
+        elif mode == "ship":  # the carrier is down until carrier-up exists: nothing shipped
+            if not os.path.exists("carrier-up"):
+                from effectlog.errors import NotApplied
+
+                raise NotApplied("carrier down")
         elif mode == "lost":  # the reply is lost: the outcome is unknown
             raise ConnectionError("reply lost")
         elif mode == "slow":
@@ -69,7 +76,17 @@ class Hostile:
         raise AssertionError(how)
 
 
-ADAPTERS = {"hostile": lambda decl, ctx: Hostile(decl.options)}
+def build(decl, ctx):
+    if os.environ.get("HOLD_BUILD"):  # this process's adapters are built only once "go" exists
+        open("building", "w").close()
+        for _ in range(6000):
+            if os.path.exists("go"):
+                break
+            time.sleep(0.02)
+    return Hostile(decl.options)
+
+
+ADAPTERS = {"hostile": build}
 """
 
 
@@ -284,3 +301,54 @@ def test_a_lookup_that_exits_instead_of_answering_leaves_the_step_uncertain_with
     _one_line(done.stderr)
     assert "lookup failed" in done.stderr, done.stderr
     assert [("pay", "uncertain")] == world.states()
+
+
+# -- (4) the run's life cycle: a fork and a retry of one run at once -------------------------------
+
+
+def test_a_fork_landing_while_a_retry_checks_and_writes_its_fork_does_not_make_the_retry_run_twice(
+    world: World,
+) -> None:
+    """``effectlog retry`` of a failed run, while a colleague runs ``effectlog fork`` of it in another
+    process. A run is retried once: a retry of a run that has a fork is refused, since the fork carries on
+    its work and the retry would make its remaining steps again under new keys. The retry checked for forks,
+    then built its adapters and wrote its fork; a fork written in between was not seen, and both forks sent
+    ``email`` (two effects, verify ok). Proves: the fork is written before the retry checks (the retry is
+    then refused) or after the retry's fork (a fork on purpose, as documented), never in between."""
+    world.plan(("ship", "ship", False), ("email", "ok", False))
+    assert 1 == world.run().returncode  # failed at ship, nothing shipped; email never sent
+    (world.dir / "carrier-up").touch()
+    retry = subprocess.Popen(
+        world.argv("retry", "--journal", "j.db", "--run-id", "r", "--by", "ann", "--reason", "carrier up",
+                   "--adapters", "hostile18_tools:ADAPTERS"),
+        cwd=world.dir, env={**world.env, "HOLD_BUILD": "1"}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        for _ in range(int(SAFETY_TIMEOUT_S / 0.02)):
+            if (world.dir / "building").exists() or retry.poll() is not None:
+                break
+            subprocess.run(["sleep", "0.02"], check=True)
+        fork = subprocess.Popen(
+            world.argv("fork", "--journal", "j.db", "--run-id", "r", "--new-run-id", "r2", "--by", "bob",
+                       "--reason", "again", "--adapters", "hostile18_tools:ADAPTERS"),
+            cwd=world.dir, env=world.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            fork.wait(timeout=3)  # unfixed, the fork is done by now; fixed, it waits for the retry's turn
+        (world.dir / "go").touch()
+        retried = retry.communicate(timeout=SAFETY_TIMEOUT_S)
+        forked = fork.communicate(timeout=SAFETY_TIMEOUT_S)
+    finally:
+        for proc in (retry, fork):
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    with journal_tamper.connect(world.dir / "j.db") as db:
+        made = [row[0] for row in db.execute("SELECT run_id FROM runs ORDER BY run")]
+    if "r.retry1" in made:
+        assert 0 == retry.returncode, retried
+        # the retry's fork exists: any other fork came after it (on purpose), not before it
+        assert made.index("r.retry1") < made.index("r2") if "r2" in made else True, made
+    else:
+        assert (5, 0) == (retry.returncode, fork.returncode), (retried, forked)
+    world.verified()
