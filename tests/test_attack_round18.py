@@ -352,3 +352,33 @@ def test_a_fork_landing_while_a_retry_checks_and_writes_its_fork_does_not_make_t
     else:
         assert (5, 0) == (retry.returncode, fork.returncode), (retried, forked)
     world.verified()
+
+
+# -- (5) CLI output: a stdout that cannot take it --------------------------------------------------
+
+
+@pytest.mark.parametrize("command", ["run", "status", "verify", "timeline"])
+def test_a_stdout_on_a_full_disk_is_one_line_and_a_documented_exit_status(world: World, command: str) -> None:
+    """``effectlog run plan.json --json > out.json`` (or ``status``, ``verify``, ``timeline``) with the
+    output file on a full disk (``/dev/full``): the output is lost, so the command says so in one line
+    naming stdout and exits 2 (``output_unwritable``), the run itself as it was (completed, verified). It
+    ended with a traceback and exit 1, which reads as "the run failed"."""
+    world.plan(("pay", "ok", False))
+    argv = {
+        "run": (*World.RUN, "--json"),
+        "status": ("status", "--journal", "j.db"),
+        "verify": ("verify", "--journal", "j.db"),
+        "timeline": ("timeline", "--journal", "j.db", "--run-id", "r"),
+    }[command]
+    if command != "run":
+        assert 0 == world.run().returncode
+    with open("/dev/full", "w") as full:
+        done = subprocess.run(
+            world.argv(*argv), cwd=world.dir, env=world.env, stdout=full, stderr=subprocess.PIPE, text=True,
+            timeout=SAFETY_TIMEOUT_S, check=False,
+        )  # fmt: skip
+    assert 2 == done.returncode, done.stderr
+    _one_line(done.stderr)
+    assert "output_unwritable: stdout:" in done.stderr, done.stderr
+    assert [("pay", "confirmed")] == world.states()
+    world.verified()
