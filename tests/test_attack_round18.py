@@ -52,6 +52,8 @@ class Hostile:
             sys.setrecursionlimit(lowest + 5)
         elif mode == "chdir":  # a tool that works in its own directory and never goes back
             os.chdir("work")
+        elif mode == "exec":  # replaces the process with another program (a wrapper's "exec" done in Python)
+            os.execv("/bin/sh", ["sh", "-c", "exit 0"])
         elif mode == "ship":  # the carrier is down until carrier-up exists: nothing shipped
             if not os.path.exists("carrier-up"):
                 from effectlog.errors import NotApplied
@@ -198,6 +200,24 @@ def test_a_tool_that_lowers_the_recursion_limit_does_not_end_the_run_after_its_e
     _one_line(done.stderr)
     assert ["pay", "after"] == world.sends()
     assert [("pay", "confirmed"), ("after", "confirmed")] == world.states()
+    world.verified()
+
+
+@pytest.mark.parametrize("blocking", [True, False], ids=["thread", "inline"])
+def test_a_tool_that_execs_another_program_leaves_the_step_uncertain_for_the_next_run(
+    world: World, blocking: bool
+) -> None:
+    """A tool that calls ``os.execv`` replaces the process: effectlog's exit status is gone with it (the
+    new program's, here 0, is what the caller sees), as with ``os._exit``. Regression; nothing found: the
+    journal holds the intent, and the next run finds the step uncertain (exit 3) instead of sending it
+    again, and verifies."""
+    world.plan(("pay", "exec", blocking), ("after", "ok", blocking))
+    world.run()
+    assert ["pay"] == world.sends()
+    again = world.run()
+    assert 3 == again.returncode, again.stderr
+    assert ["pay"] == world.sends()
+    assert [("pay", "uncertain")] == world.states()
     world.verified()
 
 
