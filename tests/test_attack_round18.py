@@ -402,3 +402,45 @@ def test_a_stdout_on_a_full_disk_is_one_line_and_a_documented_exit_status(world:
     assert "output_unwritable: stdout:" in done.stderr, done.stderr
     assert [("pay", "confirmed")] == world.states()
     world.verified()
+
+
+# -- (6) keys: an application that retries a durable call itself ----------------------------------
+
+
+def test_an_idempotent_durable_call_retried_by_the_application_is_not_sent_again_under_a_new_key(
+    tmp_path: Path,
+) -> None:
+    """``@durable.tool(idempotent=True)`` whose reply is lost after its effect (the charge went through):
+    the call raises, its intent stays (the next pass sends the same key), and the application, as most
+    code does, catches the error and calls it again with the same args. That second call was a new step
+    with a new key: the provider, deduplicating by key, charged twice. Proves: in the pass where the first
+    call's outcome is unknown, the same call again is refused (``RunUnfinished``, nothing sent); the next
+    pass sends the first key again, and the provider sees one key, one charge."""
+    from effectlog import durable
+    from effectlog.errors import RunUnfinished
+
+    keys: list[str] = []
+
+    @durable.tool(idempotent=True)
+    def charge(amount: int, idempotency_key: str = "") -> dict[str, int]:
+        keys.append(idempotency_key)
+        if len(keys) == 1:
+            raise ConnectionError("reply lost")  # the charge went through; its reply did not
+        return {"charged": amount}
+
+    def pay() -> None:
+        with durable.run("order-1", journal=journal):
+            for _ in range(3):  # the application's own retry loop
+                try:
+                    charge(5)
+                    break
+                except ConnectionError:
+                    continue
+
+    journal = tmp_path / "runs.db"
+    with pytest.raises(RunUnfinished):
+        pay()
+    assert 1 == len(keys)
+    with durable.run("order-1", journal=journal):
+        assert {"charged": 5} == charge(5)
+    assert [keys[0], keys[0]] == keys  # one key: the provider charged once
