@@ -444,3 +444,51 @@ def test_an_idempotent_durable_call_retried_by_the_application_is_not_sent_again
     with durable.run("order-1", journal=journal):
         assert {"charged": 5} == charge(5)
     assert [keys[0], keys[0]] == keys  # one key: the provider charged once
+
+
+# -- (7) framework integrations: the SDK's error-to-model conversion -------------------------------
+
+
+def test_an_openai_agents_tool_whose_reply_is_lost_is_uncertain_not_a_message_the_model_retries(
+    tmp_path: Path,
+) -> None:
+    """The OpenAI Agents SDK's default ``@function_tool`` turns a tool's exception into a message for the
+    model ("An error occurred while running the tool. Please try again."). Under ``DurableRunner`` that
+    message was recorded as the call's result, confirmed: a charge whose reply was lost after it went
+    through was a completed step, the model tried again under a new call id, and the customer was charged
+    twice (the run completed, verify ok). Proves: with the SDK's defaults, the exception reaches effectlog:
+    the step is uncertain, the pass raises ``UncertainEffect`` with the reconcile command, and nothing is
+    sent again, in this pass or the next."""
+    pytest.importorskip("agents")
+    from agents import Agent, OpenAIChatCompletionsModel, function_tool, set_tracing_disabled
+    from openai import AsyncOpenAI
+
+    from effectlog.errors import UncertainEffect
+    from effectlog.integrations.openai_agents import DurableRunner, idempotency_key
+    from provider_standin import ProviderStandIn
+
+    set_tracing_disabled(True)
+    effects: list[str] = []
+
+    @function_tool
+    def charge(to: str, amount: int) -> str:
+        """Charge a customer (not idempotent)."""
+        effects.append(idempotency_key())
+        if len(effects) == 1:
+            raise ConnectionError("reply lost")  # the charge went through; its reply did not
+        return f"charged {amount} to {to}"
+
+    provider = ProviderStandIn([("charge", {"to": "bob", "amount": 5}), ("charge", {"to": "bob", "amount": 5}), "done"])
+    provider.start()
+    try:
+        client = AsyncOpenAI(base_url=provider.url, api_key="test", max_retries=0)
+        model = OpenAIChatCompletionsModel(model="stand-in", openai_client=client)
+        agent = Agent(name="billing", instructions="Charge customers.", model=model, tools=[charge])
+        runner = DurableRunner(journal=tmp_path / "runs.db")
+        for _ in range(2):
+            with pytest.raises(UncertainEffect) as caught:
+                runner.run_sync(agent, "charge bob 5", run_id="order-7")
+            assert "effectlog reconcile --journal" in str(caught.value)
+    finally:
+        provider.stop()
+    assert 1 == len(effects)
