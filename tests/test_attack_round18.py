@@ -492,3 +492,47 @@ def test_an_openai_agents_tool_whose_reply_is_lost_is_uncertain_not_a_message_th
     finally:
         provider.stop()
     assert 1 == len(effects)
+
+
+def test_an_openai_agents_call_whose_arguments_the_sdk_refuses_is_not_applied_and_the_model_is_told(
+    tmp_path: Path,
+) -> None:
+    """The other half of the fix above: arguments the tool's schema refuses (``amount`` missing) fail the
+    SDK's own check before the function runs, so that call is "not applied" (a failed step, the model told
+    why), not an uncertain one, and the run goes on to the model's answer."""
+    pytest.importorskip("agents")
+    from agents import Agent, OpenAIChatCompletionsModel, function_tool, set_tracing_disabled
+    from openai import AsyncOpenAI
+
+    from effectlog.integrations.openai_agents import DurableRunner
+    from effectlog.session import SqliteCheckpointer
+    from provider_standin import ProviderStandIn
+
+    set_tracing_disabled(True)
+    effects: list[str] = []
+
+    @function_tool
+    def charge(to: str, amount: int) -> str:
+        """Charge a customer (not idempotent)."""
+        effects.append(to)
+        return f"charged {amount} to {to}"
+
+    provider = ProviderStandIn([("charge", {"to": "bob"}), "done"])
+    provider.start()
+    try:
+        client = AsyncOpenAI(base_url=provider.url, api_key="test", max_retries=0)
+        model = OpenAIChatCompletionsModel(model="stand-in", openai_client=client)
+        agent = Agent(name="billing", instructions="Charge customers.", model=model, tools=[charge])
+        result = DurableRunner(journal=tmp_path / "runs.db").run_sync(agent, "charge bob", run_id="order-7")
+    finally:
+        provider.stop()
+    assert "done" == result.final_output
+    assert [] == effects
+    store = SqliteCheckpointer(tmp_path / "runs.db")
+    try:
+        step = store.state("order-7").step("tool-1-call_0")
+    finally:
+        store.close()
+    assert step is not None
+    assert ("failed", False) == (step.state, step.applied)
+    assert "Invalid JSON input for tool charge" in (step.reason or "")
