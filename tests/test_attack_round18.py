@@ -51,7 +51,7 @@ class Hostile:
                     lowest += 1
             sys.setrecursionlimit(lowest + 5)
         elif mode == "chdir":  # a tool that works in its own directory and never goes back
-            os.chdir("work")
+            os.chdir(os.environ.get("WORKDIR", "work"))
         elif mode == "exec":  # replaces the process with another program (a wrapper's "exec" done in Python)
             os.execv("/bin/sh", ["sh", "-c", "exit 0"])
         elif mode == "ship":  # the carrier is down until carrier-up exists: nothing shipped
@@ -536,3 +536,46 @@ def test_an_openai_agents_call_whose_arguments_the_sdk_refuses_is_not_applied_an
     assert step is not None
     assert ("failed", False) == (step.state, step.applied)
     assert "Invalid JSON input for tool charge" in (step.reason or "")
+
+
+# -- (8) a fleet runner whose tool changed the working directory -----------------------------------
+
+
+def test_a_runners_relative_effect_store_stays_the_one_it_started_with_after_a_tool_changes_directory(
+    world: World,
+) -> None:
+    """``effectlog runner --store s.db --effects fx.db``: a request's tool changes the working directory
+    and stays there. Each attempt opened ``fx.db`` anew, relative to wherever the process was by then:
+    the next request's keys went into a new, empty store in the tool's directory, pinned by its runs, and
+    the store the runner was given never saw them (its ledger, and ``--from-ledger``, said nothing of those
+    effects). Proves: every attempt's keys land in the store the runner was started with, and nothing is
+    made in the tool's directory."""
+    work = world.dir / "work"
+    work.mkdir()
+    first = {
+        "run_id": "a",
+        "adapters": {
+            "cd": {"type": "hostile", "idempotent": False, "options": {"mode": "chdir"}},
+            "fx": {"type": "effects.idempotent", "idempotent": True},
+        },
+        "steps": [{"id": "cd", "adapter": "cd"}, {"id": "pay", "adapter": "fx"}],
+    }
+    second = {
+        "run_id": "b",
+        "adapters": {"fx": {"type": "effects.idempotent", "idempotent": True}},
+        "steps": [{"id": "pay", "adapter": "fx"}],
+    }
+    for key, plan in (("1", first), ("2", second)):
+        (world.dir / f"p{key}.json").write_text(json.dumps(plan))
+        submitted = world.effectlog("submit", f"p{key}.json", "--store", "s.db", "--scope", "t", "--key", key)
+        assert 0 == submitted.returncode, submitted.stderr
+    world.env["WORKDIR"] = str(work)
+    ran = world.effectlog(
+        "runner", "--store", "s.db", "--effects", "fx.db", "--adapters", "hostile18_tools:ADAPTERS",
+        "--exit-when-idle", "-q", "--capacity", "1",
+    )  # fmt: skip
+    assert 0 == ran.returncode, ran.stderr
+    assert [] == sorted(p.name for p in work.iterdir())
+    ledger = world.effectlog("effects", "--effects", "fx.db", "--json")
+    assert 0 == ledger.returncode, ledger.stderr
+    assert ["a", "b"] == sorted(row["run_id"] for row in json.loads(ledger.stdout))
