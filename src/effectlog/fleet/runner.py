@@ -84,7 +84,10 @@ def checked(config: RunnerConfig) -> RunnerConfig:
     if config.max_attempts is not None:
         limits.count("--max-attempts", config.max_attempts, low=1, high=2**31)
     lease_s, heartbeat_s, poll_s = limits.runner_timing(config.lease_s, config.heartbeat_s, config.poll_s)
-    return msgspec.structs.replace(config, lease_s=lease_s, heartbeat_s=heartbeat_s, poll_s=poll_s)
+    # Each attempt opens the effect store anew: a relative path is made absolute once, here, or it would
+    # follow a tool that changed the working directory, and the next keys would go to another store there.
+    effects = os.path.abspath(config.effects) if config.effects else config.effects
+    return msgspec.structs.replace(config, lease_s=lease_s, heartbeat_s=heartbeat_s, poll_s=poll_s, effects=effects)
 
 
 def secrets_provider(config: RunnerConfig) -> Provider | None:
