@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -579,3 +580,43 @@ def test_a_runners_relative_effect_store_stays_the_one_it_started_with_after_a_t
     ledger = world.effectlog("effects", "--effects", "fx.db", "--json")
     assert 0 == ledger.returncode, ledger.stderr
     assert ["a", "b"] == sorted(row["run_id"] for row in json.loads(ledger.stdout))
+
+
+@pytest.mark.parametrize("given", [str, Path], ids=["str", "Path"])
+def test_a_durable_agents_relative_journal_stays_put_when_a_tool_changes_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, given: Any
+) -> None:
+    """``DurableAgent(agent, journal="runs.db")`` opens its journal at each ``run``. A tool that changes the
+    working directory (a library working in its own directory) moved the next pass's journal: the replay
+    of the completed run opened a new, empty ``work/runs.db``, found no run, and made the charge again.
+    Proves: every pass of the agent uses the journal it was given, where it was given; the replay calls
+    nothing."""
+    pytest.importorskip("pydantic_ai")
+    from pydantic_ai import Agent
+    from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart
+    from pydantic_ai.models.function import AgentInfo, FunctionModel
+
+    from effectlog.integrations.pydantic_ai import DurableAgent
+
+    monkeypatch.chdir(tmp_path)  # put back after the test, wherever the tool left the process
+    (tmp_path / "work").mkdir()
+    charges: list[str] = []
+
+    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        if not any(isinstance(m, ModelResponse) for m in messages):
+            return ModelResponse(parts=[ToolCallPart("charge", {"who": "bob"}, tool_call_id="a")])
+        return ModelResponse(parts=[TextPart("done")])
+
+    agent: Agent[None, str] = Agent(FunctionModel(model), output_type=str)
+
+    @agent.tool_plain
+    def charge(who: str) -> str:
+        charges.append(who)
+        os.chdir(tmp_path / "work")
+        return f"charged {who}"
+
+    durable = DurableAgent(agent, journal=given("runs.db"))
+    assert "done" == durable.run_sync("go", run_id="order-1").output
+    assert "done" == durable.run_sync("go", run_id="order-1").output
+    assert ["bob"] == charges
+    assert [] == list((tmp_path / "work").iterdir())
