@@ -61,6 +61,7 @@ from effectlog.integrations.framework_steps import (
     Send,
     check_names,
     effectlog_error,
+    fixed_location,
     idempotency_key,
     open_store,
     reconciled_value,
@@ -444,7 +445,7 @@ class DurableRunner:
     ) -> None:
         check_names("idempotent", idempotent)
         check_names("needs_approval", needs_approval)
-        self.journal = journal
+        self.journal = fixed_location(journal)  # a relative path is where it was when given
         self.idempotent = frozenset(idempotent)
         self.needs_approval = frozenset(needs_approval)
         self.policy = policy or allow_all
