@@ -620,3 +620,34 @@ def test_a_durable_agents_relative_journal_stays_put_when_a_tool_changes_directo
     assert "done" == durable.run_sync("go", run_id="order-1").output
     assert ["bob"] == charges
     assert [] == list((tmp_path / "work").iterdir())
+
+
+def test_a_keyword_connection_string_given_as_a_journal_or_store_is_still_refused_not_made_absolute(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The two fixes above make a relative journal or store path absolute up front. A PostgreSQL
+    connection string in keyword form (``host=db dbname=shop``) is no path: made "absolute" it would pass
+    for a file name and become a SQLite file of that name, where hosts meant to share one database each
+    drove the run. Proves: ``DurableAgent`` still refuses it (``location_ambiguous``), a runner's attempt
+    given it as ``--effects`` fails, and no file is made."""
+    pytest.importorskip("pydantic_ai")
+    from pydantic_ai import Agent
+    from pydantic_ai.models.test import TestModel
+
+    from effectlog.errors import LocationAmbiguous
+    from effectlog.integrations.pydantic_ai import DurableAgent
+
+    monkeypatch.chdir(world.dir)
+    with pytest.raises(LocationAmbiguous):
+        DurableAgent(Agent(TestModel()), journal="host=db dbname=shop").run_sync("go", run_id="r")
+    assert [] == list(world.dir.glob("host=*"))
+    plan = {
+        "run_id": "b",
+        "adapters": {"fx": {"type": "effects.idempotent", "idempotent": True}},
+        "steps": [{"id": "pay", "adapter": "fx"}],
+    }
+    (world.dir / "p.json").write_text(json.dumps(plan))
+    assert 0 == world.effectlog("submit", "p.json", "--store", "s.db", "--scope", "t", "--key", "1").returncode
+    ran = world.effectlog("runner", "--store", "s.db", "--effects", "host=db dbname=fx", "--exit-when-idle", "-q")
+    assert "attempt 1: failed" in ran.stderr, ran.stderr  # its store refused when the attempt opened it
+    assert [] == list(world.dir.glob("host=*"))
