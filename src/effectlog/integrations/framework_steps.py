@@ -19,6 +19,7 @@ from typing import Any, cast
 from effectlog.errors import BadInput, EffectlogError, ReplayDivergence, RunClosed
 from effectlog.fold import StepState
 from effectlog.journal import chain_from_env, open_journal
+from effectlog.journal.sidecars import is_conninfo
 from effectlog.session import Checkpointer, Reconciled, Session, SqliteCheckpointer, ToolInfo, ToolStep
 from effectlog.session.store import JournalCheckpointer
 
@@ -69,7 +70,7 @@ def fixed_location(journal: str | Path | Checkpointer) -> str | Path | Checkpoin
     a relative one: the next pass opened a new, empty journal there and made every call again."""
     if isinstance(journal, Path):
         return Path(os.path.abspath(journal))
-    if isinstance(journal, str) and "://" not in journal:
+    if isinstance(journal, str) and "://" not in journal and not is_conninfo(journal):  # (refused when opened)
         return os.path.abspath(journal)
     return journal
 
