@@ -68,9 +68,11 @@ def fixed_location(journal: str | Path | Checkpointer) -> str | Path | Checkpoin
     """``journal`` as every later pass must find it: a relative file path made absolute now. A durable
     agent opens its journal at each pass, and a tool that changed the working directory in between moved
     a relative one: the next pass opened a new, empty journal there and made every call again."""
+    if isinstance(journal, Path | str) and is_conninfo(os.fspath(journal)):
+        return journal  # a connection string in keyword form: refused as given when opened
     if isinstance(journal, Path):
         return Path(os.path.abspath(journal))
-    if isinstance(journal, str) and "://" not in journal and not is_conninfo(journal):  # (refused when opened)
+    if isinstance(journal, str) and "://" not in journal:
         return os.path.abspath(journal)
     return journal
 
