@@ -105,12 +105,18 @@ def refuse_misleading(path: str, what: str) -> None:
         )
 
 
+def is_conninfo(text: str) -> bool:
+    """Whether ``text`` reads as a PostgreSQL connection string in keyword form (``host=... dbname=...``):
+    a location to refuse (``refuse_clash``), never a relative file path to make absolute."""
+    return _CONNINFO.match(text) is not None
+
+
 def refuse_clash(path: str, what: str) -> None:
     """``SidecarClash`` if ``path`` (a ``what``: journal, effect store, fleet store) is another SQLite
     file's sidecar, or if one of its own sidecar names holds a database of its own; ``NotARegularFile`` if
     ``path`` is a device, FIFO or socket (``/dev/null``: SQLite made ``/dev/null-journal`` beside the
     device before failing with "disk I/O error"). A directory is left to its opener's own message."""
-    if _CONNINFO.match(path):
+    if is_conninfo(path):
         shown = re.sub(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S*)", r"\1***", path)  # as the URLs' are
         raise LocationAmbiguous(
             f"{shown}: a PostgreSQL connection string in keyword form, not a {what} file: give it as a "
