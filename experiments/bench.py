@@ -73,6 +73,12 @@ def median(values: list[float]) -> float:
     return statistics.median(values)
 
 
+def waits() -> int:
+    """This process's voluntary context switches so far: each a wait (a sync's I/O, a lock), two per
+    durable commit on the floor (the data, the cache flush; docs/architecture.md, fourth pass)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_nvcsw
+
+
 def kernel_user() -> tuple[float, float]:
     """This process's CPU seconds so far, split: in user space (Python, SQLite) and in the kernel (I/O calls)."""
     usage = resource.getrusage(resource.RUSAGE_SELF)
@@ -138,7 +144,7 @@ def floor_single(path: Path, steps: int, *, evidence: bool = False, rows: str = 
         for sql, batch in warm:  # warm-up, as effectlog's: statements prepared, pages cached
             db.executemany(sql, batch)
         wal = WalFrames(path) if evidence else None
-        start, cpu, split = time.perf_counter(), time.process_time(), kernel_user()
+        start, cpu, split, waited = time.perf_counter(), time.process_time(), kernel_user(), waits()
         for sql, batch in commits:
             db.execute("BEGIN IMMEDIATE")
             for row in batch:
@@ -147,9 +153,11 @@ def floor_single(path: Path, steps: int, *, evidence: bool = False, rows: str = 
             if wal is not None:
                 wal.tick()
         seconds, cpu, after = time.perf_counter() - start, time.process_time() - cpu, kernel_user()
+        waited = waits() - waited
     finally:
         db.close()
     got = {
+        "waits_per_commit": waited / len(commits),
         "us_per_step": seconds / steps * 1e6,
         "cpu_us_per_step": cpu / steps * 1e6,
         "user_us_per_step": (after[0] - split[0]) / steps * 1e6,
@@ -176,7 +184,7 @@ class Marks:
         if self.wal is not None and point in ("after_request", "after_confirm"):
             self.wal.tick()
         if point == "after_confirm" and step_id in (self.first, self.last):
-            self.at[step_id] = (time.perf_counter(), time.process_time(), *kernel_user())
+            self.at[step_id] = (time.perf_counter(), time.process_time(), *kernel_user(), waits())
 
 
 def effectlog_single(path: Path, steps: int, *, evidence: bool = False) -> dict[str, float]:
@@ -212,6 +220,7 @@ def effectlog_single(path: Path, steps: int, *, evidence: bool = False) -> dict[
     got: dict[str, float] = {
         "user_us_per_step": (last[2] - first[2]) / (steps - 1) * 1e6,
         "sys_us_per_step": (last[3] - first[3]) / (steps - 1) * 1e6,
+        "waits_per_commit": (last[4] - first[4]) / (2 * (steps - 1)),  # two commits per steady step
     }
     for i, kind in ((0, ""), (1, "cpu_")):
         step = (last[i] - first[i]) / (steps - 1)
@@ -488,6 +497,7 @@ def summarize_single(
             "cpu_us_per_step": median(cpus),
             "user_us_per_step": median([g["user_us_per_step"] for g in got]),
             "sys_us_per_step": median([g["sys_us_per_step"] for g in got]),
+            "waits_per_commit": median([g["waits_per_commit"] for g in got]),
             "steps_per_s": 1e6 / median(walls),
             "samples": walls,
             "cpu_samples": cpus,
