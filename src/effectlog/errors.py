@@ -574,3 +574,16 @@ class FileInUse(BadInput):
     close drops every POSIX lock the process holds on it, SQLite's included."""
 
     code = "file_in_use"
+
+
+# -- branch attack17 (round-17 attacks on storage and ownership) ----------------------------------------
+
+
+class LocationMisleads(BadInput):
+    """A journal, fleet store or effect store path whose text, resolved as SQLite resolves it, names
+    another file than the one the kernel reaches by it: ``/proc/PID/root/...``, ``/proc/PID/cwd/...`` or
+    ``/proc/PID/fd/N`` of a process in another mount namespace (a container's), whose link text is a
+    path of this namespace. The file of that text would be used, or made, instead (exit 2, nothing
+    written)."""
+
+    code = "location_misleads"

@@ -241,8 +241,11 @@ def check_effect_store(path: str, flag: str = "--effects") -> None:
     import sqlite3
     from pathlib import Path
 
+    from effectlog.journal.sidecars import refuse_misleading
+
     if not os.path.isdir(os.path.dirname(os.path.abspath(path))):
         raise BadInput(f"{flag} {path}: directory does not exist")
+    refuse_misleading(path, "effect store")  # the read below is SQLite's, which would open another file
     if not os.path.exists(path):
         return
     if not os.path.isfile(path):

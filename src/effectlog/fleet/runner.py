@@ -35,7 +35,7 @@ from effectlog.errors import BadInput, EffectlogError, ExitStatus, StaleLease, S
 from effectlog.fleet import limits
 from effectlog.fleet.fencing import Tx
 from effectlog.fleet.leased_journal import LeasedJournal
-from effectlog.fleet.model import Lease, Offer
+from effectlog.fleet.model import Heartbeat, Lease, Offer
 from effectlog.fleet.protocol import FleetStore
 from effectlog.fleet.recovery import recover_once
 from effectlog.fleet.scheduler import waiting
@@ -51,6 +51,9 @@ from effectlog.recorder import record_now
 from effectlog.recovery import still_blocked
 from effectlog.runtime import ReusedLoop, Runtime
 from effectlog.stake import approve_command, shell_option
+
+# The pause between a heartbeat's tries while the store fails (``Runner._beat``).
+_BEAT_PAUSE_S = 0.02
 
 
 class RunnerConfig(msgspec.Struct, kw_only=True):
@@ -275,17 +278,16 @@ class Runner:
         while not self._done.wait(self.heartbeat_s):
             with self._mutex:
                 slots = list(self.slots.values())
+            # A failed heartbeat is tried again at once, for up to half an interval a round: a failover (a
+            # restart, a sweep of idle sessions) ends every pooled connection, the pool finds each broken only
+            # when it is used and drops it, and one failed try per interval let the lease run out under a
+            # runner still inside its step's call (recovery then moved the attempt on).
+            deadline = time.monotonic() + self.heartbeat_s / 2
             for slot in slots:
                 if slot.lost.is_set():
                     continue
-                try:
-                    beat = self.store.heartbeat(slot.lease, self.config.lease_s)
-                except StaleLease as exc:
-                    slot.lost.set()
-                    self.log(f"heartbeat refused: {exc.code}: {exc}")
-                    continue
-                except EffectlogError as exc:  # the store is unreachable: keep trying until the lease runs out
-                    self.log(f"heartbeat failed: {exc.code}: {exc}")
+                beat = self._beat(slot, deadline)
+                if beat is None:
                     continue
                 found = telemetry()
                 if found is not None:
@@ -293,6 +295,21 @@ class Runner:
                 if beat.cancel_requested and not slot.cancel.is_set():
                     self.log(f"request {slot.lease.request_id}: cancellation observed at a heartbeat")
                     slot.cancel.set()
+
+    def _beat(self, slot: Slot, deadline: float) -> Heartbeat | None:
+        """One heartbeat of ``slot``'s lease, tried until ``deadline`` while the store fails; ``None`` if none
+        landed (refused: the slot is lost; failed: the next round tries again, until the lease runs out)."""
+        while True:
+            try:
+                return self.store.heartbeat(slot.lease, self.config.lease_s)
+            except StaleLease as exc:
+                slot.lost.set()
+                self.log(f"heartbeat refused: {exc.code}: {exc}")
+                return None
+            except EffectlogError as exc:  # the store is unreachable, or this connection was
+                if time.monotonic() >= deadline or self._done.wait(_BEAT_PAUSE_S):
+                    self.log(f"heartbeat failed: {exc.code}: {exc}")
+                    return None
 
     # -- one attempt --------------------------------------------------------------------
 

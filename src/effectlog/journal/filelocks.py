@@ -339,12 +339,33 @@ def refuse_open_here(path: str, what: str) -> None:
     or ``-journal`` beside one (SQLite holds its locks on the -shm); call under ``no_opens`` and keep
     holding it while a descriptor of ``path`` is opened, read and closed (a plan, a trace)."""
     names = [path, *(path[: -len(suffix)] for suffix in SIDECARS if path.endswith(suffix))]
-    if any(open_here(name) for name in names):
+    if any(open_here(name) for name in names) or _a_sidecar_here(path):
         raise FileInUse(
             f"{path}: a journal or store this process has open (or its SQLite file beside it), not a {what} "
             f"file (reading it here would drop SQLite's locks on it); give the {what}'s own path; nothing was "
             "read or written"
         )
+
+
+def _a_sidecar_here(path: str) -> bool:
+    """Whether the file at ``path`` is the ``-wal``, ``-shm`` or ``-journal`` of a file open here, by the file
+    the kernel reaches (a symlink to it, a hard link, ``/proc/self/fd/N``), not by the text of ``path``."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return False
+    key = (st.st_dev, st.st_ino)
+    with _registry_lock:
+        names = [name for shared in _files.values() for name in shared.names]
+    for name in names:
+        for suffix in SIDECARS:
+            try:
+                side = os.stat(name + suffix)
+            except OSError:
+                continue
+            if (side.st_dev, side.st_ino) == key:
+                return True
+    return False
 
 
 @contextmanager

@@ -79,8 +79,10 @@ from effectlog.journal.ownership import (
 )
 from effectlog.journal.postgres_schema import (
     ADD_ALIVE_UNTIL,
+    ADD_RENEWED_ON,
     END_OWNER,
     HAS_ALIVE_UNTIL,
+    HAS_RENEWED_ON,
     HEAD,
     INSERT,
     LOCK_RUN,
@@ -106,6 +108,8 @@ from effectlog.journal.protocol import SCHEMA_VERSION
 # How long a claim stays live on the owner row after its process last renewed it (a third of this apart),
 # once its session lock is gone: the wait for another host to take over the run of a host that died.
 OWNER_LEASE_S = 15.0
+# The pause between a renewal turn's tries (each failed one drops a broken pooled connection).
+_RENEW_PAUSE_S = 0.02
 _MORE_ROWS = ", (%s, %s, %s, %s, %s, %s, %s)"  # INSERT's VALUES list, one more row
 _CHUNK = 1000  # rows per INSERT statement
 _SEEN_MAX = 10_000  # runs whose last seen head a journal keeps (``_fenced_in_one``)
@@ -249,6 +253,10 @@ class PostgresJournal:
             with conn.transaction():  # an owners table of an earlier version: its rows are never renewed
                 conn.execute("SELECT pg_advisory_xact_lock(%s, 0)", (MIGRATE_LOCK_CLASS,))
                 conn.execute(ADD_ALIVE_UNTIL)
+        if self.writer and conn.execute(HAS_RENEWED_ON, (f"{SCHEMA}.owners",)).fetchone() is None:
+            with conn.transaction():  # which start of the server took a claim's last renewal (OWNER_RENEWED)
+                conn.execute("SELECT pg_advisory_xact_lock(%s, 0)", (MIGRATE_LOCK_CLASS,))
+                conn.execute(ADD_RENEWED_ON)
         if self.writer:
             self._add_checkpoints(conn)
 
@@ -412,11 +420,31 @@ class PostgresJournal:
         with self._renewal:
             held = [(c.run_id, c.token) for c in list(self._claims.values()) if c.token]
             if held:
-                with (
-                    contextlib.suppress(psycopg.Error, PoolTimeout),
-                    self._pool.connection(timeout=timeout_s) as conn,
-                ):
-                    conn.execute(RENEW_OWNERS, (self._owner_lease_s, [r for r, _ in held], [t for _, t in held]))
+                params = (self._owner_lease_s, [r for r, _ in held], [t for _, t in held])
+                self._on_pooled(RENEW_OWNERS, params, timeout_s)
+
+    def _on_pooled(self, sql: str, params: Sequence[Any], timeout_s: float) -> None:
+        """One statement of the owner rows (a renewal, a release's clearing), tried on pooled connections until
+        one takes it or ``timeout_s`` is spent; a failure is dropped (the next renewal tries again).
+
+        A failover, a server restart or a sweep of idle sessions ends every session of this process at
+        once, the pooled ones too, and the pool only finds a connection broken once it is used (then drops
+        it): a renewal tried once per turn failed on each of them in turn, and with a few idle in the pool
+        the claim ran out while its owner was inside a call (another process took the run over); a release
+        tried once left the released run refused for a lease. Each failed try drops one broken connection,
+        so the next comes from those left or is a new one."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                with self._pool.connection(timeout=max(deadline - time.monotonic(), 0.001)) as conn:
+                    conn.execute(sql, params)
+                return
+            except PoolTimeout:
+                return  # no connection to be had now
+            except psycopg.Error:
+                if time.monotonic() >= deadline:
+                    return
+                time.sleep(_RENEW_PAUSE_S)  # a server that refuses every session is not hammered
 
     def release(self, claim: Claim) -> None:
         if claim.released or self._claims.get(claim.run_id) is not claim:
@@ -428,8 +456,7 @@ class PostgresJournal:
         with self._renewal:  # a renewal in flight writes before END_OWNER, a later one no longer has the claim
             del self._claims[claim.run_id]
             if claim.token:  # no longer renewed, before the lock is let go: the next claim need not wait for it
-                with contextlib.suppress(psycopg.Error, PoolTimeout), self._pool.connection() as pooled:
-                    pooled.execute(END_OWNER, (claim.run_id, claim.token))
+                self._on_pooled(END_OWNER, (claim.run_id, claim.token), self._owner_lease_s / 3)
         conn = self._owner_conn
         if conn is None:
             return  # its connection ended (another release found it gone), and with it the lock

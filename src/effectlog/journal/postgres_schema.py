@@ -111,7 +111,7 @@ LOCK_RUN = "SELECT pg_advisory_xact_lock(%s, hashtext(%s))"
 OWNERS_DDL: tuple[str, ...] = (
     f"CREATE TABLE IF NOT EXISTS {SCHEMA}.owners"
     " (run_id TEXT PRIMARY KEY, token BIGINT NOT NULL, holder TEXT NOT NULL,"
-    " alive_until DOUBLE PRECISION NOT NULL DEFAULT 0)",
+    " alive_until DOUBLE PRECISION NOT NULL DEFAULT 0, renewed_on DOUBLE PRECISION NOT NULL DEFAULT 0)",
 )
 ADD_ALIVE_UNTIL = (
     f"ALTER TABLE {SCHEMA}.owners ADD COLUMN IF NOT EXISTS alive_until DOUBLE PRECISION NOT NULL DEFAULT 0"
@@ -120,22 +120,39 @@ HAS_ALIVE_UNTIL = (
     "SELECT 1 FROM pg_catalog.pg_attribute WHERE attrelid = %s::regclass AND attname = 'alive_until'"
     " AND NOT attisdropped"
 )
+# ``renewed_on``: the start of the server (``pg_postmaster_start_time``) that took the claim's last renewal.
+ADD_RENEWED_ON = (
+    f"ALTER TABLE {SCHEMA}.owners ADD COLUMN IF NOT EXISTS renewed_on DOUBLE PRECISION NOT NULL DEFAULT 0"
+)
+HAS_RENEWED_ON = HAS_ALIVE_UNTIL.replace("'alive_until'", "'renewed_on'")
 _NOW = "extract(epoch FROM clock_timestamp())::float8"
+_SERVER_START = "extract(epoch FROM pg_catalog.pg_postmaster_start_time())::float8"
 UPSERT_OWNER = (
-    f"INSERT INTO {SCHEMA}.owners (run_id, token, holder, alive_until) VALUES (%s, 1, %s, {_NOW} + %s)"
+    f"INSERT INTO {SCHEMA}.owners (run_id, token, holder, alive_until, renewed_on)"
+    f" VALUES (%s, 1, %s, {_NOW} + %s, {_SERVER_START})"
     f" ON CONFLICT (run_id) DO UPDATE SET token = {SCHEMA}.owners.token + 1, holder = EXCLUDED.holder,"
-    " alive_until = EXCLUDED.alive_until RETURNING token"
+    " alive_until = EXCLUDED.alive_until, renewed_on = EXCLUDED.renewed_on RETURNING token"
 )
 OWNER_ROW = f"SELECT token, holder FROM {SCHEMA}.owners WHERE run_id = %s"
 # The row and whether its owner still renews it; through to_jsonb, so that a reader of a journal no writer
 # of this version has opened yet (no such column) reads it too (never renewed).
+#
+# A claim whose last renewal an earlier start of the server took (``renewed_on``; a restart, a reboot) counts
+# as renewed for a default lease after this start: nobody could renew while the server was down, and a restart
+# longer than the lease let the first claim after it take the run over before its live owner, inside a call,
+# had a turn to renew. A dead host's runs wait that much more after a restart; a released claim (0) and a gone
+# owner of this host do not.
+_ALIVE_UNTIL = "COALESCE((to_jsonb(o) ->> 'alive_until')::float8, 0)"
+_RENEWED_ON = "COALESCE((to_jsonb(o) ->> 'renewed_on')::float8, 0)"
+RESTART_GRACE_S = 15.0  # the default owner lease (``postgres.OWNER_LEASE_S``)
 OWNER_RENEWED = (
-    f"SELECT o.token, o.holder, COALESCE((to_jsonb(o) ->> 'alive_until')::float8, 0) > {_NOW}"
+    f"SELECT o.token, o.holder, {_ALIVE_UNTIL} > {_NOW} OR ({_ALIVE_UNTIL} > 0 AND {_RENEWED_ON} < {_SERVER_START}"
+    f" AND {_NOW} < {_SERVER_START} + {RESTART_GRACE_S})"
     f" FROM {SCHEMA}.owners o WHERE o.run_id = %s"
 )
 RENEW_OWNERS = (
-    f"UPDATE {SCHEMA}.owners o SET alive_until = {_NOW} + %s FROM unnest(%s::text[], %s::bigint[]) AS c (run_id, token)"
-    " WHERE o.run_id = c.run_id AND o.token = c.token"
+    f"UPDATE {SCHEMA}.owners o SET alive_until = {_NOW} + %s, renewed_on = {_SERVER_START}"
+    " FROM unnest(%s::text[], %s::bigint[]) AS c (run_id, token) WHERE o.run_id = c.run_id AND o.token = c.token"
 )
 END_OWNER = f"UPDATE {SCHEMA}.owners SET alive_until = 0 WHERE run_id = %s AND token = %s"
 

@@ -15,7 +15,7 @@ import os
 import re
 import stat
 
-from effectlog.errors import FileBindMounted, LocationAmbiguous, NotARegularFile, SidecarClash
+from effectlog.errors import FileBindMounted, LocationAmbiguous, LocationMisleads, NotARegularFile, SidecarClash
 from effectlog.journal import filelocks
 
 SUFFIXES = filelocks.SIDECARS
@@ -62,6 +62,49 @@ def _mount_points() -> set[str]:
     }
 
 
+def _same(one: str, other: str) -> bool:
+    """Whether two paths reach one file (or directory), by the kernel's resolution of each."""
+    try:
+        a, b = os.stat(one), os.stat(other)
+    except OSError:
+        return False
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+
+
+def _misleads(path: str, depth: int = 0) -> str | None:
+    """The file ``os.path.realpath(path)`` names when it is another than the one the kernel reaches by
+    ``path`` (``None`` when both are one, or when there is no telling).
+
+    Every opener resolves its location by text (``realpath``, as SQLite's own full-path logic does,
+    which puts the WAL beside the result). The links of ``/proc/PID/root``, ``/proc/PID/cwd`` and
+    ``/proc/PID/fd/N`` lead the kernel into that process's mounts, but their text is a path of this
+    mount namespace (``readlink /proc/PID/root`` is ``/``): a container's journal reached that way was
+    the host's file of the same path, a new one, and a finished run there ran its steps again."""
+    real = os.path.realpath(path)
+    if os.path.exists(path):
+        return None if _same(path, real) else real
+    if os.path.islink(path):  # a link to a file not there yet: the file is made where it points
+        target = os.path.join(os.path.dirname(path), os.readlink(path))
+        return _misleads(target, depth + 1) if depth < 40 else None
+    parent = os.path.dirname(path) or "."
+    if not os.path.isdir(parent):
+        return None  # no directory there: its opener says so
+    return None if _same(parent, os.path.dirname(real)) else real
+
+
+def refuse_misleading(path: str, what: str) -> None:
+    """``LocationMisleads`` if ``path`` names, by its text, another file than the kernel reaches by it
+    (``_misleads``): before anything opens it, SQLite included."""
+    real = _misleads(path)
+    if real is not None:
+        raise LocationMisleads(
+            f"{path}: this path reaches the {what} through a link whose text names another file ({real}), as "
+            f"/proc/PID/root, /proc/PID/cwd and /proc/PID/fd/N do for a process in another mount namespace; SQLite "
+            f"opens a file by that text, so it would use {real} instead: give a path of this mount namespace "
+            "(or run the command inside the other one, nsenter -m); nothing was written"
+        )
+
+
 def refuse_clash(path: str, what: str) -> None:
     """``SidecarClash`` if ``path`` (a ``what``: journal, effect store, fleet store) is another SQLite
     file's sidecar, or if one of its own sidecar names holds a database of its own; ``NotARegularFile`` if
@@ -81,6 +124,7 @@ def refuse_clash(path: str, what: str) -> None:
         raise NotARegularFile(
             f"{path}: a device, FIFO or socket, not a {what} file (give it a file's path); nothing was written"
         )
+    refuse_misleading(path, what)
     if mode is not None and stat.S_ISREG(mode) and os.path.realpath(path) in _mount_points():
         raise FileBindMounted(
             f"{path}: the file is bind-mounted on its own ({os.path.realpath(path)} is a mount point): SQLite keeps "
