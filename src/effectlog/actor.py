@@ -14,6 +14,7 @@ import contextlib
 import importlib
 import os
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -457,7 +458,7 @@ class RunActor:
         """``_call`` for an adapter that answers at once (``blocking = False``) and no timeout: called in
         this thread, as a plain call (no coroutine per step); the same checks of its answer."""
         self.adapter_calls += 1
-        return _checked(_guarded(adapter.invoke, request))
+        return _checked(_guarded(adapter.invoke, request, own=getattr(adapter, "keeps_descriptors", False)))
 
     async def _invoke(self, decl: StepDecl) -> RunOutcome | None:
         sid = decl.id
@@ -703,30 +704,56 @@ _SIGINT, _SIGTERM = int(signal.SIGINT), int(signal.SIGTERM)
 _getsignal: Callable[[int], Any] = getattr(importlib.import_module("_signal"), "getsignal", signal.getsignal)
 
 
-def _guarded(fn: Callable[[Request], Any], request: Request) -> Any:
+def _guarded(fn: Callable[[Request], Any], request: Request, *, own: bool = False) -> Any:
     """Call the tool; a ``BaseException`` it ends with becomes ``ToolAborted`` (outcome unknown).
 
     ``sys.exit()`` in a tool must not end ``effectlog run`` with status 0 and the run open,
     nor may a ``KeyboardInterrupt`` it raises pass for a clean stop after a commit. Our own
     deliberate control flow (``SimulatedCrash``, raised by crash hooks) passes through.
 
+    A tool may change process state effectlog relies on right after the call, and never put it
+    back. A recursion limit the tool lowered (a library's recursion guard) is raised again to what it
+    was, or effectlog's own commit of the tool's result would raise ``RecursionError`` (a raised limit
+    is left: it breaks nothing, and the tool may count on it at its next call). In the main thread, the
+    stop signals the tool blocked are unblocked again (``_unblock_stop_signals``).
     A tool called in the main thread may install SIGINT/SIGTERM handlers of its own (a library's
     "graceful shutdown"): the process's handlers from before the call are put back after it, or a
     later signal would go to the tool's handler and the run would never stop (README: exit 130/143).
     """
+    limit = sys.getrecursionlimit()
     if threading.get_ident() != threading.main_thread().ident:  # only the main thread can set handlers
-        return _call_tool(fn, request)
+        try:
+            return _call_tool(fn, request)
+        finally:
+            if sys.getrecursionlimit() < limit:
+                sys.setrecursionlimit(limit)
     getsignal = _getsignal  # (both signals unrolled: this runs around every inline tool call)
     before_int, before_term = getsignal(_SIGINT), getsignal(_SIGTERM)
+    # effectlog's own adapters change no signal mask: only a user's tool is asked about it (a system call).
+    blocked = None if own else signal.pthread_sigmask(signal.SIG_BLOCK, ())
     try:
         return _call_tool(fn, request)
     finally:
+        if sys.getrecursionlimit() < limit:
+            sys.setrecursionlimit(limit)
         now = getsignal(_SIGINT)
         if now is not before_int:
             _put_back(_SIGINT, before_int, now)
         now = getsignal(_SIGTERM)
         if now is not before_term:
             _put_back(_SIGTERM, before_term, now)
+        if blocked is not None:
+            _unblock_stop_signals(blocked)
+
+
+def _unblock_stop_signals(before: set[int | signal.Signals]) -> None:
+    """SIGINT and SIGTERM unblocked again if the tool blocked them in the main thread's signal mask (and
+    left them so): a blocked stop signal waits for ever, and the run would send every remaining step and
+    exit 0. Done after the handlers are put back, so a signal that came during the call goes to effectlog's."""
+    now = signal.pthread_sigmask(signal.SIG_BLOCK, ())
+    newly = {s for s in (signal.SIGINT, signal.SIGTERM) if s in now and s not in before}
+    if newly:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, newly)
 
 
 def _put_back(signum: int, handler: Any, now: Any) -> None:

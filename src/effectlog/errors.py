@@ -482,6 +482,14 @@ class TraceUnwritable(BadInput):
     code = "trace_unwritable"
 
 
+class OutputUnwritable(BadInput):
+    """The command's own output could not be written to stdout (a full disk, an I/O error): what it did is
+    done (a run's commits stand), but its output is lost, so it does not exit 0 (exit 2). A reader that went
+    away (``| head -1``) is not this: that output was not wanted, and the command's status stays."""
+
+    code = "output_unwritable"
+
+
 class DecisionStale(Conflict):
     """An approval or denial made on a page that showed one attempt of a held step, posted after the
     step was held again at a later attempt with the same args (exit 5, nothing written): the later

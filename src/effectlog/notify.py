@@ -224,7 +224,10 @@ def shown_location(location: str) -> str:
     """A journal or store location fit to send: a URL's password is never part of a notification, and a
     file's path is made absolute, so the command a notification carries works from any directory."""
     if "://" not in location:
-        return os.path.abspath(location)
+        # A directory whose name is not UTF-8 (Latin-1 bytes) has no absolute path a notification can carry
+        # as text, nor one the CLI takes: the path as given then, which works from the run's directory.
+        full = os.path.abspath(location)
+        return full if _is_text(full) else location if _is_text(location) else _escaped(location)
     try:
         parts = urllib.parse.urlsplit(location)
         if parts.password is None:
@@ -234,6 +237,28 @@ def shown_location(location: str) -> str:
         return "(an unparsable URL)"
     netloc = f"{parts.username}:***@{host}" + (f":{port}" if port else "")
     return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
+
+
+def opened_location(journal: Any, location: str) -> str:
+    """Where ``journal`` is, to name it in a notification: a SQLite journal by the absolute path it was
+    opened at, since a tool may have changed the working directory since (a relative location made
+    absolute then named another directory's journal, which a pasted command decided); else ``location``."""
+    path = getattr(journal, "path", None)
+    return path if isinstance(path, str) and "://" not in location and _is_text(path) else location
+
+
+def _is_text(path: str) -> bool:
+    """Whether ``path`` encodes as UTF-8 (a name with bytes that are not is decoded with lone surrogates)."""
+    try:
+        path.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _escaped(path: str) -> str:
+    """``path`` with each byte that is not UTF-8 shown as ``\\xNN``: text a notification can carry."""
+    return path.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
 
 
 # -- around a plan run (the CLI's --notify-*; a library user can do the same around Runtime.run) --
@@ -255,7 +280,8 @@ def notify_new_waits(
     sent: list[Notification] = []
     if not notifiers:
         return sent
-    location = shown_location(location)  # no URL's password, no path relative to this directory
+    # No URL's password, no path relative to this directory (nor to the one a tool changed it to).
+    location = shown_location(opened_location(journal, location))
     for run_id, seq in since.items():
         held: dict[str, tuple[int, str]] = {}
         for record in journal.read(run_id, seq):

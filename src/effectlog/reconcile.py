@@ -231,7 +231,9 @@ def _ask(lookup: Any, request: Request, decl: StepDecl, who: str, journal: str) 
         if failed:
             raise failed[0]
         found = answered[0] if answered else None
-    except Exception as exc:
+    except KeyboardInterrupt:
+        raise  # the operator's Ctrl-C during an inline lookup: nothing was recorded (exit 130)
+    except BaseException as exc:  # an Exception, or sys.exit() / GeneratorExit from the lookup: no answer
         raise LookupUndecided(
             redact(decl, f"{who}: lookup failed ({describe(exc)}); the step stays uncertain: {hint}"),
             run_id=request.run_id,

@@ -233,14 +233,19 @@ class Runtime:
     ) -> RunOutcome:
         """Fork ``run_id`` from its first unfinished step (the one it failed on) as ``R.retryN``; once per run."""
         self.calls.refuse(run_id)
+        from effectlog.lifecycle import afork
         from effectlog.lifecycle.fork import retry_run_id, retry_turn
 
         # The "once" check and the fork's first commit are one turn: two retries racing both passed the
-        # check before either fork existed, and both ran the remaining steps under new keys.
+        # check before either fork existed, and both ran the remaining steps under new keys. A fork holds
+        # the same turn from its checks to its first commit (``fork_turn``): one written between this
+        # check and this retry's fork went unseen, and both made the remaining steps.
         with retry_turn(self.journal, run_id):
             child = retry_run_id(self.journal, run_id)
             child = new_run_id or child
-            return self.fork(run_id, child, by=by, reason=reason, plan=plan, secrets=secrets)
+            return _run_sync(
+                afork(self, run_id, child, by=by, reason=reason, plan=plan, secrets=secrets, turn_held=True)
+            )
 
     def forks(self, run_id: str) -> list[ForkRecord]:
         """The runs forked from ``run_id`` (each child's run.started names its parent)."""

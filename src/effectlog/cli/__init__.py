@@ -13,9 +13,16 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
-from effectlog.cli.output import drop_stdout, err, keep_tools_off_stdout, out, standard_descriptors_open
+from effectlog.cli.output import (
+    drop_stdout,
+    err,
+    keep_tools_off_stdout,
+    lost_output,
+    out,
+    standard_descriptors_open,
+)
 from effectlog.cli.progress import end_logging, error_line, json_errors
-from effectlog.errors import BadInput, EffectlogError, ExitStatus, MissingDependency
+from effectlog.errors import BadInput, EffectlogError, ExitStatus, MissingDependency, OutputUnwritable
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -95,6 +102,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         shutdown()  # export what the SDK still holds (the last spans, the metrics) before exiting
     end_logging()  # main() inside another program (or a test) leaves its logging as it found it
     out("")  # flush what is buffered; a closed pipe is dropped, not an error
+    lost = lost_output()
+    if lost is not None:
+        # What the command did stands; its output did not reach stdout. A status of its own stays (a run
+        # stopped, suspended: 3, 4), else 2: exit 0 would tell a script the output it reads is whole.
+        failed = _fail(OutputUnwritable(f"stdout: cannot write the output ({lost.strerror or lost}); it is lost"))
+        status = status or failed
     return status
 
 

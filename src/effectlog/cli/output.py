@@ -29,6 +29,7 @@ class _Stdout:
     gone = False  # the reader went away: fd 1 (or ``held``) now points at /dev/null
     keep = False  # the ``effectlog`` process: once tools ran, fd 1 stays on stderr until it exits
     held: TextIO | None = None  # then: the real stdout, on a descriptor of its own, for ``out()``
+    lost: OSError | None = None  # a write that failed otherwise (a full disk): the rest of the output is dropped
 
 
 _STDOUT = _Stdout()
@@ -86,6 +87,14 @@ def out(text: str) -> None:
         stream.flush()
     except BrokenPipeError:
         drop_stdout()
+    except OSError as exc:  # a full disk, an I/O error: the output is lost, which ``lost_output`` says
+        _STDOUT.lost = exc
+        drop_stdout()
+
+
+def lost_output() -> OSError | None:
+    """The error that lost the command's output on stdout (not a reader that went away), if any."""
+    return _STDOUT.lost
 
 
 def err(text: str) -> None:

@@ -44,7 +44,7 @@ from effectlog.fleet.sqlite_store import SqliteFleetStore
 from effectlog.fold import StepState
 from effectlog.journal import Journal, load_run
 from effectlog.journal.ownership import describe
-from effectlog.notify import Kind, Notification, cli_hooks, deliver, shown_location
+from effectlog.notify import Kind, Notification, cli_hooks, deliver, opened_location, shown_location
 from effectlog.observe import requests_gauge, telemetry
 from effectlog.plan import Plan, parse_plan
 from effectlog.recorder import record_now
@@ -86,7 +86,10 @@ def checked(config: RunnerConfig) -> RunnerConfig:
     if config.max_attempts is not None:
         limits.count("--max-attempts", config.max_attempts, low=1, high=2**31)
     lease_s, heartbeat_s, poll_s = limits.runner_timing(config.lease_s, config.heartbeat_s, config.poll_s)
-    return msgspec.structs.replace(config, lease_s=lease_s, heartbeat_s=heartbeat_s, poll_s=poll_s)
+    # Each attempt opens the effect store anew: a relative path is made absolute once, here, or it would
+    # follow a tool that changed the working directory, and the next keys would go to another store there.
+    effects = os.path.abspath(config.effects) if config.effects else config.effects
+    return msgspec.structs.replace(config, lease_s=lease_s, heartbeat_s=heartbeat_s, poll_s=poll_s, effects=effects)
 
 
 def secrets_provider(config: RunnerConfig) -> Provider | None:
@@ -141,6 +144,8 @@ class Runner:
         assert config.heartbeat_s is not None
         self.heartbeat_s = config.heartbeat_s
         self.store = store
+        # Named in notifications as resolved now: a tool may change the working directory later.
+        self.shown_store = shown_location(opened_location(store, config.store))
         self.runner_id = config.runner_id or f"{socket.gethostname()}:{os.getpid()}"
         self.registry = Registry()
         for spec in config.adapters:
@@ -533,7 +538,7 @@ class Runner:
         A held step's approve command is bound to its attempt and call (``held``), as ``status`` lists it."""
         if not self.notifiers:
             return
-        store = shown_location(self.config.store)
+        store = self.shown_store
         if kind == "suspended" and step_id is not None:
             bound = (held.args_digest, held.attempt) if held is not None else ("", None)
             command = approve_command(store, run_id, step_id, *bound)

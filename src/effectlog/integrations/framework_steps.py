@@ -10,6 +10,7 @@ errors their tools and models raise; ``effectlog_error`` finds effectlog's own i
 
 from __future__ import annotations
 
+import os
 from collections.abc import Awaitable, Callable, Sequence
 from contextvars import ContextVar
 from pathlib import Path
@@ -60,6 +61,17 @@ class PendingGateway:
 
     async def call_tool(self, name: str, args: Any, *, idempotency_key: str) -> Any:
         return await self._send(idempotency_key)
+
+
+def fixed_location(journal: str | Path | Checkpointer) -> str | Path | Checkpointer:
+    """``journal`` as every later pass must find it: a relative file path made absolute now. A durable
+    agent opens its journal at each pass, and a tool that changed the working directory in between moved
+    a relative one: the next pass opened a new, empty journal there and made every call again."""
+    if isinstance(journal, Path):
+        return Path(os.path.abspath(journal))
+    if isinstance(journal, str) and "://" not in journal:
+        return os.path.abspath(journal)
+    return journal
 
 
 def open_store(journal: str | Path | Checkpointer) -> tuple[Checkpointer, bool]:

@@ -40,9 +40,11 @@ except ImportError as exc:  # pragma: no cover - the dev extra installs it
     ) from exc
 
 from agents import Agent, FunctionTool, Model, ModelProvider, ModelSettings, RunConfig, Runner, RunResult
+from agents.exceptions import ModelBehaviorError
 from agents.items import ModelResponse, TResponseInputItem, TResponseStreamEvent
 from agents.run_context import RunContextWrapper
 from agents.run_state import RunState
+from agents.tool import set_function_tool_failure_error_function
 from agents.tool_context import ToolContext
 from agents.usage import Usage
 from openai.types.responses import ResponseOutputItem
@@ -50,7 +52,7 @@ from pydantic import TypeAdapter
 from pydantic_core import to_jsonable_python
 
 from effectlog.canonical import canonical_json
-from effectlog.errors import ApprovalRequired, BadInput, EffectlogError, IdempotencyConflict
+from effectlog.errors import ApprovalRequired, BadInput, EffectlogError, IdempotencyConflict, NotApplied
 from effectlog.integrations.framework_steps import (
     IDEMPOTENCY_HEADER,
     PENDING,
@@ -59,6 +61,7 @@ from effectlog.integrations.framework_steps import (
     Send,
     check_names,
     effectlog_error,
+    fixed_location,
     idempotency_key,
     open_store,
     reconciled_value,
@@ -337,9 +340,21 @@ class DurableModelProvider(ModelProvider):
         await self.wrapped.aclose()
 
 
+_ARGS_REFUSED = "Invalid JSON input for tool"  # the SDK's ModelBehaviorError for arguments its schema refuses
+
+
 def durable_tool(tool: FunctionTool, durable: _Pass) -> FunctionTool:
-    """``tool`` with each call a journaled step, and its approvals held in the journal."""
-    original_invoke = tool.on_invoke_tool
+    """``tool`` with each call a journaled step, and its approvals held in the journal.
+
+    The call goes through a copy of ``tool`` without the SDK's ``failure_error_function``, which turns
+    the tool's exception into a message for the model inside the SDK's invoker: recorded as the call's
+    result, a lost reply was a confirmed step, and the model's retry under a new call id made the effect
+    twice. The exception reaches the step instead: an unknown outcome (uncertain; idempotent: sent again
+    with its key), or ``NotApplied`` (the model is told "failed, not applied"), as are the SDK's own
+    argument checks, which fail before the function runs."""
+    raising = dataclasses.replace(tool)  # the SDK binds the copy's invoker to the copy
+    set_function_tool_failure_error_function(raising, None)
+    original_invoke = raising.on_invoke_tool
     original_approval = tool.needs_approval
     name = tool.name
 
@@ -352,6 +367,10 @@ def durable_tool(tool: FunctionTool, durable: _Pass) -> FunctionTool:
             token = TOOL_KEY.set(key)
             try:
                 result = await original_invoke(ctx, input_json)
+            except ModelBehaviorError as exc:
+                if str(exc).startswith(_ARGS_REFUSED):  # the SDK's argument check: the function never ran
+                    raise NotApplied(str(exc)) from exc
+                raise
             finally:
                 TOOL_KEY.reset(token)
             return to_jsonable_python(result)
@@ -426,7 +445,7 @@ class DurableRunner:
     ) -> None:
         check_names("idempotent", idempotent)
         check_names("needs_approval", needs_approval)
-        self.journal = journal
+        self.journal = fixed_location(journal)  # a relative path is where it was when given
         self.idempotent = frozenset(idempotent)
         self.needs_approval = frozenset(needs_approval)
         self.policy = policy or allow_all

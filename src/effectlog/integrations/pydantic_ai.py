@@ -67,6 +67,7 @@ from effectlog.integrations.framework_steps import (
     Send,
     check_names,
     effectlog_error,
+    fixed_location,
     idempotency_key,
     open_store,
     reconciled_value,
@@ -385,7 +386,7 @@ class DurableAgent(Generic[DepsT, OutputT]):
         check_names("idempotent", idempotent)
         check_names("needs_approval", needs_approval)
         self.agent = agent
-        self.journal = journal
+        self.journal = fixed_location(journal)  # a relative path is where it was when given
         self.idempotent = frozenset(idempotent)
         self.needs_approval = frozenset(needs_approval)
         self.policy = policy or allow_all

@@ -34,10 +34,12 @@ Those are reconciled, or looked up by their key, first: nothing uncertain is gue
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import re
-from collections.abc import Iterator
+import time
+from collections.abc import AsyncIterator, Iterator
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -271,12 +273,35 @@ async def afork(
     from_step: str | None = None,
     plan: Plan | None = None,
     secrets: Provider | None = None,
+    turn_held: bool = False,
 ) -> RunOutcome:
-    """Fork ``run_id`` as ``new_run_id`` and drive the fork; the parent is only read."""
-    from effectlog.actor import RunActor, refuse_other_store
+    """Fork ``run_id`` as ``new_run_id`` and drive the fork; the parent is only read.
 
+    From its checks to its first commit the fork holds the parent's retry turn (``fork_turn``), unless
+    its caller, a retry, holds it already (``turn_held``): a retry checks that the run has no fork, and a
+    fork written between that check and the retry's own first commit went unseen.
+    """
     if not by.strip() or not reason.strip():
         raise BadInput("a fork needs --by (who) and --reason (why): both are recorded", run_id=run_id)
+    async with contextlib.AsyncExitStack() as turn:
+        if not turn_held:
+            await turn.enter_async_context(fork_turn(runtime.journal, run_id))
+        return await _fork(runtime, run_id, new_run_id, turn, by, reason, from_step, plan, secrets)
+
+
+async def _fork(  # noqa: PLR0917 - afork's arguments, with the turn to give up once the fork exists
+    runtime: Runtime,
+    run_id: str,
+    new_run_id: str,
+    turn: contextlib.AsyncExitStack,
+    by: str,
+    reason: str,
+    from_step: str | None,
+    plan: Plan | None,
+    secrets: Provider | None,
+) -> RunOutcome:
+    from effectlog.actor import RunActor, refuse_other_store
+
     journal = runtime.journal
     point = fork_point(journal, run_id, new_run_id, from_step=from_step, plan=plan, secrets=secrets)
     # The child is claimed before anything is written, so no recovery can pick it up half-made.
@@ -301,6 +326,7 @@ async def afork(
         runtime.writer.active_runs += 1
         try:
             await actor._record(*carried_specs(parent, point, by, reason, actor))  # one atomic batch
+            await turn.aclose()  # the fork exists: a retry checking from now on sees it
             return await actor.drive()
         finally:
             runtime.writer.active_runs -= 1
@@ -367,6 +393,35 @@ def retry_turn(journal: Journal, run_id: str) -> Iterator[None]:
             "retry its fork instead",
             run_id=run_id,
         ) from None
+    try:
+        yield
+    finally:
+        journal.release(turn)
+
+
+FORK_TURN_WAIT_S = 10.0  # another fork's checks and first commit take this long at most; a retry, its whole run
+
+
+@contextlib.asynccontextmanager
+async def fork_turn(journal: Journal, run_id: str, wait_s: float = FORK_TURN_WAIT_S) -> AsyncIterator[None]:
+    """Hold ``run_id``'s retry turn (``retry_turn``'s) while a fork checks and writes its first commit.
+
+    Another fork holds it only that long, so the turn is waited for; a retry holds it for the whole of its
+    run, so a fork started meanwhile is refused (``RunOwned``, exit 6, nothing written) once ``wait_s`` is
+    out: fork again when the retry has ended (its fork is then the run's, and a fork on purpose goes on)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            turn = journal.claim(f"{run_id} retry", "run")
+            break
+        except RunOwned:
+            if time.monotonic() >= deadline:
+                raise RunOwned(
+                    "a retry of this run (or another fork's first commit) is under way in another process; "
+                    "nothing was written: fork again when it has ended (effectlog lineage shows its fork)",
+                    run_id=run_id,
+                ) from None
+        await asyncio.sleep(0.02)
     try:
         yield
     finally:

@@ -42,7 +42,7 @@ from effectlog.errors import (
 )
 from effectlog.fold import RunState, StepState
 from effectlog.journal.ownership import Claim
-from effectlog.notify import Kind, Notification, Notifier, deliver, hooks_of, shown_location
+from effectlog.notify import Kind, Notification, Notifier, deliver, hooks_of, opened_location, shown_location
 from effectlog.observe import provider_of, session_spans
 from effectlog.recorder import Clock, EventSpec, prepare
 from effectlog.recovery import Action, decide
@@ -117,6 +117,9 @@ class Session:
         for recorded in () if self._state.closed else self._state.steps.values():  # a closed run runs nothing new
             if ids.is_positional(recorded.step_id) and recorded.fingerprint:
                 self._earlier.setdefault(recorded.fingerprint, []).append(recorded.step_id)
+        # This pass's tool steps by fingerprint: the same call again while one of them has no outcome (its
+        # call raised, its intent kept for a re-send with its key) would send it under a new key.
+        self._in_pass: dict[str, list[str]] = {}
         self.model_calls = 0  # calls made in this pass, not replayed ones
         self.tool_calls = 0
 
@@ -182,7 +185,8 @@ class Session:
 
     def _notification(self, event: ev.RunSuspended | ev.RunStopped) -> Notification:
         # Sent to someone elsewhere: the journal by its absolute path (and no URL's password).
-        location, sid = shown_location(self.store.location), event.step_id
+        opened = opened_location(getattr(self.store, "journal", None), self.store.location)
+        location, sid = shown_location(opened), event.step_id
         if isinstance(event, ev.RunSuspended):
             step = self._state.step(sid)
             command = approve_command(
@@ -297,6 +301,23 @@ class Session:
                 recorded=moved[0],
                 requested=sid,
             )
+
+    def _check_not_in_flight(self, sid: str, name: str, fp: str) -> None:
+        """A new step making the same call (tool and args) as a step of this pass whose outcome is unknown:
+        an idempotent call that raised keeps its intent, and the next pass sends it again with its key; the
+        application retrying it here would send it under this step's new key, and a tool deduplicating by
+        key would make the effect twice. Refused (``RunUnfinished``): the next pass settles the first."""
+        for other in self._in_pass.get(fp, ()):
+            step = self._state.step(other)
+            if step is not None and step.state in ("requested", "effected"):
+                raise RunUnfinished(
+                    f"tool {name!r} with these args is step {other!r} of this pass, whose outcome is unknown (its "
+                    f"call raised; its key is sent again when the run resumes); calling it again as new step "
+                    f"{sid!r} would send it under another key and could make it twice: end this pass and run "
+                    "it again (effectlog retries an idempotent call itself with retry=)",
+                    run_id=self.run_id,
+                    step_id=other,
+                )
 
     def _check_same(self, step: StepState, kind: str, name: str, fp: str) -> None:
         if step.fingerprint == fp:
@@ -521,6 +542,8 @@ class Session:
             timing.raise_if_expired(self, step)
         else:
             self._check_not_moved(sid, "tool", name, fp)
+            self._check_not_in_flight(sid, name, fp)
+        self._in_pass.setdefault(fp, []).append(sid)
         if replaying and decide(step) not in (Action.SKIP, Action.FAIL):
             self._check_open("a tool call")  # a step the completed run never finished: RunClosed
         step_deadline = timing.to_ns(deadline)
