@@ -1,0 +1,207 @@
+"""Review round 8: attacks on this session's fixes while they are fresh.
+
+The lost-WAL check (``walwatch``) now asks ``statx(2)`` for the inode alone through ``ctypes`` instead of
+``os.stat``. It is what refuses a commit after the journal's or the effect store's WAL was deleted or
+replaced under the process, so every case ``os.stat`` caught must still be caught, with statx in use:
+these tests look at real files (ext4, tmpfs, bind mounts where the test may mount) and compare with
+``os.stat`` directly.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from effectlog.journal import walwatch
+from effectlog.journal.walwatch import WalWatch
+
+needs_statx = pytest.mark.skipif(walwatch._Use.statx is None, reason="no statx in this libc")
+
+
+def _stat_id(path: str) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+@pytest.fixture
+def wal(tmp_path: Path) -> Iterator[tuple[str, int]]:
+    """A ``-wal`` file held open the way SQLite holds it (so its inode cannot be freed and reused)."""
+    path = str(tmp_path / "j.db-wal")
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        yield str(tmp_path / "j.db"), fd
+    finally:
+        os.close(fd)
+
+
+def _can_mount() -> bool:
+    if os.geteuid() != 0:
+        return False
+    probe = subprocess.run(["unshare", "-m", "true"], capture_output=True)
+    return probe.returncode == 0
+
+
+@needs_statx
+def test_the_statx_struct_layout_matches_the_kernel_abi() -> None:
+    """``_Statx`` is the kernel's 256-byte ``struct statx`` with ``stx_ino`` at 32 and ``stx_dev_major`` at
+    136 (linux/stat.h, the same on every architecture): a wrong offset would read another field as the
+    inode and the check could never see a replaced WAL."""
+    assert ctypes.sizeof(walwatch._Statx) == 256
+    assert walwatch._Statx.mask.offset == 0
+    assert walwatch._Statx.ino.offset == 32
+    assert walwatch._Statx.rdev_major.offset == 128
+    assert walwatch._Statx.dev_major.offset == 136
+    assert walwatch._Statx.dev_minor.offset == 140
+
+
+@needs_statx
+def test_identity_agrees_with_stat_on_every_mounted_file_system() -> None:
+    """For the root of every mount this process sees (ext4, tmpfs, proc, sysfs, cgroup, overlay, devpts:
+    each its own device number, some with minors past 255), statx's ``(dev, ino)`` is ``os.stat``'s, and
+    statx stays in use (nothing was taken for a refusal)."""
+    points = []
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            point = line.split()[4].replace("\\040", " ")
+            points.append(point)
+    checked = 0
+    for point in points:
+        expected = _stat_id(point)
+        if expected is None:
+            continue
+        assert walwatch.identity(point) == expected, point
+        checked += 1
+    assert checked >= 3
+    assert walwatch._Use.statx is not None
+
+
+@needs_statx
+def test_a_deleted_wal_is_lost_while_its_descriptor_is_still_open(wal: tuple[str, int]) -> None:
+    """The WAL unlinked while SQLite's descriptor keeps it alive: statx finds no file, the check says lost."""
+    db, _ = wal
+    watch = WalWatch(db)
+    assert not watch.lost()
+    os.unlink(db + "-wal")
+    assert watch.lost()
+    assert walwatch._Use.statx is not None
+
+
+@needs_statx
+def test_a_wal_replaced_by_rename_or_by_a_new_file_is_lost(wal: tuple[str, int], tmp_path: Path) -> None:
+    """Another file renamed over the WAL, and (separately) the WAL deleted and a new one created (what
+    another process's open does after the last close deleted it): both are another inode, both lost."""
+    db, _ = wal
+    watch = WalWatch(db)
+    other = tmp_path / "other"
+    other.write_bytes(b"y")
+    os.rename(other, db + "-wal")
+    assert watch.lost()
+
+    db2 = str(tmp_path / "k.db")
+    fd = os.open(db2 + "-wal", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        watch2 = WalWatch(db2)
+        os.unlink(db2 + "-wal")
+        os.close(os.open(db2 + "-wal", os.O_RDWR | os.O_CREAT, 0o600))
+        assert watch2.lost()
+    finally:
+        os.close(fd)
+
+
+@needs_statx
+@pytest.mark.skipif(not _can_mount(), reason="needs root and a mount namespace")
+def test_a_wal_hidden_by_a_mount_over_its_directory_is_lost(tmp_path: Path) -> None:
+    """In a child in its own mount namespace: a tmpfs, then a bind mount of another directory holding a
+    WAL with the same name, mounted over the journal's directory. The name now reaches a file on another
+    device (tmpfs) or another file (the bind mount: same device, another inode): lost both times, as
+    ``os.stat`` would say; and a journal reached through a bind mount of its own directory is not lost."""
+    script = f"""
+import os, subprocess, sys
+from effectlog.journal.walwatch import WalWatch, _Use
+base = {str(tmp_path)!r}
+d, other, alias = os.path.join(base, "d"), os.path.join(base, "other"), os.path.join(base, "alias")
+for p in (d, other, alias):
+    os.makedirs(p)
+fd = os.open(os.path.join(d, "j.db-wal"), os.O_RDWR | os.O_CREAT, 0o600)
+open(os.path.join(other, "j.db-wal"), "w").close()
+subprocess.run(["mount", "--bind", d, alias], check=True)
+through_alias = WalWatch(os.path.join(alias, "j.db"))
+watch = WalWatch(os.path.join(d, "j.db"))
+assert not watch.lost() and not through_alias.lost()
+subprocess.run(["mount", "-t", "tmpfs", "tmpfs", d], check=True)
+open(os.path.join(d, "j.db-wal"), "w").close()
+tmpfs = watch.lost()
+subprocess.run(["umount", d], check=True)
+assert not watch.lost()
+subprocess.run(["mount", "--bind", other, d], check=True)
+bound = watch.lost()
+print(tmpfs, bound, _Use.statx is not None)
+"""
+    done = subprocess.run(
+        ["unshare", "-m", "--propagation", "private", sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["True", "True", "True"]
+
+
+@needs_statx
+def test_a_statx_that_leaves_the_inode_out_of_its_mask_falls_back_to_stat(wal: tuple[str, int]) -> None:
+    """A statx that succeeds but fills no inode (``stx_mask`` without ``STATX_INO``: a file system or a
+    filter that answers less than asked) is not believed: the answer comes from ``os.stat`` (a zeroed
+    buffer would otherwise read as inode 0 on device 0:0, the same before and after a replacement), and
+    the check goes to ``os.stat`` for good."""
+    db, _ = wal
+    saved = walwatch._Use.statx
+    try:
+        walwatch._Use.statx = lambda *args: 0  # "success", the buffer untouched: mask 0, inode 0, dev 0:0
+        watch = WalWatch(db)
+        assert walwatch._Use.statx is None
+        assert watch._seen == _stat_id(db + "-wal")
+        walwatch._Use.statx = lambda *args: 0
+        os.unlink(db + "-wal")
+        assert watch.lost()
+    finally:
+        walwatch._Use.statx = saved
+
+
+@needs_statx
+def test_the_check_is_right_in_threads_and_in_a_forked_child(wal: tuple[str, int]) -> None:
+    """Four threads checking at once (each its own buffer) never see a loss that is not there, and all
+    see it once the WAL is gone; a forked child (the ctypes function and the name it points to carried
+    over) sees the same."""
+    db, _ = wal
+    watch = WalWatch(db)
+    wrong: list[bool] = []
+
+    def check(n: int) -> None:
+        for _ in range(n):
+            if watch.lost():
+                wrong.append(True)
+
+    threads = [threading.Thread(target=check, args=(2000,)) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert wrong == []
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover (the child)
+        ok = not watch.lost()
+        os.unlink(db + "-wal")
+        os._exit(0 if ok and watch.lost() else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert watch.lost()
