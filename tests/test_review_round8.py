@@ -9,6 +9,7 @@ these tests look at real files (ext4, tmpfs, bind mounts where the test may moun
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import subprocess
@@ -205,3 +206,44 @@ def test_the_check_is_right_in_threads_and_in_a_forked_child(wal: tuple[str, int
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
     assert watch.lost()
+
+
+def test_an_openai_agents_tool_failing_after_its_effect_with_an_sdk_argument_error_is_not_taken_as_not_applied(
+    tmp_path: Path,
+) -> None:
+    """attack18 made the SDK's argument check (the function never ran) ``NotApplied`` by the error's text.
+    The same ``ModelBehaviorError`` text also comes out of a function that already made its effect: one that
+    drives another tool or agent of the SDK built without a failure function (the user's choice), whose
+    arguments are refused there. Proves: that call is taken as "not applied", the model is told, retries
+    under a new call id, and the customer is charged twice. (Expected once fixed: the step is uncertain,
+    ``UncertainEffect``, one charge; the fix decides by whether the function ran, not by the message.)"""
+    pytest.importorskip("agents")
+    from agents import Agent, OpenAIChatCompletionsModel, function_tool, set_tracing_disabled
+    from agents.exceptions import ModelBehaviorError
+    from openai import AsyncOpenAI
+
+    from effectlog.errors import UncertainEffect
+    from effectlog.integrations.openai_agents import DurableRunner
+    from provider_standin import ProviderStandIn
+
+    set_tracing_disabled(True)
+    effects: list[str] = []
+
+    @function_tool
+    def charge(to: str, amount: int) -> str:
+        """Charge a customer, then send the receipt through another SDK tool (not idempotent)."""
+        effects.append(to)  # the charge went through
+        # what the SDK raises for the receipt tool's refused arguments when it has no failure function
+        raise ModelBehaviorError("Invalid JSON input for tool send_receipt: expected a JSON object")
+
+    provider = ProviderStandIn([("charge", {"to": "bob", "amount": 5}), ("charge", {"to": "bob", "amount": 5}), "done"])
+    provider.start()
+    try:
+        client = AsyncOpenAI(base_url=provider.url, api_key="test", max_retries=0)
+        model = OpenAIChatCompletionsModel(model="stand-in", openai_client=client)
+        agent = Agent(name="billing", instructions="Charge customers.", model=model, tools=[charge])
+        with contextlib.suppress(UncertainEffect):
+            DurableRunner(journal=tmp_path / "runs.db").run_sync(agent, "charge bob 5", run_id="order-8")
+    finally:
+        provider.stop()
+    assert ["bob"] == effects
