@@ -15,6 +15,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -247,3 +248,51 @@ def test_an_openai_agents_tool_failing_after_its_effect_with_an_sdk_argument_err
     finally:
         provider.stop()
     assert ["bob"] == effects
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="not fixed: the restart grace is the default lease (15 s) whatever owner_lease_s the owner renews by",
+)
+def test_pg_a_claim_with_a_longer_owner_lease_outlives_a_server_restart_longer_than_its_lease() -> None:
+    """attack17's restart grace keeps a claim last renewed before the server's start alive for 15 s after
+    that start (``RESTART_GRACE_S``, the default owner lease), so that its owner gets a turn to renew. An
+    owner with a longer ``owner_lease_s`` renews every third of it: with 90 s, every 30 s, and a restart
+    longer than its lease left a window from the start's 15th second to the owner's next turn in which a
+    claim took a live owner's run over (its call still in flight: a resume then sends the step again).
+    The restart here is real (``pg_ctl`` stop and start); its length past the lease is written into the
+    owner row (``alive_until`` in the past, what 90 s down would leave) instead of waited for. Proves: after
+    the grace a claim from another journal takes the run while its owner is alive and has not renewed."""
+    from effectlog.errors import RunOwned
+    from effectlog.journal.postgres import PostgresJournal
+    from pg_fixture import started_cluster
+
+    psycopg = pytest.importorskip("psycopg")
+    cluster = started_cluster()
+    taken = False
+    try:
+        url = cluster.create_database()
+        with PostgresJournal(url, owner_lease_s=90.0) as journal:
+            claim = journal.claim("restart")
+            with psycopg.connect(url, autocommit=True) as conn:  # as if the server had been down past the lease
+                conn.execute(
+                    "UPDATE effectlog.owners SET alive_until = extract(epoch FROM clock_timestamp()) - 1"
+                    " WHERE run_id = 'restart'"
+                )
+            pg_ctl = str(cluster._bindir / "pg_ctl")
+            cluster._run([pg_ctl, "-D", str(cluster.data), "-m", "fast", "-w", "-t", "30", "stop"], "stop")
+            options = f"-c listen_addresses=127.0.0.1 -p {cluster.port} -k {cluster.tmp} -c fsync=off"
+            cluster._run([pg_ctl, "-D", str(cluster.data), "-l", str(cluster.log), "-o", options, "-w", "start"],
+                         "start")  # fmt: skip
+            with PostgresJournal(url) as other:
+                until = time.monotonic() + 20.0  # the grace (15 s) and a margin, within the owner's first turn
+                while time.monotonic() < until and not taken:
+                    try:
+                        other.release(other.claim("restart"))
+                        taken = True
+                    except RunOwned:
+                        time.sleep(0.2)
+            journal.release(claim)
+    finally:
+        cluster.stop()
+    assert not taken
