@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -47,7 +48,7 @@ def wal(tmp_path: Path) -> Iterator[tuple[str, int]]:
 
 
 def _can_mount() -> bool:
-    if os.geteuid() != 0:
+    if os.geteuid() != 0 or shutil.which("unshare") is None or shutil.which("mount") is None:
         return False
     probe = subprocess.run(["unshare", "-m", "true"], capture_output=True)
     return probe.returncode == 0
