@@ -40,6 +40,7 @@ except ImportError as exc:  # pragma: no cover - the dev extra installs it
     ) from exc
 
 from agents import Agent, FunctionTool, Model, ModelProvider, ModelSettings, RunConfig, Runner, RunResult
+from agents import tool as agents_tool
 from agents.exceptions import ModelBehaviorError
 from agents.items import ModelResponse, TResponseInputItem, TResponseStreamEvent
 from agents.run_context import RunContextWrapper
@@ -341,6 +342,26 @@ class DurableModelProvider(ModelProvider):
 
 
 _ARGS_REFUSED = "Invalid JSON input for tool"  # the SDK's ModelBehaviorError for arguments its schema refuses
+_SDK_TOOL_FILE = agents_tool.__file__  # where the SDK parses and checks a call's arguments
+
+
+def _refused_before_the_call(exc: ModelBehaviorError) -> bool:
+    """Whether ``exc`` is the SDK's own argument check, raised before the tool's function ran: its text, and
+    every frame it passed through below the invoker's call in the SDK's tool module. The same text from
+    inside the function (another SDK tool or agent it drives, with no failure function) comes after its
+    effect may have been made: that is an unknown outcome, not "not applied". Should the SDK move its
+    check elsewhere, this says no: the call is uncertain (a stop and a reconcile), never sent twice."""
+    if not str(exc).startswith(_ARGS_REFUSED):
+        return False
+    tb = exc.__traceback__
+    tb = tb.tb_next if tb is not None else None  # (the first frame is durable_tool's own)
+    if tb is None:
+        return False
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename != _SDK_TOOL_FILE:
+            return False
+        tb = tb.tb_next
+    return True
 
 
 def durable_tool(tool: FunctionTool, durable: _Pass) -> FunctionTool:
@@ -368,7 +389,7 @@ def durable_tool(tool: FunctionTool, durable: _Pass) -> FunctionTool:
             try:
                 result = await original_invoke(ctx, input_json)
             except ModelBehaviorError as exc:
-                if str(exc).startswith(_ARGS_REFUSED):  # the SDK's argument check: the function never ran
+                if _refused_before_the_call(exc):  # the SDK's argument check: the function never ran
                     raise NotApplied(str(exc)) from exc
                 raise
             finally:
