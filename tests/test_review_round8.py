@@ -251,10 +251,6 @@ def test_an_openai_agents_tool_failing_after_its_effect_with_an_sdk_argument_err
     assert ["bob"] == effects
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="not fixed: the restart grace is the default lease (15 s) whatever owner_lease_s the owner renews by",
-)
 def test_pg_a_claim_with_a_longer_owner_lease_outlives_a_server_restart_longer_than_its_lease() -> None:
     """attack17's restart grace keeps a claim last renewed before the server's start alive for 15 s after
     that start (``RESTART_GRACE_S``, the default owner lease), so that its owner gets a turn to renew. An
@@ -262,8 +258,10 @@ def test_pg_a_claim_with_a_longer_owner_lease_outlives_a_server_restart_longer_t
     longer than its lease left a window from the start's 15th second to the owner's next turn in which a
     claim took a live owner's run over (its call still in flight: a resume then sends the step again).
     The restart here is real (``pg_ctl`` stop and start); its length past the lease is written into the
-    owner row (``alive_until`` in the past, what 90 s down would leave) instead of waited for. Proves: after
-    the grace a claim from another journal takes the run while its owner is alive and has not renewed."""
+    owner row (``alive_until`` in the past, what 90 s down would leave) instead of waited for. Proves: for
+    20 s after the restart (past the default grace, within the owner's 90 s lease and its first renewal turn)
+    no claim from another journal takes the run from its live owner: the owner row records its lease, and the
+    grace lasts at least that long."""
     from effectlog.errors import RunOwned
     from effectlog.journal.postgres import PostgresJournal
     from pg_fixture import started_cluster

@@ -79,9 +79,11 @@ from effectlog.journal.ownership import (
 )
 from effectlog.journal.postgres_schema import (
     ADD_ALIVE_UNTIL,
+    ADD_LEASE_S,
     ADD_RENEWED_ON,
     END_OWNER,
     HAS_ALIVE_UNTIL,
+    HAS_LEASE_S,
     HAS_RENEWED_ON,
     HEAD,
     INSERT,
@@ -257,6 +259,10 @@ class PostgresJournal:
             with conn.transaction():  # which start of the server took a claim's last renewal (OWNER_RENEWED)
                 conn.execute("SELECT pg_advisory_xact_lock(%s, 0)", (MIGRATE_LOCK_CLASS,))
                 conn.execute(ADD_RENEWED_ON)
+        if self.writer and conn.execute(HAS_LEASE_S, (f"{SCHEMA}.owners",)).fetchone() is None:
+            with conn.transaction():  # the owner's lease, the least grace after a restart (OWNER_RENEWED)
+                conn.execute("SELECT pg_advisory_xact_lock(%s, 0)", (MIGRATE_LOCK_CLASS,))
+                conn.execute(ADD_LEASE_S)
         if self.writer:
             self._add_checkpoints(conn)
 
@@ -374,7 +380,7 @@ class PostgresJournal:
                     self._refuse_renewed(pooled, run_id)
                     self._check_binding(pooled, run_id, kind)
                     row = pooled.execute(
-                        UPSERT_OWNER, (run_id, encode_owner(claim.owner), self._owner_lease_s)
+                        UPSERT_OWNER, (run_id, encode_owner(claim.owner), self._owner_lease_s, self._owner_lease_s)
                     ).fetchone()
                     assert row is not None
                     claim.token = int(row[0])
@@ -420,7 +426,8 @@ class PostgresJournal:
         with self._renewal:
             held = [(c.run_id, c.token) for c in list(self._claims.values()) if c.token]
             if held:
-                params = (self._owner_lease_s, [r for r, _ in held], [t for _, t in held])
+                lease = self._owner_lease_s
+                params = (lease, lease, [r for r, _ in held], [t for _, t in held])
                 self._on_pooled(RENEW_OWNERS, params, timeout_s)
 
     def _on_pooled(self, sql: str, params: Sequence[Any], timeout_s: float) -> None:

@@ -111,7 +111,8 @@ LOCK_RUN = "SELECT pg_advisory_xact_lock(%s, hashtext(%s))"
 OWNERS_DDL: tuple[str, ...] = (
     f"CREATE TABLE IF NOT EXISTS {SCHEMA}.owners"
     " (run_id TEXT PRIMARY KEY, token BIGINT NOT NULL, holder TEXT NOT NULL,"
-    " alive_until DOUBLE PRECISION NOT NULL DEFAULT 0, renewed_on DOUBLE PRECISION NOT NULL DEFAULT 0)",
+    " alive_until DOUBLE PRECISION NOT NULL DEFAULT 0, renewed_on DOUBLE PRECISION NOT NULL DEFAULT 0,"
+    " lease_s DOUBLE PRECISION NOT NULL DEFAULT 0)",
 )
 ADD_ALIVE_UNTIL = (
     f"ALTER TABLE {SCHEMA}.owners ADD COLUMN IF NOT EXISTS alive_until DOUBLE PRECISION NOT NULL DEFAULT 0"
@@ -125,33 +126,39 @@ ADD_RENEWED_ON = (
     f"ALTER TABLE {SCHEMA}.owners ADD COLUMN IF NOT EXISTS renewed_on DOUBLE PRECISION NOT NULL DEFAULT 0"
 )
 HAS_RENEWED_ON = HAS_ALIVE_UNTIL.replace("'alive_until'", "'renewed_on'")
+# ``lease_s``: the owner's lease (``owner_lease_s``), which a restart's grace lasts at least (OWNER_RENEWED).
+ADD_LEASE_S = f"ALTER TABLE {SCHEMA}.owners ADD COLUMN IF NOT EXISTS lease_s DOUBLE PRECISION NOT NULL DEFAULT 0"
+HAS_LEASE_S = HAS_ALIVE_UNTIL.replace("'alive_until'", "'lease_s'")
 _NOW = "extract(epoch FROM clock_timestamp())::float8"
 _SERVER_START = "extract(epoch FROM pg_catalog.pg_postmaster_start_time())::float8"
-UPSERT_OWNER = (
-    f"INSERT INTO {SCHEMA}.owners (run_id, token, holder, alive_until, renewed_on)"
-    f" VALUES (%s, 1, %s, {_NOW} + %s, {_SERVER_START})"
+UPSERT_OWNER = (  # (run_id, holder, lease_s, lease_s)
+    f"INSERT INTO {SCHEMA}.owners (run_id, token, holder, alive_until, renewed_on, lease_s)"
+    f" VALUES (%s, 1, %s, {_NOW} + %s, {_SERVER_START}, %s)"
     f" ON CONFLICT (run_id) DO UPDATE SET token = {SCHEMA}.owners.token + 1, holder = EXCLUDED.holder,"
-    " alive_until = EXCLUDED.alive_until, renewed_on = EXCLUDED.renewed_on RETURNING token"
+    " alive_until = EXCLUDED.alive_until, renewed_on = EXCLUDED.renewed_on, lease_s = EXCLUDED.lease_s"
+    " RETURNING token"
 )
 OWNER_ROW = f"SELECT token, holder FROM {SCHEMA}.owners WHERE run_id = %s"
 # The row and whether its owner still renews it; through to_jsonb, so that a reader of a journal no writer
 # of this version has opened yet (no such column) reads it too (never renewed).
 #
 # A claim whose last renewal an earlier start of the server took (``renewed_on``; a restart, a reboot) counts
-# as renewed for a default lease after this start: nobody could renew while the server was down, and a restart
-# longer than the lease let the first claim after it take the run over before its live owner, inside a call,
-# had a turn to renew. A dead host's runs wait that much more after a restart; a released claim (0) and a gone
-# owner of this host do not.
+# as renewed for its owner's lease (``lease_s``; at least the default lease) after this start: nobody could
+# renew while the server was down, and a restart longer than the lease let the first claim after it take the
+# run over before its live owner, inside a call, had a turn to renew (an owner renews every third of its
+# lease, so a grace of the default 15 s left a window for an owner with a longer lease). A dead host's runs
+# wait that much more after a restart; a released claim (0) and a gone owner of this host do not.
 _ALIVE_UNTIL = "COALESCE((to_jsonb(o) ->> 'alive_until')::float8, 0)"
 _RENEWED_ON = "COALESCE((to_jsonb(o) ->> 'renewed_on')::float8, 0)"
-RESTART_GRACE_S = 15.0  # the default owner lease (``postgres.OWNER_LEASE_S``)
+RESTART_GRACE_S = 15.0  # the default owner lease (``postgres.OWNER_LEASE_S``): the shortest grace
+_GRACE = f"GREATEST({RESTART_GRACE_S}, COALESCE((to_jsonb(o) ->> 'lease_s')::float8, 0))"
 OWNER_RENEWED = (
     f"SELECT o.token, o.holder, {_ALIVE_UNTIL} > {_NOW} OR ({_ALIVE_UNTIL} > 0 AND {_RENEWED_ON} < {_SERVER_START}"
-    f" AND {_NOW} < {_SERVER_START} + {RESTART_GRACE_S})"
+    f" AND {_NOW} < {_SERVER_START} + {_GRACE})"
     f" FROM {SCHEMA}.owners o WHERE o.run_id = %s"
 )
-RENEW_OWNERS = (
-    f"UPDATE {SCHEMA}.owners o SET alive_until = {_NOW} + %s, renewed_on = {_SERVER_START}"
+RENEW_OWNERS = (  # (lease_s, lease_s, run ids, tokens)
+    f"UPDATE {SCHEMA}.owners o SET alive_until = {_NOW} + %s, renewed_on = {_SERVER_START}, lease_s = %s"
     " FROM unnest(%s::text[], %s::bigint[]) AS c (run_id, token) WHERE o.run_id = c.run_id AND o.token = c.token"
 )
 END_OWNER = f"UPDATE {SCHEMA}.owners SET alive_until = 0 WHERE run_id = %s AND token = %s"
