@@ -10,7 +10,7 @@ does: wall and thread CPU per step (the whole run over N), the CPU inside the co
 (``writer.append_alone``) and outside, and the waits per commit (voluntary switches). ``pages``: reads
 the WAL before the journal is closed (frames with the current salts) and counts which database pages
 the run's commits wrote, effectlog's and the floor's (``bench.py``'s two commits per step). ``group``:
-``bench.py``'s concurrent measure, one run against 32 runs of 100 steps, with the waits per commit.
+``bench.py``'s concurrent measure, one run against 32 runs of 100 steps, alternating.
 DIR defaults to this checkout (the disk). Nothing asserts on it.
 """
 
@@ -122,14 +122,12 @@ def group(args: argparse.Namespace) -> None:
     for r in range(args.rounds):
         got = {}
         for k, seen in rates.items():
-            w = waits()
             got[k] = effectlog_concurrent(fresh(Path(args.dir), "long-run-group.db"), k, 100)
-            got[k]["waits_per_commit"] = (waits() - w) / got[k]["commits"]
             seen.append(got[k]["steps_per_s"])
         ratios.append(got[32]["steps_per_s"] / got[1]["steps_per_s"])
         print(f"round {r + 1}: " + "; ".join(
             f"{k} run(s) {g['steps_per_s']:.0f} steps/s, CPU {g['cpu_us_per_step']:.0f} µs/step, {g['commits']} "
-            f"commits, {g['waits_per_commit']:.1f} waits per commit" for k, g in got.items())
+            f"commits" for k, g in got.items())
             + f"; ratio {ratios[-1]:.2f}", flush=True)  # fmt: skip
     print(f"median ratio {statistics.median(ratios):.2f}; one run {statistics.median(rates[1]):.0f} steps/s, "
           f"32 runs {statistics.median(rates[32]):.0f}")  # fmt: skip
