@@ -14,6 +14,20 @@ import pytest
 from effectlog.errors import ExitStatus
 
 
+def refusal(tmp_path: Path, argv: list[str]) -> str:
+    """Run ``effectlog ARGV`` beside a valid plan; the one line it printed, once it is shown to have refused
+    as bad input (exit 2, that one line on stderr) with no file made beside the plan."""
+    plan = {"run_id": "r1", "adapters": {"n": {"type": "noop"}}, "steps": [{"id": "a", "adapter": "n"}]}
+    (tmp_path / "plan.json").write_text(json.dumps(plan))
+    done = subprocess.run(
+        [sys.executable, "-m", "effectlog", *argv], cwd=tmp_path, capture_output=True, text=True, timeout=60
+    )
+    lines = done.stderr.strip().splitlines()
+    assert (ExitStatus.BAD_INPUT, 1) == (done.returncode, len(lines)), done.stderr
+    assert ["plan.json"] == sorted(p.name for p in tmp_path.iterdir())
+    return lines[0]
+
+
 @pytest.mark.parametrize(
     ("argv", "flag"),
     [
@@ -30,15 +44,8 @@ def test_an_empty_location_is_bad_input_naming_its_flag_and_nothing_is_made(
     tmp_path: Path, argv: list[str], flag: str
 ) -> None:
     """Proves: exit 2, one line naming the flag, no traceback, and no file made in the directory."""
-    plan = {"run_id": "r1", "adapters": {"n": {"type": "noop"}}, "steps": [{"id": "a", "adapter": "n"}]}
-    (tmp_path / "plan.json").write_text(json.dumps(plan))
-    done = subprocess.run(
-        [sys.executable, "-m", "effectlog", *argv], cwd=tmp_path, capture_output=True, text=True, timeout=60
-    )
-    lines = done.stderr.strip().splitlines()
-    assert (ExitStatus.BAD_INPUT, 1) == (done.returncode, len(lines)), done.stderr
-    assert (True, True) == (f"argument {flag}: " in lines[0], "is empty" in lines[0]), lines[0]
-    assert ["plan.json"] == sorted(p.name for p in tmp_path.iterdir())
+    line = refusal(tmp_path, argv)
+    assert (True, True) == (f"argument {flag}: " in line, "is empty" in line), line
 
 
 @pytest.mark.parametrize(
@@ -61,15 +68,8 @@ def test_a_file_location_ending_in_a_slash_is_bad_input_naming_its_flag_and_noth
     journal, while ``--journal j.db/`` quietly made and used ``j.db``, and ``effects --effects fx.db/`` said
     there was no store there. Proves: every file flag refuses it the same way, exit 2, one line naming the
     flag, no traceback, and no file made in the directory."""
-    plan = {"run_id": "r1", "adapters": {"n": {"type": "noop"}}, "steps": [{"id": "a", "adapter": "n"}]}
-    (tmp_path / "plan.json").write_text(json.dumps(plan))
-    done = subprocess.run(
-        [sys.executable, "-m", "effectlog", *argv], cwd=tmp_path, capture_output=True, text=True, timeout=60
-    )
-    lines = done.stderr.strip().splitlines()
-    assert (ExitStatus.BAD_INPUT, 1) == (done.returncode, len(lines)), done.stderr
-    assert (True, True) == (f"argument {flag}: " in lines[0], "names a directory" in lines[0]), lines[0]
-    assert ["plan.json"] == sorted(p.name for p in tmp_path.iterdir())
+    line = refusal(tmp_path, argv)
+    assert (True, True) == (f"argument {flag}: " in line, "names a directory" in line), line
 
 
 def test_an_effect_store_path_that_cannot_be_created_is_a_storage_error_not_a_traceback(tmp_path: Path) -> None:

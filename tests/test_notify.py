@@ -201,13 +201,11 @@ def _explode(decl: object, context: object) -> object:
 BROKEN = {"broken": _explode}
 
 
-def test_a_fleet_request_that_needs_an_operator_notifies_once(receiver: Receiver, tmp_path: Path) -> None:
-    """`effectlog runner --notify-url`: a request sent to needs_operator is announced once, with its request id,
-    run and the operator command."""
+def run_broken_request(receiver: Receiver, tmp_path: Path, store: str) -> None:
+    """Submit one request whose adapter's factory raises into ``store`` and let a runner (notifying
+    ``receiver``) send it to an operator."""
     from effectlog.cli import main
-    from effectlog.fleet import open_store
 
-    store = str(tmp_path / "fleet.db")
     plan = tmp_path / "broken.json"
     plan.write_text(
         json.dumps({"run_id": "b-1", "adapters": {"b": {"type": "broken"}}, "steps": [{"id": "s", "adapter": "b"}]})
@@ -215,6 +213,15 @@ def test_a_fleet_request_that_needs_an_operator_notifies_once(receiver: Receiver
     assert 0 == main(["submit", str(plan), "--store", store, "--scope", "s", "--key", "k"])
     argv = ["runner", "--store", store, "--adapters", "test_notify:BROKEN", "--exit-when-idle", "--poll-s", "0.01"]
     assert 0 == main([*argv, "--notify-url", receiver.url])
+
+
+def test_a_fleet_request_that_needs_an_operator_notifies_once(receiver: Receiver, tmp_path: Path) -> None:
+    """`effectlog runner --notify-url`: a request sent to needs_operator is announced once, with its request id,
+    run and the operator command."""
+    from effectlog.fleet import open_store
+
+    store = str(tmp_path / "fleet.db")
+    run_broken_request(receiver, tmp_path, store)
     with open_store(store) as s:
         request = s.requests()[0]
         assert "needs_operator" == request.state
@@ -233,18 +240,11 @@ def test_a_fleet_operator_command_for_an_odd_store_path_works_as_printed(
     newline made the one command two lines (and ``str()`` of it, which folds whitespace, named another
     file). Proves: the command is one line, and run by a shell as printed (``fail`` chosen, a name and
     reason filled in) it decides that request in that store (exit 0), and nothing else is executed."""
-    from effectlog.cli import main
     from effectlog.fleet import open_store
 
     (tmp_path / folder).mkdir()
     store = str(tmp_path / folder / "fleet.db")
-    plan = tmp_path / "broken.json"
-    plan.write_text(
-        json.dumps({"run_id": "b-1", "adapters": {"b": {"type": "broken"}}, "steps": [{"id": "s", "adapter": "b"}]})
-    )
-    assert 0 == main(["submit", str(plan), "--store", store, "--scope", "s", "--key", "k"])
-    argv = ["runner", "--store", store, "--adapters", "test_notify:BROKEN", "--exit-when-idle", "--poll-s", "0.01"]
-    assert 0 == main([*argv, "--notify-url", receiver.url])
+    run_broken_request(receiver, tmp_path, store)
     command = receiver.received[0]["command"]
     typed = command.replace("requeue|fail|cancel", "fail").replace("NAME", "ann").replace("TEXT", "broken")
     shell = f'effectlog() {{ "{sys.executable}" -m effectlog "$@"; }}\n{typed}\n'

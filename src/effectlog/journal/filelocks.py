@@ -350,11 +350,9 @@ def refuse_open_here(path: str, what: str) -> None:
 def _a_sidecar_here(path: str) -> bool:
     """Whether the file at ``path`` is the ``-wal``, ``-shm`` or ``-journal`` of a file open here, by the file
     the kernel reaches (a symlink to it, a hard link, ``/proc/self/fd/N``), not by the text of ``path``."""
-    try:
-        st = os.stat(path)
-    except OSError:
+    key = path_key(path)
+    if key is None:
         return False
-    key = (st.st_dev, st.st_ino)
     with _registry_lock:
         names = [name for shared in _files.values() for name in shared.names]
     for name in names:
@@ -530,6 +528,15 @@ def release(shared: SharedFile) -> None:
             os.close(shared.wal_fd)
 
 
+def path_key(path: str) -> tuple[int, int] | None:
+    """The (st_dev, st_ino) of the file ``path`` reaches (symlinks followed); ``None`` if there is none."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino)
+
+
 def identity(fd: int) -> tuple[int, int] | None:
     """The (st_dev, st_ino) of the file open at ``fd``; ``None`` if nothing is (or ``fd`` is -1)."""
     if fd < 0:
@@ -586,11 +593,8 @@ def refuse_inherited(path: str) -> None:
     """``JournalInherited`` if ``path`` is a file this process's parent had open when it forked it."""
     if not _inherited_keys:
         return
-    try:
-        st = os.stat(path)
-    except OSError:
-        return  # no file: nothing of it was inherited
-    if (st.st_dev, st.st_ino) in _inherited_keys:
+    key = path_key(path)  # None: no file, nothing of it was inherited
+    if key is not None and key in _inherited_keys:
         raise JournalInherited(f"{path}: {INHERITED_ADVICE}")
 
 
@@ -598,11 +602,9 @@ def open_here(path: str) -> bool:
     """Whether this process has the file at ``path`` open through effectlog (a journal, fleet store or
     effect store, its own or inherited). Then no descriptor of the file or of its sidecars may be opened
     and closed here just to look at it: the close would drop SQLite's locks on that file."""
-    try:
-        st = os.stat(path)
-    except OSError:
+    key = path_key(path)
+    if key is None:
         return False
-    key = (st.st_dev, st.st_ino)
     with _registry_lock:
         return key in _files or key in _inherited_keys or any(found == key for _, found in _connections.values())
 
