@@ -17,7 +17,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from typing import TYPE_CHECKING, Any
 
 import immutables
@@ -110,14 +110,15 @@ class RunActor:
             confirmed = ev.StepConfirmed(run_id=run_id, seq=seq + 2, ts=ts, **specs[1][1])
             new_state = apply_receipt(new_state, effected, confirmed)
             events += (effected, confirmed)
+            changed.add(effected.step_id)
+            changed.add(confirmed.step_id)
         else:
             for cls, fields in specs:
                 event = cls(run_id=run_id, seq=new_state.seq + 1, ts=ts, **fields)
                 new_state = apply(new_state, event)
                 events.append(event)
-        for event in events:
-            if isinstance(event, ev.StepEvent):
-                changed.add(event.step_id)
+                if isinstance(event, ev.StepEvent):
+                    changed.add(event.step_id)
         # The batch that closes a run carries its seal, in the same transaction.
         seal = seal_row(new_state) if writer.sealing and new_state.closed else None
         # Every checkpoint.EVERY_EVENTS events an open run's batch carries a checkpoint segment.
@@ -130,7 +131,11 @@ class RunActor:
             segment = checkpoint.segment_row(new_state, changed, front)
         began = time.perf_counter() if self.obs is not None else 0.0
         if writer.append_alone(events, seal, segment) is None:  # a lone run's commit without a coroutine
-            await writer.append(events, seal, segment)
+            queued = writer.enqueue(events, seal, segment)  # a group's: its future, awaited here
+            if queued is not None:
+                await queued
+            else:
+                await writer.append(events, seal, segment)
         if segment is not None:
             self._segment_seq, self._changed, self._tracker = new_state.seq, set(), tracker
         self.state = new_state
@@ -158,9 +163,15 @@ class RunActor:
 
     # -- the run ----------------------------------------------------------------------
 
-    async def drive(self) -> RunOutcome:
+    def drive(self) -> Coroutine[Any, Any, RunOutcome]:
+        """The run, to await: ``_drive`` itself when nothing observes it (no frame of this method's
+        to resume each time a commit wakes the run), else within the observer's span."""
         if self.obs is None:
-            return await self._drive()
+            return self._drive()
+        return self._observed()
+
+    async def _observed(self) -> RunOutcome:
+        assert self.obs is not None
         outcome: RunOutcome = await self.obs.drive(
             self._drive, recorded_seq=self.state.seq, resumed_from=self.state.traceparent
         )

@@ -48,7 +48,9 @@ def canonical_json(value: Any, where: str = "value") -> bytes:
         raise BadInput(f"{where}: nested too deep to encode (JSON here goes about 1,000 levels down)") from None
     except UnicodeEncodeError:  # a str with a lone surrogate (os.fsdecode of a non-UTF-8 name, a "\ud800" escape)
         raise BadInput(_lone_surrogate(value, where)) from None
-    if b"null" in data and _may_hold_non_finite(value):
+    # (``data.find``, not ``in``: ``bytes.__contains__`` first tries the needle as an int, and for bytes
+    # formats a TypeError it then drops, about 2k instructions each time: twice per step)
+    if data.find(b"null") >= 0 and _may_hold_non_finite(value):
         problem = non_finite(value, where)
         if problem is not None:
             raise BadInput(problem)
