@@ -155,3 +155,16 @@ def test_a_durable_call_with_args_nested_past_what_json_can_encode_is_bad_input(
             store(deep)
         assert "ok" == store([1])
     assert [[1]] == calls
+
+
+def test_digest_is_the_sha256_of_canonical_json_and_refuses_what_it_refuses() -> None:
+    """``digest`` encodes inline and falls back to ``canonical_json`` when the encoding holds a ``null`` or
+    fails: the same hex digest for plain values and nulls, the same ``BadInput`` for a lone surrogate."""
+    import hashlib
+
+    for value in ({"b": [1, "x"], "a": 2}, {"a": None, "b": [0.5, None]}, "null", [True, {"k": "v"}]):
+        assert hashlib.sha256(canonical_json(value)).hexdigest() == digest(value)
+    with pytest.raises(BadInput, match="surrogate"):
+        canonical_json({"a": "\ud800"}, "args")
+    with pytest.raises(BadInput, match="surrogate"):
+        digest({"a": "\ud800"}, "args")

@@ -28,6 +28,8 @@ _RUN = compiled("run")
 _replace = msgspec.structs.replace
 
 DONE_STATES = frozenset({"confirmed", "reconciled"})
+# The run machine's terminal states: ``RunState.closed`` without its frame, for a hot path that asks it.
+CLOSED_STATES: frozenset[str] = _RUN.terminal
 
 
 class StepState(msgspec.Struct, frozen=True, kw_only=True, gc=False):
