@@ -120,7 +120,6 @@ def test_a_pydantic_ai_models_tool_call_with_nan_args_is_told_back_and_no_tool_r
     assert [True, "paid 5.0"] == ["amount: nan is not a finite number" in told[0], told[1]], told
 
 
-
 def test_the_msgpack_precheck_sends_every_non_finite_float_to_the_walk_and_lets_lookalikes_pass() -> None:
     """Values with a ``null`` are pre-checked in msgpack (a float with an all-ones exponent) before the
     walk: every NaN/inf, at any place, still reaches the walk and is refused; a look-alike (a str holding
