@@ -120,7 +120,6 @@ def test_a_pydantic_ai_models_tool_call_with_nan_args_is_told_back_and_no_tool_r
     assert [True, "paid 5.0"] == ["amount: nan is not a finite number" in told[0], told[1]], told
 
 
-
 def test_the_msgpack_precheck_sends_every_non_finite_float_to_the_walk_and_lets_lookalikes_pass() -> None:
     """Values with a ``null`` are pre-checked in msgpack (a float with an all-ones exponent) before the
     walk: every NaN/inf, at any place, still reaches the walk and is refused; a look-alike (a str holding
@@ -155,3 +154,16 @@ def test_a_durable_call_with_args_nested_past_what_json_can_encode_is_bad_input(
             store(deep)
         assert "ok" == store([1])
     assert [[1]] == calls
+
+
+def test_digest_is_the_sha256_of_canonical_json_and_refuses_what_it_refuses() -> None:
+    """``digest`` encodes inline and falls back to ``canonical_json`` when the encoding holds a ``null`` or
+    fails: the same hex digest for plain values and nulls, the same ``BadInput`` for a lone surrogate."""
+    import hashlib
+
+    for value in ({"b": [1, "x"], "a": 2}, {"a": None, "b": [0.5, None]}, "null", [True, {"k": "v"}]):
+        assert hashlib.sha256(canonical_json(value)).hexdigest() == digest(value)
+    with pytest.raises(BadInput, match="surrogate"):
+        canonical_json({"a": "\ud800"}, "args")
+    with pytest.raises(BadInput, match="surrogate"):
+        digest({"a": "\ud800"}, "args")

@@ -628,14 +628,24 @@ def test_many_concurrent_runs_complete_and_share_grouped_commits(journal: Path, 
     ]
     with Runtime(journal, effects=effects) as rt:
         batches = 0
-        append = rt.writer.append
+        # A batch reaches the writer as a lone run's inline commit (append_alone) or joins a group
+        # (enqueue: the future its run awaits); each counted where it was taken.
+        alone, enqueue = rt.writer.append_alone, rt.writer.enqueue
 
-        async def counting(events: Any, seal: Any = None, checkpoint: Any = None) -> Any:
+        def counting_alone(events: Any, seal: Any = None, checkpoint: Any = None) -> Any:
             nonlocal batches
-            batches += 1
-            return await append(events, seal, checkpoint)
+            done = alone(events, seal, checkpoint)
+            batches += done is not None
+            return done
 
-        rt.writer.append = counting  # type: ignore[method-assign]
+        def counting_enqueue(events: Any, seal: Any = None, checkpoint: Any = None) -> Any:
+            nonlocal batches
+            queued = enqueue(events, seal, checkpoint)
+            batches += queued is not None
+            return queued
+
+        rt.writer.append_alone = counting_alone  # type: ignore[method-assign]
+        rt.writer.enqueue = counting_enqueue  # type: ignore[method-assign]
         outcomes = asyncio.run(rt.arun_many(plans))
         commits = rt.writer.commits
         states = [rt.load(p.run_id).state for p in plans]

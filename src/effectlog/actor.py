@@ -17,7 +17,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from typing import TYPE_CHECKING, Any
 
 import immutables
@@ -39,7 +39,7 @@ from effectlog.errors import (
     describe,
     printable,
 )
-from effectlog.fold import DONE_STATES, StepState, apply, apply_receipt
+from effectlog.fold import CLOSED_STATES, DONE_STATES, StepState, apply, apply_receipt
 from effectlog.journal import checkpoint, load_closed, resume_point
 from effectlog.journal.frontier import Tracker, is_done
 from effectlog.observe import run_observer
@@ -110,27 +110,33 @@ class RunActor:
             confirmed = ev.StepConfirmed(run_id=run_id, seq=seq + 2, ts=ts, **specs[1][1])
             new_state = apply_receipt(new_state, effected, confirmed)
             events += (effected, confirmed)
+            changed.add(effected.step_id)
+            changed.add(confirmed.step_id)
         else:
             for cls, fields in specs:
                 event = cls(run_id=run_id, seq=new_state.seq + 1, ts=ts, **fields)
                 new_state = apply(new_state, event)
                 events.append(event)
-        for event in events:
-            if isinstance(event, ev.StepEvent):
-                changed.add(event.step_id)
+                if isinstance(event, ev.StepEvent):
+                    changed.add(event.step_id)
         # The batch that closes a run carries its seal, in the same transaction.
-        seal = seal_row(new_state) if writer.sealing and new_state.closed else None
+        closed = new_state.state in CLOSED_STATES  # (``RunState.closed``, without its frame: twice per step)
+        seal = seal_row(new_state) if writer.sealing and closed else None
         # Every checkpoint.EVERY_EVENTS events an open run's batch carries a checkpoint segment.
         segment, tracker = None, self._tracker
         every = checkpoint.EVERY_EVENTS  # (``checkpoint.due``, inline, its cheapest test first)
-        if writer.checkpointing and every > 0 and new_state.seq - self._segment_seq >= every and not new_state.closed:
+        if writer.checkpointing and every > 0 and new_state.seq - self._segment_seq >= every and not closed:
             front = None
             if tracker is not None and new_state.kind == "plan":
                 tracker, front = tracker.advance(new_state, changed)
             segment = checkpoint.segment_row(new_state, changed, front)
         began = time.perf_counter() if self.obs is not None else 0.0
         if writer.append_alone(events, seal, segment) is None:  # a lone run's commit without a coroutine
-            await writer.append(events, seal, segment)
+            queued = writer.enqueue(events, seal, segment)  # a group's: its future, awaited here
+            if queued is not None:
+                await queued
+            else:
+                await writer.append(events, seal, segment)
         if segment is not None:
             self._segment_seq, self._changed, self._tracker = new_state.seq, set(), tracker
         self.state = new_state
@@ -158,9 +164,15 @@ class RunActor:
 
     # -- the run ----------------------------------------------------------------------
 
-    async def drive(self) -> RunOutcome:
+    def drive(self) -> Coroutine[Any, Any, RunOutcome]:
+        """The run, to await: ``_drive`` itself when nothing observes it (no frame of this method's
+        to resume each time a commit wakes the run), else within the observer's span."""
         if self.obs is None:
-            return await self._drive()
+            return self._drive()
+        return self._observed()
+
+    async def _observed(self) -> RunOutcome:
+        assert self.obs is not None
         outcome: RunOutcome = await self.obs.drive(
             self._drive, recorded_seq=self.state.seq, resumed_from=self.state.traceparent
         )
@@ -698,6 +710,18 @@ async def _in_thread(
 
 
 _SIGINT, _SIGTERM = int(signal.SIGINT), int(signal.SIGTERM)
+# ``threading.main_thread().ident`` without its two frames per tool call: the main thread's ident, taken
+# again in a forked child, where the thread that forked is the main thread (``threading``'s own at-fork
+# hook, registered before this one, made it so: the hooks after a fork run in registration order).
+_main = [threading.main_thread().ident]
+
+
+def _forked() -> None:
+    _main[0] = threading.main_thread().ident
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forked)
 # The C function under signal.getsignal: the same handler, without the wrapper's conversion to an enum,
 # which for a handler that is a function formats its repr into a ValueError it then swallows (for asyncio's
 # handler, the repr of its loop's tasks): two calls per tool call were a quarter of a no-op step's CPU.
@@ -721,7 +745,7 @@ def _guarded(fn: Callable[[Request], Any], request: Request, *, own: bool = Fals
     later signal would go to the tool's handler and the run would never stop (README: exit 130/143).
     """
     limit = sys.getrecursionlimit()
-    if threading.get_ident() != threading.main_thread().ident:  # only the main thread can set handlers
+    if threading.get_ident() != _main[0]:  # only the main thread can set handlers
         try:
             return _call_tool(fn, request)
         finally:

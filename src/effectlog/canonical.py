@@ -48,7 +48,9 @@ def canonical_json(value: Any, where: str = "value") -> bytes:
         raise BadInput(f"{where}: nested too deep to encode (JSON here goes about 1,000 levels down)") from None
     except UnicodeEncodeError:  # a str with a lone surrogate (os.fsdecode of a non-UTF-8 name, a "\ud800" escape)
         raise BadInput(_lone_surrogate(value, where)) from None
-    if b"null" in data and _may_hold_non_finite(value):
+    # (``data.find``, not ``in``: ``bytes.__contains__`` first tries the needle as an int, and for bytes
+    # formats a TypeError it then drops, about 2k instructions each time: twice per step)
+    if data.find(b"null") >= 0 and _may_hold_non_finite(value):
         problem = non_finite(value, where)
         if problem is not None:
             raise BadInput(problem)
@@ -80,7 +82,13 @@ def trusted_json(value: Any) -> bytes:
 
 def digest(value: Any, where: str = "value") -> str:
     """``sha256`` hex digest of the canonical JSON of ``value``."""
-    return hashlib.sha256(canonical_json(value, where)).hexdigest()
+    try:  # (``canonical_json``, inline: a step's args digest; its checks when the encoding has a null or fails)
+        data: bytes | None = _encoder.encode(value)
+    except (Exception, RecursionError):
+        data = None
+    if data is None or data.find(b"null") >= 0:
+        data = canonical_json(value, where)
+    return hashlib.sha256(data).hexdigest()
 
 
 def digest_bytes(data: bytes) -> str:

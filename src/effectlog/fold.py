@@ -28,6 +28,8 @@ _RUN = compiled("run")
 _replace = msgspec.structs.replace
 
 DONE_STATES = frozenset({"confirmed", "reconciled"})
+# The run machine's terminal states: ``RunState.closed`` without its frame, for a hot path that asks it.
+CLOSED_STATES: frozenset[str] = _RUN.terminal
 
 
 class StepState(msgspec.Struct, frozen=True, kw_only=True, gc=False):
@@ -103,7 +105,7 @@ class RunState(msgspec.Struct, frozen=True, kw_only=True, gc=False):
         return self.steps.get(step_id)
 
     def ordered_steps(self) -> list[StepState]:
-        return sorted(self.steps.values(), key=lambda s: s.index)
+        return sorted(self.steps.values(), key=_index_of)  # (a C getter: no frame per step; seal and outcome ask)
 
 
 
@@ -121,6 +123,7 @@ def state_from_summary(summary: Any, *, head: bytes, steps: immutables.Map[str, 
     return RunState(**kept, head=head, steps=steps)
 
 _state_of = operator.attrgetter("state")
+_index_of = operator.attrgetter("index")
 _id_of = operator.itemgetter("id")
 
 

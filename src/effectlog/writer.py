@@ -63,15 +63,28 @@ class JournalWriter:
     ) -> list[Record]:
         """Append ``events`` atomically, with the seal of the run they close or a checkpoint segment of
         the run they advance if given; returns once durable."""
+        queued = self.enqueue(events, seal, checkpoint)
+        if queued is not None:
+            return await queued
+        done = self.append_alone(events, seal, checkpoint)  # the direct path, where the journal has one
+        return done if done is not None else self._append_now(events, _one(seal), _one(checkpoint))
+
+    def enqueue(
+        self, events: Sequence[Event], seal: SealRow | None = None, checkpoint: CheckpointRow | None = None
+    ) -> asyncio.Future[list[Record]] | None:
+        """``append``'s group path as a plain call: the batch joins the next group commit and the future
+        its run awaits is returned (set once the commit is durable). ``None`` (nothing done) when the batch
+        goes alone, inline (``append`` or ``append_alone``). A run actor awaits the future itself: no
+        coroutine per batch, and one frame fewer to resume when the group's commit wakes each of its runs."""
         if self.active_runs <= 1 and not self._flushing and not self._queue:
-            done = self.append_alone(events, seal, checkpoint)  # the direct path, where the journal has one
-            return done if done is not None else self._append_now(events, _one(seal), _one(checkpoint))
-        future: asyncio.Future[list[Record]] = asyncio.get_running_loop().create_future()
+            return None
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[list[Record]] = loop.create_future()
         self._queue.append((events, seal, checkpoint, future))
         if not self._flushing:
             self._flushing = True
             asyncio.get_running_loop().create_task(self._flush())
-        return await future
+        return future
 
     def _append_now(
         self, events: Sequence[Event], seals: Sequence[SealRow] = (), checkpoints: Sequence[CheckpointRow] = ()
