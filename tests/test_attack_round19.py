@@ -1,0 +1,97 @@
+"""Round-19 attacks on the fixes of the last two hours: the openai-agents tool errors (a tool's exception
+uncertain, the SDK's argument check "not applied" by where it was raised), the session's refusal of a
+call repeated while its first is in flight, and journals made absolute at start. Each test is one
+suspicion: a failing reproduction first where it found a defect, kept as a short regression test where
+it found none but guards a plausible mistake. The real ``openai-agents`` package against the local
+provider stand-in, real SQLite files.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from provider_standin import ProviderStandIn
+
+
+def _completion(n: int, message: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "id": f"gen-{n}",
+        "object": "chat.completion",
+        "model": "m",
+        "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+    }
+
+
+def _call(call_id: str, name: str, args: dict[str, Any]) -> dict[str, Any]:
+    call = {"name": name, "arguments": json.dumps(args)}
+    return {"role": "assistant", "content": None, "tool_calls": [{"id": call_id, "type": "function", "function": call}]}
+
+
+class _OuterAndInner(ProviderStandIn):
+    """The outer agent asks its agent-as-tool once; the inner agent calls ``charge`` until it has called it
+    twice (the second call is the model's retry after the SDK told it the first failed), then answers."""
+
+    def _generate(self, body: dict[str, Any]) -> dict[str, Any]:
+        messages = body.get("messages", [])
+        inner = any("INNER" in str(m.get("content")) for m in messages if m.get("role") == "system")
+        turn = sum(1 for m in messages if m.get("role") == "assistant")
+        self.billed += 1
+        if inner and turn < 2:
+            return _completion(self.billed, _call(f"i{turn}", "charge", {"to": "bob", "amount": 5}))
+        if not inner and turn == 0:
+            return _completion(self.billed, _call("c1", "ask_billing", {"input": "charge bob 5"}))
+        return _completion(self.billed, {"role": "assistant", "content": "inner done" if inner else "outer done"})
+
+
+def test_an_agent_as_tools_own_tool_whose_reply_is_lost_is_not_retried_by_the_inner_model(tmp_path: Path) -> None:
+    """attack18 made a tool's exception reach effectlog instead of the SDK's "An error occurred while
+    running the tool" message, which made the model retry a charge whose reply was lost. An agent used as a
+    tool (``inner.as_tool(...)``) runs the inner agent, as given, inside the outer tool step: its own tools
+    are not wrapped and keep the SDK's default failure function, so the inner model retried the charge
+    inside the same outer step and the customer was charged twice (the outer run completed). Proves: such
+    an inner tool is refused before anything runs (``BadInput`` naming it, nothing charged); built with
+    ``failure_error_function=None`` its exception makes the outer step's outcome unknown: uncertain, one
+    charge over two passes."""
+    pytest.importorskip("agents")
+    from agents import Agent, OpenAIChatCompletionsModel, function_tool, set_tracing_disabled
+    from openai import AsyncOpenAI
+
+    from effectlog.errors import BadInput, UncertainEffect
+    from effectlog.integrations.openai_agents import DurableRunner
+
+    set_tracing_disabled(True)
+    effects: list[str] = []
+
+    def charge(to: str, amount: int) -> str:
+        """Charge a customer (not idempotent)."""
+        effects.append(to)
+        if len(effects) == 1:
+            raise ConnectionError("reply lost")  # the charge went through; its reply did not
+        return f"charged {amount} to {to}"
+
+    provider = _OuterAndInner(["unused"]).start()
+    try:
+        client = AsyncOpenAI(base_url=provider.url, api_key="t", max_retries=0)
+        model = OpenAIChatCompletionsModel(model="m", openai_client=client)
+
+        def desk(tool: Any) -> Agent[Any]:
+            billing = Agent(name="billing", instructions="INNER billing agent", model=model, tools=[tool])
+            ask = billing.as_tool(tool_name="ask_billing", tool_description="ask billing")
+            return Agent(name="desk", instructions="outer desk agent", model=model, tools=[ask])
+
+        runner = DurableRunner(journal=tmp_path / "runs.db")
+        with pytest.raises(BadInput, match="'ask_billing' runs agent 'billing', whose tool 'charge'"):
+            runner.run_sync(desk(function_tool(charge)), "charge bob 5", run_id="order-9")
+        assert [] == effects
+        raising = desk(function_tool(charge, failure_error_function=None))
+        for _ in range(2):  # the first pass, then a resume
+            with pytest.raises(UncertainEffect):
+                runner.run_sync(raising, "charge bob 5", run_id="order-10")
+    finally:
+        provider.stop()
+    assert ["bob"] == effects
