@@ -45,7 +45,7 @@ from agents.exceptions import ModelBehaviorError
 from agents.items import ModelResponse, TResponseInputItem, TResponseStreamEvent
 from agents.run_context import RunContextWrapper
 from agents.run_state import RunState
-from agents.tool import set_function_tool_failure_error_function
+from agents.tool import resolve_function_tool_failure_error_function, set_function_tool_failure_error_function
 from agents.tool_context import ToolContext
 from agents.usage import Usage
 from openai.types.responses import ResponseOutputItem
@@ -446,6 +446,50 @@ def _durable_agent(agent: Agent[Any], durable: _Pass, done: dict[int, Agent[Any]
     return clone
 
 
+def _converts_errors(tool: FunctionTool) -> bool:
+    """Whether the SDK turns ``tool``'s exception into a message for the model (its failure function)."""
+    invoker = tool.on_invoke_tool
+    return callable(getattr(invoker, "__agents_bind_function_tool__", None)) and (
+        resolve_function_tool_failure_error_function(tool, None) is not None
+    )
+
+
+def _inner_agents(agent: Agent[Any]) -> list[tuple[str, Agent[Any]]]:
+    """The agents ``agent`` runs as tools (``Agent.as_tool``), by tool name."""
+    found: list[tuple[str, Agent[Any]]] = []
+    for tool in agent.tools:
+        inner = getattr(tool, "_agent_instance", None)
+        if isinstance(tool, FunctionTool) and getattr(tool, "_is_agent_tool", False) and isinstance(inner, Agent):
+            found.append((tool.name, inner))
+    return found
+
+
+def _check_agent_tools(run_id: str, agents: Collection[Agent[Any]]) -> None:
+    """An agent used as a tool runs, as given, inside one tool step: its own tools are not journaled, and
+    the SDK's failure function turns their exceptions into a message for its model, which retries a call
+    whose outcome is unknown (a charge whose reply was lost made twice, the run completed). Such a tool
+    must let its exception out (``failure_error_function=None``): the outer step's outcome is then unknown."""
+    todo = [(name, inner) for agent in agents for name, inner in _inner_agents(agent)]
+    seen: set[int] = set()
+    while todo:
+        outer, inner = todo.pop()
+        if id(inner) in seen:
+            continue
+        seen.add(id(inner))
+        for tool in inner.tools:
+            if isinstance(tool, FunctionTool) and _converts_errors(tool):
+                raise BadInput(
+                    f"tool {outer!r} runs agent {inner.name!r}, whose tool {tool.name!r} turns its exceptions into "
+                    "a message for that agent's model (the SDK's failure_error_function): inside the one step of "
+                    f"{outer!r} the model would retry a call whose outcome is unknown, unjournaled; build "
+                    f"{tool.name!r} with failure_error_function=None (its exception then makes {outer!r}'s outcome "
+                    "unknown); nothing was run",
+                    run_id=run_id,
+                )
+        todo.extend((outer, agent) for _, agent in _inner_agents(inner))
+        todo.extend((outer, h) for h in inner.handoffs if isinstance(h, Agent))
+
+
 class DurableRunner:
     """``Runner.run`` whose runs are effectlog sessions: ``await DurableRunner(...).run(agent, input, run_id=...)``.
 
@@ -516,6 +560,7 @@ class DurableRunner:
             cloned: dict[int, Agent[Any]] = {}
             agent = _durable_agent(starting_agent, durable, cloned)
             self._check_declared(run_id, cloned.values())
+            _check_agent_tools(run_id, cloned.values())
             try:
                 result = await Runner.run(agent, input, run_config=config, **kwargs)
                 if result.interruptions:
