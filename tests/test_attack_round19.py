@@ -95,3 +95,51 @@ def test_an_agent_as_tools_own_tool_whose_reply_is_lost_is_not_retried_by_the_in
     finally:
         provider.stop()
     assert ["bob"] == effects
+
+
+def test_an_openai_agents_tool_cancelled_inside_its_call_does_not_tell_the_model_an_error_and_wedge_the_run(
+    tmp_path: Path,
+) -> None:
+    """attack18 calls a tool through a copy without the SDK's failure function, but the tool the SDK
+    holds (the durable wrapper) kept it, and the SDK's runner uses it for a ``CancelledError`` out of the
+    invoker (a client whose pool was closed under it, a task group of the tool's): the model was told the
+    SDK's "An error occurred" while the idempotent step's intent stayed for a re-send, that answer was
+    recorded as ``model-1``, and the next pass, after re-sending the key and getting the real result, asked
+    ``model-1`` with another body: ``IdempotencyConflict`` on every pass, a run that can never complete.
+    Proves: after one cancelled call and a resume, the run completes with one re-send of the same key."""
+    pytest.importorskip("agents")
+    import asyncio
+
+    from agents import Agent, OpenAIChatCompletionsModel, function_tool, set_tracing_disabled
+    from openai import AsyncOpenAI
+
+    from effectlog.integrations.openai_agents import DurableRunner, idempotency_key
+
+    set_tracing_disabled(True)
+    keys: list[str] = []
+
+    @function_tool
+    async def charge(to: str, amount: int) -> str:
+        """Charge a customer (idempotent by key)."""
+        keys.append(idempotency_key())
+        if len(keys) == 1:
+            raise asyncio.CancelledError("the client's connection pool was closed")
+        return f"charged {amount} to {to}"
+
+    provider = ProviderStandIn([("charge", {"to": "bob", "amount": 5}), "done"]).start()
+    outcomes: list[str] = []
+    try:
+        client = AsyncOpenAI(base_url=provider.url, api_key="t", max_retries=0)
+        model = OpenAIChatCompletionsModel(model="m", openai_client=client)
+        agent = Agent(name="billing", instructions="Charge customers.", model=model, tools=[charge])
+        runner = DurableRunner(journal=tmp_path / "runs.db", idempotent={"charge"})
+        for _ in range(3):
+            try:
+                outcomes.append(str(runner.run_sync(agent, "charge bob 5", run_id="order-11").final_output))
+                break
+            except BaseException as exc:  # what each pass ends with is the point
+                outcomes.append(type(exc).__name__)
+    finally:
+        provider.stop()
+    assert "done" == outcomes[-1], outcomes
+    assert [keys[0]] * len(keys) == keys  # every send under the first call's key
