@@ -367,7 +367,8 @@ def _refused_before_the_call(exc: ModelBehaviorError) -> bool:
 def durable_tool(tool: FunctionTool, durable: _Pass) -> FunctionTool:
     """``tool`` with each call a journaled step, and its approvals held in the journal.
 
-    The call goes through a copy of ``tool`` without the SDK's ``failure_error_function``, which turns
+    The call goes through a copy of ``tool`` without the SDK's ``failure_error_function`` (and the tool
+    returned has none either: the SDK's runner uses it for a cancelled call), which turns
     the tool's exception into a message for the model inside the SDK's invoker: recorded as the call's
     result, a lost reply was a confirmed step, and the model's retry under a new call id made the effect
     twice. The exception reaches the step instead: an unknown outcome (uncertain; idempotent: sent again
@@ -409,8 +410,14 @@ def durable_tool(tool: FunctionTool, durable: _Pass) -> FunctionTool:
     if original_approval is False and name not in durable.needs_approval:
         # Never held: leave the SDK's False. A function here makes the SDK hold any call whose arguments
         # it cannot parse (it fails closed) for an approval the journal would never hear of.
-        return dataclasses.replace(tool, on_invoke_tool=invoke)
-    return dataclasses.replace(tool, on_invoke_tool=invoke, needs_approval=needs_approval)
+        wrapped = dataclasses.replace(tool, on_invoke_tool=invoke)
+    else:
+        wrapped = dataclasses.replace(tool, on_invoke_tool=invoke, needs_approval=needs_approval)
+    # The SDK's runner asks the tool it holds for its failure function too, for a CancelledError out of
+    # the invoker: the model was told "An error occurred" while the step's outcome was unknown, that
+    # answer was recorded as the next model step, and a resume (the real result now) asked it with
+    # another body, IdempotencyConflict on every pass. Without one the cancellation ends the pass.
+    return set_function_tool_failure_error_function(wrapped, None)
 
 
 def _call_args(name: str, input_json: str) -> dict[str, Any] | str:
