@@ -143,3 +143,51 @@ def test_an_openai_agents_tool_cancelled_inside_its_call_does_not_tell_the_model
         provider.stop()
     assert "done" == outcomes[-1], outcomes
     assert [keys[0]] * len(keys) == keys  # every send under the first call's key
+
+
+def test_a_retry_refused_while_the_first_call_is_in_doubt_takes_no_step_so_the_resume_lines_up(
+    tmp_path: Path,
+) -> None:
+    """attack18 refuses a call repeated in the pass where its first call's outcome is unknown
+    (``RunUnfinished``). An application retrying with a broad ``except Exception`` swallows that refusal
+    too and goes on to its next call. The refused call had taken the next position (``step-1``), so the
+    next call was recorded at ``step-2``; in the resume, whose re-send of the first key succeeds, no retry
+    is made and the next call is ``step-1``: ``ReplayDivergence`` ("the call moved") on every pass, a run
+    that can never complete. Proves: the refused call takes no step id, the resume completes the run, the
+    charge is sent under one key and the notification once."""
+    from effectlog import durable
+    from effectlog.errors import RunUnfinished
+
+    keys: list[str] = []
+    sent: list[str] = []
+    refused: list[str] = []
+
+    @durable.tool(idempotent=True)
+    def charge(amount: int, idempotency_key: str = "") -> dict[str, int]:
+        keys.append(idempotency_key)
+        if len(keys) == 1:
+            raise ConnectionError("reply lost")  # the charge went through; its reply did not
+        return {"charged": amount}
+
+    @durable.tool(idempotent=False)
+    def notify(text: str) -> str:
+        sent.append(text)
+        return "sent"
+
+    def pay() -> Any:
+        with durable.run("order-12", journal=tmp_path / "runs.db") as run:
+            for _ in range(2):
+                try:
+                    charge(5)
+                    break
+                except Exception as exc:  # the application's own broad retry
+                    if isinstance(exc, RunUnfinished):
+                        refused.append(exc.step_id or "")
+            notify("paid")
+        return run.completed
+
+    assert pay() is False  # the first pass: the charge in doubt, the run left open
+    assert ["step-0"] == refused
+    assert pay() is True  # the resume re-sends the first key and completes
+    assert [keys[0], keys[0]] == keys
+    assert ["paid"] == sent
