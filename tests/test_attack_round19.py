@@ -191,3 +191,53 @@ def test_a_retry_refused_while_the_first_call_is_in_doubt_takes_no_step_so_the_r
     assert pay() is True  # the resume re-sends the first key and completes
     assert [keys[0], keys[0]] == keys
     assert ["paid"] == sent
+
+
+def test_a_pydantic_ai_tool_that_times_out_after_its_effect_is_not_taken_as_not_applied(tmp_path: Path) -> None:
+    """pydantic-ai's tool ``timeout=`` (per tool or per toolset) ends a call that takes longer with
+    ``ModelRetry("Timed out after N seconds.")``, raised from inside the toolset's ``call_tool`` that
+    ``DurableToolset`` wraps; effectlog records a ``ModelRetry`` as "not applied" (the tool refused its
+    args). A timed-out call's effect may well be out: a sync function keeps running on its thread (the
+    toolset abandons it), an async one was cancelled after its request left. Proves: the timed-out charge
+    was recorded as not applied, the model asked again, and the customer was charged twice. (Expected once
+    fixed: the timeout is an unknown outcome, uncertain for a tool not declared idempotent, one charge.)"""
+    pytest.importorskip("pydantic_ai")
+    import threading
+
+    from pydantic_ai import Agent
+    from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart
+    from pydantic_ai.models.function import AgentInfo, FunctionModel
+
+    from effectlog.errors import UncertainEffect
+    from effectlog.integrations.pydantic_ai import DurableAgent
+
+    charged: list[str] = []
+    landed = threading.Event()
+
+    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        asked = sum(1 for m in messages if isinstance(m, ModelResponse))
+        if asked < 2:  # the first call, then the model's retry after "Timed out"
+            return ModelResponse(parts=[ToolCallPart("charge", {"to": "bob", "amount": 5}, tool_call_id=f"c{asked}")])
+        return ModelResponse(parts=[TextPart("charged")])
+
+    agent: Agent[None, str] = Agent(FunctionModel(model))
+
+    @agent.tool_plain(timeout=0.2)
+    def charge(to: str, amount: int) -> str:
+        """Charge a customer (not idempotent): the provider is slow to answer the first time."""
+        charged.append(to)  # the charge went through
+        if len(charged) == 1:
+            landed.wait(1.0)  # its answer is slow; the toolset gives up on it
+        return f"charged {amount} to {to}"
+
+    durable = DurableAgent(agent, journal=tmp_path / "runs.db")
+    outcomes: list[str] = []
+    try:
+        for _ in range(2):  # the first pass, then a resume
+            try:
+                outcomes.append(str(durable.run_sync("charge bob 5", run_id="order-13").output))
+            except UncertainEffect:
+                outcomes.append("uncertain")
+    finally:
+        landed.set()
+    assert (["bob"], ["uncertain", "uncertain"]) == (charged, outcomes)
