@@ -241,3 +241,51 @@ def test_a_pydantic_ai_tool_that_times_out_after_its_effect_is_not_taken_as_not_
     finally:
         landed.set()
     assert (["bob"], ["uncertain", "uncertain"]) == (charged, outcomes)
+
+
+def test_an_openai_agents_tool_timeout_leaves_the_step_to_the_resume_instead_of_wedging_the_run(
+    tmp_path: Path,
+) -> None:
+    """The SDK's ``function_tool(timeout=...)`` cancels a call that takes longer and, by default
+    (``timeout_behavior="error_as_result"``), tells the model "timed out" as the call's output. It cancels
+    effectlog's wrapper from outside: the idempotent step's intent stays for a re-send with its key, but the
+    model's next answer, given that message, was recorded as ``model-1``; the resume re-sent the key, got
+    the real result, and asked ``model-1`` with another body: ``IdempotencyConflict`` on every pass, a run
+    that can never complete. Proves: the timeout ends the call inside its step (an unknown outcome), the
+    resume re-sends the same key and the run completes."""
+    pytest.importorskip("agents")
+    import asyncio
+
+    from agents import Agent, OpenAIChatCompletionsModel, function_tool, set_tracing_disabled
+    from openai import AsyncOpenAI
+
+    from effectlog.integrations.openai_agents import DurableRunner, idempotency_key
+
+    set_tracing_disabled(True)
+    keys: list[str] = []
+
+    @function_tool(timeout=0.3)
+    async def charge(to: str, amount: int) -> str:
+        """Charge a customer (idempotent by key): the provider is slow to answer the first time."""
+        keys.append(idempotency_key())
+        if len(keys) == 1:
+            await asyncio.sleep(5)
+        return f"charged {amount} to {to}"
+
+    provider = ProviderStandIn([("charge", {"to": "bob", "amount": 5}), "done"]).start()
+    outcomes: list[str] = []
+    try:
+        client = AsyncOpenAI(base_url=provider.url, api_key="t", max_retries=0)
+        model = OpenAIChatCompletionsModel(model="m", openai_client=client)
+        agent = Agent(name="billing", instructions="Charge customers.", model=model, tools=[charge])
+        runner = DurableRunner(journal=tmp_path / "runs.db", idempotent={"charge"})
+        for _ in range(3):
+            try:
+                outcomes.append(str(runner.run_sync(agent, "charge bob 5", run_id="order-14").final_output))
+                break
+            except Exception as exc:  # what each pass ends with is the point
+                outcomes.append(type(exc).__name__)
+    finally:
+        provider.stop()
+    assert "done" == outcomes[-1], outcomes
+    assert [keys[0]] * len(keys) == keys
