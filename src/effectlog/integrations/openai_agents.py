@@ -379,6 +379,10 @@ def durable_tool(tool: FunctionTool, durable: _Pass) -> FunctionTool:
     original_invoke = raising.on_invoke_tool
     original_approval = tool.needs_approval
     name = tool.name
+    # The tool's timeout= applies inside its step: the SDK cancels the tool it holds from outside the step
+    # and, by default, tells the model "timed out" while the step's outcome is unknown, so a resume (the
+    # real result now) asked the next model step with another body, IdempotencyConflict on every pass.
+    timeout = tool.timeout_seconds
 
     async def invoke(ctx: ToolContext[Any], input_json: str) -> Any:
         args = _call_args(name, input_json)
@@ -388,7 +392,10 @@ def durable_tool(tool: FunctionTool, durable: _Pass) -> FunctionTool:
         async def send(key: str) -> Any:
             token = TOOL_KEY.set(key)
             try:
-                result = await original_invoke(ctx, input_json)
+                call = original_invoke(ctx, input_json)
+                result = await (call if timeout is None else asyncio.wait_for(call, timeout))
+            except TimeoutError as exc:
+                raise TimeoutError(f"tool {name!r} did not answer within its timeout of {timeout} s") from exc
             except ModelBehaviorError as exc:
                 if _refused_before_the_call(exc):  # the SDK's argument check: the function never ran
                     raise NotApplied(str(exc)) from exc
@@ -410,9 +417,9 @@ def durable_tool(tool: FunctionTool, durable: _Pass) -> FunctionTool:
     if original_approval is False and name not in durable.needs_approval:
         # Never held: leave the SDK's False. A function here makes the SDK hold any call whose arguments
         # it cannot parse (it fails closed) for an approval the journal would never hear of.
-        wrapped = dataclasses.replace(tool, on_invoke_tool=invoke)
+        wrapped = dataclasses.replace(tool, on_invoke_tool=invoke, timeout_seconds=None)
     else:
-        wrapped = dataclasses.replace(tool, on_invoke_tool=invoke, needs_approval=needs_approval)
+        wrapped = dataclasses.replace(tool, on_invoke_tool=invoke, needs_approval=needs_approval, timeout_seconds=None)
     # The SDK's runner asks the tool it holds for its failure function too, for a CancelledError out of
     # the invoker: the model was told "An error occurred" while the step's outcome was unknown, that
     # answer was recorded as the next model step, and a resume (the real result now) asked it with
