@@ -289,3 +289,50 @@ def test_an_openai_agents_tool_timeout_leaves_the_step_to_the_resume_instead_of_
         provider.stop()
     assert "done" == outcomes[-1], outcomes
     assert [keys[0]] * len(keys) == keys
+
+
+def test_a_pydantic_ai_tools_own_model_retry_after_its_own_timeout_is_still_not_applied(tmp_path: Path) -> None:
+    """The fix above tells pydantic-ai's timeout from the tool's answer by where the ``ModelRetry`` was
+    raised (in pydantic-ai, while it handled a ``TimeoutError``), not by the ``TimeoutError`` alone. A tool
+    whose own code turns its own timeout (before any effect: the quote service did not answer) into a
+    ``ModelRetry`` is saying "nothing applied, ask again", as documented. Proves: that call is a failed step,
+    the model asks again, the second call runs, and the run completes with one charge."""
+    pytest.importorskip("pydantic_ai")
+    from pydantic_ai import Agent, ModelRetry
+    from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart
+    from pydantic_ai.models.function import AgentInfo, FunctionModel
+
+    from effectlog.integrations.pydantic_ai import DurableAgent
+    from effectlog.session import SqliteCheckpointer
+
+    charged: list[str] = []
+    quotes: list[int] = []
+
+    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        asked = sum(1 for m in messages if isinstance(m, ModelResponse))
+        if asked < 2:
+            return ModelResponse(parts=[ToolCallPart("charge", {"to": "bob", "amount": 5}, tool_call_id=f"c{asked}")])
+        return ModelResponse(parts=[TextPart("charged")])
+
+    agent: Agent[None, str] = Agent(FunctionModel(model))
+
+    @agent.tool_plain
+    def charge(to: str, amount: int) -> str:
+        """Charge a customer after getting a quote (not idempotent)."""
+        quotes.append(amount)
+        try:
+            if len(quotes) == 1:
+                raise TimeoutError("the quote service did not answer")
+        except TimeoutError as exc:
+            raise ModelRetry(f"no quote yet ({exc}); ask again") from None
+        charged.append(to)
+        return f"charged {amount} to {to}"
+
+    result = DurableAgent(agent, journal=tmp_path / "runs.db").run_sync("charge bob 5", run_id="order-15")
+    store = SqliteCheckpointer(tmp_path / "runs.db")
+    try:
+        first = store.state("order-15").step("tool-1-c0")
+    finally:
+        store.close()
+    assert first is not None
+    assert ("charged", ["bob"], "failed", False) == (result.output, charged, first.state, first.applied)
