@@ -336,3 +336,36 @@ def test_a_pydantic_ai_tools_own_model_retry_after_its_own_timeout_is_still_not_
         store.close()
     assert first is not None
     assert ("charged", ["bob"], "failed", False) == (result.output, charged, first.state, first.applied)
+
+
+def test_two_equal_calls_gathered_after_the_first_is_in_doubt_are_both_made_once_each(tmp_path: Path) -> None:
+    """The refusal's step id handed back (above) must not let two calls meant to be two share one id or
+    lose one. ``asyncio.gather`` of two equal async durable calls (two charges the code means to make),
+    the first's reply lost: the second is refused in that pass (it waits its turn, then finds the first in
+    doubt). Proves: the resume sends the first's key again and the second under its own, the run completes,
+    and the provider sees two keys, the first twice: two charges, none twice."""
+    import asyncio
+
+    from effectlog import durable
+    from effectlog.errors import RunUnfinished
+
+    keys: list[str] = []
+
+    @durable.tool(idempotent=True)
+    async def charge(amount: int, idempotency_key: str = "") -> dict[str, int]:
+        keys.append(idempotency_key)
+        if len(keys) == 1:
+            raise ConnectionError("reply lost")
+        return {"charged": amount}
+
+    async def pay() -> bool:
+        async with durable.run("order-16", journal=tmp_path / "runs.db") as run:
+            results = await asyncio.gather(charge(5), charge(5), return_exceptions=True)
+            if any(isinstance(r, BaseException) for r in results):
+                assert [ConnectionError, RunUnfinished] == [type(r) for r in results]
+        return run.completed
+
+    assert asyncio.run(pay()) is False
+    assert asyncio.run(pay()) is True
+    assert 3 == len(keys)
+    assert keys[0] == keys[1] != keys[2]
