@@ -45,7 +45,7 @@ from agents.exceptions import ModelBehaviorError
 from agents.items import ModelResponse, TResponseInputItem, TResponseStreamEvent
 from agents.run_context import RunContextWrapper
 from agents.run_state import RunState
-from agents.tool import set_function_tool_failure_error_function
+from agents.tool import resolve_function_tool_failure_error_function, set_function_tool_failure_error_function
 from agents.tool_context import ToolContext
 from agents.usage import Usage
 from openai.types.responses import ResponseOutputItem
@@ -367,7 +367,8 @@ def _refused_before_the_call(exc: ModelBehaviorError) -> bool:
 def durable_tool(tool: FunctionTool, durable: _Pass) -> FunctionTool:
     """``tool`` with each call a journaled step, and its approvals held in the journal.
 
-    The call goes through a copy of ``tool`` without the SDK's ``failure_error_function``, which turns
+    The call goes through a copy of ``tool`` without the SDK's ``failure_error_function`` (and the tool
+    returned has none either: the SDK's runner uses it for a cancelled call), which turns
     the tool's exception into a message for the model inside the SDK's invoker: recorded as the call's
     result, a lost reply was a confirmed step, and the model's retry under a new call id made the effect
     twice. The exception reaches the step instead: an unknown outcome (uncertain; idempotent: sent again
@@ -378,6 +379,10 @@ def durable_tool(tool: FunctionTool, durable: _Pass) -> FunctionTool:
     original_invoke = raising.on_invoke_tool
     original_approval = tool.needs_approval
     name = tool.name
+    # The tool's timeout= applies inside its step: the SDK cancels the tool it holds from outside the step
+    # and, by default, tells the model "timed out" while the step's outcome is unknown, so a resume (the
+    # real result now) asked the next model step with another body, IdempotencyConflict on every pass.
+    timeout = tool.timeout_seconds
 
     async def invoke(ctx: ToolContext[Any], input_json: str) -> Any:
         args = _call_args(name, input_json)
@@ -387,7 +392,10 @@ def durable_tool(tool: FunctionTool, durable: _Pass) -> FunctionTool:
         async def send(key: str) -> Any:
             token = TOOL_KEY.set(key)
             try:
-                result = await original_invoke(ctx, input_json)
+                call = original_invoke(ctx, input_json)
+                result = await (call if timeout is None else asyncio.wait_for(call, timeout))
+            except TimeoutError as exc:
+                raise TimeoutError(f"tool {name!r} did not answer within its timeout of {timeout} s") from exc
             except ModelBehaviorError as exc:
                 if _refused_before_the_call(exc):  # the SDK's argument check: the function never ran
                     raise NotApplied(str(exc)) from exc
@@ -409,8 +417,14 @@ def durable_tool(tool: FunctionTool, durable: _Pass) -> FunctionTool:
     if original_approval is False and name not in durable.needs_approval:
         # Never held: leave the SDK's False. A function here makes the SDK hold any call whose arguments
         # it cannot parse (it fails closed) for an approval the journal would never hear of.
-        return dataclasses.replace(tool, on_invoke_tool=invoke)
-    return dataclasses.replace(tool, on_invoke_tool=invoke, needs_approval=needs_approval)
+        wrapped = dataclasses.replace(tool, on_invoke_tool=invoke, timeout_seconds=None)
+    else:
+        wrapped = dataclasses.replace(tool, on_invoke_tool=invoke, needs_approval=needs_approval, timeout_seconds=None)
+    # The SDK's runner asks the tool it holds for its failure function too, for a CancelledError out of
+    # the invoker: the model was told "An error occurred" while the step's outcome was unknown, that
+    # answer was recorded as the next model step, and a resume (the real result now) asked it with
+    # another body, IdempotencyConflict on every pass. Without one the cancellation ends the pass.
+    return set_function_tool_failure_error_function(wrapped, None)
 
 
 def _call_args(name: str, input_json: str) -> dict[str, Any] | str:
@@ -444,6 +458,50 @@ def _durable_agent(agent: Agent[Any], durable: _Pass, done: dict[int, Agent[Any]
     for key, value in changes.items():
         setattr(clone, key, value)
     return clone
+
+
+def _converts_errors(tool: FunctionTool) -> bool:
+    """Whether the SDK turns ``tool``'s exception into a message for the model (its failure function)."""
+    invoker = tool.on_invoke_tool
+    return callable(getattr(invoker, "__agents_bind_function_tool__", None)) and (
+        resolve_function_tool_failure_error_function(tool, None) is not None
+    )
+
+
+def _inner_agents(agent: Agent[Any]) -> list[tuple[str, Agent[Any]]]:
+    """The agents ``agent`` runs as tools (``Agent.as_tool``), by tool name."""
+    found: list[tuple[str, Agent[Any]]] = []
+    for tool in agent.tools:
+        inner = getattr(tool, "_agent_instance", None)
+        if isinstance(tool, FunctionTool) and getattr(tool, "_is_agent_tool", False) and isinstance(inner, Agent):
+            found.append((tool.name, inner))
+    return found
+
+
+def _check_agent_tools(run_id: str, agents: Collection[Agent[Any]]) -> None:
+    """An agent used as a tool runs, as given, inside one tool step: its own tools are not journaled, and
+    the SDK's failure function turns their exceptions into a message for its model, which retries a call
+    whose outcome is unknown (a charge whose reply was lost made twice, the run completed). Such a tool
+    must let its exception out (``failure_error_function=None``): the outer step's outcome is then unknown."""
+    todo = [(name, inner) for agent in agents for name, inner in _inner_agents(agent)]
+    seen: set[int] = set()
+    while todo:
+        outer, inner = todo.pop()
+        if id(inner) in seen:
+            continue
+        seen.add(id(inner))
+        for tool in inner.tools:
+            if isinstance(tool, FunctionTool) and _converts_errors(tool):
+                raise BadInput(
+                    f"tool {outer!r} runs agent {inner.name!r}, whose tool {tool.name!r} turns its exceptions into "
+                    "a message for that agent's model (the SDK's failure_error_function): inside the one step of "
+                    f"{outer!r} the model would retry a call whose outcome is unknown, unjournaled; build "
+                    f"{tool.name!r} with failure_error_function=None (its exception then makes {outer!r}'s outcome "
+                    "unknown); nothing was run",
+                    run_id=run_id,
+                )
+        todo.extend((outer, agent) for _, agent in _inner_agents(inner))
+        todo.extend((outer, h) for h in inner.handoffs if isinstance(h, Agent))
 
 
 class DurableRunner:
@@ -516,6 +574,7 @@ class DurableRunner:
             cloned: dict[int, Agent[Any]] = {}
             agent = _durable_agent(starting_agent, durable, cloned)
             self._check_declared(run_id, cloned.values())
+            _check_agent_tools(run_id, cloned.values())
             try:
                 result = await Runner.run(agent, input, run_config=config, **kwargs)
                 if result.interruptions:

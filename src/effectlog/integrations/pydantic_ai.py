@@ -27,13 +27,14 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import os
 from collections.abc import AsyncIterator, Collection, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, Generic, TypeVar, cast
 
 try:
-    import pydantic_ai  # noqa: F401 -- only to say what to install when it is missing
+    import pydantic_ai
 except ImportError as exc:  # pragma: no cover - the dev extra installs it
     raise ImportError(
         "effectlog.integrations.pydantic_ai needs pydantic-ai: pip install 'effectlog[pydantic-ai]'"
@@ -100,6 +101,19 @@ VOLATILE_FIELDS = frozenset(
 )
 
 MODEL_RETRY = "ModelRetry: "  # how a tool's ModelRetry is recorded (a failed step: nothing applied)
+_PYDANTIC_AI = os.path.dirname(os.path.abspath(pydantic_ai.__file__)) + os.sep
+
+
+def _timed_out(exc: ModelRetry) -> bool:
+    """Whether ``exc`` is pydantic-ai's own ``timeout=`` ending the call (a tool's or a toolset's): raised in
+    pydantic-ai while it handled the ``TimeoutError``. The tool ran and may have made its effect (a sync
+    function keeps running on its thread), so that is an unknown outcome, not the tool refusing its args."""
+    if not isinstance(exc.__context__, TimeoutError):
+        return False
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next  # the frame that raised it
+    return tb is not None and os.path.abspath(tb.tb_frame.f_code.co_filename).startswith(_PYDANTIC_AI)
 
 
 def stable(value: Any) -> Any:
@@ -317,6 +331,8 @@ class DurableToolset(WrapperToolset[Any]):
             try:
                 result = await self.wrapped.call_tool(name, tool_args, run_ctx, tool)
             except ModelRetry as exc:  # the tool refused the args: nothing applied, the model is asked again
+                if _timed_out(exc):  # not the tool's answer: pydantic-ai gave up waiting for it
+                    raise TimeoutError(f"pydantic-ai ended the call: {exc.message}") from exc
                 raise NotApplied(MODEL_RETRY + exc.message) from exc
             except (CallDeferred, DeferForApproval) as exc:
                 raise NotApplied(

@@ -542,7 +542,15 @@ class Session:
             timing.raise_if_expired(self, step)
         else:
             self._check_not_moved(sid, "tool", name, fp)
-            self._check_not_in_flight(sid, name, fp)
+            try:
+                self._check_not_in_flight(sid, name, fp)
+            except RunUnfinished:
+                # Refused, nothing recorded: the call takes no step id. An application that swallows the
+                # refusal goes on to its next call, which must get the id a resume (no retry made) gives it.
+                self._visited.discard(sid)
+                if key is None:
+                    self._position -= 1
+                raise
         self._in_pass.setdefault(fp, []).append(sid)
         if replaying and decide(step) not in (Action.SKIP, Action.FAIL):
             self._check_open("a tool call")  # a step the completed run never finished: RunClosed
