@@ -8,6 +8,7 @@ provider stand-in, real SQLite files.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 from typing import Any
@@ -369,3 +370,54 @@ def test_two_equal_calls_gathered_after_the_first_is_in_doubt_are_both_made_once
     assert asyncio.run(pay()) is True
     assert 3 == len(keys)
     assert keys[0] == keys[1] != keys[2]
+
+
+class _InnerChargesTwo(ProviderStandIn):
+    """The outer agent asks its agent-as-tool once; the inner agent charges bob, then alice, then answers."""
+
+    def _generate(self, body: dict[str, Any]) -> dict[str, Any]:
+        messages = body.get("messages", [])
+        inner = any("INNER" in str(m.get("content")) for m in messages if m.get("role") == "system")
+        turn = sum(1 for m in messages if m.get("role") == "assistant")
+        self.billed += 1
+        if inner and turn < 2:
+            return _completion(self.billed, _call(f"i{turn}", "charge", {"to": ["bob", "alice"][turn], "amount": 5}))
+        if not inner and turn == 0:
+            return _completion(self.billed, _call("c1", "ask_billing", {"input": "charge bob and alice"}))
+        return _completion(self.billed, {"role": "assistant", "content": "inner done" if inner else "outer done"})
+
+
+def test_an_agent_as_tools_own_tools_do_not_share_the_outer_steps_idempotency_key(tmp_path: Path) -> None:
+    """Inside an agent used as a tool, ``idempotency_key()`` answered the outer tool step's key to every
+    tool of the inner agent: its charge of bob and its charge of alice went out under one key, and a
+    provider deduplicating by key (as the key asks it to) answered alice's with bob's stored charge: alice
+    never charged, the run completed, verify ok. Proves: an inner tool asking for a key gets none (its calls
+    are not steps of their own); nothing goes out under a key that names another call."""
+    pytest.importorskip("agents")
+    from agents import Agent, OpenAIChatCompletionsModel, function_tool, set_tracing_disabled
+    from openai import AsyncOpenAI
+
+    from effectlog.errors import EffectlogError
+    from effectlog.integrations.openai_agents import DurableRunner, idempotency_key
+
+    set_tracing_disabled(True)
+    by_key: dict[str, list[str]] = {}
+
+    @function_tool(failure_error_function=None)
+    def charge(to: str, amount: int) -> str:
+        """Charge a customer through a provider that deduplicates by key."""
+        by_key.setdefault(idempotency_key(), []).append(to)
+        return f"charged {amount} to {to}"
+
+    provider = _InnerChargesTwo(["unused"]).start()
+    try:
+        client = AsyncOpenAI(base_url=provider.url, api_key="t", max_retries=0)
+        model = OpenAIChatCompletionsModel(model="m", openai_client=client)
+        billing = Agent(name="billing", instructions="INNER billing agent", model=model, tools=[charge])
+        ask = billing.as_tool(tool_name="ask_billing", tool_description="ask billing")
+        desk = Agent(name="desk", instructions="outer desk agent", model=model, tools=[ask])
+        with contextlib.suppress(EffectlogError):
+            DurableRunner(journal=tmp_path / "runs.db").run_sync(desk, "charge bob and alice", run_id="order-17")
+    finally:
+        provider.stop()
+    assert all(len(sent) == 1 for sent in by_key.values()), by_key
