@@ -8,7 +8,6 @@ provider stand-in, real SQLite files.
 
 from __future__ import annotations
 
-import contextlib
 import json
 from pathlib import Path
 from typing import Any
@@ -399,6 +398,7 @@ def test_an_agent_as_tools_own_tools_do_not_share_the_outer_steps_idempotency_ke
 
     from effectlog.errors import EffectlogError
     from effectlog.integrations.openai_agents import DurableRunner, idempotency_key
+    from effectlog.session import SqliteCheckpointer
 
     set_tracing_disabled(True)
     by_key: dict[str, list[str]] = {}
@@ -416,8 +416,17 @@ def test_an_agent_as_tools_own_tools_do_not_share_the_outer_steps_idempotency_ke
         billing = Agent(name="billing", instructions="INNER billing agent", model=model, tools=[charge])
         ask = billing.as_tool(tool_name="ask_billing", tool_description="ask billing")
         desk = Agent(name="desk", instructions="outer desk agent", model=model, tools=[ask])
-        with contextlib.suppress(EffectlogError):
+        with pytest.raises(EffectlogError) as caught:
             DurableRunner(journal=tmp_path / "runs.db").run_sync(desk, "charge bob and alice", run_id="order-17")
     finally:
         provider.stop()
-    assert all(len(sent) == 1 for sent in by_key.values()), by_key
+    assert {} == by_key  # nothing went out under a key naming another call
+    assert "tool-1-c1" == caught.value.step_id
+    store = SqliteCheckpointer(tmp_path / "runs.db")
+    try:
+        step = store.state("order-17").step("tool-1-c1")
+    finally:
+        store.close()
+    assert step is not None
+    assert "uncertain" == step.state  # the outer step: its inner run ended, what it did before is unknown
+    assert "inside an agent used as a tool" in (step.reason or "")

@@ -28,6 +28,9 @@ IDEMPOTENCY_HEADER = "Idempotency-Key"
 Send = Callable[[str], Awaitable[Any]]  # runs the real call with the step's idempotency key
 PENDING: ContextVar[Send | None] = ContextVar("effectlog_integration_pending", default=None)
 TOOL_KEY: ContextVar[str | None] = ContextVar("effectlog_integration_tool_key", default=None)
+# TOOL_KEY's value while a step runs a whole agent (an agent used as a tool): the inner agent's tool calls
+# are part of that step, not steps of their own, and the step's one key would name each of them.
+NESTED_RUN = "\x00an agent used as a tool"
 
 
 def idempotency_key() -> str:
@@ -35,6 +38,12 @@ def idempotency_key() -> str:
     key = TOOL_KEY.get()
     if key is None:
         raise BadInput("idempotency_key() is only available inside a tool called by a durable agent run")
+    if key == NESTED_RUN:
+        raise BadInput(
+            "idempotency_key() was asked inside an agent used as a tool: its tools' calls are part of the outer "
+            "tool step, not steps with keys of their own, and the step's one key would name every one of them "
+            "(a provider deduplicating by key would drop all but the first); give the call a key of its own"
+        )
     return key
 
 

@@ -56,6 +56,7 @@ from effectlog.canonical import canonical_json
 from effectlog.errors import ApprovalRequired, BadInput, EffectlogError, IdempotencyConflict, NotApplied
 from effectlog.integrations.framework_steps import (
     IDEMPOTENCY_HEADER,
+    NESTED_RUN,
     PENDING,
     TOOL_KEY,
     PendingGateway,
@@ -383,6 +384,7 @@ def durable_tool(tool: FunctionTool, durable: _Pass) -> FunctionTool:
     # and, by default, tells the model "timed out" while the step's outcome is unknown, so a resume (the
     # real result now) asked the next model step with another body, IdempotencyConflict on every pass.
     timeout = tool.timeout_seconds
+    runs_an_agent = bool(getattr(tool, "_is_agent_tool", False))  # Agent.as_tool: its tools get no key
 
     async def invoke(ctx: ToolContext[Any], input_json: str) -> Any:
         args = _call_args(name, input_json)
@@ -390,7 +392,7 @@ def durable_tool(tool: FunctionTool, durable: _Pass) -> FunctionTool:
             return args  # what the model is told: a function of its own answer, so every pass tells it alike
 
         async def send(key: str) -> Any:
-            token = TOOL_KEY.set(key)
+            token = TOOL_KEY.set(NESTED_RUN if runs_an_agent else key)
             try:
                 call = original_invoke(ctx, input_json)
                 result = await (call if timeout is None else asyncio.wait_for(call, timeout))
