@@ -611,6 +611,44 @@ def resume_sizes(results: dict[str, Any], plan: dict[str, Any], workdir: Path) -
                 Path(f"{path}{suffix}").unlink(missing_ok=True)
 
 
+def counted_instructions(quick: bool) -> dict[str, Any]:
+    """7: user-space instructions per steady step, one run and 32 runs, counted by valgrind
+    (``instructions_per_step.py``): the one figure here that neither the machine's load nor its speed
+    moves, so it compares this run with earlier ones made on other machines."""
+    if quick:
+        return {"error": "not counted in a quick run"}
+    if shutil.which("valgrind") is None:
+        return {"error": "valgrind is not installed"}
+    from instructions_per_step import per_step
+
+    src = str(ROOT / "src")
+    try:
+        counted = {"one_run": per_step(src, 1), "runs_32": per_step(src, 32)}
+    except (OSError, RuntimeError, subprocess.CalledProcessError) as exc:
+        return {"error": f"valgrind failed: {str(exc).splitlines()[0]}"}
+    say(f"instructions per step (valgrind): one run {counted['one_run'] / 1e3:.1f}k, "
+        f"32 runs {counted['runs_32'] / 1e3:.1f}k")
+    return counted
+
+
+def cpu_model(info: str | None = None) -> str:
+    """The CPU's model name and clock as /proc/cpuinfo (or ``info``) gives them ("" where it has none)."""
+    if info is None:
+        try:
+            info = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return ""
+    fields: dict[str, str] = {}
+    for line in info.splitlines():
+        key, _, value = line.partition(":")
+        fields.setdefault(key.strip(), value.strip())
+    name, mhz = " ".join(fields.get("model name", "").split()), fields.get("cpu MHz", "")
+    try:
+        return f"{name} at {float(mhz):,.0f} MHz" if name else ""
+    except ValueError:
+        return name
+
+
 def run_all(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     quick = args.quick
     plan: dict[str, Any] = {
@@ -635,6 +673,7 @@ def run_all(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
             "python": platform.python_version(),
             "sqlite": sqlite3.sqlite_version,
             "platform": platform.platform(),
+            "cpu": cpu_model(),
             "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
             "quick": quick,
             "load_start": os.getloadavg(),
@@ -662,6 +701,7 @@ def run_all(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     resume_sizes(results, plan, workdir)
     results["footprint"] = footprint(workdir, plan["footprint_steps"])
     say(f"footprint: {json.dumps({k: v for k, v in results['footprint'].items() if k != 'tables_bytes'})}")
+    results["instructions"] = counted_instructions(args.quick)
     results["machine"]["fsync_us_end"] = fsync_latency_us(workdir)
     results["machine"]["load_end"] = os.getloadavg()
     say(f"fsync median at the end: {results['machine']['fsync_us_end']:.0f} us")

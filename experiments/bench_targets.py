@@ -719,20 +719,22 @@ def why_group(results: dict[str, Any]) -> str:
         text += (
             f" At K=32 the process spent {k32['cpu_us_per_step']:,.0f} µs of CPU per step: one Python process "
             f"cannot exceed about {ceiling:,.0f} steps/s, {ceiling / one_run['steps_per_s']:.1f}x one run's rate."
-            " Counted by valgrind (experiments/instructions_per_step.py, by hand, 2026-12-01): 347.4k "
-            "instructions per step at 32 runs and 422.5k for one run after the fifth pass (395.5k and 491.5k "
-            "before schema v2 and the third pass, docs/architecture.md), of which Python's sqlite3 execute is 99k"
-            " for one run, SQLite's sqlite3_step 77k of it, and sqlite3_step 82k at 32 runs "
-            "(docs/architecture.md, fourth pass); the rest is effectlog's Python, the hashing and the encoding. "
-            "The fourth pass took a third sync wait out of every commit (the lost-WAL check's os.stat), which "
-            "makes one run faster and so the group's ratio to it smaller. Schema v2 stores a run's events at "
-            "rowid run << 32 | seq, so a commit appends at the tree's edge (2.5 to 2.9 WAL pages per commit in "
-            "this run's single-run rounds, 4.2 to 4.9 with last round's WITHOUT ROWID table). A second process on"
-            " the same journal did not help (2 processes x 16 runs: 4,600 to 6,000 steps/s against 6,300 to 6,500"
-            " for one process, measured by hand on a quiet machine last round: their commits take turns at the "
-            "file's one writer). Reaching 5x needs the group's CPU per step below a fifth of one run's wall time "
-            "per step (measured by hand this round: 60-69 µs of CPU per step against about 74 allowed at "
-            "4.4-4.8x, 16 rounds; docs/architecture.md, fourth and fifth passes), or a commit's sync overlapped "
-            "with other runs' work, which changes when events commit."
+        )
+        counted = results.get("instructions") or {}
+        if number(counted.get("runs_32")) and number(counted.get("one_run")):
+            text += (
+                f" Counted by valgrind in this run: {counted['runs_32'] / 1e3:,.1f}k user-space instructions per "
+                f"step at 32 runs and {counted['one_run'] / 1e3:,.1f}k for one run (section \"Instructions per "
+                "step\"); the group shares commits, so what it saves is SQLite's per-commit work and one run's "
+                "waiting, not the per-event Python (events built, checked, encoded, hashed)."
+            )
+        allowed = 1e6 / one_run["steps_per_s"] / 5
+        text += (
+            " A faster sync makes one run faster and so the group's ratio to it smaller. A second process on the "
+            "same journal does not help: their commits take turns at the file's one writer (2 processes x 16 runs "
+            "measured 4,600 to 6,000 steps/s against 6,300 to 6,500 for one process, by hand in round 2). "
+            f"Reaching 5x needs the group's CPU per step below a fifth of one run's wall time per step (here "
+            f"{allowed:,.0f} µs against {k32['cpu_us_per_step']:,.0f}), or a commit's sync overlapped with other "
+            "runs' work, which changes when events commit."
         )
     return text

@@ -112,6 +112,14 @@ def fleet_instructions(src: str, runs: int) -> int:
     return int(found.group(1))
 
 
+def per_step(src: str, runs: int, *, keep_gc: bool = False) -> float:
+    """Instructions per steady step of ``runs`` concurrent no-op runs: two counted runs' difference."""
+    small, large = (300, 1300) if runs == 1 else (20, 70)
+    instructions(src, 2, 1, keep_gc=keep_gc, valgrind=False)  # bytecode caches written
+    diff = instructions(src, large, runs, keep_gc=keep_gc) - instructions(src, small, runs, keep_gc=keep_gc)
+    return diff / ((large - small) * runs)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("src", nargs="*", default=[str(HERE.parent / "src")], help="source trees to compare")
@@ -124,15 +132,10 @@ def main(argv: list[str] | None = None) -> int:
             diff = fleet_instructions(src, 240) - fleet_instructions(src, 40)
             print(f"{src}: {diff / 200 / 1000:.1f}k instructions per fleet run (2-step no-op runs, SQLite, 1 runner)")
         return 0
-    small, large = (300, 1300) if args.runs == 1 else (20, 70)
     for src in args.src:
-        instructions(src, 2, 1, keep_gc=args.gc, valgrind=False)  # bytecode caches written
-        diff = instructions(src, large, args.runs, keep_gc=args.gc) - instructions(
-            src, small, args.runs, keep_gc=args.gc
-        )
-        per_step = diff / ((large - small) * args.runs)
+        counted = per_step(src, args.runs, keep_gc=args.gc)
         gc = "on" if args.gc else "off"
-        print(f"{src}: {per_step / 1000:.1f}k instructions per step (runs={args.runs}, gc={gc})")
+        print(f"{src}: {counted / 1000:.1f}k instructions per step (runs={args.runs}, gc={gc})")
     return 0
 
 

@@ -451,3 +451,42 @@ def test_fleet_bench_counts_a_postgresql_claim_as_the_commit_it_is() -> None:
         fleet_bench.WRITES.search(CLAIM_NEXT) is not None,
         fleet_bench.WRITES.search("SELECT state FROM effectlog_fleet.attempts WHERE attempt_id = %s") is not None,
     )
+
+
+def test_counted_instructions_are_shown_with_the_machines_speed_or_said_not_measured() -> None:
+    """The page shows valgrind's counts per step and what one µs of user-space CPU bought on the
+    run's machine (instructions over the RAM-disk run's user time); without counts it says why."""
+    results = made_up_results({"1000": 1.5})
+    results["single"]["1000"]["evidence"]["ram"]["effectlog"]["user_us_per_step"] = 40.0
+    results["instructions"] = {"one_run": 420_000.0, "runs_32": 350_000.0}
+    text = "\n".join(br.instructions_section(results))
+    assert "| 1 | 420.0k |" in text
+    assert "| 32 | 350.0k |" in text
+    assert "about 10,500 of these instructions per µs" in text
+    results["instructions"] = {"error": "valgrind is not installed"}
+    assert "Not measured in this run: valgrind is not installed." in br.instructions_section(results)
+    del results["instructions"]
+    assert any("Not measured" in line for line in br.instructions_section(results))
+
+
+def test_a_missed_group_row_quotes_the_counts_of_the_same_run() -> None:
+    """The 32-run reason quotes the run's own counts and the CPU per step 5x would need (a fifth of
+    one run's wall time per step: 1e6 / 2000 / 5 = 100 µs here), never figures written by hand."""
+    results = made_up_results({"1000": 1.2})
+    results["instructions"] = {"one_run": 420_000.0, "runs_32": 350_000.0}
+    why = bt.peer_and_group_targets(results)[2]["why"]
+    assert "350.0k user-space instructions per step at 32 runs and 420.0k for one run" in why
+    assert "(here 100 µs against 110)" in why
+    del results["instructions"]
+    assert "Counted by valgrind" not in bt.peer_and_group_targets(results)[2]["why"]
+
+
+def test_the_cpu_model_is_read_from_proc_cpuinfo_or_left_out() -> None:
+    """bench.json names the CPU (model and clock) as /proc/cpuinfo gives it, tabs and all; a text with
+    no model name gives an empty string, and one with no readable clock gives the name alone."""
+    import bench
+
+    info = "processor\t: 0\nmodel name\t: AMD  EPYC 7B13\ncpu MHz\t\t: 2449.998\n\nprocessor\t: 1\n"
+    assert "AMD EPYC 7B13 at 2,450 MHz" == bench.cpu_model(info)
+    assert "AMD EPYC 7B13" == bench.cpu_model("model name\t: AMD EPYC 7B13\ncpu MHz\t: n/a\n")
+    assert "" == bench.cpu_model("processor\t: 0\n")
