@@ -27,10 +27,11 @@ from hardening_kit import effectlog, one_line
 pytest_plugins = ["pg_fixture"]
 
 
-def _shell_plan(path: Path, run_id: str, effects: Path, *, sleep_s: float = 0.0, steps: int = 1) -> Path:
-    """A plan of ``steps`` non-idempotent shell steps, each appending its id to ``effects`` (after
-    ``sleep_s`` seconds for the first): a step sent twice shows as a line twice."""
-    wait = f"sleep {sleep_s}; " if sleep_s else ""
+def _shell_plan(path: Path, run_id: str, effects: Path, *, gate: Path | None = None, steps: int = 1) -> Path:
+    """A plan of ``steps`` non-idempotent shell steps, each appending its id to ``effects`` (the first
+    only once ``gate`` exists, or after two minutes, so it stays in flight for as long as the test needs
+    on however slow a machine): a step sent twice shows as a line twice."""
+    wait = f"t=0; while [ ! -e '{gate}' ] && [ $t -lt 2400 ]; do sleep 0.05; t=$((t+1)); done; " if gate else ""
     plan = {
         "run_id": run_id,
         "adapters": {"sh": {"type": "shell", "idempotent": False}},
@@ -222,7 +223,8 @@ def test_a_runner_does_not_take_over_a_run_a_live_plain_process_drives(
     goes to an operator, naming that process), the plain run completes with each step once, and a requeue
     once it has ended adopts the finished run without sending anything again."""
     effects = tmp_path / "fx.txt"
-    _shell_plan(tmp_path / "p.json", "f1", effects, sleep_s=3, steps=2)
+    gate = tmp_path / "gate"
+    _shell_plan(tmp_path / "p.json", "f1", effects, gate=gate, steps=2)
     store = str(tmp_path / "st.db") if backend == "sqlite" else str(request.getfixturevalue("pg_url"))
     plain = subprocess.Popen([sys.executable, "-m", "effectlog", "run", "--journal", store, "p.json"], cwd=tmp_path,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
@@ -235,6 +237,7 @@ def test_a_runner_does_not_take_over_a_run_a_live_plain_process_drives(
         assert 0 == effectlog("submit", "--store", store, "--scope", "s", "--key", "k", "p.json",
                               cwd=tmp_path).returncode  # fmt: skip
         effectlog("runner", "--store", store, "--exit-when-idle", "-q", "--lease-s", "2", cwd=tmp_path)
+        gate.touch()  # the live process's step returns only after the runner has come and gone
         _, stderr = plain.communicate(timeout=60)
     finally:
         if plain.poll() is None:
