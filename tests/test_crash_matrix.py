@@ -146,6 +146,26 @@ def test_a_report_edited_by_hand_fails_verify(matrix: Any, tmp_path: Path, how: 
     assert "control-after-request" in done.stderr
 
 
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"run_id": "r1", "adapters": {}, "steps": []}',  # a plan, the file next to the report
+        "{}",
+        '{"version": 1, "cases": []}',  # no backends: what it was run against is not said
+    ],
+)
+def test_a_file_that_is_not_a_report_is_bad_input_not_a_failed_verification(tmp_path: Path, text: str) -> None:
+    """A JSON object that is not a crash-matrix report (a plan, ``{}``) is bad input naming the file
+    (exit 2), not a report whose cases are missing (exit 7, the exit for a report that does not hold):
+    every field of a report has a default, so any object decoded as an empty report."""
+    wrong = tmp_path / "p.json"
+    wrong.write_text(text)
+    done = effectlog("crash-matrix", "verify", str(wrong))
+    assert (2, 1) == (done.returncode, len(done.stderr.splitlines())), done.stderr
+    assert f"effectlog: bad_input: {wrong}: not a crash-matrix report" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
 def test_the_committed_report_verifies() -> None:
     """experiments/results/crash-matrix.json came from a real run, and still verifies from its evidence."""
     committed = ROOT / "experiments" / "results" / "crash-matrix.json"
