@@ -234,12 +234,22 @@ def verify(report: Report, cases: dict[str, Case] | None = None) -> list[str]:
     return problems
 
 
+class _Shape(msgspec.Struct):
+    """What a file must name to be a report at all: every field of ``Report`` has a default, so a
+    plan or ``{}`` would decode as an empty report and fail verification as one (exit 7)."""
+
+    version: int
+    backends: list[Any]
+    cases: list[Any]
+
+
 def load_report(path: str | Path) -> Report:
     try:
         data = Path(path).read_bytes()
     except OSError as exc:
         raise BadInput(f"{path}: cannot read the report ({exc.strerror})") from None
     try:
+        msgspec.json.decode(data, type=_Shape)
         return msgspec.json.decode(data, type=Report)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         raise BadInput(f"{path}: not a crash-matrix report ({exc})") from None
