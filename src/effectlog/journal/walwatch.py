@@ -52,7 +52,9 @@ def _load_statx() -> Callable[..., int] | None:
     if not sys.platform.startswith("linux"):
         return None
     try:
-        call = ctypes.CDLL(None).statx  # glibc >= 2.28
+        # PyDLL: called holding the GIL (CDLL drops and retakes it around each call, two mutex round trips per
+        # commit); a stat of a local name does not block, and SQLite's own commit right after holds the journal
+        call = ctypes.PyDLL(None).statx  # glibc >= 2.28
     except (OSError, AttributeError):
         return None
     call.restype = ctypes.c_int  # (no argtypes: every argument is passed as a ctypes object, above)
@@ -99,7 +101,7 @@ def _identity(path: str, encoded: bytes) -> WalId | None:
 class WalWatch:
     """The WAL file beside ``path`` as this connection first saw it; ``lost()`` before each commit."""
 
-    __slots__ = ("_encoded", "_name", "_seen", "_wal")
+    __slots__ = ("_encoded", "_name", "_parts", "_seen", "_wal")
 
     def __init__(self, path: str) -> None:
         self._wal = path + "-wal"
@@ -107,13 +109,19 @@ class WalWatch:
         # b"" (statx fails, os.stat decides) for a name with a NUL, which statx would read as a shorter name
         self._encoded = encoded if b"\0" not in encoded else b""
         self._name = ctypes.c_char_p(self._encoded)  # (holds the bytes it points to)
-        self._seen = _identity(self._wal, encoded)
+        self._see(_identity(self._wal, encoded))
+
+    def _see(self, seen: WalId | None) -> None:
+        self._seen = seen
+        # The same identity as statx gives it (inode, device major, minor), for ``lost`` to compare field by
+        # field: no ``os.makedev`` and no tuple per commit. ``None`` while no WAL was seen.
+        self._parts = (seen[1], os.major(seen[0]), os.minor(seen[0])) if seen is not None else None
 
     def lost(self) -> bool:
         """Whether the WAL was removed or replaced since it was first seen (then nothing more may be
         committed through this connection). No WAL yet when first looked at: the first one that
         appears is this connection's."""
-        seen = self._seen
+        parts = self._parts
         # (``_identity``, inline: this runs before every commit) not os.stat: it would cost the commit's
         # sync an inode write (above)
         call, buf = _Use.statx, _Statx()  # (a buffer per call: nothing shared between threads)
@@ -122,13 +130,16 @@ class WalWatch:
             and call(_AT_FDCWD, self._name, _NO_FLAGS, _MASK, ctypes.byref(buf)) == 0
             and buf.mask & _STATX_INO
         ):
+            if parts is not None:  # (st_dev, st_ino) compared as their parts: the same answer as ``now != seen``
+                return not (buf.ino == parts[0] and buf.dev_major == parts[1] and buf.dev_minor == parts[2])
             now: WalId | None = (os.makedev(buf.dev_major, buf.dev_minor), buf.ino)
         else:
             now = _identity(self._wal, self._encoded)  # gone, or statx refused, or a NUL in the name
+        seen = self._seen
         if now is None:
             return seen is not None  # gone (a WAL first seen missing is not this connection's yet)
         if seen is None:
-            self._seen = now
+            self._see(now)
             return False
         return now != seen
 
