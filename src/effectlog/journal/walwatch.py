@@ -52,9 +52,10 @@ def _load_statx() -> Callable[..., int] | None:
     if not sys.platform.startswith("linux"):
         return None
     try:
-        # PyDLL: called holding the GIL (CDLL drops and retakes it around each call, two mutex round trips per
-        # commit); a stat of a local name does not block, and SQLite's own commit right after holds the journal
-        call = ctypes.PyDLL(None).statx  # glibc >= 2.28
+        # CDLL, not PyDLL: the call drops the GIL (two mutex round trips per commit) because a journal on a
+        # network file system can block in stat, and the process's other threads (an owner's lease renewal, the
+        # event loop) must go on meanwhile
+        call = ctypes.CDLL(None).statx  # glibc >= 2.28
     except (OSError, AttributeError):
         return None
     call.restype = ctypes.c_int  # (no argtypes: every argument is passed as a ctypes object, above)
