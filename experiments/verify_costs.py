@@ -16,7 +16,14 @@ no-op run of N steps (1 + 3N events, default 33,333: the bench's 100k-event jour
 3. ``fresh_process``: one ``verify_run`` as ``effectlog verify`` runs it, the first in a new process (a
    child, median of 3): CPU per event, minor page faults and peak RSS growth (``VmHWM``: ``ru_maxrss``
    is inherited across ``fork``);
-4. ``--compiled``: ``fold_rows`` compiled with mypyc (the module's ``fold_rows`` and nothing else, into a
+4. ``--instructions``: the same parts counted in instructions (``valgrind --tool=callgrind``, a child doing
+   the part twice minus one doing it once, after the same warm-up, ``PYTHONHASHSEED=0``, the cyclic GC
+   off): ``verify_run``, ``load_run``, ``fold_rows`` over rows already read (with the segments' stops and
+   without), the chain alone (``sha256(head + body)`` and ``sha256(head).update(body)``), and every
+   segment inflated, then decoded; per event. Deterministic where CPU time on a shared machine is not
+   (about 30-45 minutes at the default size on a 2-core machine: the one ``verify_run`` pair alone
+   took 6 min 45 s);
+5. ``--compiled``: ``fold_rows`` compiled with mypyc (the module's ``fold_rows`` and nothing else, into a
    temporary copy of ``src``; needs mypyc and a C compiler) against the interpreted one, ``load_run``
    and ``verify_run`` each: does a compiled fold reach the target?
 """
@@ -29,6 +36,7 @@ import gc
 import hashlib
 import json
 import os
+import re
 import shutil
 import sqlite3
 import subprocess
@@ -173,6 +181,102 @@ def fresh_process(path: Path, rounds: int = 3) -> dict[str, Any]:
     return runs[len(runs) // 2]
 
 
+_COUNTED = r"""
+import gc, hashlib, sys, zlib
+gc.disable()
+from effectlog import fold
+from effectlog.integrity import verify_run
+from effectlog.journal import SqliteJournal, load_run
+from effectlog.journal import checkpoint
+part, times = sys.argv[2], int(sys.argv[3])
+with SqliteJournal(sys.argv[1], writer=False) as journal:
+    journal.runs()
+    rows = list(journal.read_rows("resume")) if part.startswith(("fold", "chain")) else []
+    segments = journal.stored_checkpoints("resume")
+    stops = [segment[1] for segment in segments]
+    inflated = [zlib.decompress(segment[3]) for segment in segments]
+    sha256 = hashlib.sha256
+    for _ in range(times):
+        if part == "verify_run":
+            verify_run(journal, "resume")
+        elif part == "load_run":
+            load_run(journal, "resume")
+        elif part in ("fold_rows, stops", "fold_rows"):
+            folding = fold.fold_rows(
+                iter(rows), journal.chain, run_id="resume", stops=stops if part.endswith("stops") else ()
+            )
+            try:
+                while True:
+                    next(folding)
+            except StopIteration:
+                pass
+        elif part == "chain: sha256(head + body)":
+            head = bytes(32)
+            for row in rows:
+                sha256(head + row[1]).digest()
+                head = row[2]
+        elif part == "chain: sha256(head).update(body)":
+            head = bytes(32)
+            for row in rows:
+                h = sha256(head)
+                h.update(row[1])
+                h.digest()
+                head = row[2]
+        elif part == "chain: the loop alone":
+            head = bytes(32)
+            for row in rows:
+                head = row[2]
+        elif part == "segments: inflate":
+            for segment in segments:
+                zlib.decompress(segment[3])
+        elif part == "segments: decode":
+            for raw in inflated:
+                checkpoint._decoder.decode(raw)
+"""
+
+COUNTED_PARTS = (
+    "verify_run",
+    "load_run",
+    "fold_rows, stops",
+    "fold_rows",
+    "chain: sha256(head + body)",
+    "chain: sha256(head).update(body)",
+    "chain: the loop alone",
+    "segments: inflate",
+    "segments: decode",
+)
+
+
+def instructions(path: Path, events: int) -> dict[str, Any]:
+    """Instructions per event of each of ``COUNTED_PARTS``: a child doing it twice minus one doing it once
+    (both under callgrind at once: two cores), so imports and the warm-up cancel out."""
+    if shutil.which("valgrind") is None:
+        return {"skipped": "valgrind is missing"}
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "PYTHONHASHSEED": "0"}
+    callgrind = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable, "-c", _COUNTED]
+    out: dict[str, Any] = {}
+    for part in COUNTED_PARTS:
+        children = [
+            subprocess.Popen(
+                [*callgrind, str(path), part, str(times)],
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for times in (1, 2)
+        ]
+        counts = []
+        for child in children:
+            _, err = child.communicate()
+            found = re.search(r"Collected : (\d+)", err)
+            if child.returncode != 0 or found is None:
+                raise RuntimeError(f"no instruction count for {part!r}:\n{err[-2000:]}")
+            counts.append(int(found.group(1)))
+        out[part] = round((counts[1] - counts[0]) / events)
+    return out
+
+
 def _hot_module(src: Path) -> str:
     """``fold_rows`` alone, as a module importing everything else from the interpreted ``effectlog.fold``."""
     text = (src / "effectlog" / "fold.py").read_text()
@@ -240,6 +344,7 @@ def _child_measure(path: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=33_333)
+    parser.add_argument("--instructions", action="store_true", help="only count instructions per part (callgrind)")
     parser.add_argument("--compiled", action="store_true", help="also measure fold_rows compiled with mypyc")
     parser.add_argument("--child-measure", metavar="DB", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -254,6 +359,10 @@ def main() -> None:
         finished, _ = build_histories(workdir, args.steps)
         events = 1 + 3 * args.steps
         results: dict[str, Any] = {"events": events, "python": sys.version.split()[0]}
+        if args.instructions:
+            results["instructions_per_event"] = instructions(finished, events)
+            print(json.dumps(results, indent=1))
+            return
         results["columns_us_per_row"] = columns(finished, events)
         results["parts_us_per_event"] = parts(finished)
         results["verify_us_per_event"] = verify_and_load(finished)
