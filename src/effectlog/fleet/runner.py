@@ -172,7 +172,7 @@ class Runner:
 
     def serve(self) -> int:
         """Pull and run work until stopped (SIGTERM/SIGINT), idle (``exit_when_idle``) or ``max_attempts``."""
-        self._install_signals()
+        restore_signals = self._install_signals()
         beat = threading.Thread(target=self._heartbeats, name="effectlog-heartbeat", daemon=True)
         beat.start()
         # Queued work wakes the loop at once (--poll-s is the fallback); with every slot busy the store need
@@ -198,6 +198,7 @@ class Runner:
                     slot.thread.join()
             self._done.set()
             beat.join()
+            restore_signals()
         self.log(f"exiting: {self.ended} attempt(s) ended")
         return 0
 
@@ -209,18 +210,41 @@ class Runner:
         limit = self.config.max_attempts
         return limit is not None and self.ended >= limit and not busy
 
-    def _install_signals(self) -> None:
+    def _install_signals(self) -> Callable[[], None]:
+        """SIGTERM/SIGINT ask the runner to stop; returns what puts the previous handlers back.
+
+        CPython runs a handler in the main thread between two bytecodes, wherever that thread is, so the
+        handler takes no lock: ``Event.set`` would wait for the event's lock, which the main loop's own
+        ``Event.clear``/``wait`` may hold at that moment (the runner hung there for good). The handler writes
+        the signal's number to a pipe; a thread of its own reads it and does the logging and the setting."""
         if threading.current_thread() is not threading.main_thread():
-            return
+            return lambda: None
+        read_fd, write_fd = os.pipe()
+        os.set_blocking(write_fd, False)
+
+        def relay() -> None:
+            while got := os.read(read_fd, 1):
+                self.log(f"signal {got[0]}: finishing running attempts, claiming nothing more")
+                self._stopping.set()
+                self._wake.set()
+            os.close(read_fd)
 
         def stop(signum: int, frame: object) -> None:
             del frame
-            self.log(f"signal {signum}: finishing running attempts, claiming nothing more")
-            self._stopping.set()
-            self._wake.set()
+            with contextlib.suppress(OSError):  # (a full pipe: a stop is already on its way)
+                os.write(write_fd, bytes([signum]))
 
-        signal.signal(signal.SIGTERM, stop)
-        signal.signal(signal.SIGINT, stop)
+        thread = threading.Thread(target=relay, name="effectlog-signals", daemon=True)
+        thread.start()
+        previous = [(signum, signal.signal(signum, stop)) for signum in (signal.SIGTERM, signal.SIGINT)]
+
+        def restore() -> None:
+            for signum, handler in previous:
+                signal.signal(signum, handler)
+            os.close(write_fd)  # the relay reads the end of the pipe and exits
+            thread.join()
+
+        return restore
 
     def _recovery_pass(self) -> None:
         try:
