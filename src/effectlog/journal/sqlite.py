@@ -636,15 +636,7 @@ class SqliteJournal:
         try:
             shared.enter(self.location, self.busy_timeout_s)  # the writers' gate (filelocks)
             try:
-                # (``_refuse_if_moved``'s answer "neither moved nor lost", inline: once per commit; any other
-                # answer, and a stat that fails, through it, which looks again and refuses)
-                try:
-                    st: os.stat_result | None = os.stat(self.path)
-                except OSError:
-                    st = None
-                key, wal = shared.key, self._wal
-                if st is None or st.st_ino != key[1] or st.st_dev != key[0] or (wal is not None and wal.lost()):
-                    self._refuse_if_moved()
+                self._refuse_if_moved()
                 if db.in_transaction:
                     return None  # a transaction is open on this connection: the statement would join it
                 try:
