@@ -378,9 +378,10 @@ def _segment_row_as_before(state: RunState, changed: list[str], frontier: Fronti
 
 
 def test_a_segment_body_is_byte_for_byte_what_it_was_before_the_slim_decode() -> None:
-    """``segment_row`` decodes the state's JSON straight into slim twins of ``Segment``, ``Frontier``
-    and ``StepState`` instead of building each step as a ``StepState`` first (issue 18, hot path):
-    the stored bytes are unchanged, for steps with bytes and nested receipts, args, approvals,
+    """``segment_row`` builds slim twins of ``Segment``, ``Frontier`` and ``StepState`` directly, with only
+    the fields typed ``Any`` taken through JSON (issue 18, hot path; before that it decoded the whole
+    segment's JSON into them, and before that built each step as a ``StepState`` first): the stored
+    bytes are unchanged, for steps with bytes and nested receipts, args, approvals,
     failures, open steps in the frontier and run-level fields set, and for no frontier at all."""
     from effectlog import events as ev
     from effectlog.fold import replay
@@ -408,6 +409,57 @@ def test_a_segment_body_is_byte_for_byte_what_it_was_before_the_slim_decode() ->
     for changed, front in ((ids, frontier), (ids[1:3], None), ([], frontier)):
         expected = _segment_row_as_before(state, changed, front)
         assert expected == checkpoint.segment_row(state, changed, front)[2]
+
+
+def test_a_segment_body_is_the_whole_segments_json_round_trip_for_values_json_changes() -> None:
+    """``segment_row`` takes only the fields that hold arbitrary values (a step's ``args`` and
+    ``receipt``, the run's ``result``) through JSON, not the whole segment (issue 18): the bytes are those of the whole
+    segment's round trip for every kind of value JSON gives back otherwise (bytes, tuples, sets,
+    NaN, a struct, a datetime), and decode to what the replay of the stored journal gives."""
+    import datetime
+
+    from effectlog import events as ev
+    from effectlog.fold import replay
+
+    class Inner(msgspec.Struct):
+        a: int
+        b: bytes
+
+    odd: list[Any] = [
+        (1, (2, b"\x01")),
+        {"k": {2.5, 3}, "a": "one"},
+        float("nan"),
+        Inner(a=1, b=b"\xfe"),
+        datetime.datetime(2026, 1, 2, 3, 4, 5, tzinfo=datetime.UTC),
+        [],
+        {},
+        "",
+        0,
+    ]
+    ids = [f"s{i}" for i in range(len(odd))]
+    events: list[ev.Event] = [ev.RunStarted(run_id="r", seq=1, ts=1, plan={"steps": []}, kind="session")]
+
+    def add(cls: type[ev.Event], **fields: object) -> None:
+        events.append(cls(run_id="r", seq=len(events) + 1, ts=len(events) * 10, **fields))
+
+    for i, value in enumerate(odd):
+        args = {"v": value, "t": (i,)}
+        add(ev.StepRequested, step_id=ids[i], adapter="t", idempotency_key=f"k{i}", args_digest="a", args=args)
+        add(ev.StepEffected, step_id=ids[i], receipt=value, ok=True)
+    state = msgspec.structs.replace(replay(events), result={"r": (b"\x00", float("inf"))})
+    # The journal's own way: the events as stored (JSON), decoded and folded.
+    stored = [ev.decode(ev.encode(e)) for e in events]
+    replayed = msgspec.structs.replace(replay(stored), result={"r": ["AA==", None]})
+    frontier = Frontier(prefix=0, count=len(ids), done_after=[], open=[state.steps[s] for s in ids[:3]])
+    for changed, front in ((ids, frontier), (ids[2:5], None), ([], frontier)):
+        body = checkpoint.segment_row(state, changed, front)[2]
+        assert _segment_row_as_before(state, changed, front) == body
+        decoded = checkpoint._decode(body)
+        assert decoded.steps == [replayed.steps[s] for s in changed]
+        assert decoded.result == replayed.result
+        if front is not None:
+            assert decoded.frontier is not None
+            assert decoded.frontier.open == [replayed.steps[s] for s in ids[:3]]
 
 
 @pytest.mark.parametrize("carried", ["both", "s1 only, s0 unchanged since", "s1 only, s0 changed since"])
