@@ -7,7 +7,6 @@ processes where the CLI is the point.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
@@ -93,6 +92,21 @@ def build(decl, ctx):
 
 
 ADAPTERS = {"hostile": build}
+
+if os.environ.get("FORK_TURN_MARK"):  # a fork says when it comes to the retry turn (it waits there if held)
+    import contextlib
+
+    from effectlog.lifecycle import fork as _fork
+
+    _fork_turn = _fork.fork_turn
+
+    @contextlib.asynccontextmanager
+    async def _marked_turn(journal, run_id, *args, **kwargs):
+        open(os.environ["FORK_TURN_MARK"], "w").close()
+        async with _fork_turn(journal, run_id, *args, **kwargs):
+            yield
+
+    _fork.fork_turn = _marked_turn
 """
 
 
@@ -356,10 +370,16 @@ def test_a_fork_landing_while_a_retry_checks_and_writes_its_fork_does_not_make_t
         fork = subprocess.Popen(
             world.argv("fork", "--journal", "j.db", "--run-id", "r", "--new-run-id", "r2", "--by", "bob",
                        "--reason", "again", "--adapters", "hostile18_tools:ADAPTERS"),
-            cwd=world.dir, env=world.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            cwd=world.dir, env={**world.env, "FORK_TURN_MARK": str(world.dir / "fork-at-turn")},
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )  # fmt: skip
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            fork.wait(timeout=3)  # unfixed, the fork is done by now; fixed, it waits for the retry's turn
+        # Unfixed, the fork is done before the retry's build ends; fixed, it waits for the retry's turn.
+        for _ in range(int(SAFETY_TIMEOUT_S / 0.02)):
+            if fork.poll() is not None or (world.dir / "fork-at-turn").exists():
+                break
+            subprocess.run(["sleep", "0.02"], check=True)
+        else:
+            raise AssertionError("the fork neither ended nor came to the retry turn")
         (world.dir / "go").touch()
         retried = retry.communicate(timeout=SAFETY_TIMEOUT_S)
         forked = fork.communicate(timeout=SAFETY_TIMEOUT_S)
