@@ -321,7 +321,7 @@ _WATCHER_FORK_SCRIPT = """
     woken = threading.Event()
     store.watch(woken.set)
     store.submit("t", "k1", noop_plan("run-1"))
-    woken.wait(10)
+    woken.wait(60)  # at once, as a rule; generous for a loaded machine
     go, said = os.pipe()
     pid = os.fork()
     if pid == 0:  # the worker does nothing with the store and leaves
