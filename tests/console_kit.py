@@ -140,7 +140,7 @@ def console(setup: Setup, *extra: str) -> Iterator[str]:
     )  # fmt: skip
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 120  # a Python start-up and the server's on a loaded machine
         while True:
             try:
                 with socket.create_connection(("127.0.0.1", port), timeout=0.5):

@@ -13,6 +13,7 @@ import shutil
 import sqlite3
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,26 @@ DATA = Path(__file__).resolve().parent / "data" / "bad"
 GOOD_PLAN = DATA / "plans" / "good.json"
 KEY = b"correct horse battery staple"
 SAFETY_TIMEOUT_S = 120  # a hung child fails the test instead of hanging CI; never a timing assertion
+
+
+def wait_until_gone_or_effect(pidfile: Path, effect: Path, fallback_s: float) -> None:
+    """Return once the process whose pid a command wrote to ``pidfile`` is gone (absent or a zombie), or
+    once ``effect`` exists: either way nothing more can come of it, however slow the machine. A command
+    killed before it even wrote its pid gets the old fixed wait, ``fallback_s``. For tests that need a
+    killed command's late effect NOT to happen: they wait for the positive sign, not a guessed time."""
+    if not pidfile.exists() or not pidfile.read_text().strip():
+        time.sleep(fallback_s)
+        return
+    stat = Path(f"/proc/{int(pidfile.read_text())}/stat")
+    deadline = time.monotonic() + SAFETY_TIMEOUT_S
+    while not effect.exists():
+        try:
+            if stat.read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                return
+        except FileNotFoundError:
+            return
+        assert time.monotonic() < deadline, f"the command ({stat.parent.name}) still runs after {SAFETY_TIMEOUT_S}s"
+        time.sleep(0.02)
 
 
 def cli_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:

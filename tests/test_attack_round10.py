@@ -260,15 +260,21 @@ def test_a_postgresql_connection_string_in_keyword_form_is_not_taken_for_a_file_
 # -- 6. second actors while the owner is alive: stopped with SIGSTOP, or reached by another URL ----------
 
 
-def _slow_plan(path: Path, run_id: str, effects: Path, seconds: int = 2) -> Path:
+def _slow_plan(path: Path, run_id: str, effects: Path, seconds: int = 2, gate: Path | None = None) -> Path:
     """Run ``run_id``: s1 (not idempotent) appends ``x`` to ``effects`` and then takes ``seconds``; s2
-    appends ``y``."""
+    appends ``y``. With ``gate``, s1 instead takes until ``gate`` exists (two minutes at most), then touches
+    ``<gate>.passed`` as its last command: it stays in flight for as long as the test needs, on however
+    slow a machine, and says when it is over."""
     sh = {"type": "shell", "idempotent": False}
+    wait = f"sleep {seconds}"
+    if gate is not None:
+        wait = f"t=0; while [ ! -e '{gate}' ] && [ $t -lt 2400 ]; do sleep 0.05; t=$((t+1)); done"
+        wait += f"; touch '{gate}.passed'"
     plan = {
         "run_id": run_id,
         "adapters": {"sh": sh},
         "steps": [
-            {"id": "s1", "adapter": "sh", "args": {"argv": ["sh", "-c", f"echo x >> '{effects}'; sleep {seconds}"]}},
+            {"id": "s1", "adapter": "sh", "args": {"argv": ["sh", "-c", f"echo x >> '{effects}'; {wait}"]}},
             {"id": "s2", "adapter": "sh", "args": {"argv": ["sh", "-c", f"echo y >> '{effects}'"]}},
         ],
     }
@@ -298,12 +304,17 @@ def test_an_owner_stopped_with_sigstop_keeps_its_run_and_finishes_it_once_contin
     refused (exit 6), and ``status`` names the owner; continued, it finishes: each effect once, the run
     completed and verified."""
     effects = tmp_path / "effects.txt"
-    plan = _slow_plan(tmp_path / "p.json", "r1", effects)
+    gate = tmp_path / "gate"
+    plan = _slow_plan(tmp_path / "p.json", "r1", effects, gate=gate)
     journal = str(tmp_path / "j.db")
     owner = _owner_inside_s1(journal, plan, effects, tmp_path)
     owner.send_signal(signal.SIGSTOP)
     try:
-        time.sleep(2.5)  # past s1's own 2 s: its shell ended while its owner is stopped
+        gate.touch()  # s1's shell ends while its owner is stopped
+        deadline = time.monotonic() + 120
+        while not Path(f"{gate}.passed").exists():
+            assert time.monotonic() < deadline, "s1's shell did not end in 120 s"
+            time.sleep(0.02)
         second = effectlog("run", "--journal", journal, str(plan), cwd=tmp_path)
         recover = effectlog("recover", "--journal", journal, "--json", cwd=tmp_path)
         reconcile = effectlog("reconcile", "--journal", journal, "--run-id", "r1", "--step", "s1", "--outcome",
@@ -343,9 +354,13 @@ def test_on_postgresql_one_database_reached_by_other_urls_is_one_owner(
             f"postgres://twin@127.0.0.1:{port}/{database}?application_name=twin&connect_timeout=10",
         ]
         effects = tmp_path / "effects.txt"
-        plan = _slow_plan(tmp_path / "p.json", "pg1", effects, seconds=8)  # outlasts the four refusals
+        gate = tmp_path / "gate"
+        plan = _slow_plan(tmp_path / "p.json", "pg1", effects, gate=gate)  # s1 outlasts the four refusals
         owner = _owner_inside_s1(pg_url, plan, effects, tmp_path)
-        refused = [effectlog("run", "--journal", url, str(plan), cwd=tmp_path) for url in others]
+        try:
+            refused = [effectlog("run", "--journal", url, str(plan), cwd=tmp_path) for url in others]
+        finally:
+            gate.touch()
         _, err = owner.communicate(timeout=60)
         assert [6] * len(others) == [p.returncode for p in refused], [p.stderr for p in refused]
         assert (0, ["x", "y"]) == (owner.returncode, effects.read_text().split()), err
@@ -369,13 +384,17 @@ def test_a_journal_replaced_by_a_rename_while_in_use_is_refused_and_keeps_its_ow
     refused (exit 6, one line) and sends nothing; once the old owner has stopped, j.db holds the
     replacement's history, which verifies."""
     effects = tmp_path / "effects.txt"
-    old_plan = _slow_plan(tmp_path / "a.json", "A", effects, seconds=4)
+    gate = tmp_path / "gate"
+    old_plan = _slow_plan(tmp_path / "a.json", "A", effects, gate=gate)  # in s1 until the second run is over
     new_plan = _effects_plan(tmp_path / "b.json", "B", "noop")
     journal, replacement = tmp_path / "j.db", tmp_path / "restored.db"
     assert 0 == effectlog("run", "--journal", str(replacement), str(GOOD_PLAN), cwd=tmp_path).returncode
     owner = _owner_inside_s1(str(journal), old_plan, effects, tmp_path)
-    os.rename(replacement, journal)
-    second = effectlog("run", "--journal", str(journal), str(new_plan), cwd=tmp_path)
+    try:
+        os.rename(replacement, journal)
+        second = effectlog("run", "--journal", str(journal), str(new_plan), cwd=tmp_path)
+    finally:
+        gate.touch()
     owner.communicate(timeout=60)
     line = one_line(second.stderr)
     assert (6, "j.db" in line) == (second.returncode, True), line
@@ -438,10 +457,14 @@ def test_the_journals_directory_renamed_mid_step_stops_the_owner_and_the_step_is
     (exit 6, one line), and the run under the new name finds the step uncertain (exit 3), not sent
     again."""
     effects = tmp_path / "effects.txt"
-    plan = _slow_plan(tmp_path / "p.json", "r1", effects)
+    gate = tmp_path / "gate"
+    plan = _slow_plan(tmp_path / "p.json", "r1", effects, gate=gate)
     (tmp_path / "d").mkdir()
     owner = _owner_inside_s1(str(tmp_path / "d" / "j.db"), plan, effects, tmp_path)
-    (tmp_path / "d").rename(tmp_path / "d2")
+    try:
+        (tmp_path / "d").rename(tmp_path / "d2")  # while s1 runs
+    finally:
+        gate.touch()
     _, err = owner.communicate(timeout=60)
     again = effectlog("run", "--journal", str(tmp_path / "d2" / "j.db"), str(plan), cwd=tmp_path)
     assert (6, 3, ["x"]) == (owner.returncode, again.returncode, effects.read_text().split()), (err, again.stderr)
@@ -455,11 +478,15 @@ def test_a_hard_link_made_while_a_run_holds_the_journal_is_refused_and_the_owner
     (exit 6) while the owner runs, the owner finishes each step once, and after it, both names are
     refused until the link is removed; then the run is completed and verifies."""
     effects = tmp_path / "effects.txt"
-    plan = _slow_plan(tmp_path / "p.json", "r1", effects)
+    gate = tmp_path / "gate"
+    plan = _slow_plan(tmp_path / "p.json", "r1", effects, gate=gate)
     journal, link = tmp_path / "j.db", tmp_path / "k.db"
     owner = _owner_inside_s1(str(journal), plan, effects, tmp_path)
-    os.link(journal, link)
-    through_link = effectlog("run", "--journal", str(link), str(plan), cwd=tmp_path)
+    try:
+        os.link(journal, link)
+        through_link = effectlog("run", "--journal", str(link), str(plan), cwd=tmp_path)  # while the owner runs
+    finally:
+        gate.touch()
     _, err = owner.communicate(timeout=60)
     after = [effectlog("run", "--journal", str(name), str(plan), cwd=tmp_path).returncode for name in (journal, link)]
     link.unlink()
@@ -477,12 +504,14 @@ def test_an_effect_store_replaced_by_a_rename_while_in_use_is_refused_to_the_nex
     effects = tmp_path / "effects.txt"
     fx = {"type": "effects.idempotent", "idempotent": True}
     sh = {"type": "shell", "idempotent": False}
+    gate = tmp_path / "gate"  # s2 runs (holds fx.db open) until the second run is over, two minutes at most
+    hold = f"t=0; while [ ! -e '{gate}' ] && [ $t -lt 2400 ]; do sleep 0.05; t=$((t+1)); done"
     first = tmp_path / "a.json"
     first.write_text(json.dumps({
         "run_id": "A", "adapters": {"fx": fx, "sh": sh},
         "steps": [
             {"id": "s1", "adapter": "fx", "args": {"cents": 1}},
-            {"id": "s2", "adapter": "sh", "args": {"argv": ["sh", "-c", f"echo x >> '{effects}'; sleep 3"]}},
+            {"id": "s2", "adapter": "sh", "args": {"argv": ["sh", "-c", f"echo x >> '{effects}'; {hold}"]}},
             {"id": "s3", "adapter": "fx", "args": {"cents": 3}},
         ],
     }))
@@ -500,9 +529,12 @@ def test_an_effect_store_replaced_by_a_rename_while_in_use_is_refused_to_the_nex
         assert owner.poll() is None, owner.communicate()
         assert time.monotonic() < deadline, "s2 never started"
         time.sleep(0.02)
-    os.rename(replacement, store)
-    second = effectlog("run", "--journal", str(tmp_path / "jb.db"), "--effects", str(store),
-                       str(_effects_plan(tmp_path / "b.json", "B")), cwd=tmp_path)
+    try:
+        os.rename(replacement, store)
+        second = effectlog("run", "--journal", str(tmp_path / "jb.db"), "--effects", str(store),
+                           str(_effects_plan(tmp_path / "b.json", "B")), cwd=tmp_path)
+    finally:
+        gate.touch()
     owner.communicate(timeout=60)
     line = one_line(second.stderr)
     assert (6, True) == (second.returncode, "fx.db" in line), line
@@ -524,9 +556,13 @@ def test_on_postgresql_a_search_path_that_shadows_a_builtin_is_still_one_owner(
         conn.execute("CREATE FUNCTION public.hashtext(text) RETURNS integer LANGUAGE sql IMMUTABLE AS 'SELECT 7'")
     other = pg_url + "?options=-c%20search_path%3Dpublic%2Cpg_catalog"
     effects = tmp_path / "effects.txt"
-    plan = _slow_plan(tmp_path / "p.json", "sp1", effects, seconds=6)
+    gate = tmp_path / "gate"
+    plan = _slow_plan(tmp_path / "p.json", "sp1", effects, gate=gate)  # s1 outlasts the second run
     owner = _owner_inside_s1(pg_url, plan, effects, tmp_path)
-    second = effectlog("run", "--journal", other, str(plan), cwd=tmp_path)
+    try:
+        second = effectlog("run", "--journal", other, str(plan), cwd=tmp_path)
+    finally:
+        gate.touch()
     _, err = owner.communicate(timeout=60)
     assert (6, ["x", "y"]) == (second.returncode, effects.read_text().split()), (second.stderr, err)
 

@@ -26,7 +26,7 @@ import pytest
 
 from console_kit import TOKENS, Setup, console, digest_on_page, held_plan, login
 from effectlog.notify import HookFailed, Notification, command_hook, url_hook
-from hardening_kit import SAFETY_TIMEOUT_S, cli_env
+from hardening_kit import SAFETY_TIMEOUT_S, cli_env, wait_until_gone_or_effect
 
 pytest_plugins = ["pg_fixture"]
 
@@ -128,10 +128,12 @@ def test_a_notify_command_that_runs_past_its_timeout_leaves_nothing_running(tmp_
     """On the timeout only the shell was killed: what it had started (a subshell, a pipeline's other
     parts) went on running, unwatched, after the notification was reported as not delivered. Proves:
     after the timeout, nothing the command started acts any more (its late marker never appears)."""
-    hook = command_hook(f"(sleep 1.5; touch {tmp_path / 'late'}); true", timeout_s=0.5)
+    pidfile = tmp_path / "pid"  # the subshell's own pid ($$ in a subshell is its parent's)
+    subshell = f"read -r pid _ < /proc/self/stat; echo $pid > {pidfile}; sleep 1.5; touch {tmp_path / 'late'}"
+    hook = command_hook(f"({subshell}); true", timeout_s=0.5)
     with pytest.raises(Exception):  # noqa: B017, PT011 - a timeout is reported; which type is deliver()'s concern
         hook(NOTE)
-    time.sleep(2.5)
+    wait_until_gone_or_effect(pidfile, tmp_path / "late", 2.5)  # a subshell left running touches late first
     assert not (tmp_path / "late").exists()
 
 

@@ -433,6 +433,7 @@ class _AckDropper:
     that landed, whose acknowledgement was lost (the case ``pg_terminate_backend`` cannot time)."""
 
     COMMIT = b"Q\x00\x00\x00\x0bCOMMIT\x00"  # a simple-protocol Query message of "COMMIT"
+    COMMITTED = b"C\x00\x00\x00\x0bCOMMIT\x00"  # the server's CommandComplete for it: the commit is made
 
     def __init__(self, port: int) -> None:
         self.server_port = port
@@ -440,6 +441,7 @@ class _AckDropper:
         self.port = self.listener.getsockname()[1]
         self.armed = threading.Event()
         self.fired = threading.Event()
+        self.landed = threading.Event()  # the server answered that COMMIT (the answer dropped): it is made
         self.closed = False
         threading.Thread(target=self._accept, daemon=True).start()
 
@@ -450,11 +452,13 @@ class _AckDropper:
             except OSError:
                 return
             upstream = socket.create_connection(("127.0.0.1", self.server_port))
-            cut = threading.Event()
-            threading.Thread(target=self._pump, args=(client, upstream, cut, True), daemon=True).start()
-            threading.Thread(target=self._pump, args=(upstream, client, cut, False), daemon=True).start()
+            cut, answered = threading.Event(), threading.Event()
+            threading.Thread(target=self._pump, args=(client, upstream, cut, answered, True), daemon=True).start()
+            threading.Thread(target=self._pump, args=(upstream, client, cut, answered, False), daemon=True).start()
 
-    def _pump(self, src: socket.socket, dst: socket.socket, cut: threading.Event, from_client: bool) -> None:
+    def _pump(
+        self, src: socket.socket, dst: socket.socket, cut: threading.Event, answered: threading.Event, from_client: bool
+    ) -> None:
         try:
             while True:
                 data = src.recv(65536)
@@ -464,9 +468,12 @@ class _AckDropper:
                     self.fired.set()
                     cut.set()  # set before the COMMIT goes out: its answer is never relayed
                     dst.sendall(data)
-                    time.sleep(0.5)  # the server commits meanwhile
+                    answered.wait(60)  # the server has committed once it answers (its answer is dropped)
                     break
                 if cut.is_set() and not from_client:
+                    if self.COMMITTED in data:
+                        answered.set()
+                        self.landed.set()
                     continue  # the answer to the COMMIT: dropped
                 dst.sendall(data)
         except OSError:
@@ -479,6 +486,20 @@ class _AckDropper:
     def close(self) -> None:
         self.closed = True
         self.listener.close()
+
+
+def _wait_for_a_later_renewal(pg_url: str) -> None:
+    """Wait until the attempt's lease has been renewed again after the renewal whose acknowledgement was
+    dropped (its expiry in the store moved on), two minutes at most."""
+    import psycopg
+
+    query = "SELECT max(lease_expires_at) FROM effectlog_fleet.attempts"
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        first = conn.execute(query).fetchone()
+        deadline = time.monotonic() + 120
+        while conn.execute(query).fetchone() == first:
+            assert time.monotonic() < deadline, "no renewal landed after the unacknowledged one in 120 s"
+            time.sleep(0.05)
 
 
 @pytest.mark.postgres
@@ -515,7 +536,8 @@ def test_a_commit_that_landed_but_whose_acknowledgement_was_lost_sends_no_step_a
         proxy.armed.set()
         if point == "heartbeat":
             assert proxy.fired.wait(30)  # a renewal's commit: landed, unacknowledged
-            time.sleep(1)  # the next renewals, on other connections
+            assert proxy.landed.wait(120), "the server never answered the renewal's COMMIT"
+            _wait_for_a_later_renewal(pg_url)  # the next renewals, on other connections
         runner.resume()
         assert 0 == runner.wait(), runner.log()
     finally:

@@ -7,7 +7,6 @@ processes where the CLI is the point.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
@@ -62,9 +61,12 @@ class Hostile:
                 raise NotApplied("carrier down")
         elif mode == "lost":  # the reply is lost: the outcome is unknown
             raise ConnectionError("reply lost")
-        elif mode == "slow":
+        elif mode == "slow":  # in flight until the test creates slow-go (two minutes at most)
             open("slow-started", "w").close()
-            time.sleep(float(os.environ.get("SLOW_S", "3")))
+            for _ in range(6000):
+                if os.path.exists("slow-go"):
+                    break
+                time.sleep(0.02)
         elif mode != "ok":
             raise AssertionError(mode)
         return {"ok": True}
@@ -90,6 +92,21 @@ def build(decl, ctx):
 
 
 ADAPTERS = {"hostile": build}
+
+if os.environ.get("FORK_TURN_MARK"):  # a fork says when it comes to the retry turn (it waits there if held)
+    import contextlib
+
+    from effectlog.lifecycle import fork as _fork
+
+    _fork_turn = _fork.fork_turn
+
+    @contextlib.asynccontextmanager
+    async def _marked_turn(journal, run_id, *args, **kwargs):
+        open(os.environ["FORK_TURN_MARK"], "w").close()
+        async with _fork_turn(journal, run_id, *args, **kwargs):
+            yield
+
+    _fork.fork_turn = _marked_turn
 """
 
 
@@ -171,7 +188,8 @@ def test_a_tool_that_blocks_the_stop_signals_does_not_take_effectlogs_graceful_s
             if marker.exists() or child.poll() is not None:
                 break
             subprocess.run(["sleep", "0.02"], check=True)
-        child.send_signal(signal.SIGTERM)
+        child.send_signal(signal.SIGTERM)  # during the slow step, however long the machine took to get there
+        (world.dir / "slow-go").touch()
         _, stderr = child.communicate(timeout=SAFETY_TIMEOUT_S)
     finally:
         if child.poll() is None:
@@ -352,10 +370,16 @@ def test_a_fork_landing_while_a_retry_checks_and_writes_its_fork_does_not_make_t
         fork = subprocess.Popen(
             world.argv("fork", "--journal", "j.db", "--run-id", "r", "--new-run-id", "r2", "--by", "bob",
                        "--reason", "again", "--adapters", "hostile18_tools:ADAPTERS"),
-            cwd=world.dir, env=world.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            cwd=world.dir, env={**world.env, "FORK_TURN_MARK": str(world.dir / "fork-at-turn")},
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )  # fmt: skip
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            fork.wait(timeout=3)  # unfixed, the fork is done by now; fixed, it waits for the retry's turn
+        # Unfixed, the fork is done before the retry's build ends; fixed, it waits for the retry's turn.
+        for _ in range(int(SAFETY_TIMEOUT_S / 0.02)):
+            if fork.poll() is not None or (world.dir / "fork-at-turn").exists():
+                break
+            subprocess.run(["sleep", "0.02"], check=True)
+        else:
+            raise AssertionError("the fork neither ended nor came to the retry turn")
         (world.dir / "go").touch()
         retried = retry.communicate(timeout=SAFETY_TIMEOUT_S)
         forked = fork.communicate(timeout=SAFETY_TIMEOUT_S)

@@ -245,7 +245,9 @@ def test_more_watchers_than_the_inotify_limit_fall_back_to_the_poll_and_close_ev
     finally:
         for watcher in watchers:
             watcher.stop()
-    time.sleep(0.2)  # SQLite closes its descriptors as each watcher thread ends
+    deadline = time.monotonic() + 60  # SQLite closes its descriptors as each watcher thread ends
+    while _descriptors() - before and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert set() == _descriptors() - before
 
 
@@ -255,6 +257,7 @@ _OPEN_AND_CLAIM = """
 import os, sys, time
 from effectlog.fleet import open_store
 path, go, name = sys.argv[1], sys.argv[2], sys.argv[3]
+open(f"{go}.{name}", "w").close()  # imported: waiting for the go
 while not os.path.exists(go):
     time.sleep(0.001)
 with open_store(path) as store:
@@ -287,8 +290,12 @@ def test_an_old_store_without_the_queue_index_opened_by_many_processes_at_once(t
         )
         for name in names
     ]
-    time.sleep(1.0)  # every process imported and waiting
-    go.touch()
+    deadline = time.monotonic() + 120  # six Python start-ups on a loaded machine: no fixed guess
+    while not all(Path(f"{go}.{name}").exists() for name in names):
+        assert all(proc.poll() is None for proc in procs), [proc.communicate() for proc in procs]
+        assert time.monotonic() < deadline, "the six processes were not all imported and waiting in 120 s"
+        time.sleep(0.02)
+    go.touch()  # every process imported and waiting: they open the store at the same instant
     outs = [proc.communicate(timeout=120) for proc in procs]
     assert [0] * 6 == [proc.returncode for proc in procs], [err for _, err in outs]
     got = {name: out.strip() for name, (out, _) in zip(names, outs, strict=True)}

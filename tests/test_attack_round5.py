@@ -282,6 +282,18 @@ def test_an_event_body_stored_as_another_sqlite_type_is_refused_in_one_line(
 # -- 3. the writers' gate lobby --------------------------------------------------------------------
 
 
+# Prefixed to test_writers_gate.APPENDER: says "waiting" once its append has found the gate held and
+# begins to wait for it, so the test knows, on however slow a machine, that it came while the gate was held.
+_SAYS_WHEN_WAITING = """
+from effectlog.journal import filelocks
+_wait_gate = filelocks.SharedFile._wait_gate
+def _says_waiting(self, where, timeout_s):
+    print("waiting", flush=True)
+    return _wait_gate(self, where, timeout_s)
+filelocks.SharedFile._wait_gate = _says_waiting
+"""
+
+
 def test_a_stopped_lobby_head_does_not_keep_others_from_a_free_gate(tmp_path: Path) -> None:
     """A process waiting for the gate holds the lobby (it alone polls the gate) and is then stopped
     (Ctrl-Z of an ``effectlog run``, a debugger, a frozen container). The gate's holder leaves: the
@@ -292,7 +304,7 @@ def test_a_stopped_lobby_head_does_not_keep_others_from_a_free_gate(tmp_path: Pa
     import signal
 
     from effectlog.journal import SqliteJournal
-    from test_writers_gate import GATE_HOLDER, appenders, leave, lobby_held, reports
+    from test_writers_gate import APPENDER, GATE_HOLDER, appenders, leave, lobby_held, reports
 
     journal = tmp_path / "j.db"
     SqliteJournal(journal).close()
@@ -308,9 +320,14 @@ def test_a_stopped_lobby_head_does_not_keep_others_from_a_free_gate(tmp_path: Pa
             assert time.monotonic() < deadline, "the waiter never took the lobby"
             time.sleep(0.01)
         stopped.send_signal(signal.SIGSTOP)
-        (third,) = appenders(journal, ["r2"], 5.0)
-        time.sleep(0.3)  # the third process is waiting now (the gate was held when it came)
-        leave(holder)
+        third = subprocess.Popen(
+            [sys.executable, "-c", _SAYS_WHEN_WAITING + APPENDER, str(journal), "r2", "5.0"],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert third.stdout is not None
+        assert ("ready\n", "waiting\n") == (third.stdout.readline(), third.stdout.readline())
+        leave(holder)  # the third process is waiting now (the gate was held when it came)
         (said,) = reports([third])
         assert (True, True) == (said["ok"], lobby_held(journal))
     finally:

@@ -281,8 +281,10 @@ def test_a_runner_whose_effect_store_wal_was_deleted_escalates_and_a_requeue_app
     runner = [sys.executable, "-m", "effectlog", "runner", "--store", str(store), "--effects", str(fx)]
     runner += ["--adapters", "el_runner_tool:ADAPTERS", "--exit-when-idle", "--quiet"]
     first = subprocess.Popen(runner, env=cli_env(env), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
     while not (tmp_path / "asked").exists():
         assert first.poll() is None, first.communicate()
+        assert time.monotonic() < deadline, "the runner's step never read the effect store"
         time.sleep(0.02)
     visitor = "import sys; from effectlog.adapters import EffectStore; EffectStore(sys.argv[1]).close()"
     assert 0 == subprocess.run([sys.executable, "-c", visitor, str(fx)], env=cli_env(env), timeout=60).returncode
@@ -319,7 +321,7 @@ _WATCHER_FORK_SCRIPT = """
     woken = threading.Event()
     store.watch(woken.set)
     store.submit("t", "k1", noop_plan("run-1"))
-    woken.wait(10)
+    woken.wait(60)  # at once, as a rule; generous for a loaded machine
     go, said = os.pipe()
     pid = os.fork()
     if pid == 0:  # the worker does nothing with the store and leaves
@@ -569,6 +571,26 @@ class Flaky:
 
 
 ADAPTERS = {"test.flaky": lambda decl, ctx: Flaky()}
+
+if os.environ.get("EL_BACKOFF"):  # touched once a retry's backoff is being waited out (the stop waiter is set)
+    from effectlog import runtime as _runtime
+
+    _wait_or_stop = _runtime.Runtime.wait_or_stop
+
+    async def _says_when_waiting(self, delay):
+        inner = self.sleep
+
+        async def sleep(seconds):
+            open(os.environ["EL_BACKOFF"], "w").close()
+            await inner(seconds)
+
+        self.sleep = sleep
+        try:
+            return await _wait_or_stop(self, delay)
+        finally:
+            self.sleep = inner
+
+    _runtime.Runtime.wait_or_stop = _says_when_waiting
 """
 
 
@@ -602,18 +624,19 @@ def test_sigterm_during_a_retry_backoff_stops_the_run_promptly(tmp_path: Path) -
     kept sleeping and sent again before it stopped. Proves: it exits 143 within 10 s, the key was sent
     once, and running the plan again re-sends that same key."""
     (tmp_path / "el_flaky.py").write_text(_FLAKY_TOOL)
-    sent = tmp_path / "sent.log"
-    env = {"PYTHONPATH": str(tmp_path), "EL_SENT": str(sent)}
+    sent, backoff = tmp_path / "sent.log", tmp_path / "in-backoff"
+    env = {"PYTHONPATH": str(tmp_path), "EL_SENT": str(sent), "EL_BACKOFF": str(backoff)}
     plan = _flaky_plan(tmp_path / "p.json", {"attempts": 2, "backoff_base_s": 60, "backoff_cap_s": 60, "jitter": 0})
     argv = [sys.executable, "-m", "effectlog", "run", "--journal", "j.db", "--adapters", "el_flaky:ADAPTERS"]
     proc = subprocess.Popen(
         [*argv, str(plan)], cwd=tmp_path, env=cli_env(env), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
-    while not sent.exists():
+    deadline = time.monotonic() + 120
+    while not backoff.exists():
         assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "the run never began its retry's backoff"
         time.sleep(0.02)
-    time.sleep(0.5)  # in the backoff now
-    proc.send_signal(15)
+    proc.send_signal(15)  # in the backoff now
     try:
         proc.communicate(timeout=10)
         status: int | None = proc.returncode

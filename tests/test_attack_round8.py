@@ -262,7 +262,7 @@ _TWO_CARRIED_CLAIMS = textwrap.dedent(
             outcome = super()._attempt(slot)
             if first.acquire(blocking=False):
                 done = lambda: sum(r.state == "succeeded" for r in store.requests()) >= 2
-                deadline = time.monotonic() + 20
+                deadline = time.monotonic() + 120  # ends as soon as the other has: generous for a loaded machine
                 while not done() and time.monotonic() < deadline:
                     time.sleep(0.01)
             return outcome

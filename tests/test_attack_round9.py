@@ -610,8 +610,10 @@ def test_a_fork_of_a_retry_that_is_running_is_refused_and_a_second_retry_too(tmp
         cwd=tmp_path, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:
-        deadline = time.monotonic() + 60
-        while not (tmp_path / "started").exists() and time.monotonic() < deadline:
+        deadline = time.monotonic() + 120
+        while not (tmp_path / "started").exists():
+            assert retry.poll() is None, retry.communicate()
+            assert time.monotonic() < deadline, "the retry's ship step did not start in 120 s"
             time.sleep(0.02)
         fork = effectlog(
             "fork", *j, "--run-id", "P.retry1", "--new-run-id", "Q", "--by", "bo", "--reason", "x", cwd=tmp_path

@@ -73,9 +73,9 @@ def test_killed_during_a_sleep_the_resume_waits_only_the_remainder(tmp_path: Pat
     try:
         assert proc.stdout is not None
         assert "sleeping" == proc.stdout.readline().strip()
-        for _ in range(400):  # until the wake-up time is durable
-            if db.exists() and step_state(db, "nap", "step-0") == "sleeping":
-                break
+        deadline = time.monotonic() + 120
+        while not (db.exists() and step_state(db, "nap", "step-0") == "sleeping"):  # the wake-up time is durable
+            assert time.monotonic() < deadline, "the wake-up time was not journaled in 120 s"
             time.sleep(0.05)
         os.kill(proc.pid, signal.SIGKILL)
         assert -signal.SIGKILL == proc.wait(timeout=30)

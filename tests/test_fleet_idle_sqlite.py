@@ -207,13 +207,20 @@ def test_a_watcher_whose_runner_has_no_free_slot_reads_nothing_and_looks_again_o
     writer, watching = open_store(path), open_store(path)
     woken = threading.Semaphore(0)
     free = threading.Event()
+    asked: list[bool] = []  # each time the watcher asks whether a slot is free (only after a write)
+
+    def wanted() -> bool:
+        asked.append(True)
+        return free.is_set()
+
     monkeypatch.setattr(wakeups.sqlite3, "connect", counted)
     try:
-        watching.watch(woken.release, free.is_set)
+        watching.watch(woken.release, wanted)
         time.sleep(0.2)
         before = len(statements)
         for i in range(5):
             writer.submit("s", f"busy-{i}", noop_plan(f"run-busy-{i}"))
+        wait_until(lambda: len(asked) >= 2, "the watcher to see the writes and look again for a free slot")
         time.sleep(0.5)  # longer than the watcher's settle and late checks
         busy = statements[before:]
         assert (False, []) == (woken.acquire(timeout=0), busy)
@@ -243,10 +250,18 @@ def test_a_busy_runners_watcher_is_not_woken_by_each_commit_and_still_sees_work_
     writer, watching = open_store(path), open_store(path)
     woken = threading.Semaphore(0)
     free = threading.Event()
+    asked: list[int] = []  # the reads made so far, each time the watcher asks whether a slot is free
+
+    def wanted() -> bool:
+        asked.append(len(reads))
+        return free.is_set()
+
     try:
-        watching.watch(woken.release, free.is_set)
+        watching.watch(woken.release, wanted)
         for i in range(20):
             writer.submit("s", f"busy-{i}", noop_plan(f"run-busy-{i}"))
+        # Woken by a write, it asks for a slot once after its read and again while it waits for one.
+        wait_until(lambda: len(asked) >= 2, "the watcher to read a write and look again for a free slot")
         time.sleep(0.2)  # longer than the watcher's settle and late checks
         assert (False, 1) == (woken.acquire(timeout=0), len(reads))
         free.set()

@@ -314,9 +314,8 @@ def test_a_fleet_run_held_for_approval_notifies_a_command_bound_to_its_attempt_t
     argv = ["runner", "--store", store, "--exit-when-idle", "--poll-s", "0.01", "--notify-url", receiver.url]
     runner = subprocess.Popen([sys.executable, "-m", "effectlog", *argv], env=child_env(), stderr=subprocess.PIPE)
     try:
-        for _ in range(600):
-            if receiver.received or runner.poll() is not None:
-                break
+        deadline = time.monotonic() + 120  # a runner's start-up on a loaded machine, then its first turn
+        while not receiver.received and runner.poll() is None and time.monotonic() < deadline:
             time.sleep(0.05)
         notes = [(n["kind"], n["run_id"], n["step_id"]) for n in receiver.received]
         command = receiver.received[0]["command"] if receiver.received else ""

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +20,7 @@ from effectlog.fleet.secrets import env_name, resolve
 from effectlog.plan import Plan, parse_plan
 from effectlog.recordable import why_unrecordable
 from effectlog.session.identity import finite
-from hardening_kit import cli_env, effectlog, one_line, run_good_plan
+from hardening_kit import cli_env, effectlog, one_line, run_good_plan, wait_until_gone_or_effect
 
 
 def _nested(leaf: Any, depth: int) -> Any:
@@ -75,7 +74,8 @@ def test_shell_timeout_holds_for_a_command_that_closes_its_pipes(tmp_path: Path)
     the effect uncertain, free to land after a reconciliation or a retry. The timeout must still hold:
     ``ShellTimeout`` and the process group killed before its effect."""
     marker = tmp_path / "effect"
-    script = f"exec >&- 2>&-; sleep 3; echo done > {marker}"
+    pidfile = tmp_path / "pid"
+    script = f"echo $$ > {pidfile}; exec >&- 2>&-; sleep 3; echo done > {marker}"
     request = Request(
         run_id="r1",
         step_id="s1",
@@ -86,7 +86,7 @@ def test_shell_timeout_holds_for_a_command_that_closes_its_pipes(tmp_path: Path)
     )
     with pytest.raises(ShellTimeout):
         ShellAdapter().invoke(request)
-    time.sleep(3.5)  # past the command's own sleep: a command left alive would have written its effect
+    wait_until_gone_or_effect(pidfile, marker, 3.5)  # a command left alive would write its effect first
     expected = False
     assert expected == marker.exists()
 
