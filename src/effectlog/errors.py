@@ -522,8 +522,9 @@ class FileBindMounted(JournalAliased, StoreAliased):
 class LocationAmbiguous(BadInput):
     """A journal or store location that is a PostgreSQL connection string in ``keyword=value`` form
     (``host=db dbname=effectlog``), which was taken for the name of a SQLite file in the working
-    directory: hosts meant to share one database each wrote a file of their own (exit 2, nothing
-    written)."""
+    directory: hosts meant to share one database each wrote a file of their own; or one written as a URL
+    or a SQLite URI (``file:j.db``, ``sqlite:///j.db``), which was a file of that name, a second journal
+    beside ``j.db`` for the same run (exit 2, nothing written)."""
 
     code = "location_ambiguous"
 

@@ -23,6 +23,7 @@ from effectlog.cli.output import (
 )
 from effectlog.cli.progress import end_logging, error_line, json_errors
 from effectlog.errors import BadInput, EffectlogError, ExitStatus, MissingDependency, OutputUnwritable
+from effectlog.journal.sidecars import is_url, url_refusal
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -137,7 +138,9 @@ def refuse_empty_locations(args: argparse.Namespace) -> None:
     shell variable): it reached SQLite as the current directory ("cannot open the journal (Is a
     directory)"), and a blank ``--effects " "`` made a store file named by a space. Also for a file's
     location ending in ``/`` (a shell's completion of a directory): ``run --effects fx.db/`` ended in a
-    traceback after making the journal, while ``--journal j.db/`` quietly made and used ``j.db``."""
+    traceback after making the journal, while ``--journal j.db/`` quietly made and used ``j.db``. And for
+    one written as a URL other than ``postgresql://`` or as a SQLite URI (``--journal file:j.db``): it made
+    a file of that name, a second journal beside ``j.db`` (``journal.sidecars.is_url``)."""
     for dest in _LOCATIONS:
         value = getattr(args, dest, None)
         if not isinstance(value, str):
@@ -145,6 +148,8 @@ def refuse_empty_locations(args: argparse.Namespace) -> None:
         flag = dest if dest in _POSITIONALS else "--" + dest.replace("_", "-")
         if not value.strip():
             raise BadInput(f"argument {flag}: {value!r} is empty, not a location; nothing was done")
+        if is_url(value) and not value.startswith(("postgresql://", "postgres://")):
+            raise BadInput(f"argument {flag}: {url_refusal(value, 'local')}")
         if value.endswith(os.sep) and dest not in _DIRECTORIES and "://" not in value:
             raise BadInput(
                 f"argument {flag}: {value!r} ends with {os.sep!r}, so it names a directory, not a file; nothing done"

@@ -44,7 +44,7 @@ from effectlog.fleet.sqlite_store import SqliteFleetStore
 from effectlog.fold import StepState
 from effectlog.journal import Journal, load_run
 from effectlog.journal.ownership import describe
-from effectlog.journal.sidecars import is_conninfo
+from effectlog.journal.sidecars import not_a_path
 from effectlog.notify import Kind, Notification, cli_hooks, deliver, opened_location, shown_location
 from effectlog.observe import requests_gauge, telemetry
 from effectlog.plan import Plan, parse_plan
@@ -90,7 +90,7 @@ def checked(config: RunnerConfig) -> RunnerConfig:
     # Each attempt opens the effect store anew: a relative path is made absolute once, here, or it would
     # follow a tool that changed the working directory, and the next keys would go to another store there.
     effects = config.effects
-    if effects and not is_conninfo(effects):  # (a connection string is refused when the store is opened)
+    if effects and not not_a_path(effects):  # (a connection string or a URL is refused when the store is opened)
         effects = os.path.abspath(effects)
     return msgspec.structs.replace(config, lease_s=lease_s, heartbeat_s=heartbeat_s, poll_s=poll_s, effects=effects)
 

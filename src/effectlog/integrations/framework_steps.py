@@ -19,7 +19,7 @@ from typing import Any, cast
 from effectlog.errors import BadInput, EffectlogError, ReplayDivergence, RunClosed
 from effectlog.fold import StepState
 from effectlog.journal import chain_from_env, open_journal
-from effectlog.journal.sidecars import is_conninfo
+from effectlog.journal.sidecars import not_a_path
 from effectlog.session import Checkpointer, Reconciled, Session, SqliteCheckpointer, ToolInfo, ToolStep
 from effectlog.session.store import JournalCheckpointer
 
@@ -77,8 +77,8 @@ def fixed_location(journal: str | Path | Checkpointer) -> str | Path | Checkpoin
     """``journal`` as every later pass must find it: a relative file path made absolute now. A durable
     agent opens its journal at each pass, and a tool that changed the working directory in between moved
     a relative one: the next pass opened a new, empty journal there and made every call again."""
-    if isinstance(journal, Path | str) and is_conninfo(os.fspath(journal)):
-        return journal  # a connection string in keyword form: refused as given when opened
+    if isinstance(journal, Path | str) and not_a_path(os.fspath(journal)):
+        return journal  # a connection string in keyword form, a file: URI: refused as given when opened
     if isinstance(journal, Path):
         return Path(os.path.abspath(journal))
     if isinstance(journal, str) and "://" not in journal:

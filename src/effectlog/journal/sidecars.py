@@ -111,11 +111,40 @@ def is_conninfo(text: str) -> bool:
     return _CONNINFO.match(text) is not None
 
 
+# A location written as a URL (``scheme://...``) or a SQLite URI filename (``file:j.db``, ``sqlite:...``).
+_URL = re.compile(r"(?i:file:|sqlite:|[a-z][a-z0-9+.-]*://)")
+
+
+def is_url(text: str) -> bool:
+    """Whether ``text`` reads as a URL or a SQLite URI, which effectlog never opens as a file: SQLite takes
+    ``file:`` as a URI only when asked to, so ``file:j.db`` was a file of that name, another journal than
+    ``j.db`` for the same run (every step ran again). A location to refuse, never a path to make absolute;
+    a file of such a name is ``./NAME``."""
+    return _URL.match(text) is not None
+
+
+def not_a_path(text: str) -> bool:
+    """``is_conninfo`` or ``is_url``: text its opener refuses, to keep as given (not made absolute)."""
+    return is_conninfo(text) or is_url(text)
+
+
+def url_refusal(text: str, what: str) -> str:
+    """The message for a ``what`` location that ``is_url`` (a password in it masked)."""
+    shown = re.sub(r"(//[^/@:]*:)[^/@]*@", r"\1***@", text)
+    return (
+        f"{shown!r} is a URL, not a {what} file's path: effectlog opens a SQLite file by its path (not as a "
+        "file: URI or a sqlite:// URL) and PostgreSQL by a postgresql:// URL; a file of that name is "
+        f"./NAME; nothing was written"
+    )
+
+
 def refuse_clash(path: str, what: str) -> None:
     """``SidecarClash`` if ``path`` (a ``what``: journal, effect store, fleet store) is another SQLite
     file's sidecar, or if one of its own sidecar names holds a database of its own; ``NotARegularFile`` if
     ``path`` is a device, FIFO or socket (``/dev/null``: SQLite made ``/dev/null-journal`` beside the
     device before failing with "disk I/O error"). A directory is left to its opener's own message."""
+    if is_url(path):
+        raise LocationAmbiguous(url_refusal(path, what))
     if is_conninfo(path):
         shown = re.sub(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S*)", r"\1***", path)  # as the URLs' are
         raise LocationAmbiguous(
