@@ -507,3 +507,81 @@ def chain_head(chain: Chain, events: list[Any]) -> bytes:
     for event in events:
         head = chain.link(head, encode(event))
     return head
+
+
+@pytest.mark.parametrize(
+    "forgery",
+    [
+        "genuine",
+        "the same steps in another encoding",
+        "a changed step left out",
+        "no step at all",
+        "a step the replay does not have added",
+        "a step's receipt altered",
+        "a step's last_seq altered",
+        "steps in another order",
+        "a run-level field altered",
+        "the frontier altered",
+    ],
+)
+def test_a_segment_is_accepted_only_when_it_holds_the_replays_changed_steps_and_fields(forgery: str) -> None:
+    """``check_segments`` against the replay of a real history at a segment after s0 and s1 both changed:
+    the segment as ``segment_row`` writes it passes, the same values encoded another way or in another
+    order pass, and every forgery, re-hashed so that it links, is ``checkpoints.body``: whether its steps
+    are byte for byte right and something else is not, or not."""
+    import zlib
+
+    from effectlog.fold import replay
+    from effectlog.testing import sample_run
+
+    events = sample_run("r", steps=3)  # 1 started, 2-4 s0, 5-7 s1, 8-10 s2, 11 completed
+    chain = Chain()
+    first_at, at = 2, 7  # the first segment: s0 requested only; the second: s0 done, s1 done
+    states = {seq: replay(events[:seq]) for seq in (first_at, at)}
+    heads = {seq: chain_head(chain, events[:seq]) for seq in states}
+    state = states[at]
+    first = checkpoint.segment_row(states[first_at], ["s0"])[2]
+    first_hash = checkpoint.link(chain, heads[first_at], GENESIS, first)
+    ids, frontier = ["s0", "s1"], Frontier(prefix=2, count=2, done_after=[], open=[])
+    lie, changed, front = state, ids, frontier
+    if forgery == "a changed step left out":
+        changed = ["s1"]
+    elif forgery == "no step at all":
+        changed = []
+    elif forgery == "a step the replay does not have added":
+        extra = msgspec.structs.replace(state.steps["s1"], step_id="s9", index=9)
+        lie, changed = msgspec.structs.replace(state, steps=state.steps.set("s9", extra)), [*ids, "s9"]
+    elif forgery in ("a step's receipt altered", "a step's last_seq altered"):
+        step = state.steps["s1"]
+        step = (
+            msgspec.structs.replace(step, receipt={"forged": 1})
+            if "receipt" in forgery
+            else msgspec.structs.replace(step, last_seq=step.last_seq - 1)
+        )
+        lie = msgspec.structs.replace(state, steps=state.steps.set("s1", step))
+    elif forgery == "a run-level field altered":
+        lie = msgspec.structs.replace(state, resumes=state.resumes + 1)
+    elif forgery == "the frontier altered":
+        front = Frontier(prefix=2, count=3, done_after=[], open=[])  # a step the replay does not have
+    body = checkpoint.segment_row(lie, changed, front)[2]
+    if forgery == "steps in another order":
+        segment = checkpoint._decode(body)
+        slim = [checkpoint._SlimStep(*msgspec.structs.astuple(s)) for s in reversed(segment.steps)]
+        body = zlib.compress(msgspec.msgpack.encode(msgspec.structs.replace(segment, steps=slim)), 1)
+    elif forgery == "the same steps in another encoding":  # each step in full (a ``StepState``), not slim
+        body = zlib.compress(msgspec.msgpack.encode(checkpoint._decode(body)), 1)
+    stored = [
+        ("r", first_at, GENESIS, first, first_hash),
+        ("r", at, first_hash, body, checkpoint.link(chain, heads[at], first_hash, body)),
+    ]
+    touched = {first_at: {"s0"}, at: {"s0", "s1"}}
+
+    def advance(seq: int) -> tuple[RunState, set[str]]:
+        return msgspec.structs.replace(states[seq], head=heads[seq]), touched[seq]
+
+    if forgery in ("genuine", "the same steps in another encoding", "steps in another order"):
+        checkpoint.check_segments(stored, advance, chain)
+        return
+    with pytest.raises(CorruptEvent) as info:
+        checkpoint.check_segments(stored, advance, chain)
+    assert ("checkpoints.body", at) == (info.value.fields["column"], info.value.seq)
