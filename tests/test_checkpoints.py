@@ -509,6 +509,30 @@ def chain_head(chain: Chain, events: list[Any]) -> bytes:
     return head
 
 
+@pytest.mark.usefixtures("every_4")
+def test_verify_compares_a_real_runs_segment_steps_as_stored_bytes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The segments a run actor writes carry exactly the steps the replay changed since the previous one,
+    encoded as ``segment_row`` encodes the replay's own steps: ``check_segments`` compares them byte for
+    byte (``_quick``) instead of decoding each step, for every segment of the run."""
+    path = tmp_path / "j.db"
+    half_run(path)
+    seen: list[bool] = []
+    quick = checkpoint._quick
+
+    def spy(body: bytes, state: RunState, touched: set[str]) -> Any:
+        found = quick(body, state, touched)
+        seen.append(found is not None)
+        return found
+
+    monkeypatch.setattr(checkpoint, "_quick", spy)
+    with SqliteJournal(path, writer=False) as journal:
+        assert load_run(journal, "r") == verify_run(journal, "r")
+        assert len(seen) == len(journal.stored_checkpoints("r")) >= 3
+    assert all(seen)
+
+
 @pytest.mark.parametrize(
     "forgery",
     [
@@ -526,9 +550,10 @@ def chain_head(chain: Chain, events: list[Any]) -> bytes:
 )
 def test_a_segment_is_accepted_only_when_it_holds_the_replays_changed_steps_and_fields(forgery: str) -> None:
     """``check_segments`` against the replay of a real history at a segment after s0 and s1 both changed:
-    the segment as ``segment_row`` writes it passes, the same values encoded another way or in another
-    order pass, and every forgery, re-hashed so that it links, is ``checkpoints.body``: whether its steps
-    are byte for byte right and something else is not, or not."""
+    the segment as ``segment_row`` writes it passes (by its stored bytes), the same values encoded another
+    way or in another order pass (decoded and compared step by step, as before the byte comparison), and
+    every forgery, re-hashed so that it links, is
+    ``checkpoints.body``: whether its steps are byte for byte right and something else is not, or not."""
     import zlib
 
     from effectlog.fold import replay
@@ -581,6 +606,7 @@ def test_a_segment_is_accepted_only_when_it_holds_the_replays_changed_steps_and_
 
     if forgery in ("genuine", "the same steps in another encoding", "steps in another order"):
         checkpoint.check_segments(stored, advance, chain)
+        assert (checkpoint._quick(body, advance(at)[0], touched[at]) is not None) == (forgery == "genuine")
         return
     with pytest.raises(CorruptEvent) as info:
         checkpoint.check_segments(stored, advance, chain)
