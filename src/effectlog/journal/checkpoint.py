@@ -559,8 +559,8 @@ def _quick(body: bytes, state: RunState, touched: set[str]) -> tuple[Any, list[S
         chosen = sorted(map(step_of, touched), key=_index)
         expected = bytearray(len(stored))  # (the stored size up front: the encoder's buffer never grows)
         _encoder.encode_into(list(starmap(_SlimStep, map(astuple, chosen))), expected)
-    except (msgspec.DecodeError, msgspec.ValidationError, msgspec.EncodeError, KeyError, OverflowError, TypeError):
-        return None
+    except (msgspec.MsgspecError, LookupError, ValueError, TypeError, ArithmeticError):
+        return None  # (whatever stops the quick path: the full decode and comparison decide, and name it)
     return (segment, chosen) if expected == memoryview(stored) else None
 
 
