@@ -20,7 +20,8 @@ no-op run of N steps (1 + 3N events, default 33,333: the bench's 100k-event jour
    the part twice minus one doing it once, after the same warm-up, ``PYTHONHASHSEED=0``, the cyclic GC
    off): ``verify_run``, ``load_run``, ``fold_rows`` over rows already read (with the segments' stops and
    without), the chain alone (``sha256(head + body)`` and ``sha256(head).update(body)``), and every
-   segment inflated, then decoded; per event. Deterministic where CPU time on a shared machine is not
+   segment inflated, then decoded (in full, and with its steps left as stored, as ``verify``'s quick
+   path decodes it); per event. Deterministic where CPU time on a shared machine is not
    (about 30-45 minutes at the default size on a 2-core machine: the one ``verify_run`` pair alone
    took 6 min 45 s);
 5. ``--compiled``: ``fold_rows`` compiled with mypyc (the module's ``fold_rows`` and nothing else, into a
@@ -232,6 +233,9 @@ with SqliteJournal(sys.argv[1], writer=False) as journal:
         elif part == "segments: decode":
             for raw in inflated:
                 checkpoint._decoder.decode(raw)
+        elif part == "segments: decode, steps as stored":
+            for raw in inflated:
+                checkpoint._raw_steps_decoder.decode(raw)
 """
 
 COUNTED_PARTS = (
@@ -244,6 +248,7 @@ COUNTED_PARTS = (
     "chain: the loop alone",
     "segments: inflate",
     "segments: decode",
+    "segments: decode, steps as stored",
 )
 
 

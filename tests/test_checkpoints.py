@@ -507,3 +507,107 @@ def chain_head(chain: Chain, events: list[Any]) -> bytes:
     for event in events:
         head = chain.link(head, encode(event))
     return head
+
+
+@pytest.mark.usefixtures("every_4")
+def test_verify_compares_a_real_runs_segment_steps_as_stored_bytes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The segments a run actor writes carry exactly the steps the replay changed since the previous one,
+    encoded as ``segment_row`` encodes the replay's own steps: ``check_segments`` compares them byte for
+    byte (``_quick``) instead of decoding each step, for every segment of the run."""
+    path = tmp_path / "j.db"
+    half_run(path)
+    seen: list[bool] = []
+    quick = checkpoint._quick
+
+    def spy(body: bytes, state: RunState, touched: set[str]) -> Any:
+        found = quick(body, state, touched)
+        seen.append(found is not None)
+        return found
+
+    monkeypatch.setattr(checkpoint, "_quick", spy)
+    with SqliteJournal(path, writer=False) as journal:
+        assert load_run(journal, "r") == verify_run(journal, "r")
+        assert len(seen) == len(journal.stored_checkpoints("r")) >= 3
+    assert all(seen)
+
+
+@pytest.mark.parametrize(
+    "forgery",
+    [
+        "genuine",
+        "the same steps in another encoding",
+        "a changed step left out",
+        "no step at all",
+        "a step the replay does not have added",
+        "a step's receipt altered",
+        "a step's last_seq altered",
+        "steps in another order",
+        "a run-level field altered",
+        "the frontier altered",
+    ],
+)
+def test_a_segment_is_accepted_only_when_it_holds_the_replays_changed_steps_and_fields(forgery: str) -> None:
+    """``check_segments`` against the replay of a real history at a segment after s0 and s1 both changed:
+    the segment as ``segment_row`` writes it passes (by its stored bytes), the same values encoded another
+    way or in another order pass (decoded and compared step by step, as before the byte comparison), and
+    every forgery, re-hashed so that it links, is
+    ``checkpoints.body``: whether its steps are byte for byte right and something else is not, or not."""
+    import zlib
+
+    from effectlog.fold import replay
+    from effectlog.testing import sample_run
+
+    events = sample_run("r", steps=3)  # 1 started, 2-4 s0, 5-7 s1, 8-10 s2, 11 completed
+    chain = Chain()
+    first_at, at = 2, 7  # the first segment: s0 requested only; the second: s0 done, s1 done
+    states = {seq: replay(events[:seq]) for seq in (first_at, at)}
+    heads = {seq: chain_head(chain, events[:seq]) for seq in states}
+    state = states[at]
+    first = checkpoint.segment_row(states[first_at], ["s0"])[2]
+    first_hash = checkpoint.link(chain, heads[first_at], GENESIS, first)
+    ids, frontier = ["s0", "s1"], Frontier(prefix=2, count=2, done_after=[], open=[])
+    lie, changed, front = state, ids, frontier
+    if forgery == "a changed step left out":
+        changed = ["s1"]
+    elif forgery == "no step at all":
+        changed = []
+    elif forgery == "a step the replay does not have added":
+        extra = msgspec.structs.replace(state.steps["s1"], step_id="s9", index=9)
+        lie, changed = msgspec.structs.replace(state, steps=state.steps.set("s9", extra)), [*ids, "s9"]
+    elif forgery in ("a step's receipt altered", "a step's last_seq altered"):
+        step = state.steps["s1"]
+        step = (
+            msgspec.structs.replace(step, receipt={"forged": 1})
+            if "receipt" in forgery
+            else msgspec.structs.replace(step, last_seq=step.last_seq - 1)
+        )
+        lie = msgspec.structs.replace(state, steps=state.steps.set("s1", step))
+    elif forgery == "a run-level field altered":
+        lie = msgspec.structs.replace(state, resumes=state.resumes + 1)
+    elif forgery == "the frontier altered":
+        front = Frontier(prefix=2, count=3, done_after=[], open=[])  # a step the replay does not have
+    body = checkpoint.segment_row(lie, changed, front)[2]
+    if forgery == "steps in another order":
+        segment = checkpoint._decode(body)
+        slim = [checkpoint._SlimStep(*msgspec.structs.astuple(s)) for s in reversed(segment.steps)]
+        body = zlib.compress(msgspec.msgpack.encode(msgspec.structs.replace(segment, steps=slim)), 1)
+    elif forgery == "the same steps in another encoding":  # each step in full (a ``StepState``), not slim
+        body = zlib.compress(msgspec.msgpack.encode(checkpoint._decode(body)), 1)
+    stored = [
+        ("r", first_at, GENESIS, first, first_hash),
+        ("r", at, first_hash, body, checkpoint.link(chain, heads[at], first_hash, body)),
+    ]
+    touched = {first_at: {"s0"}, at: {"s0", "s1"}}
+
+    def advance(seq: int) -> tuple[RunState, set[str]]:
+        return msgspec.structs.replace(states[seq], head=heads[seq]), touched[seq]
+
+    if forgery in ("genuine", "the same steps in another encoding", "steps in another order"):
+        checkpoint.check_segments(stored, advance, chain)
+        assert (checkpoint._quick(body, advance(at)[0], touched[at]) is not None) == (forgery == "genuine")
+        return
+    with pytest.raises(CorruptEvent) as info:
+        checkpoint.check_segments(stored, advance, chain)
+    assert ("checkpoints.body", at) == (info.value.fields["column"], info.value.seq)

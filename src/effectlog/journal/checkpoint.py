@@ -196,15 +196,26 @@ _json_encoder = msgspec.json.Encoder()
 _any_json_decoder = msgspec.json.Decoder()
 
 
-def _decode(body: bytes) -> Segment:
-    """A segment body: zlib over msgpack (``0x78``, written since the frontier made a resume read one
-    segment), or plain msgpack (a map: ``0x80``-``0x8f``/``0xde``/``0xdf``) as earlier journals hold it."""
+def _inflate(body: bytes) -> bytes:
+    """A segment body's msgpack: zlib over msgpack (``0x78``, written since the frontier made a resume read
+    one segment), or plain msgpack (a map: ``0x80``-``0x8f``/``0xde``/``0xdf``) as earlier journals hold it."""
     if body[:1] == b"\x78":
         try:
-            body = zlib.decompress(body)
+            return zlib.decompress(body)
         except zlib.error as exc:
             raise msgspec.DecodeError(f"compressed checkpoint body: {exc}") from None
-    return _decoder.decode(body)
+    return body
+
+
+def _decode(body: bytes) -> Segment:
+    """A segment body (``_inflate``) decoded."""
+    return _decoder.decode(_inflate(body))
+
+
+# ``Segment`` with its ``steps`` left as the stored msgpack array (``verify``'s quick path in
+# ``check_segments``): every other field decoded and validated as ``Segment``'s.
+_RawStepsSegment = _twin(Segment, "RawStepsSegment", {"steps": msgspec.Raw}, frozen=True, kw_only=True)
+_raw_steps_decoder = msgspec.msgpack.Decoder(_RawStepsSegment)
 
 
 SQLITE_DDL: tuple[str, ...] = (
@@ -440,6 +451,12 @@ def check_segments(
     steps must be the replay's, and together with the earlier segments it must hold every step
     the replay has, each as the replay has it (checked for the steps touched since the last
     segment: the others are unchanged since they were checked).
+
+    A segment as a run actor writes it carries exactly the steps touched since the previous one:
+    its steps are then compared as stored bytes with the replay's touched steps encoded as
+    ``segment_row`` encodes them (``_quick``), not decoded one by one; any other segment is decoded
+    in full and compared step by step (issue 18: the steps' decode, comparison and freeing were most
+    of the check beside inflating and hashing the body).
     """
     prev = GENESIS
     steps: dict[str, StepState | None] = {}  # per step id a segment carried: the replay's step there
@@ -469,10 +486,20 @@ def check_segments(
                 **where,
                 column="checkpoints.hash",
             )
-        try:
-            segment = _decode(body)
-        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-            raise CorruptEvent(f"a checkpoint does not decode: {exc}", **where, column="checkpoints.body") from None
+        # The quick path: the segment's steps as stored, compared byte for byte with the replay's steps
+        # changed since the previous segment encoded as ``segment_row`` writes them (``_quick``); any
+        # other segment (a step left out, added or altered, another order, another encoding, a body
+        # that does not decode) is decoded in full and checked step by step below, which names it.
+        quick = _quick(body, state, touched)
+        segment: Any
+        if quick is not None:
+            segment, chosen = quick
+        else:
+            chosen = None
+            try:
+                segment = _decode(body)
+            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+                raise CorruptEvent(f"a checkpoint does not decode: {exc}", **where, column="checkpoints.body") from None
         for column, value, derived in (("run_id", run_id, segment.run_id), ("seq", seq, segment.seq)):
             if value != derived:
                 raise CorruptEvent(
@@ -482,9 +509,14 @@ def check_segments(
                 )
         # (The per-step work as ``map``s and one list comparison: no Python frame per step, as in
         # ``fold.fold_rows``; about a third of what a segment's check costs beside its decode.)
-        ids = list(map(_step_id, segment.steps))
         replayed = state.steps.get
-        at_replay = list(map(replayed, ids))
+        at_replay: list[Any]
+        if chosen is not None:  # the segment's steps are ``chosen``'s bytes: ``at_replay == segment.steps`` holds
+            at_replay = chosen
+            ids = list(map(_step_id, chosen))
+        else:
+            ids = list(map(_step_id, segment.steps))
+            at_replay = list(map(replayed, ids))
         # ``steps`` keeps the replay's step for each id a segment carried, not the segment's own: the two are
         # compared equal just below (or the check raises), and the decoded steps are then freed with their
         # segment instead of staying alive to the end (a second copy of every step of the run).
@@ -492,7 +524,7 @@ def check_segments(
         empty: immutables.Map[str, StepState] = immutables.Map()
         agrees = _state(segment, empty, state.head) == msgspec.structs.replace(without_plan(state), steps=empty)
         agrees = agrees and len(steps) == len(state.steps)
-        agrees = agrees and at_replay == segment.steps
+        agrees = agrees and (chosen is not None or at_replay == segment.steps)
         # A touched step the segment carries is ``steps``' entry just compared: only the others are asked.
         rest = touched.difference(ids) if agrees else ()
         agrees = agrees and all(steps.get(sid) == replayed(sid) for sid in rest if sid)
@@ -510,6 +542,26 @@ def check_segments(
 
 
 _step_id = operator.attrgetter("step_id")
+
+
+def _quick(body: bytes, state: RunState, touched: set[str]) -> tuple[Any, list[StepState]] | None:
+    """The segment decoded with its steps left as stored, and the replay's steps changed since the
+    previous segment (``touched``) in index order, when the stored steps are exactly those steps as
+    ``segment_row`` encodes them (same bytes, so the same values: the msgpack of the replay's values,
+    which came from JSON, decodes back to them); else ``None`` (the caller decodes the segment in full)."""
+    steps = state.steps
+    try:
+        segment = _raw_steps_decoder.decode(_inflate(body))
+        stored = segment.steps
+        if type(stored) is not msgspec.Raw:
+            return None
+        step_of: Callable[[str], StepState] = steps.__getitem__  # (a KeyError: a touched step it lacks)
+        chosen = sorted(map(step_of, touched), key=_index)
+        expected = bytearray(len(stored))  # (the stored size up front: the encoder's buffer never grows)
+        _encoder.encode_into(list(starmap(_SlimStep, map(astuple, chosen))), expected)
+    except (msgspec.MsgspecError, LookupError, ValueError, TypeError, ArithmeticError):
+        return None  # (whatever stops the quick path: the full decode and comparison decide, and name it)
+    return (segment, chosen) if expected == memoryview(stored) else None
 
 
 def _plan_ids(state: RunState) -> list[str]:
