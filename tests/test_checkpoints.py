@@ -611,3 +611,41 @@ def test_a_segment_is_accepted_only_when_it_holds_the_replays_changed_steps_and_
     with pytest.raises(CorruptEvent) as info:
         checkpoint.check_segments(stored, advance, chain)
     assert ("checkpoints.body", at) == (info.value.fields["column"], info.value.seq)
+
+
+def test_a_receipt_with_an_int_past_64_bits_is_recorded_once_and_the_run_resumes_and_verifies(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A tool's answer holding an int msgpack cannot hold (an amount in wei: 10**21) is recordable (canonical
+    JSON holds it), but a checkpoint segment carrying that step could not be encoded: the batch that records
+    the receipt raised OverflowError after the tool had run, so the receipt was lost and every resume sent the
+    step again and failed the same way. A segment is derived data: the run records the receipt, finishes,
+    each step sent once, and the journal verifies and resumes into the full replay's state."""
+    from effectlog.adapters.protocol import Receipt, Request
+
+    monkeypatch.setattr(checkpoint, "EVERY_EVENTS", 1)  # a segment with every batch
+    sent: list[str] = []
+
+    class Ledger:
+        def invoke(self, request: Request) -> Receipt:
+            sent.append(request.step_id)
+            return Receipt(data={"wei": 10**21 if request.step_id == "s1" else 1})
+
+    plan = Plan(
+        run_id="r",
+        adapters={"tool": AdapterDecl(type="ledger", idempotent=True)},
+        steps=tuple(StepDecl(id=f"s{i}", adapter="tool", args={"i": i}) for i in range(5)),
+    )
+    path = tmp_path / "j.db"
+    adapters = {"ledger": lambda *_: Ledger()}
+    with Runtime(path, adapters=adapters, crash_hook=crash_after("s3")) as rt, pytest.raises(SimulatedCrash):
+        rt.run(plan)
+    with SqliteJournal(path, writer=False) as journal:
+        full = load_run(journal, "r")
+        assert full.steps["s1"].receipt == {"wei": 10**21}
+        assert (full, full) == (load_for_resume(journal, "r", plan)[0], verify_run(journal, "r"))
+    with Runtime(path, adapters=adapters) as rt:
+        assert rt.run(plan).state == "completed"
+    assert sent == ["s0", "s1", "s2", "s3", "s4"]
+    with SqliteJournal(path, writer=False) as journal:
+        assert load_run(journal, "r") == verify_run(journal, "r")
