@@ -63,6 +63,10 @@ if TYPE_CHECKING:
     from effectlog.runtime import Runtime
 
 
+# A ``_segment_seq`` no run reaches: no batch is due a checkpoint segment after it (``_record``).
+_NO_MORE_SEGMENTS = sys.maxsize
+
+
 class RunActor:
     """Owns one run: its state, its adapters, the order of its steps."""
 
@@ -129,7 +133,15 @@ class RunActor:
             front = None
             if tracker is not None and new_state.kind == "plan":
                 tracker, front = tracker.advance(new_state, changed)
-            segment = checkpoint.segment_row(new_state, changed, front)
+            try:
+                segment = checkpoint.segment_row(new_state, changed, front)
+            except OverflowError:
+                # A step changed since the last segment holds an int msgpack cannot (past 64 bits: canonical
+                # JSON, so the events, hold it, as 10**21 wei): no segment can carry it, and raising here lost
+                # the receipt of a tool that had run. A segment is derived data: the batch is recorded without
+                # one, and this drive writes no more (each would carry that step); a resume replays the events
+                # after the last segment written.
+                self._segment_seq = _NO_MORE_SEGMENTS
         began = time.perf_counter() if self.obs is not None else 0.0
         if writer.append_alone(events, seal, segment) is None:  # a lone run's commit without a coroutine
             queued = writer.enqueue(events, seal, segment)  # a group's: its future, awaited here
