@@ -23,7 +23,7 @@ from effectlog.cli.output import (
 )
 from effectlog.cli.progress import end_logging, error_line, json_errors
 from effectlog.errors import BadInput, EffectlogError, ExitStatus, MissingDependency, OutputUnwritable
-from effectlog.journal.sidecars import is_url, url_refusal
+from effectlog.journal.sidecars import is_url, new_with_edge_whitespace, not_a_path, url_refusal, whitespace_refusal
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -140,7 +140,9 @@ def refuse_empty_locations(args: argparse.Namespace) -> None:
     location ending in ``/`` (a shell's completion of a directory): ``run --effects fx.db/`` ended in a
     traceback after making the journal, while ``--journal j.db/`` quietly made and used ``j.db``. And for
     one written as a URL other than ``postgresql://`` or as a SQLite URI (``--journal file:j.db``): it made
-    a file of that name, a second journal beside ``j.db`` (``journal.sidecars.is_url``)."""
+    a file of that name, a second journal beside ``j.db`` (``journal.sidecars.is_url``); and for a new
+    journal, store or effect store whose name begins or ends with whitespace (``--journal "j.db "``), a
+    file apart from ``j.db`` likewise (``journal.sidecars.new_with_edge_whitespace``)."""
     for dest in _LOCATIONS:
         value = getattr(args, dest, None)
         if not isinstance(value, str):
@@ -150,6 +152,8 @@ def refuse_empty_locations(args: argparse.Namespace) -> None:
             raise BadInput(f"argument {flag}: {value!r} is empty, not a location; nothing was done")
         if is_url(value) and not value.startswith(("postgresql://", "postgres://")):
             raise BadInput(f"argument {flag}: {url_refusal(value, 'local')}")
+        if dest in _DATABASES and not not_a_path(value) and new_with_edge_whitespace(value):
+            raise BadInput(f"argument {flag}: {whitespace_refusal(value, _DATABASES[dest])}")
         if value.endswith(os.sep) and dest not in _DIRECTORIES and "://" not in value:
             raise BadInput(
                 f"argument {flag}: {value!r} ends with {os.sep!r}, so it names a directory, not a file; nothing done"
@@ -161,6 +165,10 @@ _LOCATIONS = (
     "journal", "store", "effects", "trace", "key_file", "plan", "ledger", "output", "postgres_url",
     "tls_cert", "tls_key", "workdir", "blind", "report",
 )  # fmt: skip
+
+# The locations that name a SQLite file effectlog makes when it is not there, each as its refusal names it:
+# checked here too (not only when opened) so that no other is made before the one refused (``--effects``).
+_DATABASES = {"journal": "journal", "store": "fleet store", "effects": "effect store"}
 
 # The locations that name a directory, where a trailing separator is usual.
 _DIRECTORIES = frozenset({"workdir"})

@@ -138,11 +138,31 @@ def url_refusal(text: str, what: str) -> str:
     )
 
 
+def new_with_edge_whitespace(path: str) -> bool:
+    """Whether ``path``'s file name begins or ends with whitespace (``j.db ``, ``j.db\\n``) and no file of that
+    name is there: a location pasted or read with its newline, which would make a file apart from the one
+    meant (``j.db``), invisibly so in every listing: the same run given as ``j.db`` later ran again. A file of
+    such a name already there is opened as it is (its runs are not stranded)."""
+    name = os.path.basename(path)
+    return name != name.strip() and not os.path.lexists(path)
+
+
+def whitespace_refusal(path: str, what: str) -> str:
+    """The message for a ``what`` location that ``new_with_edge_whitespace``."""
+    return (
+        f"{path!r}: the {what} file's name begins or ends with whitespace (a location pasted or read with its "
+        f"newline?), so it would be a new file apart from {os.path.basename(path).strip()!r}: give the name "
+        "without it; nothing was written"
+    )
+
+
 def refuse_clash(path: str, what: str) -> None:
     """``SidecarClash`` if ``path`` (a ``what``: journal, effect store, fleet store) is another SQLite
     file's sidecar, or if one of its own sidecar names holds a database of its own; ``NotARegularFile`` if
     ``path`` is a device, FIFO or socket (``/dev/null``: SQLite made ``/dev/null-journal`` beside the
-    device before failing with "disk I/O error"). A directory is left to its opener's own message."""
+    device before failing with "disk I/O error"). ``LocationAmbiguous`` for a URL, a connection string in
+    keyword form, or a new file whose name begins or ends with whitespace. A directory is left to its
+    opener's own message."""
     if is_url(path):
         raise LocationAmbiguous(url_refusal(path, what))
     if is_conninfo(path):
@@ -151,6 +171,8 @@ def refuse_clash(path: str, what: str) -> None:
             f"{shown}: a PostgreSQL connection string in keyword form, not a {what} file: give it as a "
             "postgresql:// URL (or a file of that name as ./NAME); nothing was written"
         )
+    if new_with_edge_whitespace(path):
+        raise LocationAmbiguous(whitespace_refusal(path, what))
     try:
         mode = os.stat(path).st_mode
     except OSError:
