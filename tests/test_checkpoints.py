@@ -649,3 +649,64 @@ def test_a_receipt_with_an_int_past_64_bits_is_recorded_once_and_the_run_resumes
     assert sent == ["s0", "s1", "s2", "s3", "s4"]
     with SqliteJournal(path, writer=False) as journal:
         assert load_run(journal, "r") == verify_run(journal, "r")
+
+
+@pytest.mark.parametrize(("honest", "forged"), [(1, True), (1, 1.0), (0.0, -0.0), ([1], [True])])
+def test_verify_refuses_a_segment_whose_value_equals_the_replays_only_by_python_equality(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, honest: Any, forged: Any
+) -> None:
+    """A segment re-hashed after a receipt's ``1`` was rewritten ``true`` (or ``1.0``, or ``0.0`` as ``-0.0``):
+    Python's ``==`` holds them equal, so ``verify`` passed it, and a resume from it held a receipt the events
+    never recorded (``true`` where the tool answered ``1``). The segment's bytes differ from the replay's, so the
+    step by step comparison decides: values must be of the same type (and a float of the same sign) as well."""
+    from effectlog.adapters.protocol import Receipt, Request
+
+    monkeypatch.setattr(checkpoint, "EVERY_EVENTS", 1)
+
+    class Tool:
+        def invoke(self, request: Request) -> Receipt:
+            return Receipt(data={"n": honest})
+
+    plan = Plan(
+        run_id="r",
+        adapters={"tool": AdapterDecl(type="tool", idempotent=True)},
+        steps=tuple(StepDecl(id=f"s{i}", adapter="tool", args={"i": i}) for i in range(4)),
+    )
+    path = tmp_path / "j.db"
+    with Runtime(path, adapters={"tool": lambda *_: Tool()}, crash_hook=crash_after("s2")) as rt:
+        with pytest.raises(SimulatedCrash):
+            rt.run(plan)
+    with SqliteJournal(path, writer=False) as journal:
+        run_id, seq, prev, body, _ = journal.stored_checkpoints("r")[-1]
+        event_hash = {r.seq: r.hash for r in journal.read("r")}[seq]
+        chain = journal.chain
+    segment = checkpoint._decode(body)
+    assert [{"n": honest}] == [s.receipt for s in segment.steps]
+    steps = [msgspec.structs.replace(s, receipt={"n": forged}) for s in segment.steps]
+    lie = __import__("zlib").compress(msgspec.msgpack.encode(msgspec.structs.replace(segment, steps=steps)), 1)
+    with sqlite3.connect(path) as db:
+        db.execute("DROP TRIGGER checkpoints_append_only_update")
+        db.execute(
+            "UPDATE checkpoints SET body = ?, hash = ? WHERE seq = ?",
+            (lie, checkpoint.link(chain, event_hash, prev, lie), seq),
+        )
+    with SqliteJournal(path, writer=False) as journal, pytest.raises(CorruptEvent) as info:
+        verify_run(journal, run_id)
+    assert ("checkpoints.body", seq) == (info.value.fields["column"], info.value.seq)
+
+
+def test_a_frontiers_open_step_equal_to_the_replays_only_by_python_equality_is_refused() -> None:
+    """The frontier's open steps are compared with the replay's as a segment's steps are: a receipt ``true``
+    where the replay has ``1`` is a frontier that disagrees (``frontier.check``)."""
+    import immutables
+
+    from effectlog.fold import StepState
+    from effectlog.journal import frontier as fr
+
+    replayed = StepState(step_id="s0", index=0, state="requested", receipt={"n": 1})
+    state = RunState(run_id="r", steps=immutables.Map({"s0": replayed}))
+    honest = Frontier(prefix=0, count=1, open=[replayed])
+    assert 0 == fr.check(honest, state, ["s0"], {"s0": 0}, 0)
+    forged = Frontier(prefix=0, count=1, open=[msgspec.structs.replace(replayed, receipt={"n": True})])
+    with pytest.raises(CorruptEvent):
+        fr.check(forged, state, ["s0"], {"s0": 0}, 0)
