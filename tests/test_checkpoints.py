@@ -673,9 +673,9 @@ def test_verify_refuses_a_segment_whose_value_equals_the_replays_only_by_python_
         steps=tuple(StepDecl(id=f"s{i}", adapter="tool", args={"i": i}) for i in range(4)),
     )
     path = tmp_path / "j.db"
-    with Runtime(path, adapters={"tool": lambda *_: Tool()}, crash_hook=crash_after("s2")) as rt:
-        with pytest.raises(SimulatedCrash):
-            rt.run(plan)
+    adapters = {"tool": lambda *_: Tool()}
+    with Runtime(path, adapters=adapters, crash_hook=crash_after("s2")) as rt, pytest.raises(SimulatedCrash):
+        rt.run(plan)
     with SqliteJournal(path, writer=False) as journal:
         run_id, seq, prev, body, _ = journal.stored_checkpoints("r")[-1]
         event_hash = {r.seq: r.hash for r in journal.read("r")}[seq]

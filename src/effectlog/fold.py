@@ -115,6 +115,29 @@ class RunState(msgspec.Struct, frozen=True, kw_only=True, gc=False):
 _NOT_SUMMARISED = frozenset({"head", "steps", "plan", "plan_steps"})
 
 
+def identical(a: Any, b: Any) -> bool:
+    """``a == b`` with every value in them of the same type too, and a float of the same sign: what the
+    journal records apart (``1``, ``1.0`` and ``true``; ``0.0`` and ``-0.0``) though Python's ``==`` holds them
+    equal. For the values a segment or a frontier holds beside the replay's (``verify``), decoded from JSON or
+    msgpack: dicts (their keys' order aside), lists, str, int, float, bool, None."""
+    if type(a) is not type(b):
+        return False
+    if type(a) is dict:
+        return bool(a.keys() == b.keys()) and all(identical(v, b[k]) for k, v in a.items())
+    if type(a) is list:
+        return len(a) == len(b) and all(map(identical, a, b))
+    if type(a) is float:
+        return bool(a.hex() == b.hex())
+    return bool(a == b)
+
+
+def same_step(a: StepState | None, b: StepState | None) -> bool:
+    """``a == b``, and their arbitrary values (``args``, ``receipt``) ``identical``."""
+    if a is None or b is None:
+        return a is b
+    return a == b and identical(a.args, b.args) and identical(a.receipt, b.receipt)
+
+
 def state_from_summary(summary: Any, *, head: bytes, steps: immutables.Map[str, StepState]) -> RunState:
     """A ``RunState`` from a summary struct carrying its run-level fields under the same names
     (those it lacks keep their defaults): one place, so a new run-level field reaches every summary."""

@@ -40,7 +40,7 @@ from effectlog import events as ev
 from effectlog.chain import GENESIS, Chain
 from effectlog.conforms import conforms
 from effectlog.errors import ChainBroken, CorruptEvent, EventConflict, Truncated
-from effectlog.fold import Record, RunState, StepState, state_from_summary
+from effectlog.fold import Record, RunState, StepState, identical, same_step, state_from_summary
 from effectlog.journal import frontier as fr
 
 DEFAULT_EVERY = 512
@@ -523,8 +523,12 @@ def check_segments(
         steps.update(zip(ids, at_replay, strict=True))
         empty: immutables.Map[str, StepState] = immutables.Map()
         agrees = _state(segment, empty, state.head) == msgspec.structs.replace(without_plan(state), steps=empty)
+        agrees = agrees and identical(segment.result, state.result)  # (``==`` holds ``1`` and ``true`` equal)
         agrees = agrees and len(steps) == len(state.steps)
-        agrees = agrees and (chosen is not None or at_replay == segment.steps)
+        agrees = agrees and (
+            chosen is not None
+            or (at_replay == segment.steps and all(map(same_step, at_replay, segment.steps)))  # (likewise)
+        )
         # A touched step the segment carries is ``steps``' entry just compared: only the others are asked.
         rest = touched.difference(ids) if agrees else ()
         agrees = agrees and all(steps.get(sid) == replayed(sid) for sid in rest if sid)

@@ -32,7 +32,7 @@ import immutables
 import msgspec
 
 from effectlog.errors import CorruptEvent
-from effectlog.fold import DONE_STATES, RunState, StepState, all_done
+from effectlog.fold import DONE_STATES, RunState, StepState, all_done, same_step
 
 _T = TypeVar("_T")
 _MISSING: Any = object()
@@ -311,7 +311,7 @@ def check(frontier: Frontier, state: RunState, ids: Sequence[str], positions: Ma
     steps = state.steps
     ok = frontier.consistent() and frontier.count == len(steps) and frontier.prefix <= len(ids)
     ok = ok and all_done(steps, ids[checked : frontier.prefix])  # (no Python frame per step)
-    ok = ok and all(steps.get(s.step_id) == s for s in frontier.open)
+    ok = ok and all(same_step(steps.get(s.step_id), s) for s in frontier.open)  # (``==`` and the values' types)
     after = frontier.prefix
     ok = ok and all(positions.get(sid, -1) >= after and _done(steps.get(sid)) for sid in frontier.done_after)
     if not ok:
