@@ -92,3 +92,19 @@ def test_a_file_of_such_a_name_already_there_is_opened_as_before(tmp_path: Path)
         assert [] == list(journal.read("r1"))
     done = cli(tmp_path, ["run", "--journal", "j.db ", "--quiet", "plan.json"])
     assert 0 == done.returncode, done.stderr
+
+
+def test_an_empty_location_from_the_api_is_said_to_be_empty(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``Runtime("")`` (an unset variable's text) said the path "reaches the journal through a link whose text
+    names another file (<the working directory>), as /proc/PID/root ... do": a message about another thing.
+    Proves: the error (exit 2's) says it is empty, for a journal and an effect store, and nothing is made."""
+    from effectlog.adapters import EffectStore
+    from effectlog.errors import BadInput
+    from effectlog.runtime import Runtime
+
+    monkeypatch.chdir(tmp_path)
+    for open_it in (Runtime, EffectStore):
+        with pytest.raises(BadInput, match="is empty, not a location") as info:
+            open_it("")
+        assert "/proc" not in info.value.message
+    assert [] == list(tmp_path.iterdir())
