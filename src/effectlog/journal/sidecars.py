@@ -15,7 +15,14 @@ import os
 import re
 import stat
 
-from effectlog.errors import FileBindMounted, LocationAmbiguous, LocationMisleads, NotARegularFile, SidecarClash
+from effectlog.errors import (
+    BadInput,
+    FileBindMounted,
+    LocationAmbiguous,
+    LocationMisleads,
+    NotARegularFile,
+    SidecarClash,
+)
 from effectlog.journal import filelocks
 
 SUFFIXES = filelocks.SIDECARS
@@ -163,6 +170,8 @@ def refuse_clash(path: str, what: str) -> None:
     device before failing with "disk I/O error"). ``LocationAmbiguous`` for a URL, a connection string in
     keyword form, or a new file whose name begins or ends with whitespace. A directory is left to its
     opener's own message."""
+    if not path:  # (an unset variable's text) realpath("") is the working directory: said as what it is not
+        raise BadInput(f"{path!r} is empty, not a location of a {what}; nothing was written")
     if is_url(path):
         raise LocationAmbiguous(url_refusal(path, what))
     if is_conninfo(path):
