@@ -81,6 +81,16 @@ def effectlog(
     )
 
 
+# A one-step plan of a no-op adapter, for tests of the CLI's arguments.
+NOOP_PLAN = {"run_id": "r1", "adapters": {"n": {"type": "noop"}}, "steps": [{"id": "a", "adapter": "n"}]}
+
+
+def effectlog_beside_plan(cwd: Path, *argv: str) -> subprocess.CompletedProcess[str]:
+    """``effectlog`` with ``NOOP_PLAN`` written to ``cwd/plan.json`` first."""
+    (cwd / "plan.json").write_text(json.dumps(NOOP_PLAN))
+    return effectlog(*argv, cwd=cwd)
+
+
 # A progress line of `effectlog run` (on by default, docs/observability.md): the run's start or resume,
 # a step's outcome, the run's end.
 PROGRESS = re.compile(

@@ -11,23 +11,17 @@ not stranded.
 
 from __future__ import annotations
 
-import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from effectlog.errors import ExitStatus, LocationAmbiguous
-
-PLAN = {"run_id": "r1", "adapters": {"n": {"type": "noop"}}, "steps": [{"id": "a", "adapter": "n"}]}
+from hardening_kit import effectlog_beside_plan
 
 
 def cli(tmp_path: Path, argv: list[str]) -> subprocess.CompletedProcess[str]:
-    (tmp_path / "plan.json").write_text(json.dumps(PLAN))
-    return subprocess.run(
-        [sys.executable, "-m", "effectlog", *argv], cwd=tmp_path, capture_output=True, text=True, timeout=120
-    )
+    return effectlog_beside_plan(tmp_path, *argv)
 
 
 @pytest.mark.parametrize(

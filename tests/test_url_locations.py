@@ -13,21 +13,16 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from effectlog.errors import ExitStatus, LocationAmbiguous
-
-PLAN = {"run_id": "r1", "adapters": {"n": {"type": "noop"}}, "steps": [{"id": "a", "adapter": "n"}]}
+from hardening_kit import NOOP_PLAN, effectlog_beside_plan
 
 
 def cli(tmp_path: Path, argv: list[str]) -> subprocess.CompletedProcess[str]:
-    (tmp_path / "plan.json").write_text(json.dumps(PLAN))
-    return subprocess.run(
-        [sys.executable, "-m", "effectlog", *argv], cwd=tmp_path, capture_output=True, text=True, timeout=120
-    )
+    return effectlog_beside_plan(tmp_path, *argv)
 
 
 @pytest.mark.parametrize(
@@ -93,7 +88,7 @@ def test_the_api_refuses_a_url_journal_or_effect_store_before_making_it(
         from effectlog.plan import parse_plan
 
         with pytest.raises(LocationAmbiguous):
-            rt.run(parse_plan(json.dumps({**PLAN, "adapters": {"n": {"type": "effects.control"}}}).encode()))
+            rt.run(parse_plan(json.dumps({**NOOP_PLAN, "adapters": {"n": {"type": "effects.control"}}}).encode()))
         assert [] == list(journal.read("r1"))
     assert ["j.db"] == sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith("j.db-"))
 

@@ -77,13 +77,9 @@ def fixed_location(journal: str | Path | Checkpointer) -> str | Path | Checkpoin
     """``journal`` as every later pass must find it: a relative file path made absolute now. A durable
     agent opens its journal at each pass, and a tool that changed the working directory in between moved
     a relative one: the next pass opened a new, empty journal there and made every call again."""
-    if isinstance(journal, Path | str) and not_a_path(os.fspath(journal)):
-        return journal  # a connection string in keyword form, a file: URI: refused as given when opened
-    if isinstance(journal, Path):
-        return Path(os.path.abspath(journal))
-    if isinstance(journal, str) and "://" not in journal:
-        return os.path.abspath(journal)
-    return journal
+    if not isinstance(journal, Path | str) or not_a_path(os.fspath(journal)):
+        return journal  # a store, a postgresql:// or other URL, a connection string: used or refused as given
+    return Path(os.path.abspath(journal)) if isinstance(journal, Path) else os.path.abspath(journal)
 
 
 def open_store(journal: str | Path | Checkpointer) -> tuple[Checkpointer, bool]:
