@@ -23,7 +23,8 @@ from effectlog.errors import (
 )
 from effectlog.journal import SCHEMA_VERSION, open_journal
 from effectlog.journal.postgres import PostgresJournal
-from effectlog.journal.postgres_schema import RUN_LOCK_CLASS, SCHEMA, redact
+from effectlog.journal.postgres_schema import RUN_LOCK_CLASS, SCHEMA
+from effectlog.journal.sidecars import masked
 from effectlog.testing import JournalContract, sample_run
 
 pytest_plugins = ["pg_fixture"]
@@ -312,7 +313,7 @@ def test_a_malformed_url_is_bad_input() -> None:
 )
 def test_redact_masks_only_the_password(url: str, shown: str) -> None:
     """Locations and messages carry the URL with its password replaced by ***."""
-    assert shown == redact(url)
+    assert shown == masked(url)
 
 
 def test_open_journal_dispatches_postgres_urls(pg_url: str) -> None:

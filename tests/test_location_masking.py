@@ -16,8 +16,7 @@ from pathlib import Path
 import pytest
 
 from effectlog.errors import StorageError
-from effectlog.journal.postgres_schema import redact
-from effectlog.journal.sidecars import url_refusal
+from effectlog.journal.sidecars import masked, url_refusal
 from effectlog.notify import shown_location
 from effectlog.pgcluster import free_port
 from hardening_kit import effectlog
@@ -43,10 +42,10 @@ CASES = [
 
 @pytest.mark.parametrize(("written", "shown"), CASES)
 def test_every_masker_shows_a_location_the_same_way_and_never_its_password(written: str, shown: str) -> None:
-    """Proves: the PostgreSQL journal's location, a notification's location and a URL refusal's message
-    show the same masked text, with the password nowhere in it."""
+    """Proves: the one mask (a PostgreSQL journal's and fleet store's ``location``), a notification's
+    location and a URL refusal's message show the same text, with the password nowhere in it."""
     refusal = url_refusal(written, "journal")
-    assert (shown, shown) == (redact(written), shown_location(written))
+    assert (shown, shown) == (masked(written), shown_location(written))
     assert (True, False) == (repr(shown) in refusal, "s3cret" in refusal.replace(shown, "")), refusal
 
 
@@ -60,3 +59,19 @@ def test_the_cli_never_prints_a_journal_urls_password(tmp_path: Path, written: s
     lines = done.stderr.strip().splitlines()
     assert (StorageError.exit_status, 1) == (done.returncode, len(lines)), done.stderr
     assert (False, True) == (SECRET in done.stderr, "***" in lines[0]), lines[0]
+
+
+@pytest.mark.parametrize(
+    ("written", "shown"),
+    [
+        ("host=h password='s3 cret' dbname=d", "host=h password=*** dbname=d"),
+        ("host=h sslpassword=s3cret", "host=h sslpassword=***"),
+        ("/tmp/password=s3cret.db", "/tmp/password=s3cret.db"),
+        ("runs/u:s3cret@h.db", "runs/u:s3cret@h.db"),
+    ],
+)
+def test_a_keyword_connection_string_is_masked_and_a_files_path_is_left_as_given(written: str, shown: str) -> None:
+    """Proves: ``password=`` in a keyword connection string is masked (the refusal of one shows it so),
+    and a file's path that merely looks like one is shown as it is (a notification's command must name
+    that file)."""
+    assert shown == masked(written)

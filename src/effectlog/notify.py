@@ -35,6 +35,7 @@ import msgspec
 from effectlog import events as ev
 from effectlog.errors import BadInput
 from effectlog.journal import load_run
+from effectlog.journal.sidecars import masked
 from effectlog.stake import approve_command, reconcile_command
 
 Kind = Literal["suspended", "stopped", "operator_needed"]
@@ -228,15 +229,7 @@ def shown_location(location: str) -> str:
         # as text, nor one the CLI takes: the path as given then, which works from the run's directory.
         full = os.path.abspath(location)
         return full if _is_text(full) else location if _is_text(location) else _escaped(location)
-    try:
-        parts = urllib.parse.urlsplit(location)
-        if parts.password is None:
-            return location
-        host, port = parts.hostname or "", parts.port
-    except ValueError:  # an unparsable URL (a stray bracket, a port that is no number) may still hold one
-        return "(an unparsable URL)"
-    netloc = f"{parts.username}:***@{host}" + (f":{port}" if port else "")
-    return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
+    return masked(location)
 
 
 def opened_location(journal: Any, location: str) -> str:

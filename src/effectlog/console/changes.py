@@ -103,7 +103,8 @@ def _count(db: sqlite3.Connection, table: str, run_id: str | None, location: str
 def _postgres_counts(url: str, run_id: str | None) -> str:
     import psycopg
 
-    from effectlog.journal.postgres_schema import SCHEMA, redact
+    from effectlog.journal.postgres_schema import SCHEMA
+    from effectlog.journal.sidecars import masked
 
     where, params = ("WHERE run_id = %(run)s", {"run": run_id}) if run_id is not None else ("", {})
     try:
@@ -114,7 +115,7 @@ def _postgres_counts(url: str, run_id: str | None) -> str:
                 params,
             ).fetchone()
     except psycopg.Error as exc:
-        raise StorageError(f"{redact(url)}: cannot read the journal's version ({str(exc).splitlines()[0]})") from None
+        raise StorageError(f"{masked(url)}: cannot read the journal's version ({str(exc).splitlines()[0]})") from None
     return ",".join(str(v) for v in row or ())
 
 

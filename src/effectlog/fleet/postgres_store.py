@@ -31,8 +31,9 @@ from effectlog.fleet.leased_journal import LeasedJournal
 from effectlog.fleet.model import Lease, Move
 from effectlog.fleet.postgres_journal import FLEET_SCHEMA, POSTGRES, FleetPostgresJournal, PgTx, translate
 from effectlog.fleet.sqlstore import Change, SqlFleetStore
-from effectlog.journal.postgres_schema import RUN_LOCK_CLASS, configure_session, redact
+from effectlog.journal.postgres_schema import RUN_LOCK_CLASS, configure_session
 from effectlog.journal.postgres_schema import SCHEMA as JOURNAL_SCHEMA
+from effectlog.journal.sidecars import masked
 
 FLEET_SCHEMA_VERSION = 3
 FLEET_MIGRATE_LOCK = (0x45464C02, 0)  # 'EFL' + 2: beside the journal's advisory lock classes
@@ -284,7 +285,7 @@ class PostgresFleetStore(SqlFleetStore):
         lock_timeout_s: float = 10.0,
         idle_in_transaction_timeout_s: float = 60.0,
     ) -> None:
-        self.location = redact(url)
+        self.location = masked(url)
         self.dialect = POSTGRES
         try:
             params = conninfo_to_dict(url)

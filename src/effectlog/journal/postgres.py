@@ -102,10 +102,10 @@ from effectlog.journal.postgres_schema import (
     configure_session,
     keep_when_idle,
     pin_search_path,
-    redact,
     translate,
 )
 from effectlog.journal.protocol import SCHEMA_VERSION
+from effectlog.journal.sidecars import masked
 
 # How long a claim stays live on the owner row after its process last renewed it (a third of this apart),
 # once its session lock is gone: the wait for another host to take over the run of a host that died.
@@ -160,7 +160,7 @@ class PostgresJournal:
         owner_lease_s: float = OWNER_LEASE_S,
     ) -> None:
         checkpoint.check_setting()
-        self.location = redact(url)
+        self.location = masked(url)
         if not (math.isfinite(owner_lease_s) and owner_lease_s > 0):
             # Renewed every third of it: 0 or less renews without pause; infinity holds a dead host's run for ever.
             raise BadInput(

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 from psycopg import errors as pg_errors
@@ -162,19 +161,6 @@ RENEW_OWNERS = (  # (lease_s, lease_s, run ids, tokens)
     " FROM unnest(%s::text[], %s::bigint[]) AS c (run_id, token) WHERE o.run_id = c.run_id AND o.token = c.token"
 )
 END_OWNER = f"UPDATE {SCHEMA}.owners SET alive_until = 0 WHERE run_id = %s AND token = %s"
-
-
-def redact(url: str) -> str:
-    """The URL with its password masked: safe for messages and ``location``."""
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return "postgresql://(unparsable URL)"
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.rsplit("@", 1)
-    userinfo = netloc[0].split(":", 1)[0] + ":***"
-    return urlunsplit(parts._replace(netloc=f"{userinfo}@{netloc[1]}"))
 
 
 def translate(exc: Exception, where: str) -> EffectlogError:

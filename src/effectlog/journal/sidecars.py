@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import re
 import stat
+import urllib.parse
 
 from effectlog.errors import (
     BadInput,
@@ -135,9 +136,37 @@ def not_a_path(text: str) -> bool:
     return is_conninfo(text) or is_url(text)
 
 
+# A URL's scheme and ``//``, and a ``key=value`` parameter of its query or of a keyword connection string.
+_AUTHORITY = re.compile(r"(?i)[a-z][a-z0-9+.-]*://")
+_PARAMETER = re.compile(r"(^|[?&\s])([^=&?#\s]+)(\s*=\s*)('(?:[^'\\]|\\.)*'|[^&#\s]*)")
+_SECRET_KEYS = frozenset({"password", "sslpassword"})  # libpq's: the server's, and a client key's
+
+
+def masked(location: str) -> str:
+    """``location`` fit to print, log or send: a URL's password (``user:PASSWORD@``, up to the last ``@``,
+    so a raw ``/`` or ``@`` in it is masked too) and the value of a ``password`` or ``sslpassword``
+    parameter (of a URL's query, its key percent-decoded as libpq does, or of a keyword connection
+    string) are ``***``. Any other text, a file's path included, is as given. The one mask every message,
+    notification and console page uses."""
+    scheme = _AUTHORITY.match(location)
+    if scheme is None and not is_conninfo(location):
+        return location
+    if scheme is not None:
+        rest = location[scheme.end() :]
+        user, colon, _ = rest[: max(rest.rfind("@"), 0)].partition(":")
+        if colon:
+            location = f"{scheme.group()}{user}:***{rest[rest.rfind('@') :]}"
+
+    def value(found: re.Match[str]) -> str:
+        secret = urllib.parse.unquote(found[2]).lower() in _SECRET_KEYS
+        return f"{found[1]}{found[2]}{found[3]}***" if secret else found[0]
+
+    return _PARAMETER.sub(value, location)
+
+
 def url_refusal(text: str, what: str) -> str:
     """The message for a ``what`` location that ``is_url`` (a password in it masked)."""
-    shown = re.sub(r"(//[^/@:]*:)[^/@]*@", r"\1***@", text)
+    shown = masked(text)
     return (
         f"{shown!r} is a URL, not a {what} file's path: effectlog opens a SQLite file by its path (not as a "
         "file: URI or a sqlite:// URL) and PostgreSQL by a postgresql:// URL; a file of that name is "
@@ -175,9 +204,8 @@ def refuse_clash(path: str, what: str) -> None:
     if is_url(path):
         raise LocationAmbiguous(url_refusal(path, what))
     if is_conninfo(path):
-        shown = re.sub(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S*)", r"\1***", path)  # as the URLs' are
         raise LocationAmbiguous(
-            f"{shown}: a PostgreSQL connection string in keyword form, not a {what} file: give it as a "
+            f"{masked(path)}: a PostgreSQL connection string in keyword form, not a {what} file: give it as a "
             "postgresql:// URL (or a file of that name as ./NAME); nothing was written"
         )
     if new_with_edge_whitespace(path):
