@@ -37,6 +37,7 @@ import msgspec
 
 from effectlog.errors import AdapterNotFound, BadInput, NotApplied, NotInRun
 from effectlog.journal import Journal, open_journal
+from effectlog.journal.sidecars import is_postgres
 from effectlog.notify import Notifier
 from effectlog.plan import own_copy
 from effectlog.recorder import Clock
@@ -326,7 +327,7 @@ JournalLike = str | os.PathLike[str] | Journal | Checkpointer
 
 def _store(journal: JournalLike) -> tuple[Checkpointer, bool]:
     """The checkpointer for ``journal`` and whether this run opened it (and so closes it)."""
-    if isinstance(journal, str) and journal.startswith(("postgresql://", "postgres://")):
+    if isinstance(journal, str) and is_postgres(journal):
         return JournalCheckpointer(open_journal(journal)), True
     if isinstance(journal, str | os.PathLike):
         return SqliteCheckpointer(journal), True

@@ -23,7 +23,14 @@ from effectlog.cli.output import (
 )
 from effectlog.cli.progress import end_logging, error_line, json_errors
 from effectlog.errors import BadInput, EffectlogError, ExitStatus, MissingDependency, OutputUnwritable
-from effectlog.journal.sidecars import is_url, new_with_edge_whitespace, not_a_path, url_refusal, whitespace_refusal
+from effectlog.journal.sidecars import (
+    is_postgres,
+    is_url,
+    new_with_edge_whitespace,
+    not_a_path,
+    url_refusal,
+    whitespace_refusal,
+)
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -150,7 +157,7 @@ def refuse_empty_locations(args: argparse.Namespace) -> None:
         flag = dest if dest in _POSITIONALS else "--" + dest.replace("_", "-")
         if not value.strip():
             raise BadInput(f"argument {flag}: {value!r} is empty, not a location; nothing was done")
-        if is_url(value) and not value.startswith(("postgresql://", "postgres://")):
+        if is_url(value) and not is_postgres(value):
             raise BadInput(f"argument {flag}: {url_refusal(value, 'local')}")
         if dest in _DATABASES and not not_a_path(value) and new_with_edge_whitespace(value):
             raise BadInput(f"argument {flag}: {whitespace_refusal(value, _DATABASES[dest])}")

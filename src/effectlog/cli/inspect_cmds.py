@@ -11,6 +11,7 @@ from effectlog.diagrams import render
 from effectlog.errors import ExitStatus, IntegrityError, JournalUnreadable, UnknownRun
 from effectlog.integrity import check_orphan_seals, check_requests, verify_run
 from effectlog.journal import chain_from_env, load_run, open_journal
+from effectlog.journal.sidecars import is_postgres
 from effectlog.spec import MACHINES
 
 
@@ -50,7 +51,7 @@ def add_json_arg(p: argparse.ArgumentParser, help: str) -> None:
 def existing_journal(location: str) -> None:
     """Refuse a journal file that does not exist, for commands that act on an existing run
     (approve, deny, reconcile): a mistyped --journal must not create an empty journal."""
-    if location.startswith(("postgresql://", "postgres://")):
+    if is_postgres(location):
         return
     if not os.path.isfile(location):
         raise JournalUnreadable(f"--journal {location}: no journal file there")

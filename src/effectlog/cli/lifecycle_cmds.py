@@ -15,6 +15,7 @@ from effectlog.cli.notify_args import hooks as notify_hooks
 from effectlog.cli.output import emit_json, out, table, tools_write_to_stderr
 from effectlog.cli.progress import add_progress_args, apply_progress_args, error_line
 from effectlog.errors import BadInput
+from effectlog.journal.sidecars import is_postgres
 from effectlog.notify import marks, notify_new_waits
 
 
@@ -106,7 +107,7 @@ def _runtime(args: argparse.Namespace) -> Any:
     effects = getattr(args, "effects", None)
     if effects is not None and not os.path.isdir(os.path.dirname(os.path.abspath(effects))):
         raise BadInput(f"--effects {effects}: directory does not exist")
-    if not args.journal.startswith(("postgresql://", "postgres://")) and not os.path.exists(args.journal):
+    if not is_postgres(args.journal) and not os.path.exists(args.journal):
         raise BadInput(f"--journal {args.journal}: no such journal (nothing to recover, fork or repin)")
     journal = open_journal(args.journal, writer=True, chain=chain_from_env(args.key_file))
     return Runtime(journal, adapters=registry, effects=effects)

@@ -28,6 +28,7 @@ from effectlog.console import decisions
 from effectlog.console.decisions import Config
 from effectlog.errors import EffectlogError, JournalUnreadable, StorageError
 from effectlog.journal import filelocks
+from effectlog.journal.sidecars import is_postgres
 from effectlog.journal.sqlite_schema import layout_of
 
 POLL_S = 0.5  # how often a waiting feed reads the version
@@ -67,7 +68,7 @@ def _read_version(config: Config, run_id: str | None) -> str:
 
 
 def _journal_counts(location: str, run_id: str | None) -> str:
-    if location.startswith(("postgresql://", "postgres://")):
+    if is_postgres(location):
         return _postgres_counts(location, run_id)
     real = os.path.realpath(location)  # the name the journal's own opens lock and register (SqliteJournal)
     with contextlib.ExitStack() as stack:

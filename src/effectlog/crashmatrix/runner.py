@@ -28,6 +28,7 @@ from effectlog.crashmatrix.report import CaseResult, Report, StoredEvent, enviro
 from effectlog.crashmatrix.usercases import USER_TYPE, user_cases
 from effectlog.errors import BadInput, JournalUnreadable
 from effectlog.journal import open_journal
+from effectlog.journal.sidecars import is_postgres
 
 Progress = Callable[[str], None]
 Ledger = Callable[[str, str], int]
@@ -44,7 +45,7 @@ class Target(msgspec.Struct, frozen=True, kw_only=True):
 
 
 def _events(location: str, run_id: str) -> list[StoredEvent]:
-    if not location.startswith("postgres") and not Path(location).exists():
+    if not is_postgres(location) and not Path(location).exists():
         return []
     try:
         journal = open_journal(location, writer=False)

@@ -11,6 +11,7 @@ from effectlog.chain import Chain
 from effectlog.fleet.model import AttemptView, Candidate, HistoryRow, Lease, Offer, RequestView, Submitted
 from effectlog.fleet.protocol import FleetStore
 from effectlog.fleet.scheduler import schedule
+from effectlog.journal.sidecars import is_postgres
 
 __all__ = [
     "AttemptView",
@@ -25,10 +26,6 @@ __all__ = [
     "open_store",
     "schedule",
 ]
-
-
-def is_postgres(location: str) -> bool:
-    return location.startswith(("postgresql://", "postgres://"))
 
 
 def open_store(location: str, *, chain: Chain | None = None, pool_size: int = 4) -> FleetStore:

@@ -15,7 +15,7 @@ import msgspec
 
 from effectlog.chain import Chain
 from effectlog.fold import Record, Row, RunState, StepState, replay_records_fast, replay_rows
-from effectlog.journal import checkpoint
+from effectlog.journal import checkpoint, sidecars
 from effectlog.journal import frontier as fr
 from effectlog.journal.checkpoint import CheckpointJournal, is_checkpointing
 from effectlog.journal.protocol import SCHEMA_VERSION, Journal
@@ -61,7 +61,7 @@ def chain_from_env(key_file: str | None = None) -> Chain:
 
 def open_journal(location: str, *, writer: bool = True, chain: Chain | None = None) -> Journal:
     """Open the journal at ``location``: a file path, or a ``postgresql://`` URL."""
-    if location.startswith(("postgresql://", "postgres://")):
+    if sidecars.is_postgres(location):
         from effectlog.journal.postgres import PostgresJournal  # optional backend
 
         return PostgresJournal(location, writer=writer, chain=chain)

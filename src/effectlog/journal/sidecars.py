@@ -131,6 +131,12 @@ def is_url(text: str) -> bool:
     return _URL.match(text) is not None
 
 
+def is_postgres(location: str) -> bool:
+    """Whether ``location`` is a PostgreSQL URL (``postgresql://`` or ``postgres://``, as libpq takes
+    them): the one location that is neither a file's path nor refused."""
+    return location.startswith(("postgresql://", "postgres://"))
+
+
 def not_a_path(text: str) -> bool:
     """``is_conninfo`` or ``is_url``: text its opener refuses, to keep as given (not made absolute)."""
     return is_conninfo(text) or is_url(text)
