@@ -100,3 +100,33 @@ def test_a_durable_agents_journal_given_as_a_uri_is_not_made_absolute_into_a_pat
     from effectlog.integrations.framework_steps import fixed_location
 
     assert ("file:j.db", "sqlite:///j.db") == (fixed_location("file:j.db"), fixed_location("sqlite:///j.db"))
+
+
+@pytest.mark.parametrize("trace", ["file:t.jsonl", "sqlite:///t.jsonl", "t.jsonl\n", ""])
+def test_the_api_refuses_a_url_or_whitespace_edged_trace_before_making_anything(
+    tmp_path: Path, trace: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``Runtime(trace=...)`` takes the trace's location as the CLI's ``--trace`` does. Before, the CLI
+    refused ``file:t.jsonl`` and the API made a trace file of that name. Proves: the API raises
+    ``LocationAmbiguous`` (or ``BadInput`` for the empty text), before the journal is made: nothing at all
+    is in the working directory."""
+    from effectlog.errors import BadInput
+    from effectlog.runtime import Runtime
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(BadInput) as refused:
+        Runtime("j.db", trace=trace)
+    assert (True, []) == ("trace" in str(refused.value), sorted(p.name for p in tmp_path.iterdir()))
+
+
+def test_a_path_object_reaches_a_file_of_such_a_name_by_its_absolute_path(tmp_path: Path) -> None:
+    """``Path("./file:j.db")`` is ``file:j.db`` once made text, so the ``./NAME`` advice does not reach
+    such a file from the API. Proves: the refusal also names an absolute path as the way, and that way
+    opens the file."""
+    from effectlog.runtime import Runtime
+
+    with pytest.raises(LocationAmbiguous) as refused:
+        Runtime(Path("./file:j.db"))
+    with Runtime(tmp_path / "file:j.db"):
+        pass
+    assert (True, True) == ("absolute path" in str(refused.value), (tmp_path / "file:j.db").is_file())
