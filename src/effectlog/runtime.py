@@ -23,7 +23,7 @@ from effectlog import loopfork
 from effectlog.actor import RunActor
 from effectlog.adapters.registry import AdapterContext, Factory, Registry
 from effectlog.fold import RunState
-from effectlog.journal import Journal, filelocks, load_run, open_journal
+from effectlog.journal import Journal, filelocks, load_run, open_journal, sidecars
 from effectlog.latecalls import LateCalls
 from effectlog.outcome import (
     CrashHook,
@@ -100,6 +100,8 @@ class Runtime:
         rng: random.Random | None = None,
         sleep: Callable[[float], Any] | None = None,
     ) -> None:
+        if trace is not None:  # by its text, before the journal is made
+            sidecars.refuse_ambiguous(os.fspath(trace), "trace")
         self.journal: Journal = open_journal(os.fspath(journal)) if isinstance(journal, str | os.PathLike) else journal
         self.registry = adapters if isinstance(adapters, Registry) else Registry(adapters)
         self.context = AdapterContext(effects=os.fspath(effects) if effects is not None else None)

@@ -176,7 +176,7 @@ def url_refusal(text: str, what: str) -> str:
     return (
         f"{shown!r} is a URL, not a {what} file's path: effectlog opens a SQLite file by its path (not as a "
         "file: URI or a sqlite:// URL) and PostgreSQL by a postgresql:// URL; a file of that name is "
-        f"./NAME; nothing was written"
+        "./NAME or its absolute path; nothing was written"
     )
 
 
@@ -198,13 +198,10 @@ def whitespace_refusal(path: str, what: str) -> str:
     )
 
 
-def refuse_clash(path: str, what: str) -> None:
-    """``SidecarClash`` if ``path`` (a ``what``: journal, effect store, fleet store) is another SQLite
-    file's sidecar, or if one of its own sidecar names holds a database of its own; ``NotARegularFile`` if
-    ``path`` is a device, FIFO or socket (``/dev/null``: SQLite made ``/dev/null-journal`` beside the
-    device before failing with "disk I/O error"). ``LocationAmbiguous`` for a URL, a connection string in
-    keyword form, or a new file whose name begins or ends with whitespace. A directory is left to its
-    opener's own message."""
+def refuse_ambiguous(path: str, what: str) -> None:
+    """``BadInput`` for an empty location; ``LocationAmbiguous`` for a URL, a connection string in keyword
+    form, or a new file whose name begins or ends with whitespace: by the text alone, before anything
+    (SQLite, a trace) opens it."""
     if not path:  # (an unset variable's text) realpath("") is the working directory: said as what it is not
         raise BadInput(f"{path!r} is empty, not a location of a {what}; nothing was written")
     if is_url(path):
@@ -216,6 +213,16 @@ def refuse_clash(path: str, what: str) -> None:
         )
     if new_with_edge_whitespace(path):
         raise LocationAmbiguous(whitespace_refusal(path, what))
+
+
+def refuse_clash(path: str, what: str) -> None:
+    """``SidecarClash`` if ``path`` (a ``what``: journal, effect store, fleet store) is another SQLite
+    file's sidecar, or if one of its own sidecar names holds a database of its own; ``NotARegularFile`` if
+    ``path`` is a device, FIFO or socket (``/dev/null``: SQLite made ``/dev/null-journal`` beside the
+    device before failing with "disk I/O error"). ``LocationAmbiguous`` for a URL, a connection string in
+    keyword form, or a new file whose name begins or ends with whitespace (``refuse_ambiguous``). A
+    directory is left to its opener's own message."""
+    refuse_ambiguous(path, what)
     try:
         mode = os.stat(path).st_mode
     except OSError:
