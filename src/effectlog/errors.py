@@ -524,7 +524,9 @@ class LocationAmbiguous(BadInput):
     (``host=db dbname=effectlog``), which was taken for the name of a SQLite file in the working
     directory: hosts meant to share one database each wrote a file of their own; or one written as a URL
     or a SQLite URI (``file:j.db``, ``sqlite:///j.db``), which was a file of that name, a second journal
-    beside ``j.db`` for the same run (exit 2, nothing written)."""
+    beside ``j.db`` for the same run; or a new file's name that is not the one meant (edge whitespace or an
+    invisible character, another Unicode spelling of a file there: ``journal.sidecars.new_name_refusal``)
+    (exit 2, nothing written)."""
 
     code = "location_ambiguous"
 

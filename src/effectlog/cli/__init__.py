@@ -23,14 +23,7 @@ from effectlog.cli.output import (
 )
 from effectlog.cli.progress import end_logging, error_line, json_errors
 from effectlog.errors import BadInput, EffectlogError, ExitStatus, MissingDependency, OutputUnwritable
-from effectlog.journal.sidecars import (
-    is_postgres,
-    is_url,
-    new_with_edge_whitespace,
-    not_a_path,
-    url_refusal,
-    whitespace_refusal,
-)
+from effectlog.journal.sidecars import is_postgres, is_url, new_name_refusal, not_a_path, url_refusal
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -148,8 +141,9 @@ def refuse_empty_locations(args: argparse.Namespace) -> None:
     traceback after making the journal, while ``--journal j.db/`` quietly made and used ``j.db``. And for
     one written as a URL other than ``postgresql://`` or as a SQLite URI (``--journal file:j.db``): it made
     a file of that name, a second journal beside ``j.db`` (``journal.sidecars.is_url``); and for a new
-    journal, store or effect store whose name begins or ends with whitespace (``--journal "j.db "``), a
-    file apart from ``j.db`` likewise (``journal.sidecars.new_with_edge_whitespace``)."""
+    journal, store or effect store whose name begins or ends with whitespace or an invisible character
+    (``--journal "j.db "``), or is another Unicode spelling of a file there (``jé.db`` decomposed beside
+    ``jé.db`` composed), a file apart from the one meant likewise (``journal.sidecars.new_name_refusal``)."""
     for dest in _LOCATIONS:
         value = getattr(args, dest, None)
         if not isinstance(value, str):
@@ -159,8 +153,9 @@ def refuse_empty_locations(args: argparse.Namespace) -> None:
             raise BadInput(f"argument {flag}: {value!r} is empty, not a location; nothing was done")
         if is_url(value) and not is_postgres(value):
             raise BadInput(f"argument {flag}: {url_refusal(value, 'local')}")
-        if dest in _DATABASES and not not_a_path(value) and new_with_edge_whitespace(value):
-            raise BadInput(f"argument {flag}: {whitespace_refusal(value, _DATABASES[dest])}")
+        refusal = new_name_refusal(value, _DATABASES[dest]) if dest in _DATABASES and not not_a_path(value) else None
+        if refusal is not None:
+            raise BadInput(f"argument {flag}: {refusal}")
         if value.endswith(os.sep) and dest not in _DIRECTORIES and "://" not in value:
             raise BadInput(
                 f"argument {flag}: {value!r} ends with {os.sep!r}, so it names a directory, not a file; nothing done"

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import re
 import stat
+import unicodedata
 import urllib.parse
 
 from effectlog.errors import (
@@ -180,27 +181,78 @@ def url_refusal(text: str, what: str) -> str:
     )
 
 
-def new_with_edge_whitespace(path: str) -> bool:
-    """Whether ``path``'s file name begins or ends with whitespace (``j.db ``, ``j.db\\n``) and no file of that
-    name is there: a location pasted or read with its newline, which would make a file apart from the one
-    meant (``j.db``), invisibly so in every listing: the same run given as ``j.db`` later ran again. A file of
-    such a name already there is opened as it is (its runs are not stranded)."""
+def _invisible(char: str) -> bool:
+    """Whitespace, or a format character (Unicode's ``Cf``: a byte-order mark, a zero-width space, a word
+    joiner, a direction mark): nothing a listing or a message shows."""
+    return char.isspace() or unicodedata.category(char) == "Cf"
+
+
+def _trimmed(name: str) -> str:
+    """``name`` without the whitespace and format characters it begins or ends with."""
+    start, end = 0, len(name)
+    while start < end and _invisible(name[start]):
+        start += 1
+    while end > start and _invisible(name[end - 1]):
+        end -= 1
+    return name[start:end]
+
+
+def _seen_as(name: str) -> str:
+    """``name`` as every listing shows it: its canonical composition (NFC: ``e`` and a combining accent are
+    ``é``), without its format characters."""
+    if name.isascii():
+        return name
+    return unicodedata.normalize("NFC", "".join(char for char in name if unicodedata.category(char) != "Cf"))
+
+
+def _twin(path: str) -> str | None:
+    """Another entry of ``path``'s directory that is shown as ``path``'s name is (``_seen_as``), if any."""
+    directory, name = os.path.split(path)
+    seen = _seen_as(name)
+    try:
+        entries = os.listdir(directory or ".")
+    except OSError:
+        return None  # no directory there (or none to list): its opener says so
+    return next((entry for entry in sorted(entries) if entry != name and _seen_as(entry) == seen), None)
+
+
+def new_name_refusal(path: str, what: str) -> str | None:
+    """The message for a ``what`` location (a SQLite file effectlog makes when it is not there) that no file
+    is at yet and whose name is not the one meant, else ``None``:
+
+    - it begins or ends with whitespace or a format character (``j.db ``, ``j.db\\n``, a byte-order mark from
+      a location read out of a file, a zero-width space pasted from a web page): a location pasted or read
+      with what surrounded it, which would make a file apart from ``j.db``, invisibly so in every listing;
+    - another file of its directory is the same name spelled otherwise (``jé.db`` composed against
+      decomposed, NFC against NFD, or with a format character inside): Linux keeps a name as the bytes it is
+      given, so the two are two files every listing shows alike.
+
+    Either way the same run given later by the name meant ran every step again. A file of such a name
+    already there is opened as it is (its runs are not stranded)."""
+    if os.path.lexists(path):
+        return None
     name = os.path.basename(path)
-    return name != name.strip() and not os.path.lexists(path)
-
-
-def whitespace_refusal(path: str, what: str) -> str:
-    """The message for a ``what`` location that ``new_with_edge_whitespace``."""
+    meant = _trimmed(name)
+    if meant != name:
+        return (
+            f"{path!r}: the {what} file's name begins or ends with whitespace or an invisible character (a "
+            f"location pasted or read with its newline, or a file's byte-order mark?), so it would be a new file "
+            f"apart from {meant!r}: give the name without it; nothing was written"
+        )
+    twin = _twin(path)
+    if twin is None:
+        return None
     return (
-        f"{path!r}: the {what} file's name begins or ends with whitespace (a location pasted or read with its "
-        f"newline?), so it would be a new file apart from {os.path.basename(path).strip()!r}: give the name "
-        "without it; nothing was written"
+        f"{path!r}: no {what} file of this name is there, but {twin!r} is, and its name is this one in another "
+        "Unicode spelling (composed against decomposed accents, or an invisible character inside), which the file "
+        "system keeps as another file: give the name as that file has it (or rename it first), so the runs in it "
+        "are not run again in a new one; nothing was written"
     )
 
 
 def refuse_ambiguous(path: str, what: str) -> None:
     """``BadInput`` for an empty location; ``LocationAmbiguous`` for a URL, a connection string in keyword
-    form, or a new file whose name begins or ends with whitespace: by the text alone, before anything
+    form, or a new file whose name is not the one meant (``new_name_refusal``): by the text alone, before anything
     (SQLite, a trace) opens it."""
     if not path:  # (an unset variable's text) realpath("") is the working directory: said as what it is not
         raise BadInput(f"{path!r} is empty, not a location of a {what}; nothing was written")
@@ -211,8 +263,9 @@ def refuse_ambiguous(path: str, what: str) -> None:
             f"{masked(path)}: a PostgreSQL connection string in keyword form, not a {what} file: give it as a "
             "postgresql:// URL (or a file of that name as ./NAME); nothing was written"
         )
-    if new_with_edge_whitespace(path):
-        raise LocationAmbiguous(whitespace_refusal(path, what))
+    refusal = new_name_refusal(path, what)
+    if refusal is not None:
+        raise LocationAmbiguous(refusal)
 
 
 def refuse_clash(path: str, what: str) -> None:
@@ -220,7 +273,7 @@ def refuse_clash(path: str, what: str) -> None:
     file's sidecar, or if one of its own sidecar names holds a database of its own; ``NotARegularFile`` if
     ``path`` is a device, FIFO or socket (``/dev/null``: SQLite made ``/dev/null-journal`` beside the
     device before failing with "disk I/O error"). ``LocationAmbiguous`` for a URL, a connection string in
-    keyword form, or a new file whose name begins or ends with whitespace (``refuse_ambiguous``). A
+    keyword form, or a new file whose name is not the one meant (``refuse_ambiguous``). A
     directory is left to its opener's own message."""
     refuse_ambiguous(path, what)
     try:
