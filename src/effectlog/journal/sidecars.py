@@ -20,6 +20,7 @@ import urllib.parse
 from effectlog.errors import (
     BadInput,
     FileBindMounted,
+    JournalUnreadable,
     LocationAmbiguous,
     LocationMisleads,
     NotARegularFile,
@@ -272,9 +273,10 @@ def refuse_clash(path: str, what: str) -> None:
     """``SidecarClash`` if ``path`` (a ``what``: journal, effect store, fleet store) is another SQLite
     file's sidecar, or if one of its own sidecar names holds a database of its own; ``NotARegularFile`` if
     ``path`` is a device, FIFO or socket (``/dev/null``: SQLite made ``/dev/null-journal`` beside the
-    device before failing with "disk I/O error"). ``LocationAmbiguous`` for a URL, a connection string in
-    keyword form, or a new file whose name is not the one meant (``refuse_ambiguous``). A
-    directory is left to its opener's own message."""
+    device before failing with "disk I/O error"); ``JournalUnreadable`` if it is a file that is not SQLite
+    (``notes.txt``: SQLite made ``notes.txt-wal`` beside it before failing). ``LocationAmbiguous`` for a
+    URL, a connection string in keyword form, or a new file whose name is not the one meant
+    (``refuse_ambiguous``). A directory is left to its opener's own message."""
     refuse_ambiguous(path, what)
     try:
         mode = os.stat(path).st_mode
@@ -292,6 +294,11 @@ def refuse_clash(path: str, what: str) -> None:
             "own; mount the directory that holds it instead; nothing was written"
         )
     with filelocks.no_opens():  # see no_opens: another thread's SQLite must not open the file mid-check
+        if mode is not None and stat.S_ISREG(mode) and not _database(path, empty_too=True):
+            # SQLite would find out only after putting a -wal beside it: the directory changed by bad input
+            raise JournalUnreadable(
+                f"{path}: not an effectlog {what} (the file is not a SQLite database); nothing was written"
+            )
         _refuse_sidecar_clash(path, what)
 
 
