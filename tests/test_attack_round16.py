@@ -28,6 +28,7 @@ from effectlog.console.decisions import Config
 from effectlog.errors import BadInput
 from effectlog.journal.sqlite import SqliteJournal
 from effectlog.runtime import Runtime
+from lock_watch import PAUSE_S, SIGN_S, WatchedLock, wait_done_or_kept_waiting, watch_no_opens
 
 # Another process asks the kernel whether a write lock on a byte range would be refused: then someone
 # holds a lock there (only this test's process has the file open when it asks).
@@ -101,17 +102,22 @@ def holders() -> Iterator[list[_Holder]]:
 
 
 def _race(
-    paused: Callable[[], None], pause_when: Callable[[FrameType, Any], bool], meanwhile: Callable[[], Any]
+    watched: WatchedLock,
+    paused: Callable[[], None],
+    pause_when: Callable[[FrameType, Any], bool],
+    meanwhile: Callable[[], Any],
 ) -> Any:
     """Run ``paused`` in a thread that stops at the first C call ``pause_when`` matches; while it is
-    stopped there, run ``meanwhile`` in another thread (given 2 s: an opener kept waiting by a lock is
-    let through when the first thread goes on). Returns what ``meanwhile`` returned."""
+    stopped there, run ``meanwhile`` in another thread until it has finished or waits for ``no_opens``
+    (an opener kept waiting by the paused thread is let through when that one goes on). Returns what
+    ``meanwhile`` returned."""
     stopped, go = threading.Event(), threading.Event()
+    let_go: list[bool] = []  # whether the paused thread went on because it was let go (not by a timeout)
 
     def hook(frame: FrameType, event: str, arg: object) -> None:
         if event == "c_call" and not stopped.is_set() and pause_when(frame, arg):
             stopped.set()
-            go.wait(30)
+            let_go.append(go.wait(PAUSE_S))
 
     failures: list[BaseException] = []
 
@@ -128,20 +134,24 @@ def _race(
     one = threading.Thread(target=first)
     two = threading.Thread(target=lambda: results.append(meanwhile()))
     one.start()
-    assert stopped.wait(30), "the first thread never reached the call it pauses at"
+    assert stopped.wait(SIGN_S), "the first thread never reached the call it pauses at"
     two.start()
-    two.join(2)
-    go.set()
-    one.join(30)
-    two.join(30)
+    try:
+        wait_done_or_kept_waiting(two, watched, "meanwhile, while the first thread was paused")
+    finally:
+        go.set()
+    one.join(SIGN_S)
+    two.join(SIGN_S)
     assert [] == [t.name for t in (one, two) if t.is_alive()]
-    assert [] == failures
+    assert ([], [True]) == (failures, let_go)
     assert len(results) == 1
     return results[0]
 
 
 @pytest.mark.parametrize("kind", sorted(OPENERS))
-def test_two_threads_creating_one_new_file_keep_sqlites_lock_on_it(kind: str, tmp_path: Path) -> None:
+def test_two_threads_creating_one_new_file_keep_sqlites_lock_on_it(
+    kind: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Two attempts of a fleet runner (``--capacity 2 --effects new.db``), or two concurrent runs' adapters,
     open a store that does not exist yet. The first creates the empty file (``O_CREAT|O_EXCL``) and closes
     that descriptor; the second, seeing the file there, opens it with SQLite in between. The first's close
@@ -158,7 +168,8 @@ def test_two_threads_creating_one_new_file_keep_sqlites_lock_on_it(kind: str, tm
         opened.append(OPENERS[kind](path))
 
     try:
-        second = _race(creator, lambda frame, arg: arg is os.close, lambda: OPENERS[kind](path))
+        watched = watch_no_opens(monkeypatch)
+        second = _race(watched, creator, lambda frame, arg: arg is os.close, lambda: OPENERS[kind](path))
         opened.append(second)
         assert _shared_held(path)
     finally:
@@ -167,7 +178,7 @@ def test_two_threads_creating_one_new_file_keep_sqlites_lock_on_it(kind: str, tm
 
 
 def test_a_console_version_read_beside_a_journal_open_keeps_sqlites_lock_on_its_shm(
-    tmp_path: Path, holders: list[_Holder]
+    tmp_path: Path, holders: list[_Holder], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The console's change feed reads the journal's counts through a SQLite connection of its own
     (``changes._journal_counts``), in a worker thread, while another worker thread opens the journal for
@@ -187,7 +198,10 @@ def test_a_console_version_read_beside_a_journal_open_keeps_sqlites_lock_on_its_
     def in_the_count(frame: FrameType, arg: object) -> bool:
         return frame.f_code is changes._count.__code__ and getattr(arg, "__name__", "") == "fetchone"
 
-    reader = _race(lambda: changes._read_version(config, None), in_the_count, lambda: SqliteJournal(path, writer=False))
+    watched = watch_no_opens(monkeypatch)
+    reader = _race(
+        watched, lambda: changes._read_version(config, None), in_the_count, lambda: SqliteJournal(path, writer=False)
+    )
     try:
         holder.close()
         assert _dms_held(tmp_path / "j.db-shm")

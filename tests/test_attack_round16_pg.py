@@ -21,6 +21,7 @@ from effectlog.journal.ownership import decode_owner, encode_owner
 from effectlog.journal.postgres import PostgresJournal
 from effectlog.journal.postgres_schema import OWNER_RENEWED, SCHEMA
 from hardening_kit import cli_env
+from lock_watch import PAUSE_S, SIGN_S, WatchedLock, wait_done_or_kept_waiting
 
 pytest_plugins = ["pg_fixture"]
 
@@ -51,7 +52,7 @@ class _HeldRenewal:
         held = threading.current_thread().name == RENEWER and not self.waiting.is_set()
         if held:
             self.waiting.set()
-            assert self.go.wait(30)
+            assert self.go.wait(PAUSE_S)
         try:
             with self._pool.connection(*args, **kwargs) as conn:
                 yield conn
@@ -67,15 +68,17 @@ def test_a_renewal_that_lands_after_release_does_not_keep_the_run(pg_url: str) -
     journal = PostgresJournal(pg_url, owner_lease_s=3.0)
     held = _HeldRenewal(journal._pool)
     journal._pool = held  # type: ignore[assignment]
+    renewal = journal._renewal = WatchedLock(journal._renewal)  # type: ignore[assignment]
     try:
         claim = journal.claim("race")
-        assert held.waiting.wait(30)  # the renewer has taken its list of claims, "race" in it
+        assert held.waiting.wait(SIGN_S), "the renewer never began a renewal"  # "race" in its list of claims
         releasing = threading.Thread(target=journal.release, args=(claim,))
         releasing.start()
-        releasing.join(1.0)  # a release that does not wait for the renewal ends here
+        # The release is done (one that does not wait for the renewal) or waits for the renewal's lock.
+        wait_done_or_kept_waiting(releasing, renewal, "the release while the renewal waits for a connection")
         held.go.set()
-        assert held.done.wait(30)
-        releasing.join(30)
+        assert held.done.wait(SIGN_S), "the renewal, let go, never wrote"
+        releasing.join(SIGN_S)
         assert (False, False) == (releasing.is_alive(), _renewed(pg_url, "race"))
         with PostgresJournal(pg_url) as other:
             other.release(other.claim("race"))

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from lock_watch import PAUSE_S, SIGN_S
 from provider_standin import ProviderStandIn
 
 
@@ -212,7 +213,9 @@ def test_a_pydantic_ai_tool_that_times_out_after_its_effect_is_not_taken_as_not_
     from effectlog.integrations.pydantic_ai import DurableAgent
 
     charged: list[str] = []
-    landed = threading.Event()
+    landed = threading.Event()  # set once the first pass has ended: only then does the first charge answer
+    answered: list[bool] = []  # whether the first charge answered because its pass had ended (not by a timeout)
+    answer_sent = threading.Event()
 
     def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
         asked = sum(1 for m in messages if isinstance(m, ModelResponse))
@@ -226,8 +229,9 @@ def test_a_pydantic_ai_tool_that_times_out_after_its_effect_is_not_taken_as_not_
     def charge(to: str, amount: int) -> str:
         """Charge a customer (not idempotent): the provider is slow to answer the first time."""
         charged.append(to)  # the charge went through
-        if len(charged) == 1:
-            landed.wait(1.0)  # its answer is slow; the toolset gives up on it
+        if len(charged) == 1:  # its answer comes after the pass ended: the toolset gave up on it before
+            answered.append(landed.wait(PAUSE_S))
+            answer_sent.set()
         return f"charged {amount} to {to}"
 
     durable = DurableAgent(agent, journal=tmp_path / "runs.db")
@@ -238,9 +242,11 @@ def test_a_pydantic_ai_tool_that_times_out_after_its_effect_is_not_taken_as_not_
                 outcomes.append(str(durable.run_sync("charge bob 5", run_id="order-13").output))
             except UncertainEffect:
                 outcomes.append("uncertain")
+            landed.set()  # the pass has ended without the first charge's answer
     finally:
         landed.set()
-    assert (["bob"], ["uncertain", "uncertain"]) == (charged, outcomes)
+    assert answer_sent.wait(SIGN_S), "the first charge never answered"
+    assert ([True], ["bob"], ["uncertain", "uncertain"]) == (answered, charged, outcomes)
 
 
 def test_an_openai_agents_tool_timeout_leaves_the_step_to_the_resume_instead_of_wedging_the_run(

@@ -28,6 +28,7 @@ from effectlog.adapters.effects import EffectStore
 from effectlog.fleet.sqlite_store import SqliteFleetStore
 from effectlog.journal import sidecars
 from effectlog.journal.sqlite import SqliteJournal
+from lock_watch import PAUSE_S, SIGN_S, wait_done_or_kept_waiting, watch_no_opens
 
 # Another process asks the kernel who holds a write lock's way at byte 128 of the -shm (SQLite's
 # UNIX_SHM_DMS: every connection using the index holds it shared).
@@ -80,7 +81,7 @@ held.close()
 
 @pytest.mark.parametrize("kind", sorted(OPENERS))
 def test_a_check_in_one_thread_never_drops_the_lock_of_a_file_another_thread_opens_meanwhile(
-    kind: str, tmp_path: Path
+    kind: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Two threads of one process open the same file at once (two attempts of a fleet runner, each with
     its effect store; CI's racing runners died of SIGBUS, exit -7). One thread's sidecar check has the
@@ -99,6 +100,7 @@ def test_a_check_in_one_thread_never_drops_the_lock_of_a_file_another_thread_ope
     try:
         assert "open" == holder.stdout.readline().strip()
         checking, go = threading.Event(), threading.Event()
+        let_go: list[bool] = []  # whether the check went on because it was let go (not by a timeout)
 
         def pause_in_the_shm_read(frame: FrameType, event: str, arg: object) -> None:
             if (
@@ -108,7 +110,7 @@ def test_a_check_in_one_thread_never_drops_the_lock_of_a_file_another_thread_ope
                 and getattr(arg, "__name__", "") == "read"
             ):
                 checking.set()
-                go.wait(30)
+                let_go.append(go.wait(PAUSE_S))
 
         def check() -> None:
             sys.setprofile(pause_in_the_shm_read)
@@ -118,16 +120,19 @@ def test_a_check_in_one_thread_never_drops_the_lock_of_a_file_another_thread_ope
                 sys.setprofile(None)
 
         opened: list[Any] = []
+        watched = watch_no_opens(monkeypatch)
         checker = threading.Thread(target=check)
         opener = threading.Thread(target=lambda: opened.append(OPENERS[kind](path)))
         checker.start()
-        assert checking.wait(30)  # the check has the -shm open
+        assert checking.wait(SIGN_S), "the check never read the -shm"
         opener.start()
-        opener.join(2)  # done at once if nothing keeps it from opening while the check reads
-        go.set()
-        checker.join(30)
-        opener.join(30)
-        assert [] == [t.name for t in (checker, opener) if t.is_alive()]
+        try:
+            wait_done_or_kept_waiting(opener, watched, "the open while the check reads the -shm")
+        finally:
+            go.set()
+        checker.join(SIGN_S)
+        opener.join(SIGN_S)
+        assert ([], [True]) == ([t.name for t in (checker, opener) if t.is_alive()], let_go)
         holder.stdin.write("close\n")
         holder.stdin.flush()
         assert 0 == holder.wait(30)
