@@ -160,10 +160,10 @@ def masked(location: str) -> str:
     if scheme is None and not is_conninfo(location):
         return location
     if scheme is not None:
-        rest = location[scheme.end() :]
-        user, colon, _ = rest[: max(rest.rfind("@"), 0)].partition(":")
+        rest, at = location[scheme.end() :], location.rfind("@") - scheme.end()
+        user, colon, _ = rest[: max(at, 0)].partition(":")
         if colon:
-            location = f"{scheme.group()}{user}:***{rest[rest.rfind('@') :]}"
+            location = f"{scheme.group()}{user}:***{rest[at:]}"
 
     def value(found: re.Match[str]) -> str:
         secret = urllib.parse.unquote(found[2]).lower() in _SECRET_KEYS
