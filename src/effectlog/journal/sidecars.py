@@ -294,8 +294,9 @@ def refuse_clash(path: str, what: str) -> None:
             "own; mount the directory that holds it instead; nothing was written"
         )
     with filelocks.no_opens():  # see no_opens: another thread's SQLite must not open the file mid-check
-        if mode is not None and stat.S_ISREG(mode) and not _database(path, empty_too=True):
+        if mode is not None and stat.S_ISREG(mode) and os.access(path, os.R_OK) and not _database(path, empty_too=True):
             # SQLite would find out only after putting a -wal beside it: the directory changed by bad input
+            # (a file this process may not read is left to its opener, which says why)
             raise JournalUnreadable(
                 f"{path}: not an effectlog {what} (the file is not a SQLite database); nothing was written"
             )
