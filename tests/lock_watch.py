@@ -67,3 +67,28 @@ def wait_done_or_kept_waiting(thread: threading.Thread, watched: WatchedLock, wh
             pytest.fail(f"{what}: neither finished nor waited for the paused thread's lock within {SIGN_S:g}s")
         thread.join(0.01)
     return "kept waiting" if watched.waited(thread) else "done"
+
+
+def race(
+    paused: threading.Thread,
+    reached: threading.Event,
+    meanwhile: threading.Thread,
+    *,
+    go: threading.Event,
+    watched: WatchedLock,
+    what: str,
+) -> list[str]:
+    """Start ``paused`` and wait until it sets ``reached`` (its pause point); start ``meanwhile`` and wait
+    until it is done or kept waiting for ``watched`` (``wait_done_or_kept_waiting``); then let ``paused`` go
+    on (``go``) and join both. The names of the threads still alive after ``SIGN_S`` each (none, when
+    neither is stuck)."""
+    paused.start()
+    assert reached.wait(SIGN_S), f"{what}: the paused thread never reached its pause point"
+    meanwhile.start()
+    try:
+        wait_done_or_kept_waiting(meanwhile, watched, what)
+    finally:
+        go.set()
+    paused.join(SIGN_S)
+    meanwhile.join(SIGN_S)
+    return [t.name for t in (paused, meanwhile) if t.is_alive()]

@@ -28,7 +28,7 @@ from effectlog.console.decisions import Config
 from effectlog.errors import BadInput
 from effectlog.journal.sqlite import SqliteJournal
 from effectlog.runtime import Runtime
-from lock_watch import PAUSE_S, SIGN_S, WatchedLock, wait_done_or_kept_waiting, watch_no_opens
+from lock_watch import PAUSE_S, WatchedLock, race, watch_no_opens
 
 # Another process asks the kernel whether a write lock on a byte range would be refused: then someone
 # holds a lock there (only this test's process has the file open when it asks).
@@ -133,16 +133,7 @@ def _race(
     results: list[Any] = []
     one = threading.Thread(target=first)
     two = threading.Thread(target=lambda: results.append(meanwhile()))
-    one.start()
-    assert stopped.wait(SIGN_S), "the first thread never reached the call it pauses at"
-    two.start()
-    try:
-        wait_done_or_kept_waiting(two, watched, "meanwhile, while the first thread was paused")
-    finally:
-        go.set()
-    one.join(SIGN_S)
-    two.join(SIGN_S)
-    assert [] == [t.name for t in (one, two) if t.is_alive()]
+    assert [] == race(one, stopped, two, go=go, watched=watched, what="meanwhile, while the first thread was paused")
     assert ([], [True]) == (failures, let_go)
     assert len(results) == 1
     return results[0]

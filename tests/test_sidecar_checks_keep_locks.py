@@ -28,7 +28,7 @@ from effectlog.adapters.effects import EffectStore
 from effectlog.fleet.sqlite_store import SqliteFleetStore
 from effectlog.journal import sidecars
 from effectlog.journal.sqlite import SqliteJournal
-from lock_watch import PAUSE_S, SIGN_S, wait_done_or_kept_waiting, watch_no_opens
+from lock_watch import PAUSE_S, race, watch_no_opens
 
 # Another process asks the kernel who holds a write lock's way at byte 128 of the -shm (SQLite's
 # UNIX_SHM_DMS: every connection using the index holds it shared).
@@ -123,16 +123,8 @@ def test_a_check_in_one_thread_never_drops_the_lock_of_a_file_another_thread_ope
         watched = watch_no_opens(monkeypatch)
         checker = threading.Thread(target=check)
         opener = threading.Thread(target=lambda: opened.append(OPENERS[kind](path)))
-        checker.start()
-        assert checking.wait(SIGN_S), "the check never read the -shm"
-        opener.start()
-        try:
-            wait_done_or_kept_waiting(opener, watched, "the open while the check reads the -shm")
-        finally:
-            go.set()
-        checker.join(SIGN_S)
-        opener.join(SIGN_S)
-        assert ([], [True]) == ([t.name for t in (checker, opener) if t.is_alive()], let_go)
+        alive = race(checker, checking, opener, go=go, watched=watched, what="the open while the check reads the -shm")
+        assert ([], [True]) == (alive, let_go)
         holder.stdin.write("close\n")
         holder.stdin.flush()
         assert 0 == holder.wait(30)
