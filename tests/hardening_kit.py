@@ -254,3 +254,17 @@ def generate_plan(kind: str, path: Path) -> None:
 
 def plan_dict(run_id: str, steps: list[dict[str, Any]], adapters: dict[str, Any]) -> dict[str, Any]:
     return {"run_id": run_id, "adapters": adapters, "steps": steps}
+
+
+def refused_by_every_opener(location: str | os.PathLike[str], error: type[BaseException]) -> None:
+    """``Runtime``, ``durable.run`` and ``EffectStore`` given ``location`` each raise ``error`` (the API's
+    three ways to open a SQLite file by its location)."""
+    from effectlog import durable
+    from effectlog.adapters import EffectStore
+
+    with pytest.raises(error):
+        Runtime(location)
+    with pytest.raises(error), durable.run("r1", journal=location):
+        pass
+    with pytest.raises(error):
+        EffectStore(location)

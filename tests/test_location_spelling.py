@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from effectlog.errors import ExitStatus, LocationAmbiguous
-from hardening_kit import NOOP_PLAN, effectlog
+from hardening_kit import NOOP_PLAN, effectlog, refused_by_every_opener
 
 NFC = unicodedata.normalize("NFC", "jé.db")
 NFD = unicodedata.normalize("NFD", "jé.db")
@@ -108,19 +108,10 @@ def test_the_api_refuses_a_new_location_spelled_as_another_file_there(
 ) -> None:
     """``Runtime``, ``durable.run`` and an effect store given the other spelling of a file already there (or an
     invisible edge), relative or absolute, raise ``LocationAmbiguous`` (exit 2's error), and nothing is made."""
-    from effectlog import durable
-    from effectlog.adapters import EffectStore
-    from effectlog.runtime import Runtime
-
     monkeypatch.chdir(tmp_path)
     sqlite3.connect(tmp_path / NFC).close()
     for location in (NFD, str(tmp_path / NFD), tmp_path / NFD, "\ufeffj.db"):
-        with pytest.raises(LocationAmbiguous):
-            Runtime(location)
-        with pytest.raises(LocationAmbiguous), durable.run("r1", journal=location):
-            pass
-        with pytest.raises(LocationAmbiguous):
-            EffectStore(location)
+        refused_by_every_opener(location, LocationAmbiguous)
     assert [NFC] == [p.name for p in tmp_path.iterdir()]
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from effectlog.errors import ExitStatus, LocationAmbiguous
-from hardening_kit import effectlog_beside_plan
+from hardening_kit import effectlog_beside_plan, refused_by_every_opener
 
 
 def cli(tmp_path: Path, argv: list[str]) -> subprocess.CompletedProcess[str]:
@@ -59,18 +59,9 @@ def test_the_api_refuses_a_new_location_with_edge_whitespace_made_absolute_or_no
     """``Runtime``, ``durable.run`` and an effect store given a name read with its newline raise
     ``LocationAmbiguous`` (exit 2's error), also when the text was made absolute first (the fleet runner and
     the integrations do), and nothing is made."""
-    from effectlog import durable
-    from effectlog.adapters import EffectStore
-    from effectlog.runtime import Runtime
-
     monkeypatch.chdir(tmp_path)
     for location in ("j.db\n", " j.db", str(tmp_path / " j.db"), tmp_path / "j.db "):
-        with pytest.raises(LocationAmbiguous):
-            Runtime(location)
-        with pytest.raises(LocationAmbiguous), durable.run("r1", journal=location):
-            pass
-        with pytest.raises(LocationAmbiguous):
-            EffectStore(location)
+        refused_by_every_opener(location, LocationAmbiguous)
     assert [] == list(tmp_path.iterdir())
 
 
