@@ -12,7 +12,8 @@ CPU time (``time.process_time()``) measured in this one process, on cached pages
    its pinned form, step ids and step positions, computed once per ``Plan`` object, ~60 ms CPU
    at 66k steps) are the plan's own costs,
    paid by a first run too, and reported apart (``plan_digest_ms``);
-2. re-run of a sealed (closed) run of 333 / 3,333 / 33,333 steps: it answers from its seal, as a
+2. re-run of a sealed (closed) run of 333 / 3,333 / 33,333 steps, the sizes interleaved over 15
+   rounds (each size's median over them): it answers from its seal, as a
    user's ``rt.run(plan)`` does: the seal read and hashed against the chain head, its run-level
    stream inflated and decoded, the plan and adapters checked, the outcome returned. The outcome's
    step rows (``RunOutcome.steps``, ``StepRows``) are built only when read, so this measure does
@@ -52,6 +53,7 @@ from effectlog.plan import AdapterDecl, Plan, StepDecl
 from effectlog.runtime import Runtime, SimulatedCrash
 
 HERE = Path(__file__).resolve().parent
+RERUN_ROUNDS = 15
 
 
 def noop_plan(run_id: str, steps: int) -> Plan:
@@ -307,8 +309,17 @@ def main() -> None:
     results: dict[str, Any] = {"python": sys.version.split()[0], "resume": [], "sealed_rerun": [], "replay": []}
     with tempfile.TemporaryDirectory(prefix="resume-bench-") as tmp:
         workdir = Path(tmp)
+        histories = {steps: build_histories(workdir, steps) for steps in sizes}
+        # A re-run is about 1 ms of fixed cost: measured size after size, the machine's state drifted
+        # between the blocks and moved the flatness ratio by a third from one bench to the next (1.3x
+        # to 2.2x). So every round re-runs each size once, in turn (RERUN_ROUNDS rounds), and each size's
+        # figure is its median over the rounds.
+        reruns_by_size: dict[int, list[tuple[float, float | None]]] = {steps: [] for steps in sizes}
+        for _ in range(RERUN_ROUNDS):
+            for steps in sizes:
+                reruns_by_size[steps].append(rerun_cpu_ms(histories[steps][0], steps))
         for steps in sizes:
-            finished, half = build_histories(workdir, steps)
+            finished, half = histories[steps]
             with SqliteJournal(half, writer=False) as journal:
                 events = load_run(journal, "resume").seq
             runs = [resume_cpu_ms(half, steps, workdir) for _ in range(5)]
@@ -326,9 +337,7 @@ def main() -> None:
             }
             results["resume"].append(row)
             print(f"resume {events} events: {row['cpu_ms']:.1f} ms CPU ({row['wall_ms']:.1f} ms wall)", flush=True)
-            # 11 samples: a re-run is about 1 ms of fixed cost, so five samples on a shared machine
-            # moved the flatness ratio by a third from one bench to the next (1.3x to 2.2x).
-            reruns = [rerun_cpu_ms(finished, steps) for _ in range(11)]
+            reruns = reruns_by_size[steps]
             rerun = statistics.median(c for c, _ in reruns)
             built = [b for _, b in reruns if b is not None]
             rerun_row: dict[str, Any] = {"steps": steps, "cpu_ms": rerun}
