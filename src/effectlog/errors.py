@@ -297,6 +297,14 @@ class LedgerMismatch(Conflict):
     code = "ledger_mismatch"
 
 
+class LedgerBehind(Conflict):
+    """An effect store older than the journal: a copy of the run's store beside it, or one that lacks the
+    effect of a step the journal recorded as done through it (restored from a backup). A row's absence
+    there is no evidence that an effect did not happen (exit 5)."""
+
+    code = "ledger_behind"
+
+
 class LookupUndecided(EffectlogError):
     """An adapter's ``lookup`` cannot tell whether the effect exists: the step stays uncertain (exit 3)."""
 

@@ -29,7 +29,16 @@ from effectlog import events as ev
 from effectlog.adapters.effects import EffectStore
 from effectlog.adapters.protocol import Evidence, Request
 from effectlog.adapters.registry import AdapterContext, Registry
-from effectlog.errors import BadInput, EvidenceStale, LedgerMismatch, LookupUndecided, PlanMismatch, describe, printable
+from effectlog.errors import (
+    BadInput,
+    EvidenceStale,
+    LedgerBehind,
+    LedgerMismatch,
+    LookupUndecided,
+    PlanMismatch,
+    describe,
+    printable,
+)
 from effectlog.fold import RunState, StepState
 from effectlog.journal import Journal
 from effectlog.observe import decision
@@ -287,20 +296,61 @@ def open_run_store(state: RunState, path: str) -> EffectStore:
     return store
 
 
-def _refuse_if_not_a_store_user(journal: Journal, state: RunState, adapter: str, path: str) -> None:
+def store_users(journal: Journal, state: RunState) -> tuple[str, ...]:
+    """The adapters of the run that asked for the effect store when built (``run.started.store_adapters``;
+    empty for a run older than that field)."""
+    first = next(iter(journal.read(state.run_id)), None)
+    started = ev.decode(first.body) if first is not None else None
+    return started.store_adapters if isinstance(started, ev.RunStarted) else ()
+
+
+def _refuse_if_not_a_store_user(users: tuple[str, ...], adapter: str, path: str, run_id: str) -> None:
     """The effect store is evidence only for steps whose adapter writes it: refused (``BadInput``) for
     an adapter the run recorded as not asking for the store. Its absence from the store's rows says
     nothing about an effect made elsewhere. A run older than ``run.started.store_adapters`` cannot tell."""
-    first = next(iter(journal.read(state.run_id)), None)
-    started = ev.decode(first.body) if first is not None else None
-    users = started.store_adapters if isinstance(started, ev.RunStarted) else ()
     if users and adapter not in users:
         raise BadInput(
             f"--from-ledger {path}: the step's adapter {adapter!r} does not write the effect store (it keeps its "
             "own records), so the store's rows are no evidence for it: reconcile with --lookup, or by hand; "
             "nothing was written",
-            run_id=state.run_id,
+            run_id=run_id,
         )
+
+
+def _refuse_if_behind(store: EffectStore, state: RunState, users: tuple[str, ...], path: str) -> None:
+    """``LedgerBehind`` when the store is older than the journal, so that a row's absence in it says nothing.
+
+    Two signs, since a copy of the store carries the store's id: the file is not the one at the location the
+    run pinned (a backup beside it: the pinned path names another file from here), or it lacks the effect of
+    a step of the run the journal recorded as confirmed through the store (a store restored from a backup, in
+    place or elsewhere). A copy made after the run's last confirmed effect and before the uncertain one
+    shows neither: the limit of what the store's own rows can tell (docs/plan.md)."""
+    pinned = state.effect_store
+    if pinned is not None and pinned.path and os.path.exists(pinned.path):
+        try:
+            same = os.path.samefile(pinned.path, path)
+        except OSError:
+            same = False
+        if not same:
+            raise LedgerBehind(
+                f"--from-ledger {path}: not the run's effect store but another file with its id (a copy?): the run "
+                f"pinned {pinned.path}, which is there. A copy's missing row is no evidence that the effect did not "
+                f"happen; give --from-ledger {pinned.path}, or reconcile by hand; nothing was recorded",
+                run_id=state.run_id,
+            )
+    writes = users or tuple(name for name, a in state.adapters.items() if a.type.startswith("effects."))
+    # By key, not by run and step: a fork's carried steps were made under its parent's run id.
+    done = [s for s in state.ordered_steps() if s.state == "confirmed" and s.adapter in writes and s.idempotency_key]
+    missing = store.missing_keys({step.idempotency_key for step in done})
+    for step in done:
+        if step.idempotency_key in missing:
+            raise LedgerBehind(
+                f"--from-ledger {path}: the store holds no effect of step {step.step_id!r}, which the journal "
+                "recorded as confirmed through it: the store is older than the journal (restored from a backup?), "
+                "so its missing rows are no evidence; reconcile by hand; nothing was recorded",
+                run_id=state.run_id,
+                step_id=step.step_id,
+            )
 
 
 def _check_store(state: RunState, given: ev.EffectStoreIdentity | None, where: str) -> None:
@@ -330,9 +380,11 @@ def reconcile_from_ledger(
     state, step = load_step(journal, run_id, step_id, needs=("uncertain",), action="reconcile")
     _check_attempt(state, step, attempt)
     request, _ = recorded_request(state, step)
-    _refuse_if_not_a_store_user(journal, state, step.adapter, path)
+    users = store_users(journal, state)
+    _refuse_if_not_a_store_user(users, step.adapter, path, state.run_id)
     store = open_run_store(state, path)
     try:
+        _refuse_if_behind(store, state, users, path)
         found = store.lookup(request, body=step.args_digest or None)  # the journal's digest of the real args
         pinned = "" if state.effect_store is None else f" (store id {store.store_id}, pinned by the run)"
     finally:

@@ -289,6 +289,18 @@ class EffectStore:
             return Evidence(applied=True, detail=f"ledger {self.path}: effect {ids} recorded for this attempt")
         return Evidence(applied=False, detail=f"ledger {self.path}: no effect recorded for this attempt")
 
+    def missing_keys(self, keys: set[str]) -> set[str]:
+        """Which of these idempotency keys no effect in the ledger was made under (one pass over the ledger)."""
+        missing = set(keys)
+        try:
+            for (key,) in self._conn.execute("SELECT idempotency_key FROM effects"):
+                missing.discard(key)
+                if not missing:
+                    break
+        except sqlite3.Error as exc:
+            raise StorageError(f"{self.path}: cannot read the effects ledger ({exc})") from None
+        return missing
+
     def rows(
         self, *, run_id: str | None = None, step_id: str | None = None, attempt: int | None = None
     ) -> list[EffectRow]:
