@@ -18,6 +18,7 @@ $(STAMP): pyproject.toml
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests experiments examples
+	$(BIN)/ruff format --check src tests experiments examples
 
 typecheck: $(STAMP)
 	$(BIN)/mypy --strict src

@@ -124,8 +124,12 @@ def effectlog_rows_commits(steps: int) -> list[tuple[str, list[tuple[Any, ...]]]
     for i in range(steps):
         step = f"step-{i}"
         commits.append((INSERT, [(RUN, seq + 1, step, "requested", 1, body, digest)]))
-        commits.append((INSERT, [(RUN, seq + 2, step, "effected", 1, body, digest),
-                                 (RUN, seq + 3, step, "confirmed", 1, body, digest)]))
+        commits.append(
+            (
+                INSERT,
+                [(RUN, seq + 2, step, "effected", 1, body, digest), (RUN, seq + 3, step, "confirmed", 1, body, digest)],
+            )
+        )
         seq += 3
     return commits
 
@@ -458,8 +462,9 @@ def single_sizes(results: dict[str, Any], args: argparse.Namespace, workdir: Pat
                     shutil.rmtree(target, ignore_errors=True)
                     peer_runs[name].append(peer(name, n, target, args.peer_timeout))
                     shutil.rmtree(target, ignore_errors=True)
-            shown = [f"{k} {v[-1]['us_per_step']:.0f} us/step ({v[-1]['cpu_us_per_step']:.0f} CPU)"
-                     for k, v in rows.items()]
+            shown = [
+                f"{k} {v[-1]['us_per_step']:.0f} us/step ({v[-1]['cpu_us_per_step']:.0f} CPU)" for k, v in rows.items()
+            ]
             shown += [f"{k} {v[-1].get('us_per_step', float('nan')):.0f}" for k, v in peer_runs.items() if v]
             say(f"N={n} round {r + 1}: fsync {fsyncs[-1]:.0f} us; " + ", ".join(shown))
         evidence: dict[str, Any] = {
@@ -473,9 +478,11 @@ def single_sizes(results: dict[str, Any], args: argparse.Namespace, workdir: Pat
         row = results["single"][str(n)]
         if "ram" in row["evidence"]:
             ram_row = row["evidence"]["ram"]
-            say(f"N={n} on a RAM disk, CPU per step: floor {ram_row['floor']['cpu_us_per_step']:.0f} us, effectlog's "
+            say(
+                f"N={n} on a RAM disk, CPU per step: floor {ram_row['floor']['cpu_us_per_step']:.0f} us, effectlog's "
                 f"rows alone {ram_row.get('rows', {}).get('cpu_us_per_step', float('nan')):.0f} us, effectlog "
-                f"{ram_row['effectlog']['cpu_us_per_step']:.0f} us")
+                f"{ram_row['effectlog']['cpu_us_per_step']:.0f} us"
+            )
         say(
             f"N={n}: effectlog / floor {row['effectlog_over_floor']:.2f} (wall), "
             f"CPU +{row['cpu_minus_floor_us']:.0f} us/step; WAL frames per commit "
@@ -515,9 +522,7 @@ def summarize_single(
             )
     mine = rows["effectlog"]
     out["effectlog"]["one_off"] = {
-        key: median([g[key] for g in mine])
-        for key in mine[0]
-        if key.endswith("_ms") or key.endswith("_all_in")
+        key: median([g[key] for g in mine]) for key in mine[0] if key.endswith("_ms") or key.endswith("_all_in")
     }
     pairs = list(zip(mine, rows["floor"], strict=True))
     out["effectlog_over_floor_rounds"] = [e["us_per_step"] / f["us_per_step"] for e, f in pairs]
@@ -626,8 +631,10 @@ def counted_instructions(quick: bool) -> dict[str, Any]:
         counted = {"one_run": per_step(src, 1), "runs_32": per_step(src, 32)}
     except (OSError, RuntimeError, subprocess.CalledProcessError) as exc:
         return {"error": f"valgrind failed: {str(exc).splitlines()[0]}"}
-    say(f"instructions per step (valgrind): one run {counted['one_run'] / 1e3:.1f}k, "
-        f"32 runs {counted['runs_32'] / 1e3:.1f}k")
+    say(
+        f"instructions per step (valgrind): one run {counted['one_run'] / 1e3:.1f}k, "
+        f"32 runs {counted['runs_32'] / 1e3:.1f}k"
+    )
     return counted
 
 
@@ -695,8 +702,10 @@ def run_all(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         if plan.get("ramdir"):
             shutil.rmtree(plan["ramdir"], ignore_errors=True)
     results["syncs"] = {name: syncs_per_step(name, workdir) for name in ("floor", "effectlog", "dbos", "langgraph")}
-    say("syncs per step: " + ", ".join(f"{k} {v.get('syncs_per_step', v.get('error'))}" for k, v in
-                                       results["syncs"].items()))
+    say(
+        "syncs per step: "
+        + ", ".join(f"{k} {v.get('syncs_per_step', v.get('error'))}" for k, v in results["syncs"].items())
+    )
     concurrent_runs(results, plan, workdir)
     resume_sizes(results, plan, workdir)
     results["footprint"] = footprint(workdir, plan["footprint_steps"])

@@ -143,8 +143,9 @@ def syncs_per_step(system: str, workdir: Path, steps: int = 200, few: int = 20) 
         summary = workdir / "strace.txt"
         strace = ["strace", "-f", "-qq", "-c", "-e", f"trace={','.join(SYNC_CALLS)}", "-o", str(summary)]
         try:
-            done = subprocess.run([*strace, sys.executable, *child], capture_output=True, text=True, timeout=1800,
-                                  check=False)
+            done = subprocess.run(
+                [*strace, sys.executable, *child], capture_output=True, text=True, timeout=1800, check=False
+            )
         except subprocess.TimeoutExpired:
             return {"error": "did not finish within 1800 s"}
         finally:

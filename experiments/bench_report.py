@@ -32,8 +32,12 @@ def write_plots(results: dict[str, Any], img: Path, resume: dict[str, Any] | Non
 
     # single runs: wall and CPU per step for every system at every size
     sizes = sorted(results["single"], key=int)
-    systems = [("floor", "SQLite floor (2 commits)"), ("effectlog", "effectlog"), ("dbos", "DBOS (SQLite)"),
-               ("langgraph", "LangGraph SqliteSaver, sync")]
+    systems = [
+        ("floor", "SQLite floor (2 commits)"),
+        ("effectlog", "effectlog"),
+        ("dbos", "DBOS (SQLite)"),
+        ("langgraph", "LangGraph SqliteSaver, sync"),
+    ]
     fig, ax = plt.subplots(figsize=(8.5, 4.8))
     width = 0.2
     for i, (key, label) in enumerate(systems):
@@ -45,8 +49,7 @@ def write_plots(results: dict[str, Any], img: Path, resume: dict[str, Any] | Non
                 walls.append(row["us_per_step"])
                 cpus.append(row.get("cpu_us_per_step", 0.0))
         bars = ax.bar(xs, walls, width, label=f"{label}: wall")
-        ax.bar(xs, cpus, width * 0.5, color="black", alpha=0.55,
-               label="CPU time of the process" if i == 0 else None)
+        ax.bar(xs, cpus, width * 0.5, color="black", alpha=0.55, label="CPU time of the process" if i == 0 else None)
         del bars
     ax.set_xticks(range(len(sizes)), [f"N = {int(n):,}" for n in sizes])
     ax.set_ylabel("µs per step (lower is better)")
@@ -66,8 +69,14 @@ def write_plots(results: dict[str, Any], img: Path, resume: dict[str, Any] | Non
     allowed = [(OVERHEAD_MAX - 1) * results["single"][n]["floor"]["us_per_step"] for n in sizes]
     ax.bar(xs, cpu, 0.5, label="extra CPU per step")
     ax.bar(xs, wait, 0.5, bottom=cpu, label="extra waiting per step (disk, descheduled)")
-    ax.hlines(allowed, [x - 0.3 for x in xs], [x + 0.3 for x in xs], colors="black", linewidth=2,
-              label=f"allowed by {OVERHEAD_MAX}x the floor")
+    ax.hlines(
+        allowed,
+        [x - 0.3 for x in xs],
+        [x + 0.3 for x in xs],
+        colors="black",
+        linewidth=2,
+        label=f"allowed by {OVERHEAD_MAX}x the floor",
+    )
     ax.axhline(0, color="grey", linewidth=0.5)
     ax.set_ylim(top=max([*allowed, *(c + w for c, w in zip(cpu, wait, strict=True))]) * 1.35)
     ax.set_xticks(list(xs), [f"N = {int(n):,}" for n in sizes])
@@ -83,8 +92,7 @@ def write_plots(results: dict[str, Any], img: Path, resume: dict[str, Any] | Non
     fig, ax = plt.subplots(figsize=(6.5, 4.2))
     for n in sizes:
         row = results["single"][n]
-        pairs = list(zip(row.get("fsync_us_rounds") or [], row.get("effectlog_over_floor_rounds") or [],
-                         strict=False))
+        pairs = list(zip(row.get("fsync_us_rounds") or [], row.get("effectlog_over_floor_rounds") or [], strict=False))
         if pairs:
             ax.plot([f for f, _ in pairs], [r for _, r in pairs], "o", label=f"N = {int(n):,}")
     ax.axhline(OVERHEAD_MAX, color="grey", linestyle="--", label=f"target: {OVERHEAD_MAX}x")
@@ -102,8 +110,9 @@ def write_plots(results: dict[str, Any], img: Path, resume: dict[str, Any] | Non
     ks = sorted(results["concurrent"], key=int)
     fig, ax = plt.subplots(figsize=(6, 4))
     ax.plot([int(k) for k in ks], [results["concurrent"][k]["steps_per_s"] for k in ks], "o-", label="effectlog")
-    cpu_ceiling = [1e6 / results["concurrent"][k]["cpu_us_per_step"] for k in ks
-                   if results["concurrent"][k].get("cpu_us_per_step")]
+    cpu_ceiling = [
+        1e6 / results["concurrent"][k]["cpu_us_per_step"] for k in ks if results["concurrent"][k].get("cpu_us_per_step")
+    ]
     if len(cpu_ceiling) == len(ks):
         ax.plot([int(k) for k in ks], cpu_ceiling, "x:", label="CPU ceiling (1 s / CPU time per step)")
     one = results["concurrent"]["1"]["steps_per_s"]
@@ -125,13 +134,25 @@ def write_plots(results: dict[str, Any], img: Path, resume: dict[str, Any] | Non
         ev = [x["half_events"] for x in rows]
         ax.plot(ev, [x["half_fold_ms"] for x in rows], "o-", label="half-finished: replay and verify (wall)")
         if all("half_resume_to_next_effect_cpu_ms" in x for x in rows):
-            ax.plot(ev, [x["half_resume_to_next_effect_cpu_ms"] for x in rows], "s-",
-                    label="half-finished: to next effect (CPU)")
-        ax.plot([x["finished_events"] for x in rows], [x["finished_full_replay_ms"] for x in rows], "^--",
-                label="finished: a full replay would take (wall)")
+            ax.plot(
+                ev,
+                [x["half_resume_to_next_effect_cpu_ms"] for x in rows],
+                "s-",
+                label="half-finished: to next effect (CPU)",
+            )
+        ax.plot(
+            [x["finished_events"] for x in rows],
+            [x["finished_full_replay_ms"] for x in rows],
+            "^--",
+            label="finished: a full replay would take (wall)",
+        )
         if all("finished_rerun_cpu_ms" in x for x in rows):
-            ax.plot([x["finished_events"] for x in rows], [x["finished_rerun_cpu_ms"] for x in rows], "v-",
-                    label="finished: re-run from its seal (CPU)")
+            ax.plot(
+                [x["finished_events"] for x in rows],
+                [x["finished_rerun_cpu_ms"] for x in rows],
+                "v-",
+                label="finished: re-run from its seal (CPU)",
+            )
         theirs = sorted((int(k), v) for k, v in (dig(resume, "resume_cpu_ms") or {}).items() if number(v))
         if theirs:
             ax.plot([k for k, _ in theirs], [v for _, v in theirs], "D-", label="resume_bench.py: to next effect (CPU)")
@@ -335,8 +356,14 @@ def single_section(results: dict[str, Any], images: dict[str, str]) -> list[str]
         one = results["single"][n]["effectlog"].get("one_off") or {}
         cells = [
             _fmt(one.get(k), ".1f")
-            for k in ("startup_ms", "cpu_startup_ms", "run_start_ms", "cpu_run_start_ms", "closing_ms",
-                      "cpu_closing_ms")
+            for k in (
+                "startup_ms",
+                "cpu_startup_ms",
+                "run_start_ms",
+                "cpu_run_start_ms",
+                "closing_ms",
+                "cpu_closing_ms",
+            )
         ]
         cells += [_fmt(one.get("us_per_step_all_in")), _fmt(one.get("cpu_us_per_step_all_in"))]
         lines.append(f"| {int(n):,} | " + " | ".join(cells) + " |")
@@ -381,15 +408,17 @@ def peers_section(results: dict[str, Any]) -> list[str]:
             "",
             "| system | syncs per step |",
             "|---|---:|",
-            *[f"| {k} | {_fmt(v.get('syncs_per_step'), '.2f') if 'error' not in v else v['error']} |"
-              for k, v in syncs.items()],
+            *[
+                f"| {k} | {_fmt(v.get('syncs_per_step'), '.2f') if 'error' not in v else v['error']} |"
+                for k, v in syncs.items()
+            ],
         ]
     lines += [
         "",
         *sorted(set(notes)),
         "",
         "DBOS runs a workflow of N `@DBOS.step` calls with its system database on SQLite (rollback journal); "
-        "LangGraph runs N sequential nodes checkpointed by `SqliteSaver` with `durability=\"sync\"`, each in "
+        'LangGraph runs N sequential nodes checkpointed by `SqliteSaver` with `durability="sync"`, each in '
         "a child process (`experiments/bench_peers.py`). Start-up (imports, launch, graph compilation) is "
         "excluded for everyone; each does a short warm-up run first. Their WAL is not pre-grown: they manage "
         "their own files.",
@@ -460,19 +489,24 @@ def resume_section(results: dict[str, Any], images: dict[str, str], resume: dict
         lines += [f"![resume]({images['resume']})", ""]
     lines += ["### Measured by `experiments/resume_bench.py`", ""]
     if resume is None:
-        lines.append("Not measured: `experiments/results/resume.json` is absent (no `experiments/resume_bench.py` "
-                     "in this tree, or it has not been run).")
+        lines.append(
+            "Not measured: `experiments/results/resume.json` is absent (no `experiments/resume_bench.py` "
+            "in this tree, or it has not been run)."
+        )
     else:
         lines += ["| figure | value |", "|---|---:|"]
         for k, v in sorted((dig(resume, "resume_cpu_ms") or {}).items(), key=lambda kv: int(kv[0])):
             lines.append(f"| resume to next effect, {int(k):,} events, ms CPU | {_fmt(v, '.1f')} |")
         for k, v in sorted((dig(resume, "sealed_rerun_cpu_ms") or {}).items(), key=lambda kv: int(kv[0])):
             lines.append(f"| re-run of a sealed {int(k):,}-step run, ms CPU | {_fmt(v, '.1f')} |")
-        lines.append(f"| full replay + verify, µs per event CPU | "
-                     f"{_fmt(dig(resume, 'replay_verify_us_per_event_cpu'), '.2f')} |")
+        lines.append(
+            f"| full replay + verify, µs per event CPU | {_fmt(dig(resume, 'replay_verify_us_per_event_cpu'), '.2f')} |"
+        )
         for k in ("with", "without"):
-            lines.append(f"| single-run step {k} open-run checkpoints, µs | "
-                         f"{_fmt(dig(resume, 'checkpoint_per_step_us', k), '.1f')} |")
+            lines.append(
+                f"| single-run step {k} open-run checkpoints, µs | "
+                f"{_fmt(dig(resume, 'checkpoint_per_step_us', k), '.1f')} |"
+            )
     lines += [
         "",
         "### Measured by `experiments/bench.py`",
@@ -525,12 +559,17 @@ def fleet_table(fleet: dict[str, Any] | None) -> list[str]:
     lines = ["## Runner fleet: claims and runs per second", ""]
     if fleet is None:
         return [*lines, "Not measured: `experiments/results/fleet.json` is absent."]
-    columns = [("claims_per_s", "claims/s", ",.0f"), ("claims_vs_1", "claims/s vs 1 process (median of rounds)", ".2f"),
-               ("claim_cpu_us", "claimer CPU µs per claim", ",.0f"),
-               ("server_claim_cpu_us", "server CPU µs per claim", ",.0f"),
-               ("attempts_per_claim", "attempts per claim", ".2f"),
-               ("runs_per_s", "runs/s", ",.1f"), ("statements_per_run", "statements per run", ".1f"),
-               ("commits_per_run", "commits per run", ".1f"), ("cpu_ms_per_run", "CPU ms per run", ".1f")]
+    columns = [
+        ("claims_per_s", "claims/s", ",.0f"),
+        ("claims_vs_1", "claims/s vs 1 process (median of rounds)", ".2f"),
+        ("claim_cpu_us", "claimer CPU µs per claim", ",.0f"),
+        ("server_claim_cpu_us", "server CPU µs per claim", ",.0f"),
+        ("attempts_per_claim", "attempts per claim", ".2f"),
+        ("runs_per_s", "runs/s", ",.1f"),
+        ("statements_per_run", "statements per run", ".1f"),
+        ("commits_per_run", "commits per run", ".1f"),
+        ("cpu_ms_per_run", "CPU ms per run", ".1f"),
+    ]
     have = [c for c in columns if any(fleet_figures(fleet, b, c[0]) for b in ("sqlite", "postgres"))]
     lines += [
         f"From `experiments/results/fleet.json` (measured {fleet.get('measured_at', 'at an unknown time')}).",

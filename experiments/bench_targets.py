@@ -99,8 +99,10 @@ def normalize_resume(data: dict[str, Any] | None) -> dict[str, Any] | None:
     replay = keyed(data.get("replay"), "events", "verify_us_per_event")
     if replay:
         out["replay_verify_us_per_event_cpu"] = max(replay.values())
-        worst = max((r for r in data["replay"] if isinstance(r, dict) and number(r.get("verify_us_per_event"))),
-                    key=lambda r: r["verify_us_per_event"])
+        worst = max(
+            (r for r in data["replay"] if isinstance(r, dict) and number(r.get("verify_us_per_event"))),
+            key=lambda r: r["verify_us_per_event"],
+        )
         parts = {k: v for k, v in worst.items() if k.endswith("_us_per_event") and k != "verify_us_per_event"}
         if parts:
             out["replay_parts_us_per_event"] = {"events": worst.get("events"), **parts}
@@ -358,8 +360,10 @@ def fleet_targets(fleet: dict[str, Any] | None) -> list[dict[str, Any]]:
         if best:
             got["measured"] += f" at {best} process{'es' if best > 1 else ''}"
         rows.append(got)
-    for key, label, limit in (("statements_per_run", "statements", STATEMENTS_MAX), ("commits_per_run", "commits",
-                                                                                      COMMITS_MAX)):
+    for key, label, limit in (
+        ("statements_per_run", "statements", STATEMENTS_MAX),
+        ("commits_per_run", "commits", COMMITS_MAX),
+    ):
         figures = fleet_figures(fleet, "postgres", key)
         worst = max(figures.values()) if figures else None
         rows.append(
@@ -492,8 +496,11 @@ def resume_targets(resume: dict[str, Any] | None, results: dict[str, Any]) -> li
 def replay_parts(resume: dict[str, Any] | None) -> str:
     """Where replay time goes, as resume_bench.py measured it at the worst size (when it says)."""
     parts = dig(resume, "replay_parts_us_per_event") or {}
-    shown = [f"{k.removesuffix('_us_per_event').replace('_', ' ')} {v:.2f} µs" for k, v in parts.items()
-             if k != "events" and number(v) is not None]
+    shown = [
+        f"{k.removesuffix('_us_per_event').replace('_', ' ')} {v:.2f} µs"
+        for k, v in parts.items()
+        if k != "events" and number(v) is not None
+    ]
     if not shown:
         return "see docs/architecture.md."
     read = number(parts.get("read_us_per_event"))
@@ -520,26 +527,54 @@ def earlier_targets(results: dict[str, Any]) -> list[dict[str, Any]]:
     """Issue 7's targets that issue 18 did not restate, measured by bench.py."""
     rows = []
     if results.get("resume"):
-        worst = max(max(x["half_fold_cpu_us_per_event"], x["finished_fold_cpu_us_per_event"])
-                    for x in results["resume"])
-        rows.append(evaluate(f"fold and verify <= {FOLD_MAX_US:.0f} µs per event, CPU (worst size)", worst,
-                             FOLD_MAX_US, at_most=True, unit=" µs",
-                             why="replay reads, re-hashes, decodes and folds each event in Python."))
+        worst = max(
+            max(x["half_fold_cpu_us_per_event"], x["finished_fold_cpu_us_per_event"]) for x in results["resume"]
+        )
+        rows.append(
+            evaluate(
+                f"fold and verify <= {FOLD_MAX_US:.0f} µs per event, CPU (worst size)",
+                worst,
+                FOLD_MAX_US,
+                at_most=True,
+                unit=" µs",
+                why="replay reads, re-hashes, decodes and folds each event in Python.",
+            )
+        )
         big = results["resume"][-1]
         closed = big["finished_rerun_ms"] < big["finished_full_replay_ms"]
-        rows.append({
-            "target": "re-running a closed run does not fold its history",
-            "measured": f"{big['finished_rerun_ms']:.1f} ms vs {big['finished_full_replay_ms']:.0f} ms "
-            f"for a full replay ({big['finished_events']:,} events)",
-            "met": closed, "status": "met" if closed else "missed", "why": "",
-        })
+        rows.append(
+            {
+                "target": "re-running a closed run does not fold its history",
+                "measured": f"{big['finished_rerun_ms']:.1f} ms vs {big['finished_full_replay_ms']:.0f} ms "
+                f"for a full replay ({big['finished_events']:,} events)",
+                "met": closed,
+                "status": "met" if closed else "missed",
+                "why": "",
+            }
+        )
     fp = results.get("footprint", {})
-    rows.append(evaluate(f"<= {BYTES_MAX:.0f} journal bytes per event", fp.get("bytes_per_event"), BYTES_MAX,
-                         at_most=True, unit=" B", spec=".0f",
-                         why=_bytes_why(fp)))
-    rows.append(evaluate(f"peak RSS < {RSS_MAX_MB:.0f} MB for a {fp.get('events', 100_000):,}-event run",
-                         fp.get("peak_rss_mb_run"), RSS_MAX_MB, at_most=True, unit=" MB", spec=".0f",
-                         why="the run keeps its plan and every step's state in memory."))
+    rows.append(
+        evaluate(
+            f"<= {BYTES_MAX:.0f} journal bytes per event",
+            fp.get("bytes_per_event"),
+            BYTES_MAX,
+            at_most=True,
+            unit=" B",
+            spec=".0f",
+            why=_bytes_why(fp),
+        )
+    )
+    rows.append(
+        evaluate(
+            f"peak RSS < {RSS_MAX_MB:.0f} MB for a {fp.get('events', 100_000):,}-event run",
+            fp.get("peak_rss_mb_run"),
+            RSS_MAX_MB,
+            at_most=True,
+            unit=" MB",
+            spec=".0f",
+            why="the run keeps its plan and every step's state in memory.",
+        )
+    )
     return rows
 
 
@@ -660,8 +695,9 @@ def by_disk(results: dict[str, Any]) -> str:
     """
     quick, slow = [], []
     for row in results["single"].values():
-        for fsync, ratio in zip(row.get("fsync_us_rounds") or [], row.get("effectlog_over_floor_rounds") or [],
-                                strict=False):
+        for fsync, ratio in zip(
+            row.get("fsync_us_rounds") or [], row.get("effectlog_over_floor_rounds") or [], strict=False
+        ):
             (slow if fsync > SLOW_SYNC_US else quick).append(ratio)
     if not quick or not slow:
         return ""
@@ -724,7 +760,7 @@ def why_group(results: dict[str, Any]) -> str:
         if number(counted.get("runs_32")) and number(counted.get("one_run")):
             text += (
                 f" Counted by valgrind in this run: {counted['runs_32'] / 1e3:,.1f}k user-space instructions per "
-                f"step at 32 runs and {counted['one_run'] / 1e3:,.1f}k for one run (section \"Instructions per "
+                f'step at 32 runs and {counted["one_run"] / 1e3:,.1f}k for one run (section "Instructions per '
                 "step\"); the group shares commits, so what it saves is SQLite's per-commit work and one run's "
                 "waiting, not the per-event Python (events built, checked, encoded, hashed)."
             )

@@ -834,9 +834,7 @@ def main() -> int:
             results["idle_wait"]["sqlite"] = retried(lambda: measure_idle(str(tmp / "idle.db"), "sqlite", tmp))
         if "postgres" in backends:
             with PgCluster(durable=True) as pg:
-                results["idle_wait"]["postgres"] = retried(
-                    lambda: measure_idle(pg.create_database(), "postgres", tmp)
-                )
+                results["idle_wait"]["postgres"] = retried(lambda: measure_idle(pg.create_database(), "postgres", tmp))
         print("idle:", json.dumps(results["idle_wait"], indent=1), flush=True)
     results["load_average"]["end"] = round(os.getloadavg()[0], 2)
     results["measured_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())

@@ -86,8 +86,10 @@ def main() -> None:
         cpu = {name: statistics.median(s["cpu_us_per_step"] for s in samples[name][what]) for name in samples}
         report[what] = {"metric": metric, **row, "ratio_after_before": row["after"] / row["before"],
                         "cpu_us_per_step": cpu}  # fmt: skip
-        print(f"{what:10s} {metric:12s} before {row['before']:9.1f}  after {row['after']:9.1f}  "
-              f"after/before {row['after'] / row['before']:.3f}  cpu us/step {cpu['before']:.1f} -> {cpu['after']:.1f}")
+        print(
+            f"{what:10s} {metric:12s} before {row['before']:9.1f}  after {row['after']:9.1f}  "
+            f"after/before {row['after'] / row['before']:.3f}  cpu us/step {cpu['before']:.1f} -> {cpu['after']:.1f}"
+        )
     args.json.write_text(json.dumps(report, indent=2) + "\n")
 
 

@@ -149,6 +149,7 @@ def make_writable(root: Path) -> None:
 
 # -- snapshots --------------------------------------------------------------------------------
 
+
 def snapshot(root: Path) -> dict[str, bytes | None]:
     """Every file under ``root`` with its bytes (directories as ``None``, a FIFO unread), by relative path."""
     out: dict[str, bytes | None] = {}
@@ -164,6 +165,7 @@ def sqlite_sidecar_or_lock(name: str, data: bytes | None) -> bool:
 
 
 # -- journals in known shapes -----------------------------------------------------------------
+
 
 def run_good_plan(path: Path, chain: Chain | None = None, crash_after: str | None = None) -> None:
     """Run tests/data/bad/plans/good.json (two noop steps) into ``path``, optionally dying after a step."""

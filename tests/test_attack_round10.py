@@ -74,8 +74,14 @@ def test_a_device_fifo_or_socket_named_as_a_sqlite_file_is_refused_and_nothing_i
     files_before = sorted(p.name for p in tmp_path.iterdir())
     argv = {
         "journal": ["run", "--journal", path, str(GOOD_PLAN)],
-        "effects": ["run", "--journal", str(tmp_path / "j.db"), "--effects", path,
-                    str(_effects_plan(tmp_path / "fx.json", "fx"))],
+        "effects": [
+            "run",
+            "--journal",
+            str(tmp_path / "j.db"),
+            "--effects",
+            path,
+            str(_effects_plan(tmp_path / "fx.json", "fx")),
+        ],
         "store": ["submit", "--store", path, "--scope", "s", "--key", "k", str(GOOD_PLAN)],
     }[what]
     files_before = sorted(p.name for p in tmp_path.iterdir())
@@ -87,8 +93,9 @@ def test_a_device_fifo_or_socket_named_as_a_sqlite_file_is_refused_and_nothing_i
             os.unlink(name)  # the stray file SQLite made beside /dev/null
     line = one_line(proc.stderr)
     assert (2, True, set()) == (proc.returncode, path in line, made), line
-    assert files_before == sorted(p.name for p in tmp_path.iterdir() if p.name not in ("j.db",)
-                                  and not p.name.startswith("j.db-"))
+    assert files_before == sorted(
+        p.name for p in tmp_path.iterdir() if p.name not in ("j.db",) and not p.name.startswith("j.db-")
+    )
 
 
 # -- 2. an application's own SQLite database given as a journal, store or effect store ---------------
@@ -129,8 +136,14 @@ def test_an_applications_own_sqlite_database_is_refused_byte_for_byte_unchanged(
     before = app.read_bytes()
     argv = {
         "journal": ["run", "--journal", str(app), str(GOOD_PLAN)],
-        "effects": ["run", "--journal", str(tmp_path / "j.db"), "--effects", str(app),
-                    str(_effects_plan(tmp_path / "fx.json", "fx"))],
+        "effects": [
+            "run",
+            "--journal",
+            str(tmp_path / "j.db"),
+            "--effects",
+            str(app),
+            str(_effects_plan(tmp_path / "fx.json", "fx")),
+        ],
         "store": ["submit", "--store", str(app), "--scope", "s", "--key", "k", str(GOOD_PLAN)],
     }[what]
     proc = effectlog(*argv, cwd=tmp_path)
@@ -142,9 +155,7 @@ def test_an_applications_own_sqlite_database_is_refused_byte_for_byte_unchanged(
 # -- 3. a journal in a read-only directory --------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    "command", [["status"], ["verify"], ["head", "--run-id", "good-run"]]
-)
+@pytest.mark.parametrize("command", [["status"], ["verify"], ["head", "--run-id", "good-run"]])
 def test_a_closed_journal_in_a_read_only_directory_can_be_read_and_verified(tmp_path: Path, command: list[str]) -> None:
     """A journal copied to a read-only place (an archive mount, a backup snapshot, a directory of mode
     0555, a container's read-only volume) after its runs ended: nothing beside it (the last close
@@ -186,9 +197,24 @@ def _in_own_mount_namespace(tmp_path: Path, original: Path, mounted: Path, argv:
     mounted.touch()
     try:
         proc = subprocess.run(
-            ["unshare", "--mount", "--propagation", "private", sys.executable, "-c", _IN_OWN_MOUNTS,
-             str(original), str(mounted), json.dumps(argv)],
-            cwd=tmp_path, env=cli_env(), capture_output=True, text=True, timeout=120, check=False,
+            [
+                "unshare",
+                "--mount",
+                "--propagation",
+                "private",
+                sys.executable,
+                "-c",
+                _IN_OWN_MOUNTS,
+                str(original),
+                str(mounted),
+                json.dumps(argv),
+            ],
+            cwd=tmp_path,
+            env=cli_env(),
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
         )
     except FileNotFoundError:
         pytest.skip("no unshare(1)")
@@ -212,15 +238,37 @@ def test_a_file_bind_mounted_on_its_own_is_refused_as_a_second_name(tmp_path: Pa
     original, mounted = tmp_path / "a.db", tmp_path / "mounted.db"
     if what == "effects":
         fx = _effects_plan(tmp_path / "fx.json", "fx")
-        assert 0 == effectlog("run", "--journal", str(tmp_path / "j0.db"), "--effects", str(original), str(fx),
-                              cwd=tmp_path).returncode
-        argv = ["run", "--journal", str(tmp_path / "j.db"), "--effects", str(mounted),
-                str(_effects_plan(tmp_path / "fx2.json", "fx2"))]
+        assert (
+            0
+            == effectlog(
+                "run", "--journal", str(tmp_path / "j0.db"), "--effects", str(original), str(fx), cwd=tmp_path
+            ).returncode
+        )
+        argv = [
+            "run",
+            "--journal",
+            str(tmp_path / "j.db"),
+            "--effects",
+            str(mounted),
+            str(_effects_plan(tmp_path / "fx2.json", "fx2")),
+        ]
     elif what == "store":
-        assert 0 == effectlog("submit", "--store", str(original), "--scope", "s", "--key", "k0", str(GOOD_PLAN),
-                              cwd=tmp_path).returncode
-        argv = ["submit", "--store", str(mounted), "--scope", "s", "--key", "k",
-                str(_effects_plan(tmp_path / "p.json", "r", "noop"))]
+        assert (
+            0
+            == effectlog(
+                "submit", "--store", str(original), "--scope", "s", "--key", "k0", str(GOOD_PLAN), cwd=tmp_path
+            ).returncode
+        )
+        argv = [
+            "submit",
+            "--store",
+            str(mounted),
+            "--scope",
+            "s",
+            "--key",
+            "k",
+            str(_effects_plan(tmp_path / "p.json", "r", "noop")),
+        ]
     else:
         assert 0 == effectlog("run", "--journal", str(original), str(GOOD_PLAN), cwd=tmp_path).returncode
         argv = ["run", "--journal", str(mounted), str(_effects_plan(tmp_path / "p.json", "r", "noop"))]
@@ -249,8 +297,11 @@ def test_a_postgresql_connection_string_in_keyword_form_is_not_taken_for_a_file_
     Proves: such a location is refused in one line (exit 2) saying to give a ``postgresql://`` URL (or
     ``./`` before a file of that name), and no file is made."""
     plan = _effects_plan(tmp_path / "p.json", "r", "noop")
-    argv = (["run", "--journal", location, str(plan)] if what == "journal"
-            else ["submit", "--store", location, "--scope", "s", "--key", "k", str(plan)])
+    argv = (
+        ["run", "--journal", location, str(plan)]
+        if what == "journal"
+        else ["submit", "--store", location, "--scope", "s", "--key", "k", str(plan)]
+    )
     proc = effectlog(*argv, cwd=tmp_path)
     line = one_line(proc.stderr)
     made = sorted(p.name for p in tmp_path.iterdir() if p.name != "p.json")
@@ -286,7 +337,11 @@ def _owner_inside_s1(journal: str, plan: Path, effects: Path, cwd: Path) -> subp
     """``effectlog run`` of ``plan`` started and waited for until s1's effect is out (the run is claimed)."""
     owner = subprocess.Popen(
         [sys.executable, "-m", "effectlog", "run", "--journal", journal, str(plan)],
-        cwd=cwd, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        cwd=cwd,
+        env=cli_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     deadline = time.monotonic() + 60
     while not effects.exists():
@@ -317,8 +372,22 @@ def test_an_owner_stopped_with_sigstop_keeps_its_run_and_finishes_it_once_contin
             time.sleep(0.02)
         second = effectlog("run", "--journal", journal, str(plan), cwd=tmp_path)
         recover = effectlog("recover", "--journal", journal, "--json", cwd=tmp_path)
-        reconcile = effectlog("reconcile", "--journal", journal, "--run-id", "r1", "--step", "s1", "--outcome",
-                              "not-applied", "--evidence", "none seen", "--operator", "ana", cwd=tmp_path)
+        reconcile = effectlog(
+            "reconcile",
+            "--journal",
+            journal,
+            "--run-id",
+            "r1",
+            "--step",
+            "s1",
+            "--outcome",
+            "not-applied",
+            "--evidence",
+            "none seen",
+            "--operator",
+            "ana",
+            cwd=tmp_path,
+        )
         status = effectlog("status", "--journal", journal, "--run-id", "r1", "--json", cwd=tmp_path)
     finally:
         owner.send_signal(signal.SIGCONT)
@@ -431,8 +500,12 @@ def test_two_runs_of_one_run_released_together_send_each_step_once(tmp_path: Pat
         procs = [
             subprocess.Popen(
                 [sys.executable, "-c", _AT_THE_GATE, "run", "--journal", str(journal), str(path)],
-                cwd=tmp_path, env=cli_env(), stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL, text=True,
+                cwd=tmp_path,
+                env=cli_env(),
+                stdin=subprocess.PIPE,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                text=True,
             )
             for _ in range(2)
         ]
@@ -491,7 +564,10 @@ def test_a_hard_link_made_while_a_run_holds_the_journal_is_refused_and_the_owner
     after = [effectlog("run", "--journal", str(name), str(plan), cwd=tmp_path).returncode for name in (journal, link)]
     link.unlink()
     assert (6, 0, [6, 6], ["x", "y"]) == (
-        through_link.returncode, owner.returncode, after, effects.read_text().split()
+        through_link.returncode,
+        owner.returncode,
+        after,
+        effects.read_text().split(),
     ), err
     assert (0, "completed") == _state(journal, "r1", tmp_path)
 
@@ -507,22 +583,47 @@ def test_an_effect_store_replaced_by_a_rename_while_in_use_is_refused_to_the_nex
     gate = tmp_path / "gate"  # s2 runs (holds fx.db open) until the second run is over, two minutes at most
     hold = f"t=0; while [ ! -e '{gate}' ] && [ $t -lt 2400 ]; do sleep 0.05; t=$((t+1)); done"
     first = tmp_path / "a.json"
-    first.write_text(json.dumps({
-        "run_id": "A", "adapters": {"fx": fx, "sh": sh},
-        "steps": [
-            {"id": "s1", "adapter": "fx", "args": {"cents": 1}},
-            {"id": "s2", "adapter": "sh", "args": {"argv": ["sh", "-c", f"echo x >> '{effects}'; {hold}"]}},
-            {"id": "s3", "adapter": "fx", "args": {"cents": 3}},
-        ],
-    }))
+    first.write_text(
+        json.dumps(
+            {
+                "run_id": "A",
+                "adapters": {"fx": fx, "sh": sh},
+                "steps": [
+                    {"id": "s1", "adapter": "fx", "args": {"cents": 1}},
+                    {"id": "s2", "adapter": "sh", "args": {"argv": ["sh", "-c", f"echo x >> '{effects}'; {hold}"]}},
+                    {"id": "s3", "adapter": "fx", "args": {"cents": 3}},
+                ],
+            }
+        )
+    )
     store, replacement = tmp_path / "fx.db", tmp_path / "restored.db"
-    made = effectlog("run", "--journal", str(tmp_path / "jc.db"), "--effects", str(replacement),
-                     str(_effects_plan(tmp_path / "c.json", "C")), cwd=tmp_path)
+    made = effectlog(
+        "run",
+        "--journal",
+        str(tmp_path / "jc.db"),
+        "--effects",
+        str(replacement),
+        str(_effects_plan(tmp_path / "c.json", "C")),
+        cwd=tmp_path,
+    )
     assert 0 == made.returncode, made.stderr
     owner = subprocess.Popen(
-        [sys.executable, "-m", "effectlog", "run", "--journal", str(tmp_path / "ja.db"), "--effects", str(store),
-         str(first)],
-        cwd=tmp_path, env=cli_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-m",
+            "effectlog",
+            "run",
+            "--journal",
+            str(tmp_path / "ja.db"),
+            "--effects",
+            str(store),
+            str(first),
+        ],
+        cwd=tmp_path,
+        env=cli_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     deadline = time.monotonic() + 60
     while not effects.exists():
@@ -531,8 +632,15 @@ def test_an_effect_store_replaced_by_a_rename_while_in_use_is_refused_to_the_nex
         time.sleep(0.02)
     try:
         os.rename(replacement, store)
-        second = effectlog("run", "--journal", str(tmp_path / "jb.db"), "--effects", str(store),
-                           str(_effects_plan(tmp_path / "b.json", "B")), cwd=tmp_path)
+        second = effectlog(
+            "run",
+            "--journal",
+            str(tmp_path / "jb.db"),
+            "--effects",
+            str(store),
+            str(_effects_plan(tmp_path / "b.json", "B")),
+            cwd=tmp_path,
+        )
     finally:
         gate.touch()
     owner.communicate(timeout=60)
@@ -542,9 +650,7 @@ def test_an_effect_store_replaced_by_a_rename_while_in_use_is_refused_to_the_nex
     assert ["C"] == [row["run_id"] for row in json.loads(ledger.stdout)], ledger.stdout
 
 
-def test_on_postgresql_a_search_path_that_shadows_a_builtin_is_still_one_owner(
-    tmp_path: Path, pg_url: str
-) -> None:
+def test_on_postgresql_a_search_path_that_shadows_a_builtin_is_still_one_owner(tmp_path: Path, pg_url: str) -> None:
     """The journal's tables are schema-qualified, but the run's lock key was ``hashtext(run_id)``,
     resolved through the session's ``search_path``: pg_catalog comes first only when the path does not
     name it. A database with an application's own ``public.hashtext(text)`` (or any same-named helper)
@@ -584,8 +690,9 @@ def test_something_not_a_file_at_the_wal_name_hangs_nothing_and_makes_nothing(tm
         wal.symlink_to("/dev/null")
     beside = {n for n in ("/dev/null-journal", "/dev/null-wal", "/dev/null-shm") if os.path.exists(n)}
     status = effectlog("status", "--journal", str(journal), cwd=tmp_path)
-    run = effectlog("run", "--journal", str(journal), str(_effects_plan(tmp_path / "p.json", "r", "noop")),
-                    cwd=tmp_path)
+    run = effectlog(
+        "run", "--journal", str(journal), str(_effects_plan(tmp_path / "p.json", "r", "noop")), cwd=tmp_path
+    )
     assert status.returncode in (0, 2), status.stderr
     assert status.returncode == 0 or one_line(status.stderr)
     assert (2, True) == (run.returncode, bool(one_line(run.stderr))), run.stderr
@@ -617,7 +724,7 @@ def test_a_request_re_pointed_at_a_new_run_id_by_hand_does_not_run_its_steps_aga
         db.execute(f'DROP TRIGGER "{trigger}"')
     db.execute(
         "UPDATE fleet_requests SET run_id = 'f1-edited', finished_at = NULL, "
-        "plan = replace(plan, '\"run_id\":\"f1\"', '\"run_id\":\"f1-edited\"')"
+        'plan = replace(plan, \'"run_id":"f1"\', \'"run_id":"f1-edited"\')'
     )
     db.execute(
         "INSERT INTO fleet_attempts (request_id, attempt_no, state, created_at) "

@@ -70,9 +70,7 @@ def test_a_notification_of_a_postgresql_run_never_carries_the_journal_urls_passw
     assert (True, True) == (":***@" in json.loads(note)["journal"], ":***@" in command)
 
 
-def test_the_console_on_a_postgresql_journal_never_shows_its_password_to_a_viewer(
-    tmp_path: Path, pg_url: str
-) -> None:
+def test_the_console_on_a_postgresql_journal_never_shows_its_password_to_a_viewer(tmp_path: Path, pg_url: str) -> None:
     """``effectlog console --journal postgresql://user:PASSWORD@...`` printed the URL, password and all,
     in every page's header (to viewers too) and in its start-up line. Proves: a viewer's pages (Needs
     attention, the held run) hold no password, and still name the journal."""
@@ -263,9 +261,7 @@ def test_verify_trace_given_a_fifo_refuses_it_instead_of_waiting_for_a_writer(tm
         f"try:\n    verify_trace({str(fifo)!r})\nexcept BadInput as exc:\n    print('refused:', exc)\n"
     )
     try:
-        done = subprocess.run(
-            [sys.executable, "-c", code], env=cli_env(), capture_output=True, text=True, timeout=15
-        )
+        done = subprocess.run([sys.executable, "-c", code], env=cli_env(), capture_output=True, text=True, timeout=15)
         out = done.stdout
     except subprocess.TimeoutExpired:
         out = "(still waiting for a writer after 15 s)"
@@ -630,7 +626,9 @@ def test_a_notify_command_that_closes_its_stdin_at_once_is_delivered(tmp_path: P
     assert (tmp_path / "ran").exists()
 
 
-@pytest.mark.parametrize("url", ["http+unix://%2Ftmp%2Fhook.sock/notify", "unix:///tmp/hook.sock", "file:///etc/passwd"])
+@pytest.mark.parametrize(
+    "url", ["http+unix://%2Ftmp%2Fhook.sock/notify", "unix:///tmp/hook.sock", "file:///etc/passwd"]
+)
 def test_a_notify_url_that_is_no_http_url_is_refused_before_the_run(url: str) -> None:
     """``--notify-url`` takes http:// and https:// only: a unix socket or a file URL is refused when the hook
     is made (before any run), not found out at the first notification. Proves: ``BadInput`` naming it."""
@@ -740,6 +738,7 @@ def test_two_operators_deciding_one_request_at_once_make_one_decision(tmp_path: 
     with open_store(store) as s:
         (request,) = s.requests()
     assert "needs_operator" == request.state
+
     def decide(action: str, who: str) -> subprocess.Popen[str]:
         return subprocess.Popen(
             [sys.executable, "-m", "effectlog", "operator", action, "--store", store, "--request",

@@ -211,8 +211,6 @@ def test_pg_a_journal_connection_ended_inside_an_append_is_never_taken_as_landed
     assert 0 == verify.returncode, verify.stderr
 
 
-
-
 LATE = {"test.late": lambda decl, ctx: _Late(ctx)}
 
 

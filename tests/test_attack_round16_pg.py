@@ -104,9 +104,7 @@ def test_a_live_owner_of_this_host_is_not_taken_for_gone_after_the_clock_is_step
     after the claim": the run was taken over while its owner (maybe inside a tool call) lived on."""
     with PostgresJournal(pg_url) as journal:
         journal.release(journal.claim("stepped"))
-    child = subprocess.Popen(
-        [sys.executable, "-c", LIVE_OWNER], stdout=subprocess.PIPE, text=True, env=cli_env()
-    )
+    child = subprocess.Popen([sys.executable, "-c", LIVE_OWNER], stdout=subprocess.PIPE, text=True, env=cli_env())
     try:
         assert child.stdout is not None
         owner = decode_owner(child.stdout.readline())

@@ -75,9 +75,7 @@ _INHERITED_CLOSE_SCRIPT = """
 
 
 @pytest.mark.parametrize("how", ["close", "exit"])
-def test_a_forked_child_leaving_its_inherited_journal_loses_no_other_process_commits(
-    tmp_path: Path, how: str
-) -> None:
+def test_a_forked_child_leaving_its_inherited_journal_loses_no_other_process_commits(tmp_path: Path, how: str) -> None:
     """A worker forked from a process with an open Runtime closes the inherited runtime (leaving a
     ``with`` block) or just exits. SQLite's close of the inherited connection believed it was the last
     one on the file (its lock table is the parent's, copied; the child holds no real lock), so it

@@ -27,6 +27,7 @@ def _script_report(*args: str) -> tuple[Any, subprocess.CompletedProcess[str]]:
     lines = proc.stdout.strip().splitlines() or ["{}"]
     return json.loads(lines[-1]), proc
 
+
 pytest_plugins = ["pg_fixture"]
 
 # -- 1. an application's span processor that raises on the fleet's own spans ------------------------

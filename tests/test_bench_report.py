@@ -20,11 +20,23 @@ import bench_targets as bt
 
 
 def single_row(ratio: float, rounds: int = 5) -> dict[str, Any]:
-    floor = {"us_per_step": 300.0, "cpu_us_per_step": 40.0, "user_us_per_step": 20.0, "sys_us_per_step": 20.0,
-             "samples": [300.0] * rounds, "steps_per_s": 1e6 / 300}
-    mine = {"us_per_step": 300.0 * ratio, "cpu_us_per_step": 160.0, "user_us_per_step": 130.0,
-            "sys_us_per_step": 30.0, "samples": [300.0 * ratio] * rounds, "steps_per_s": 1e6 / (300 * ratio),
-            "one_off": {"startup_ms": 5.0, "cpu_startup_ms": 4.0}}
+    floor = {
+        "us_per_step": 300.0,
+        "cpu_us_per_step": 40.0,
+        "user_us_per_step": 20.0,
+        "sys_us_per_step": 20.0,
+        "samples": [300.0] * rounds,
+        "steps_per_s": 1e6 / 300,
+    }
+    mine = {
+        "us_per_step": 300.0 * ratio,
+        "cpu_us_per_step": 160.0,
+        "user_us_per_step": 130.0,
+        "sys_us_per_step": 30.0,
+        "samples": [300.0 * ratio] * rounds,
+        "steps_per_s": 1e6 / (300 * ratio),
+        "one_off": {"startup_ms": 5.0, "cpu_startup_ms": 4.0},
+    }
     return {
         "rounds": rounds,
         "floor": floor,
@@ -38,10 +50,13 @@ def single_row(ratio: float, rounds: int = 5) -> dict[str, Any]:
         "evidence": {
             "floor": {"wal_frames_per_commit": 1.8, "checkpoints": 0},
             "effectlog": {"wal_frames_per_commit": 4.6, "checkpoints": 0},
-            "ram": {"floor": {"us_per_step": 31.0, "cpu_us_per_step": 30.0},
-                    "rows": {"us_per_step": 61.0, "cpu_us_per_step": 60.0},
-                    "effectlog": {"us_per_step": 151.0, "cpu_us_per_step": 150.0},
-                    "effectlog_minus_floor_cpu_us": 120.0, "rows_minus_floor_cpu_us": 30.0},
+            "ram": {
+                "floor": {"us_per_step": 31.0, "cpu_us_per_step": 30.0},
+                "rows": {"us_per_step": 61.0, "cpu_us_per_step": 60.0},
+                "effectlog": {"us_per_step": 151.0, "cpu_us_per_step": 150.0},
+                "effectlog_minus_floor_cpu_us": 120.0,
+                "rows_minus_floor_cpu_us": 30.0,
+            },
         },
     }
 
@@ -49,22 +64,51 @@ def single_row(ratio: float, rounds: int = 5) -> dict[str, Any]:
 def made_up_results(ratios: dict[str, float], rounds: int = 5) -> dict[str, Any]:
     """A bench.json as bench.py writes it, with made-up figures."""
     return {
-        "machine": {"cores": 2, "python": "3.11", "sqlite": "3.40", "date": "today", "quick": False,
-                    "fsync_us_start": 100.0, "fsync_us_end": 100.0},
+        "machine": {
+            "cores": 2,
+            "python": "3.11",
+            "sqlite": "3.40",
+            "date": "today",
+            "quick": False,
+            "fsync_us_start": 100.0,
+            "fsync_us_end": 100.0,
+        },
         "wal_regime": "pre-grown",
         "single": {n: single_row(r, rounds) for n, r in ratios.items()},
         "peers": {
-            "dbos": {"1000": {"effectlog_speedup": 6.0, "effectlog_speedup_rounds": [6.0, 5.5, 4.0],
-                              "us_per_step": 3000.0, "cpu_us_per_step": 900.0, "library": "dbos x",
-                              "sqlite": {}, "samples": [3000.0]}},
+            "dbos": {
+                "1000": {
+                    "effectlog_speedup": 6.0,
+                    "effectlog_speedup_rounds": [6.0, 5.5, 4.0],
+                    "us_per_step": 3000.0,
+                    "cpu_us_per_step": 900.0,
+                    "library": "dbos x",
+                    "sqlite": {},
+                    "samples": [3000.0],
+                }
+            },
             "langgraph": {"1000": {"error": "did not finish within 1 s"}},
         },
         "concurrent": {
-            "1": {"runs": 1, "steps_per_run": 100, "steps_per_s": 2000.0, "samples": [2000.0], "over_one_run": 1.0,
-                  "commits": 202, "cpu_us_per_step": 150.0},
-            "32": {"runs": 32, "steps_per_run": 100, "steps_per_s": 8000.0, "samples": [8000.0],
-                   "over_one_run": 4.0, "over_one_run_rounds": [4.0, 6.0, 3.0], "commits": 300,
-                   "cpu_us_per_step": 110.0},
+            "1": {
+                "runs": 1,
+                "steps_per_run": 100,
+                "steps_per_s": 2000.0,
+                "samples": [2000.0],
+                "over_one_run": 1.0,
+                "commits": 202,
+                "cpu_us_per_step": 150.0,
+            },
+            "32": {
+                "runs": 32,
+                "steps_per_run": 100,
+                "steps_per_s": 8000.0,
+                "samples": [8000.0],
+                "over_one_run": 4.0,
+                "over_one_run_rounds": [4.0, 6.0, 3.0],
+                "commits": 300,
+                "cpu_us_per_step": 110.0,
+            },
         },
         "resume": [],
         "footprint": {"error": "not run"},
@@ -92,8 +136,9 @@ RESUME_SHAPE: dict[str, Any] = {
         (True, 5.0, False, (None, "not measured")),
     ],
 )
-def test_evaluate_says_met_missed_or_not_measured(measured: Any, limit: float, at_most: bool,
-                                                   expected: tuple[bool | None, str]) -> None:
+def test_evaluate_says_met_missed_or_not_measured(
+    measured: Any, limit: float, at_most: bool, expected: tuple[bool | None, str]
+) -> None:
     """A figure at or within its limit is met, beyond it missed by the relative gap; anything that is not
     a number (absent, an error text, a bool) is "not measured", never met."""
     row = bt.evaluate("t", measured, limit, at_most=at_most)
@@ -105,7 +150,10 @@ def test_evaluate_counts_the_rounds_behind_a_median() -> None:
     the spread of the rounds beside the median."""
     row = bt.evaluate("t", 1.2, 1.3, at_most=True, unit="x", each=[1.1, 1.2, 1.5])
     assert (True, "met (2 of 3 rounds met it)", "1.20x (rounds 1.10 to 1.50)") == (
-        row["met"], row["status"], row["measured"])
+        row["met"],
+        row["status"],
+        row["measured"],
+    )
 
 
 def test_a_missed_row_keeps_its_why_and_a_met_row_drops_it() -> None:
@@ -159,8 +207,10 @@ def test_fleet_rows_read_fleet_json_by_backend_and_process_count() -> None:
                 "1": {"claims_per_s": 1000.0, "runs_per_s": 100.0, "statements_per_run": 28.0},
                 "8": {"claims_per_s": 1600.0, "runs_per_s": 130.0, "statements_per_run": 31.0},
             },
-            "sqlite": {"1": {"claims_per_s": 700.0, "runs_per_s": 200.0},
-                       "8": {"claims_per_s": 600.0, "runs_per_s": 260.0}},
+            "sqlite": {
+                "1": {"claims_per_s": 700.0, "runs_per_s": 200.0},
+                "8": {"claims_per_s": 600.0, "runs_per_s": 260.0},
+            },
         }
     }
     rows = bt.fleet_targets(fleet)
@@ -191,8 +241,12 @@ def test_claims_scaling_is_the_median_of_the_rounds_ratios_not_the_ratio_of_medi
         }
     }
     row = bt.fleet_targets(fleet)[2]
-    assert ("SQLite fleet claims/s at 8 processes not below 1 process", True, "met (3 of 5 rounds met it)",
-            "1.02x of 1 process (rounds 0.95 to 1.10)") == (row["target"], row["met"], row["status"], row["measured"])
+    assert (
+        "SQLite fleet claims/s at 8 processes not below 1 process",
+        True,
+        "met (3 of 5 rounds met it)",
+        "1.02x of 1 process (rounds 0.95 to 1.10)",
+    ) == (row["target"], row["met"], row["status"], row["measured"])
 
 
 def test_claims_scaling_of_a_fleet_json_without_rounds_is_the_ratio_of_the_medians() -> None:
@@ -216,8 +270,12 @@ def test_fleet_bench_summarizes_rounds_into_medians_and_per_round_ratios() -> No
     out = fleet_bench.summarize(claims, runs)
     eight = out["8"]
     assert (700.0, 130.0, 0.9, [0.9, 1.2, 0.875], 8.0) == (
-        eight["claims_per_s"], eight["claim_cpu_us"], eight["claims_vs_1"], eight["claims_vs_1_rounds"],
-        eight["runs_vs_1"])
+        eight["claims_per_s"],
+        eight["claim_cpu_us"],
+        eight["claims_vs_1"],
+        eight["claims_vs_1_rounds"],
+        eight["runs_vs_1"],
+    )
     assert [1.0, 1.0, 1.0] == out["1"]["claims_vs_1_rounds"]
 
 
@@ -231,9 +289,16 @@ def test_idle_wait_row_is_met_only_when_no_backend_polls() -> None:
 def test_resume_rows_without_resume_json_are_not_measured_but_show_bench_figures() -> None:
     """Without resume.json every resume row is "not measured"; bench.py's own figure is shown as context."""
     results = made_up_results({"1000": 1.2})
-    results["resume"] = [{"half_events": 100000, "confirmed_steps": 33333, "half_resume_to_next_effect_cpu_ms": 900.0,
-                          "finished_rerun_cpu_ms": 150.0, "finished_fold_cpu_us_per_event": 6.5,
-                          "half_fold_cpu_us_per_event": 6.4}]
+    results["resume"] = [
+        {
+            "half_events": 100000,
+            "confirmed_steps": 33333,
+            "half_resume_to_next_effect_cpu_ms": 900.0,
+            "finished_rerun_cpu_ms": 150.0,
+            "finished_fold_cpu_us_per_event": 6.5,
+            "half_fold_cpu_us_per_event": 6.4,
+        }
+    ]
     rows = bt.resume_targets(None, results)
     assert [None] * 5 == [row["met"] for row in rows]
     assert "bench.py's own figure: 900.0 ms CPU at 100,000 events" in rows[0]["measured"]
@@ -255,8 +320,13 @@ def test_single_rows_explain_a_miss_with_cpu_and_wal_evidence() -> None:
     rows = bt.single_targets(made_up_results({"100": 1.2, "1000": 1.5, "10000": 1.25}, rounds=2))
     assert [True, False, True, True] == [row["met"] for row in rows]
     why = rows[1]["why"]
-    parts = ("120 µs of the excess is CPU", "4.6 WAL pages", "90 to 110 µs", "costs 120 µs per step more",
-             "cost 30 µs more than the floor's: SQLite's share; the other 90 µs is effectlog's Python")
+    parts = (
+        "120 µs of the excess is CPU",
+        "4.6 WAL pages",
+        "90 to 110 µs",
+        "costs 120 µs per step more",
+        "cost 30 µs more than the floor's: SQLite's share; the other 90 µs is effectlog's Python",
+    )
     assert all(part in why for part in parts)
     assert rows[0]["status"].endswith("only 2 rounds (a quick run)")
 
@@ -316,14 +386,23 @@ def test_resume_json_in_list_shape_reads_as_the_agreed_shape() -> None:
     }
     assert expected == bt.normalize_resume(listed)
     assert (RESUME_SHAPE, None, {"other": 1}) == (
-        bt.normalize_resume(RESUME_SHAPE), bt.normalize_resume(None), bt.normalize_resume({"other": 1}))
+        bt.normalize_resume(RESUME_SHAPE),
+        bt.normalize_resume(None),
+        bt.normalize_resume({"other": 1}),
+    )
     rows = bt.resume_targets(bt.normalize_resume(listed), made_up_results({"1000": 1.2}))
     assert [True, False, True, False, True] == [row["met"] for row in rows]
 
 
 def measured(wall: float, cpu: float, **one_off: float) -> dict[str, float]:
-    return {"us_per_step": wall, "cpu_us_per_step": cpu, "user_us_per_step": cpu * 0.8,
-            "sys_us_per_step": cpu * 0.2, "waits_per_commit": 2.0, **one_off}
+    return {
+        "us_per_step": wall,
+        "cpu_us_per_step": cpu,
+        "user_us_per_step": cpu * 0.8,
+        "sys_us_per_step": cpu * 0.2,
+        "waits_per_commit": 2.0,
+        **one_off,
+    }
 
 
 def test_summarize_single_pairs_rounds_and_keeps_ram_pairs_apart() -> None:
@@ -331,8 +410,11 @@ def test_summarize_single_pairs_rounds_and_keeps_ram_pairs_apart() -> None:
     round, effectlog's one-off costs kept apart, and the RAM-disk pair as evidence, not as the figure."""
     rows = {
         "floor": [measured(300, 30), measured(400, 30), measured(200, 40)],
-        "effectlog": [measured(360, 150, startup_ms=5.0), measured(600, 160, startup_ms=7.0),
-                      measured(240, 140, startup_ms=6.0)],
+        "effectlog": [
+            measured(360, 150, startup_ms=5.0),
+            measured(600, 160, startup_ms=7.0),
+            measured(240, 140, startup_ms=6.0),
+        ],
         "ram_floor": [measured(30, 30), measured(40, 40), measured(35, 35)],
         "ram_effectlog": [measured(150, 150), measured(170, 160), measured(160, 150)],
         "ram_rows": [measured(60, 60), measured(70, 70), measured(65, 65)],
@@ -426,9 +508,12 @@ def test_companions_run_when_present_and_a_failed_one_leaves_no_stale_results(
 
 def test_a_missed_replay_row_shows_where_replay_time_goes() -> None:
     """The parts resume_bench.py measured at the worst size (read, fold...) are the replay row's why."""
-    listed = {"replay": [{"events": 1000, "verify_us_per_event": 5.0, "read_us_per_event": 1.0},
-                         {"events": 10000, "verify_us_per_event": 6.0, "read_us_per_event": 1.5,
-                          "pure_fold_us_per_event": 3.0}]}
+    listed = {
+        "replay": [
+            {"events": 1000, "verify_us_per_event": 5.0, "read_us_per_event": 1.0},
+            {"events": 10000, "verify_us_per_event": 6.0, "read_us_per_event": 1.5, "pure_fold_us_per_event": 3.0},
+        ]
+    }
     row = bt.resume_targets(bt.normalize_resume(listed), made_up_results({"1000": 1.2}))[-1]
     expected = (
         "at 10,000 events, per event: read 1.50 µs, pure fold 3.00 µs (resume_bench.py). The read and the fold"

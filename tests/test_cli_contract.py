@@ -100,8 +100,12 @@ def test_approve_deny_head_and_reconcile_report_as_json(tmp_path: Path) -> None:
     write_plan(tmp_path / "a.json", "held-a", noop, held)
     write_plan(tmp_path / "b.json", "held-b", noop, held)
     shell = {"sh": {"type": "shell"}}
-    write_plan(tmp_path / "c.json", "slow", shell, [{"id": "wait", "adapter": "sh", "args": {"argv": ["sleep", "5"]},
-                                                    "timeout_s": 0.2}])
+    write_plan(
+        tmp_path / "c.json",
+        "slow",
+        shell,
+        [{"id": "wait", "adapter": "sh", "args": {"argv": ["sleep", "5"]}, "timeout_s": 0.2}],
+    )
     held_a = effectlog(tmp_path, "run", "a.json", "--journal", "j.db", "--json")
     effectlog(tmp_path, "run", "b.json", "--journal", "j.db")
     effectlog(tmp_path, "run", "c.json", "--journal", "j.db")

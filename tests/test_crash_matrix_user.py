@@ -21,7 +21,7 @@ EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 # An idempotent adapter that needs its own argument names: a payment plan's args make it raise KeyError.
 # ``Liar`` is not idempotent and its lookup always says "not applied": the matrix must expose it.
-TOOLS = '''
+TOOLS = """
 import os, sqlite3
 from effectlog.adapters import Evidence
 
@@ -76,7 +76,7 @@ def count(run_id, step_id):
         return found.fetchone()[0]
     finally:
         db.close()
-'''
+"""
 
 
 @pytest.fixture
@@ -107,8 +107,16 @@ def test_a_missing_argument_shows_as_the_failure_not_as_completed(user_env: Path
     matrix exits 1 and every row's Result column names the KeyError, never "Completed"."""
     out = user_env / "report.json"
 
-    done = matrix("--adapter", "el_cm_tools:needs_recipient", "--ledger", "el_cm_tools:count",
-                  "--output", str(out), "--workdir", str(user_env / "w"))
+    done = matrix(
+        "--adapter",
+        "el_cm_tools:needs_recipient",
+        "--ledger",
+        "el_cm_tools:count",
+        "--output",
+        str(out),
+        "--workdir",
+        str(user_env / "w"),
+    )
 
     assert 1 == done.returncode
     rows = [line for line in done.stdout.splitlines() if line.startswith("| Your adapter")]
@@ -123,15 +131,38 @@ def test_args_give_the_adapter_its_own_arguments(user_env: Path) -> None:
     out = user_env / "report.json"
     given = {"recipient": "acct-7", "amount_cents": 3}
 
-    done = matrix("--adapter", "el_cm_tools:needs_recipient", "--ledger", "el_cm_tools:count",
-                  "--args", json.dumps(given), "--output", str(out), "--workdir", str(user_env / "w"))
-    bad = matrix("--adapter", "el_cm_tools:needs_recipient", "--ledger", "el_cm_tools:count",
-                 "--args", "[1]", "--output", str(out))
+    done = matrix(
+        "--adapter",
+        "el_cm_tools:needs_recipient",
+        "--ledger",
+        "el_cm_tools:count",
+        "--args",
+        json.dumps(given),
+        "--output",
+        str(out),
+        "--workdir",
+        str(user_env / "w"),
+    )
+    bad = matrix(
+        "--adapter",
+        "el_cm_tools:needs_recipient",
+        "--ledger",
+        "el_cm_tools:count",
+        "--args",
+        "[1]",
+        "--output",
+        str(out),
+    )
 
     assert 0 == done.returncode, done.stdout + done.stderr[-2000:]
     assert given == json.loads(out.read_text())["args"]
-    verified = subprocess.run([sys.executable, "-m", "effectlog", "crash-matrix", "verify", str(out)],
-                              capture_output=True, text=True, timeout=120, check=False)
+    verified = subprocess.run(
+        [sys.executable, "-m", "effectlog", "crash-matrix", "verify", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert 0 == verified.returncode, verified.stderr
     assert 2 == bad.returncode
     assert "--args must be a JSON object" in bad.stderr

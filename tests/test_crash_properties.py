@@ -53,10 +53,21 @@ FAULTS = ("ok", "ok", "ok", "slow", "raise_before", "raise_after", "not_applied"
 UNKNOWN_TO_THE_RUNTIME = frozenset({"raise_before", "raise_after", "hang_then_apply", "hang_no_effect"})
 TIMEOUT_S = 0.05  # a hung call is abandoned after this; nothing asserts on time
 BOUNDARIES = (
-    "after_request", "after_effect", "after_confirm", "after_resend", "after_approval", "after_reconcile",
-    "before_commit:run.started", "before_commit:run.resumed", "before_commit:step.requested",
-    "before_commit:step.effected", "before_commit:step.resent", "before_commit:step.uncertain",
-    "before_commit:step.failed", "before_commit:step.denied", "before_commit:run.completed",
+    "after_request",
+    "after_effect",
+    "after_confirm",
+    "after_resend",
+    "after_approval",
+    "after_reconcile",
+    "before_commit:run.started",
+    "before_commit:run.resumed",
+    "before_commit:step.requested",
+    "before_commit:step.effected",
+    "before_commit:step.resent",
+    "before_commit:step.uncertain",
+    "before_commit:step.failed",
+    "before_commit:step.denied",
+    "before_commit:run.completed",
 )
 
 
@@ -103,8 +114,9 @@ class FaultyTool:
         self.script.log.append((request.run_id, request.step_id, request.attempt, fault))
         if fault == "raise_before":
             raise ConnectionError("connection refused before the effect")
-        if fault == "not_applied" and not self.ledger.rows(run_id=request.run_id, step_id=request.step_id,
-                                                           attempt=request.attempt):
+        if fault == "not_applied" and not self.ledger.rows(
+            run_id=request.run_id, step_id=request.step_id, attempt=request.attempt
+        ):
             raise NotApplied("rejected by the tool before applying anything")
         if fault.startswith("hang"):
             self.script.hung.append(threading.current_thread())
@@ -210,16 +222,22 @@ class CrashSafety(RuleBasedStateMachine):
         run_id = f"run-{len(self.plans)}"
         decls = []
         for i, (idempotent, approval, retry) in enumerate(steps):
-            decl: dict[str, Any] = {"id": f"s{i}", "adapter": "idem" if idempotent else "ctrl", "args": {"i": i},
-                                    "timeout_s": TIMEOUT_S}
+            decl: dict[str, Any] = {
+                "id": f"s{i}",
+                "adapter": "idem" if idempotent else "ctrl",
+                "args": {"i": i},
+                "timeout_s": TIMEOUT_S,
+            }
             if approval:
                 decl["approval"] = "required"
             if retry and idempotent:
                 decl["retry"] = {"attempts": 2, "backoff_base_s": 0, "backoff_cap_s": 0, "jitter": 0}
             decls.append(decl)
             self.idempotent[(run_id, f"s{i}")] = idempotent
-        adapters = {"idem": {"type": "test.faulty", "idempotent": True},
-                    "ctrl": {"type": "test.faulty", "idempotent": False}}
+        adapters = {
+            "idem": {"type": "test.faulty", "idempotent": True},
+            "ctrl": {"type": "test.faulty", "idempotent": False},
+        }
         self.plans[run_id] = parse_plan(msgspec.json.encode(plan_dict(run_id, decls, adapters)))
         self._drive(run_id, faults, crash)
 
@@ -313,8 +331,11 @@ class CrashSafety(RuleBasedStateMachine):
             state, events = history[run_id]
             step = state.step(step_id)
             assert step is not None
-            failed_not_applied = [e for e in events if isinstance(e, ev.StepFailed) and e.step_id == step_id
-                                  and e.attempt == attempt and e.applied is False]
+            failed_not_applied = [
+                e
+                for e in events
+                if isinstance(e, ev.StepFailed) and e.step_id == step_id and e.attempt == attempt and e.applied is False
+            ]
             assert [] == failed_not_applied, f"{run_id}/{step_id} attempt {attempt}: {fault} recorded as not applied"
             if step.attempt == attempt:
                 allowed = {"uncertain", "reconciled"} | ({"requested"} if self.crashed.get(run_id) else set())
@@ -338,13 +359,18 @@ def test_every_boundary_the_machine_crashes_at_is_one_the_runtime_reaches() -> N
         adapters = {"test.faulty": lambda decl, ctx: FaultyTool(ledger, decl.idempotent, script)}
         steps = [
             {"id": "held", "adapter": "idem", "approval": "required"},
-            {"id": "retried", "adapter": "idem", "retry": {"attempts": 2, "backoff_base_s": 0, "backoff_cap_s": 0,
-                                                           "jitter": 0}},
+            {
+                "id": "retried",
+                "adapter": "idem",
+                "retry": {"attempts": 2, "backoff_base_s": 0, "backoff_cap_s": 0, "jitter": 0},
+            },
             {"id": "lost", "adapter": "ctrl"},
             {"id": "refused", "adapter": "ctrl"},
         ]
-        adapters_decl = {"idem": {"type": "test.faulty", "idempotent": True},
-                         "ctrl": {"type": "test.faulty", "idempotent": False}}
+        adapters_decl = {
+            "idem": {"type": "test.faulty", "idempotent": True},
+            "ctrl": {"type": "test.faulty", "idempotent": False},
+        }
         plan = parse_plan(msgspec.json.encode(plan_dict("tour", steps, adapters_decl)))
 
         def record(where: str, step_id: str) -> None:
@@ -418,16 +444,19 @@ def _kill_mid_run(root: Path, rng: random.Random) -> tuple[list[str], int, set[s
     acknowledged, the WAL size at its last acknowledgement and the steps the parent itself saw
     committed just before the kill. The plan ends in a step that holds, so the kill always
     lands before the run could finish."""
-    steps = [*({"id": f"s{i:03d}", "adapter": "n", "args": {"i": i}} for i in range(STEPS)),
-             {"id": "end", "adapter": "hold"}]
+    steps = [
+        *({"id": f"s{i:03d}", "adapter": "n", "args": {"i": i}} for i in range(STEPS)),
+        {"id": "end", "adapter": "hold"},
+    ]
     adapters = {"n": {"type": "noop", "idempotent": True}, "hold": {"type": "test.hold", "idempotent": True}}
     (root / "plan.json").write_bytes(msgspec.json.encode(plan_dict("torn", steps, adapters)))
     (root / "worker.py").write_text(WORKER)
     (root / "hold_tools.py").write_text(HOLD_TOOLS)
     (root / "hold").touch()
     argv = [sys.executable, str(root / "worker.py"), str(root / "journal.db"), str(root / "plan.json")]
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=cli_env({"EL_HOLD": str(root / "hold")}))
+    proc = subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cli_env({"EL_HOLD": str(root / "hold")})
+    )
     assert proc.stdout is not None
     kill_after = rng.randint(1, STEPS // 2)
     acked: list[str] = []
@@ -465,8 +494,16 @@ def _commit_ends(wal: bytes) -> list[int]:
 
 def _resume(where: Path) -> subprocess.CompletedProcess[str]:
     (where / "hold").unlink(missing_ok=True)
-    return effectlog("run", "plan.json", "--journal", "journal.db", "--adapters", "hold_tools:ADAPTERS", cwd=where,
-                     env={"PYTHONPATH": str(where), "EL_HOLD": str(where / "hold")})
+    return effectlog(
+        "run",
+        "plan.json",
+        "--journal",
+        "journal.db",
+        "--adapters",
+        "hold_tools:ADAPTERS",
+        cwd=where,
+        env={"PYTHONPATH": str(where), "EL_HOLD": str(where / "hold")},
+    )
 
 
 ALL_STEPS = [*(f"s{i:03d}" for i in range(STEPS)), "end"]

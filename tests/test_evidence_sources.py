@@ -28,7 +28,7 @@ pytest_plugins = ["pg_fixture"]
 
 # A user's tool whose reply is lost after the effect: a non-idempotent step becomes uncertain.
 # It records what ``lookup`` was asked, so the test can see the request it received.
-TOOLS_MODULE = '''
+TOOLS_MODULE = """
 import json, os
 from effectlog.adapters import Evidence
 
@@ -59,7 +59,7 @@ ADAPTERS = {
     "test.lost-reply": lambda decl, ctx: LostReply(ctx.effect_store()),
     "test.no-lookup": lambda decl, ctx: NoLookup(),
 }
-'''
+"""
 
 
 class Cli:
@@ -233,8 +233,9 @@ def test_from_ledger_refuses_a_file_that_is_not_the_runs_store(tmp_path: Path, w
         before = other.read_bytes()
     events_before = cli.timeline("mail-1")
 
-    refused = cli("reconcile", "--journal", cli.journal, "--run-id", "mail-1", "--step", "email",
-                  "--from-ledger", str(other))
+    refused = cli(
+        "reconcile", "--journal", cli.journal, "--run-id", "mail-1", "--step", "email", "--from-ledger", str(other)
+    )
     resumed = cli("run", plan, "--journal", cli.journal, "--effects", "effects.db", *TOOLS)
 
     assert expected_status == refused.returncode, refused.stderr
@@ -257,8 +258,9 @@ def test_run_started_pins_the_store_and_its_own_store_still_reconciles(tmp_path:
     store_id = store.store_id
     store.close()
 
-    done = cli("reconcile", "--journal", cli.journal, "--run-id", "mail-1", "--step", "email",
-               "--from-ledger", "effects.db")
+    done = cli(
+        "reconcile", "--journal", cli.journal, "--run-id", "mail-1", "--step", "email", "--from-ledger", "effects.db"
+    )
 
     assert 0 == done.returncode, done.stderr
     events = cli.timeline("mail-1")
@@ -319,8 +321,18 @@ def test_lookup_that_cannot_tell_keeps_the_step_uncertain(tmp_path: Path) -> Non
     plan = _stopped_email_run(cli, "mail-1")
     before = cli.timeline("mail-1")
 
-    done = cli("reconcile", "--journal", cli.journal, "--run-id", "mail-1", "--step", "email", "--lookup", *TOOLS,
-               env={"EL_LOOKUP_UNDECIDED": "1"})
+    done = cli(
+        "reconcile",
+        "--journal",
+        cli.journal,
+        "--run-id",
+        "mail-1",
+        "--step",
+        "email",
+        "--lookup",
+        *TOOLS,
+        env={"EL_LOOKUP_UNDECIDED": "1"},
+    )
 
     assert 3 == done.returncode
     line = one_line(done)
@@ -377,8 +389,9 @@ def test_lookup_and_pinned_store_on_postgres(tmp_path: Path, pg_url: str) -> Non
     plan = _stopped_email_run(cli, "mail-pg")
     _stopped_email_run(Cli(tmp_path, str(tmp_path / "other-journal.db")), "mail-2", "other-effects.db")
 
-    wrong = cli("reconcile", "--journal", pg_url, "--run-id", "mail-pg", "--step", "email",
-                "--from-ledger", "other-effects.db")
+    wrong = cli(
+        "reconcile", "--journal", pg_url, "--run-id", "mail-pg", "--step", "email", "--from-ledger", "other-effects.db"
+    )
     done = cli("reconcile", "--journal", pg_url, "--run-id", "mail-pg", "--step", "email", "--lookup", *TOOLS)
 
     assert 5 == wrong.returncode, wrong.stderr
@@ -397,8 +410,17 @@ def test_from_ledger_refuses_a_run_whose_adapters_keep_their_own_records(tmp_pat
     _stopped_email_run(Cli(tmp_path, str(tmp_path / "other-journal.db")), "mail-2", "other-effects.db")
     before = (tmp_path / "other-effects.db").read_bytes()
 
-    done = cli("reconcile", "--journal", cli.journal, "--run-id", "mail-1", "--step", "email",
-               "--from-ledger", "other-effects.db")
+    done = cli(
+        "reconcile",
+        "--journal",
+        cli.journal,
+        "--run-id",
+        "mail-1",
+        "--step",
+        "email",
+        "--from-ledger",
+        "other-effects.db",
+    )
 
     assert 2 == done.returncode
     assert "uses no effect store" in one_line(done)

@@ -69,9 +69,15 @@ def test_journal_effect_store_and_sqlite_sidecars_are_created_0600_even_with_uma
 def test_the_cli_creates_its_journal_and_effect_store_0600_with_umask_0(tmp_path: Path) -> None:
     """``effectlog run`` started with umask 0 leaves journal.db and effects.db at 0600, and no lock file."""
     plan = tmp_path / "plan.json"
-    plan.write_text(json.dumps(plan_dict(
-        "modes", [{"id": "charge", "adapter": "ledger"}], {"ledger": {"type": "effects.idempotent", "idempotent": True}}
-    )))
+    plan.write_text(
+        json.dumps(
+            plan_dict(
+                "modes",
+                [{"id": "charge", "adapter": "ledger"}],
+                {"ledger": {"type": "effects.idempotent", "idempotent": True}},
+            )
+        )
+    )
     done = subprocess.run(
         [sys.executable, "-m", "effectlog", "run", str(plan), "--journal", "journal.db", "--effects", "effects.db"],
         cwd=tmp_path,
@@ -148,8 +154,13 @@ def test_secret_args_never_reach_the_journal_trace_effect_store_or_any_cli_outpu
     first = cli(*run, "--trace", "trace.jsonl")
     cli(*run, "--json")
     cli("reconcile", *journal, "--run-id", "secret-run", "--step", "charge-again", "--from-ledger", "effects.db")
-    for command in (("status",), ("status", "--run-id", "secret-run"), ("timeline", "--run-id", "secret-run"),
-                    ("verify",), ("head", "--run-id", "secret-run")):
+    for command in (
+        ("status",),
+        ("status", "--run-id", "secret-run"),
+        ("timeline", "--run-id", "secret-run"),
+        ("verify",),
+        ("head", "--run-id", "secret-run"),
+    ):
         cli(*command, *journal)
         if command[0] != "head":
             cli(*command, *journal, "--json")
@@ -238,8 +249,20 @@ def test_hostile_run_and_step_ids_on_the_command_line_match_nothing_and_change_n
             ("head", *journal, "--run-id", hostile),
             ("verify", *journal, "--run-id", hostile),
             ("reconcile", *journal, "--run-id", hostile, "--step", hostile, "--from-ledger", "effects.db"),
-            ("reconcile", *journal, "--run-id", "good-run", "--step", hostile, "--outcome", "applied",
-             "--evidence", hostile, "--operator", hostile),
+            (
+                "reconcile",
+                *journal,
+                "--run-id",
+                "good-run",
+                "--step",
+                hostile,
+                "--outcome",
+                "applied",
+                "--evidence",
+                hostile,
+                "--operator",
+                hostile,
+            ),
             ("approve", *journal, "--run-id", "good-run", "--step", hostile, "--by", hostile),
         ):
             done = cli(*argv)
@@ -305,8 +328,11 @@ def test_any_valid_ids_and_any_args_round_trip_exactly_through_journal_and_effec
     the effect store holds exactly one row per step under exactly those ids."""
     where = tmp_path_factory.mktemp("hostile")
     adapters = {"ledger": {"type": "effects.idempotent", "idempotent": True}}
-    plan = parse_plan(json.dumps(plan_dict(run_id, [{"id": s, "adapter": "ledger", "args": args} for s in step_ids],
-                                           adapters)).encode())
+    plan = parse_plan(
+        json.dumps(
+            plan_dict(run_id, [{"id": s, "adapter": "ledger", "args": args} for s in step_ids], adapters)
+        ).encode()
+    )
 
     with Runtime(where / "journal.db", effects=where / "effects.db") as rt:
         outcome = rt.run(plan)

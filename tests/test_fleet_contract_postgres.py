@@ -159,12 +159,20 @@ def test_a_claim_reads_the_head_of_a_long_queue_not_all_of_it(pg_url: str) -> No
     plans: list[dict[str, Any]] = []
     with psycopg.connect(pg_url, autocommit=True) as conn:
         conn.execute("LOAD 'auto_explain'")
-        for setting in ("log_min_duration = 0", "log_nested_statements = on", "log_analyze = on",
-                        "log_format = json", "log_level = notice"):
+        for setting in (
+            "log_min_duration = 0",
+            "log_nested_statements = on",
+            "log_analyze = on",
+            "log_format = json",
+            "log_level = notice",
+        ):
             conn.execute(f"SET auto_explain.{setting}")
         conn.add_notice_handler(
-            lambda d: plans.append(json.loads((d.message_primary or "").split("plan:", 1)[1]))
-            if "plan:" in (d.message_primary or "") else None
+            lambda d: (
+                plans.append(json.loads((d.message_primary or "").split("plan:", 1)[1]))
+                if "plan:" in (d.message_primary or "")
+                else None
+            )
         )
         rows = conn.execute(CLAIM_NEXT, ("[]", 1, "runner", 30.0)).fetchall()
     inner = [p for p in plans if "pick AS" in p["Query Text"]]

@@ -122,8 +122,7 @@ def test_a_row_another_writer_chained_on_is_read_and_chained_onto(store: SqliteF
     db, chain = journal_tamper.rows(store.journal().connection), store.journal().chain
     body, head = db.execute("SELECT body, hash FROM ev WHERE run_id = 'run-1' AND seq = 2").fetchone()
     db.execute(  # the other writer's row: a copy of seq 2's body, chained onto seq 2 as the journal does
-        "INSERT INTO ev (run_id, seq, step_id, phase, attempt, body, hash)"
-        " VALUES ('run-1', 3, 'other', 'x', 9, ?, ?)",
+        "INSERT INTO ev (run_id, seq, step_id, phase, attempt, body, hash) VALUES ('run-1', 3, 'other', 'x', 9, ?, ?)",
         (bytes(body), chain.link(bytes(head), bytes(body))),
     )
     journal.append([requested("run-1", 4, "s1", idempotent=True)])

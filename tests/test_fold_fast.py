@@ -128,6 +128,7 @@ def test_the_replay_only_fold_equals_the_pure_fold_on_crash_matrix_journals(
 ) -> None:
     """The journals the crash matrix leaves (crashed at each boundary, then resumed; a stopped run
     reconciled from the ledger and resumed again) replay identically through both folds, at every stage."""
+
     def compare(journal_path: Path, plan: Plan) -> None:
         with SqliteJournal(journal_path, writer=False) as journal:
             records = list(journal.read("crash"))
@@ -136,9 +137,7 @@ def test_the_replay_only_fold_equals_the_pure_fold_on_crash_matrix_journals(
     through_crash_stages(tmp_path, point, adapter_type, compare)
 
 
-def through_crash_stages(
-    tmp_path: Path, point: str, adapter_type: str, compare: Callable[[Path, Plan], None]
-) -> Path:
+def through_crash_stages(tmp_path: Path, point: str, adapter_type: str, compare: Callable[[Path, Plan], None]) -> Path:
     """The crash matrix's stages in process: crash ``charge`` at ``point``, resume; a stopped run is
     reconciled from the ledger and resumed to completion. ``compare(journal, plan)`` after each stage."""
     journal_path, effects = tmp_path / "j.db", str(tmp_path / "effects.db")

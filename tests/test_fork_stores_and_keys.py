@@ -200,4 +200,3 @@ def test_a_retry_that_dies_after_resending_the_parents_key_sends_it_again_on_res
         keys = {rt.load(r).step("reserve").idempotency_key for r in ("book-1", "book-1.retry1")}
     assert 1 == len(keys)
     assert 1 == effect_counts(effects)[("book-1", "reserve")]
-

@@ -193,6 +193,7 @@ def test_the_lazy_resume_equals_the_full_replay_on_crash_matrix_journals(
     reconciled from the ledger and resumed again), with a segment in every batch: at every stage an
     open run resumes from its last segment's frontier (lazy map) into the full replay's state."""
     monkeypatch.setattr(checkpoint, "EVERY_EVENTS", 1)
+
     def compare(journal_path: Path, plan: Plan) -> None:
         with SqliteJournal(journal_path) as journal:
             full = load_run(journal, "crash")

@@ -125,16 +125,26 @@ def test_the_run_is_released_when_the_writer_exits(journal: Path, holder: subpro
     assert (0, "claimed\n", "") == (result.returncode, result.stdout, result.stderr)
 
 
-def test_effectlog_run_of_an_owned_run_exits_6_and_writes_nothing(
-    journal: Path, holder: subprocess.Popen[str]
-) -> None:
+def test_effectlog_run_of_an_owned_run_exits_6_and_writes_nothing(journal: Path, holder: subprocess.Popen[str]) -> None:
     """The real CLI, as a second process, gets exit 6 naming the holder's pid; the journal is unchanged."""
     plan = Path(__file__).resolve().parents[1] / "examples" / "payment.json"
     before = journal.read_bytes()
     done = subprocess.run(
-        [sys.executable, "-m", "effectlog", "run", str(plan), "--journal", str(journal), "--effects",
-         str(journal.parent / "effects.db")],
-        capture_output=True, text=True, timeout=60, check=False,
+        [
+            sys.executable,
+            "-m",
+            "effectlog",
+            "run",
+            str(plan),
+            "--journal",
+            str(journal),
+            "--effects",
+            str(journal.parent / "effects.db"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
     )
     assert 6 == done.returncode
     assert f"pid {holder.pid}" in done.stderr

@@ -37,9 +37,11 @@ def test_a_read_record_carries_every_index_column_as_stored(tmp_path: Path) -> N
     history = sample_run("cols", steps=2)
     with SqliteJournal(tmp_path / "j.db") as journal:
         journal.append(history)
-        stored = journal_tamper.connect(tmp_path / "j.db").execute(
-            "SELECT run_id, seq, step_id, phase, attempt FROM ev WHERE run_id = 'cols' ORDER BY seq"
-        ).fetchall()
+        stored = (
+            journal_tamper.connect(tmp_path / "j.db")
+            .execute("SELECT run_id, seq, step_id, phase, attempt FROM ev WHERE run_id = 'cols' ORDER BY seq")
+            .fetchall()
+        )
         got = [(r.run_id, r.seq, r.step_id, r.phase, r.attempt) for r in journal.read("cols")]
     assert stored == got
 

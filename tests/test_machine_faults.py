@@ -92,19 +92,40 @@ class Workdir:
 
     @property
     def run_argv(self) -> list[str]:
-        return [sys.executable, "-m", "effectlog", "run", "plan.json", "--journal", "journal.db",
-                "--effects", "effects.db", "--adapters", "gated_tools:ADAPTERS"]
+        return [
+            sys.executable,
+            "-m",
+            "effectlog",
+            "run",
+            "plan.json",
+            "--journal",
+            "journal.db",
+            "--effects",
+            "effects.db",
+            "--adapters",
+            "gated_tools:ADAPTERS",
+        ]
 
     def start(self, preexec: Callable[[], None] | None = None) -> subprocess.Popen[str]:
         return subprocess.Popen(
-            self.run_argv, cwd=self.root, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            self.run_argv,
+            cwd=self.root,
+            env=self.env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
             preexec_fn=preexec,
         )
 
     def run(self, *extra: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [*self.run_argv, *extra], cwd=self.root, env=self.env, capture_output=True, text=True,
-            timeout=SAFETY_TIMEOUT_S, check=False,
+            [*self.run_argv, *extra],
+            cwd=self.root,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=SAFETY_TIMEOUT_S,
+            check=False,
         )
 
     def open_gate(self, step_id: str) -> None:
@@ -165,6 +186,7 @@ THREE_GATED_STEPS = [{"id": s, "adapter": "gate", "args": {"n": i}} for i, s in 
 
 # -- SIGINT and SIGTERM -------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_a_signal_stops_the_run_after_the_current_steps_commit_with_its_exit_status(
     tmp_path: Path, signum: signal.Signals
@@ -214,8 +236,9 @@ def test_a_second_signal_ends_the_process_at_once_and_the_journal_still_holds_to
     uncertain_state = (uncertain.returncode, work.status()["state"], work.steps()[1])
     work.open_gate("b")
     work.open_gate("c")
-    reconciled = work.cli("reconcile", "--journal", "journal.db", "--run-id", "r", "--step", "b",
-                          "--from-ledger", "effects.db")
+    reconciled = work.cli(
+        "reconcile", "--journal", "journal.db", "--run-id", "r", "--step", "b", "--from-ledger", "effects.db"
+    )
     done = work.run()
 
     assert (-signal.SIGTERM, 0, [("a", "confirmed", 1), ("b", "requested", 1)], Counter(a=1)) == killed
@@ -268,6 +291,7 @@ def _seq(work: Workdir) -> int:
 
 
 # -- a full disk and a read-only journal -------------------------------------------------------------
+
 
 def _file_size_limit(limit: int) -> Callable[[], None]:
     def preexec() -> None:
@@ -334,6 +358,7 @@ def test_a_read_only_journal_is_one_line_changes_nothing_and_the_run_resumes_onc
 
 
 # -- readers during a write -------------------------------------------------------------------
+
 
 def test_readers_during_a_write_always_see_a_consistent_prefix(tmp_path: Path) -> None:
     """While a writer process runs a plan (a gated first step, then 500 steps), three reader

@@ -21,7 +21,7 @@ import pytest
 
 from hardening_kit import SAFETY_TIMEOUT_S, cli_env, last_line
 
-TOOLS = '''
+TOOLS = """
 import os
 import subprocess
 import sys
@@ -86,7 +86,7 @@ class Misbehaving:
 
 
 ADAPTERS = {"misbehaving": lambda decl, ctx: Misbehaving(decl.options)}
-'''
+"""
 
 # What the error line (the last on stderr, after the progress lines) must say about each misbehaviour.
 SAID = {

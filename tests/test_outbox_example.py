@@ -100,8 +100,9 @@ def test_the_example_outbox_is_reconciled_by_its_own_lookup_after_sigkill(
     killed = kill_worker_at(tmp_path, monkeypatch, journal, arm)
 
     stopped = cli(tmp_path, "run", "plan.json", "--journal", journal, *ADAPTERS)
-    reconciled = cli(tmp_path, "reconcile", "--journal", journal, "--run-id", run_id, "--step", "welcome",
-                     "--lookup", *ADAPTERS)
+    reconciled = cli(
+        tmp_path, "reconcile", "--journal", journal, "--run-id", run_id, "--step", "welcome", "--lookup", *ADAPTERS
+    )
     timeline = json.loads(cli(tmp_path, "timeline", "--journal", journal, "--run-id", run_id, "--json").stdout)
     done = cli(tmp_path, "run", "plan.json", "--journal", journal, *ADAPTERS)
 
@@ -125,8 +126,18 @@ def test_the_example_lookup_cannot_tell_without_its_ledger(tmp_path: Path, monke
     assert 3 == cli(tmp_path, "run", "plan.json", "--journal", journal, *ADAPTERS).returncode
     (tmp_path / "outbox.db").rename(tmp_path / "outbox-moved.db")
 
-    undecided = cli(tmp_path, "reconcile", "--journal", journal, "--run-id", "welcome-lost", "--step", "welcome",
-                    "--lookup", *ADAPTERS)
+    undecided = cli(
+        tmp_path,
+        "reconcile",
+        "--journal",
+        journal,
+        "--run-id",
+        "welcome-lost",
+        "--step",
+        "welcome",
+        "--lookup",
+        *ADAPTERS,
+    )
     again = cli(tmp_path, "run", "plan.json", "--journal", journal, *ADAPTERS)
 
     assert 3 == undecided.returncode

@@ -15,7 +15,10 @@ def test_wheel_ships_the_specs_and_loads_them_without_the_source_tree(tmp_path: 
     """A built wheel contains effectlog/specs/*.toml and py.typed, and its spec loader uses them."""
     done = subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "-w", str(tmp_path), str(ROOT)],
-        capture_output=True, text=True, timeout=600, check=False,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
     )
     assert 0 == done.returncode, done.stderr[-2000:]
     wheel = next(tmp_path.glob("effectlog-*.whl"))
@@ -27,7 +30,11 @@ def test_wheel_ships_the_specs_and_loads_them_without_the_source_tree(tmp_path: 
     zipfile.ZipFile(wheel).extractall(unpacked)
     probe = subprocess.run(
         [sys.executable, "-c", "import effectlog.spec as s; print(s.specs_dir()); print(s.load('step').states)"],
-        capture_output=True, text=True, timeout=60, check=False, cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        cwd=tmp_path,
         env={**os.environ, "PYTHONPATH": str(unpacked)},
     )
     assert 0 == probe.returncode, probe.stderr

@@ -184,7 +184,10 @@ def test_a_killed_owner_of_this_host_is_resumed_at_once(tmp_path: Path, pg_url: 
     with Runtime(pg_url, effects=effects, adapters=ADAPTERS) as rt:
         outcome = rt.run(gated_plan(str(tmp_path)))
     assert (True, "stopped", ExitStatus.STOPPED_UNCERTAIN, "pay") == (
-        renewed_after_kill, outcome.state, outcome.exit_status, outcome.step_id
+        renewed_after_kill,
+        outcome.state,
+        outcome.exit_status,
+        outcome.step_id,
     )
     assert Counter() == effect_counts(effects)
 

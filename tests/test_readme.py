@@ -26,8 +26,9 @@ def test_python_examples_run_as_written(tmp_path: Path, index: int) -> None:
     script.write_text(BLOCKS[index])
     outputs = []
     for _ in range(2):
-        done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True,
-                              timeout=120, check=False)
+        done = subprocess.run(
+            [sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False
+        )
         assert 0 == done.returncode, done.stderr
         outputs.append(done.stdout)
     assert outputs[0].strip()

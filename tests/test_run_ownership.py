@@ -227,7 +227,10 @@ def test_a_killed_owner_is_taken_over_at_once_and_its_step_is_uncertain(tmp_path
         assert (False, sqlite_writer.proc.pid) == (dead.live, dead.owner.pid if dead.owner else None)
     shown = json.loads(effectlog("status", "--journal", str(journal), "--run-id", "r1", "--json").stdout)
     assert ("running", "interrupted", False, pid) == (
-        shown["state"], shown["condition"], shown["live"], shown["owner"]["pid"]
+        shown["state"],
+        shown["condition"],
+        shown["live"],
+        shown["owner"]["pid"],
     )
     listed = effectlog("status", "--journal", str(journal)).stdout
     assert "interrupted" in listed
@@ -391,9 +394,7 @@ def test_processes_opening_one_journal_by_one_name_at_once_are_never_refused_as_
     SqliteJournal(path).close()
     go = time.time() + 1.5
     procs = [
-        subprocess.Popen(
-            [sys.executable, "-c", OPENER, str(path), str(go), "200"], stdout=subprocess.PIPE, text=True
-        )
+        subprocess.Popen([sys.executable, "-c", OPENER, str(path), str(go), "200"], stdout=subprocess.PIPE, text=True)
         for _ in range(4)
     ]
     refused = [int(proc.communicate(timeout=120)[0].strip() or -1) for proc in procs]
@@ -461,4 +462,3 @@ def test_a_process_of_the_same_name_closing_while_the_alias_check_looks_is_no_al
         _said(other, "exit\n")
         other.wait(timeout=30)
     assert ["closed\n"] == closed
-

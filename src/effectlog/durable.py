@@ -605,9 +605,7 @@ def run(
     hook(s) called once when the run suspends for approval or stops on an uncertain call
     (``effectlog.notify``).
     """
-    return Run(
-        run_id, journal=journal, policy=policy, clock=clock, deadline=deadline, sleeper=sleeper, notify=notify
-    )
+    return Run(run_id, journal=journal, policy=policy, clock=clock, deadline=deadline, sleeper=sleeper, notify=notify)
 
 
 def sleep(seconds: float) -> None:

@@ -108,8 +108,6 @@ class RunState(msgspec.Struct, frozen=True, kw_only=True, gc=False):
         return sorted(self.steps.values(), key=_index_of)  # (a C getter: no frame per step; seal and outcome ask)
 
 
-
-
 # Fields a stored summary (a seal, a checkpoint segment) cannot hold: the plan comes from the
 # run's own Plan, the head from the chain, the steps from the summary's own per-step records.
 _NOT_SUMMARISED = frozenset({"head", "steps", "plan", "plan_steps"})
@@ -141,9 +139,13 @@ def same_step(a: StepState | None, b: StepState | None) -> bool:
 def state_from_summary(summary: Any, *, head: bytes, steps: immutables.Map[str, StepState]) -> RunState:
     """A ``RunState`` from a summary struct carrying its run-level fields under the same names
     (those it lacks keep their defaults): one place, so a new run-level field reaches every summary."""
-    kept = {name: getattr(summary, name) for name in RunState.__struct_fields__ if name not in _NOT_SUMMARISED
-            and hasattr(summary, name)}
+    kept = {
+        name: getattr(summary, name)
+        for name in RunState.__struct_fields__
+        if name not in _NOT_SUMMARISED and hasattr(summary, name)
+    }
     return RunState(**kept, head=head, steps=steps)
+
 
 _state_of = operator.attrgetter("state")
 _index_of = operator.attrgetter("index")
@@ -221,9 +223,7 @@ _TAG_OF: dict[type[ev.Event], str] = {cls: tag for tag, cls in ev.TAGS.items()}
 _ADMITTED: dict[tuple[str, str], bool] = {}
 # The step machine's transitions whose destination needs no field of the event: (state, tag) -> next
 # state, straight from the spec's table (the others still go through ``next_state``).
-_STEP_FIXED: dict[tuple[str, str], str] = {
-    key: dests[None] for key, (by, dests) in _STEP.table.items() if by is None
-}
+_STEP_FIXED: dict[tuple[str, str], str] = {key: dests[None] for key, (by, dests) in _STEP.table.items() if by is None}
 
 
 # A new step's state after its first ``step.requested`` (``None`` if the spec gives it no fixed destination).
@@ -560,9 +560,13 @@ def fold_rows(
         if step_tag is not None:  # a step event
             sid, at, attempt = event.step_id, event.seq, event.attempt
             tag, phase = step_tag
-            if at_col != at or event.run_id != run_id or (
-                sid_col is not None  # ``_moved``, inline
-                and (sid_col != sid or attempt_col != attempt or phase_col != (phase or event.phase))
+            if (
+                at_col != at
+                or event.run_id != run_id
+                or (
+                    sid_col is not None  # ``_moved``, inline
+                    and (sid_col != sid or attempt_col != attempt or phase_col != (phase or event.phase))
+                )
             ):
                 _check_columns(Record(run_id, *row), event, run_id)
             if at != seq + 1 or foreign:

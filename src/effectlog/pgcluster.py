@@ -95,23 +95,43 @@ class PgCluster:
             os.chown(self.tmp, user.pw_uid, user.pw_gid)
         os.chmod(self.tmp, 0o700)
         self._run(
-            [str(bindir / "initdb"), "-D", str(self.data), "-U", "postgres", "--auth=trust",
-             "--encoding=UTF8", "--locale=C", "--no-sync", "--no-instructions"],
+            [
+                str(bindir / "initdb"),
+                "-D",
+                str(self.data),
+                "-U",
+                "postgres",
+                "--auth=trust",
+                "--encoding=UTF8",
+                "--locale=C",
+                "--no-sync",
+                "--no-instructions",
+            ],
             "initdb",
         )
         last = ""
         for _ in range(3):  # the random port can be taken between choosing and binding it
             self.port = free_port()
             options = (
-                f"-c listen_addresses=127.0.0.1 -p {self.port} -k {self.tmp}"
-                f" -c max_connections={self.max_connections}"
+                f"-c listen_addresses=127.0.0.1 -p {self.port} -k {self.tmp} -c max_connections={self.max_connections}"
             )
             if not self.durable:
                 options += " -c fsync=off -c full_page_writes=off -c synchronous_commit=off"
             try:
                 self._run(
-                    [str(bindir / "pg_ctl"), "-D", str(self.data), "-l", str(self.log), "-o", options,
-                     "-w", "-t", "60", "start"],
+                    [
+                        str(bindir / "pg_ctl"),
+                        "-D",
+                        str(self.data),
+                        "-l",
+                        str(self.log),
+                        "-o",
+                        options,
+                        "-w",
+                        "-t",
+                        "60",
+                        "start",
+                    ],
                     "pg_ctl start",
                 )
             except ClusterUnavailable as exc:
@@ -150,9 +170,7 @@ class PgCluster:
         self.start()
         return self
 
-    def __exit__(
-        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
         self.stop()
 
     # -- databases ----------------------------------------------------------------

@@ -46,8 +46,14 @@ def sample_run(run_id: str = "run-1", steps: int = 2, ts: Callable[[], int] | No
         n = len(out)
         out += [
             ev.StepRequested(
-                run_id=run_id, seq=n + 1, ts=clock(), step_id=sid, adapter="a", idempotency_key=f"k{i}",
-                args_digest="x", idempotent=True,
+                run_id=run_id,
+                seq=n + 1,
+                ts=clock(),
+                step_id=sid,
+                adapter="a",
+                idempotency_key=f"k{i}",
+                args_digest="x",
+                idempotent=True,
             ),
             ev.StepEffected(run_id=run_id, seq=n + 2, ts=clock(), step_id=sid, receipt={"n": i}),
             ev.StepConfirmed(run_id=run_id, seq=n + 3, ts=clock(), step_id=sid),

@@ -67,8 +67,7 @@ def print_status_list(
         emit_json([status_dict(s, location, owners.get(s.run_id)) for s in states])
         return
     rows = [
-        (s.run_id, condition(s, owners.get(s.run_id)), s.seq, s.blocked_step or "", when(s.started_ts))
-        for s in states
+        (s.run_id, condition(s, owners.get(s.run_id)), s.seq, s.blocked_step or "", when(s.started_ts)) for s in states
     ]
     out(table(("run", "state", "events", "blocked on", "started"), rows) + "\n")
 

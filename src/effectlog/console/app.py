@@ -313,7 +313,7 @@ def create_app(config: Config) -> Starlette:
                 same_site="strict",
                 https_only=config.https_only,
                 max_age=SESSION_MAX_AGE_S,
-            )
+            ),
         ],
         exception_handlers={HTTPException: http_error, EffectlogError: effectlog_error, Exception: server_error},
     )
@@ -336,9 +336,9 @@ class _BodyLimit:
             return
         announced = dict(scope["headers"]).get(b"content-length", b"0")
         if not announced.isdigit() or int(announced) > MAX_BODY_BYTES:
-            await PlainTextResponse(
-                f"request body larger than {MAX_BODY_BYTES} bytes: refused", status_code=413
-            )(scope, receive, send)
+            await PlainTextResponse(f"request body larger than {MAX_BODY_BYTES} bytes: refused", status_code=413)(
+                scope, receive, send
+            )
             return
         seen = 0
 

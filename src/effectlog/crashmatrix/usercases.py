@@ -76,7 +76,6 @@ USER_CASES: tuple[Case, ...] = (
 )
 
 
-
 def _lookups(e: Evidence) -> list[ev.StepReconciled]:
     return [x for x in e.events if isinstance(x, ev.StepReconciled)]
 

@@ -281,9 +281,7 @@ class LeaseFence:
     recorded, so a retried batch is known, and the carried transitions are made.
     """
 
-    def __init__(
-        self, lease: Lease, dialect: Dialect, tx_of: Callable[[Any], Tx], carry: Carry | None = None
-    ) -> None:
+    def __init__(self, lease: Lease, dialect: Dialect, tx_of: Callable[[Any], Tx], carry: Carry | None = None) -> None:
         self.lease = lease
         self.dialect = dialect
         self.tx_of = tx_of

@@ -67,7 +67,6 @@ SQLITE = Dialect(
 )
 
 
-
 def translate(exc: sqlite3.Error, where: str) -> EffectlogError:
     text = " ".join(str(exc).split())
     if "locked" in text or "busy" in text:

@@ -559,12 +559,7 @@ class SqlFleetStore:
             if row is None:
                 return None
             state, request_id, base_seq, run_id = str(row[0]), int(row[1]), int(row[2]), row[3]
-            bodies = [
-                bytes(r[0])
-                for r in tx.all(
-                    _event_sql(d, "{bodies_after}"), (run_id, base_seq)
-                )
-            ]
+            bodies = [bytes(r[0]) for r in tx.all(_event_sql(d, "{bodies_after}"), (run_id, base_seq))]
             verdict, not_before = decide(bodies), None
             if verdict.trigger == "lose":
                 verdict, not_before = self._requeue_policy(tx, request_id, verdict, now)

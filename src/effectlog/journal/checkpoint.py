@@ -369,8 +369,7 @@ def select_sql(table: str, events: str, mark: str, *, last: bool = False, join: 
     join = join or f"LEFT JOIN {events} e ON e.run_id = c.run_id AND e.seq = c.seq"
     return (
         f"SELECT c.seq, c.prev, c.body, c.hash, e.hash FROM {table} c {join} "
-        f"WHERE c.run_id = {mark} ORDER BY c.seq"
-        + (" DESC LIMIT 1" if last else "")
+        f"WHERE c.run_id = {mark} ORDER BY c.seq" + (" DESC LIMIT 1" if last else "")
     )
 
 

@@ -492,9 +492,7 @@ class PostgresJournal:
                     ).fetchone()
                     live = not (got and got[0])
                     if not live:
-                        conn.execute(
-                            "SELECT pg_advisory_unlock_shared(%s, hashtext(%s))", (OWNER_LOCK_CLASS, run_id)
-                        )
+                        conn.execute("SELECT pg_advisory_unlock_shared(%s, hashtext(%s))", (OWNER_LOCK_CLASS, run_id))
         except (psycopg.Error, PoolTimeout) as exc:
             raise translate(exc, self.location) from None
         owner = decode_owner(row[1]) if row else None
@@ -719,9 +717,7 @@ class PostgresJournal:
         """
         run_id = events[0].run_id
         last_seq, last_hash = self._seen.get(run_id, (0, GENESIS))
-        if len(events) > _CHUNK or any(
-            e.run_id != run_id or e.seq != last_seq + 1 + i for i, e in enumerate(events)
-        ):
+        if len(events) > _CHUNK or any(e.run_id != run_id or e.seq != last_seq + 1 + i for i, e in enumerate(events)):
             return None  # a resumed run's first append, a retried batch, a gap: the head read decides
         records: list[Record] = []
         params: list[Any] = []
@@ -791,9 +787,7 @@ class PostgresJournal:
                 out.append(known)
                 continue
             if event.seq != last_seq + 1:
-                raise SequenceGap(
-                    f"append expected seq {last_seq + 1}, got {event.seq}", run_id=run_id, seq=event.seq
-                )
+                raise SequenceGap(f"append expected seq {last_seq + 1}, got {event.seq}", run_id=run_id, seq=event.seq)
             digest = self.chain.link(last_hash, body)
             record = Record(run_id, event.seq, body, digest)
             rows.append((run_id, event.seq, event.step_key, event.phase, event.attempt_no, body, digest))
@@ -830,8 +824,7 @@ class PostgresJournal:
         for event in events:
             identity = (event.run_id, event.step_key, event.phase, event.attempt_no)
             row = conn.execute(
-                f"SELECT seq FROM {SCHEMA}.events WHERE run_id = %s AND step_id = %s AND phase = %s"
-                " AND attempt = %s",
+                f"SELECT seq FROM {SCHEMA}.events WHERE run_id = %s AND step_id = %s AND phase = %s AND attempt = %s",
                 identity,
             ).fetchone()
             at = row[0] if row and row[0] != event.seq else seen.get(identity)

@@ -121,9 +121,7 @@ HAS_ALIVE_UNTIL = (
     " AND NOT attisdropped"
 )
 # ``renewed_on``: the start of the server (``pg_postmaster_start_time``) that took the claim's last renewal.
-ADD_RENEWED_ON = (
-    f"ALTER TABLE {SCHEMA}.owners ADD COLUMN IF NOT EXISTS renewed_on DOUBLE PRECISION NOT NULL DEFAULT 0"
-)
+ADD_RENEWED_ON = f"ALTER TABLE {SCHEMA}.owners ADD COLUMN IF NOT EXISTS renewed_on DOUBLE PRECISION NOT NULL DEFAULT 0"
 HAS_RENEWED_ON = HAS_ALIVE_UNTIL.replace("'alive_until'", "'renewed_on'")
 # ``lease_s``: the owner's lease (``owner_lease_s``), which a restart's grace lasts at least (OWNER_RENEWED).
 ADD_LEASE_S = f"ALTER TABLE {SCHEMA}.owners ADD COLUMN IF NOT EXISTS lease_s DOUBLE PRECISION NOT NULL DEFAULT 0"
@@ -181,5 +179,3 @@ def translate(exc: Exception, where: str) -> EffectlogError:
     if isinstance(exc, psycopg.OperationalError):
         return StorageError(f"{where}: cannot use the database ({text})")
     return StorageError(f"{where}: {text}")
-
-

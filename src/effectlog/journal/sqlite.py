@@ -704,9 +704,7 @@ class SqliteJournal:
                             out.append(self._existing(run_id, seq, body))
                             continue
                         if seq != last_seq + 1:
-                            raise SequenceGap(
-                                f"append expected seq {last_seq + 1}, got {seq}", run_id=run_id, seq=seq
-                            )
+                            raise SequenceGap(f"append expected seq {last_seq + 1}, got {seq}", run_id=run_id, seq=seq)
                         digest = link(last_hash, body) if keyed else sha256(last_hash + body).digest()
                         phase = plain.get(type(event))
                         try:
@@ -934,4 +932,3 @@ class SqliteJournal:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-

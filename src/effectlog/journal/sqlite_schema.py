@@ -160,8 +160,7 @@ _V1 = Layout(
         "SELECT id FROM r WHERE id IS NOT NULL"
     ),
     read_page=(
-        "SELECT seq, body, hash, step_id, phase, attempt FROM events WHERE run_id = ? AND seq > ? "
-        "ORDER BY seq LIMIT ?"
+        "SELECT seq, body, hash, step_id, phase, attempt FROM events WHERE run_id = ? AND seq > ? ORDER BY seq LIMIT ?"
     ),
     head="SELECT seq, hash FROM events WHERE run_id = ? ORDER BY seq DESC LIMIT 1",
     existing="SELECT body, hash FROM events WHERE run_id = ? AND seq = ?",
@@ -233,5 +232,3 @@ def file_size(path: str) -> int:
         return os.stat(path).st_size
     except OSError:
         return 0
-
-
