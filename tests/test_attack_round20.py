@@ -1,0 +1,93 @@
+"""Round-20 attacks on the user's side: hostile tool return values, tools that misbehave in-process,
+odd plan files and the framework integrations given hostile values, with cases earlier rounds had not
+tried. Each test is one suspicion: a failing reproduction first where it found a defect, kept as a short
+regression test where it found none but guards a plausible mistake. Real SQLite files and real
+``python -m effectlog`` processes where the CLI is the point.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from effectlog import durable
+from hardening_kit import effectlog
+
+
+class Abort(BaseException):
+    """A library's own control-flow exception (a worker's "shutdown", a job runner's "abandon")."""
+
+
+# What a tool ends its call with after its effect: none of them is an answer.
+ENDINGS: dict[str, Callable[[], BaseException]] = {
+    "sys.exit(0)": lambda: SystemExit(0),
+    "sys.exit('bye')": lambda: SystemExit("bye"),
+    "GeneratorExit": GeneratorExit,
+    "BaseException subclass": lambda: Abort("abandon"),
+}
+
+
+def _states(journal: Path, run_id: str) -> list[tuple[str, str]]:
+    done = effectlog("status", "--journal", str(journal), "--run-id", run_id, "--json", cwd=journal.parent)
+    assert 0 == done.returncode, done.stderr
+    return [(s["id"], s["state"]) for s in json.loads(done.stdout)["steps"]]
+
+
+@pytest.mark.parametrize("is_async", [False, True], ids=["sync", "async"])
+@pytest.mark.parametrize("ending", sorted(ENDINGS))
+def test_a_durable_tool_ending_with_a_base_exception_the_block_catches_stops_the_run_before_the_next_call(
+    tmp_path: Path, ending: str, is_async: bool
+) -> None:
+    """A non-idempotent durable tool makes its effect, then ends with ``sys.exit()``, ``GeneratorExit`` or
+    another ``BaseException``; the application catches it (a worker loop's ``except BaseException``) and
+    calls the next tool. The payment's outcome is unknown, so the run must stop on it as it does for a
+    ``KeyboardInterrupt``: before, only ``CancelledError`` and ``KeyboardInterrupt`` were recorded as
+    uncertain, and the next call ran past the payment in doubt (the notice went out before anyone knew
+    whether the payment had). Proves: the later call raises ``UncertainEffect`` without running, the
+    payment is ``uncertain`` in the journal, and a second pass of the block sends nothing."""
+    effects: list[str] = []
+    journal = tmp_path / "runs.db"
+
+    def pay_body() -> str:
+        effects.append("pay")
+        raise ENDINGS[ending]()
+
+    if is_async:
+
+        async def pay_async() -> str:
+            return pay_body()
+
+        pay: Any = durable.tool(pay_async, idempotent=False, name="pay")
+    else:
+        pay = durable.tool(pay_body, idempotent=False, name="pay")
+
+    @durable.tool(idempotent=False)
+    def notify() -> str:
+        effects.append("notify")
+        return "sent"
+
+    def one_pass() -> list[str]:
+        said: list[str] = []
+        with durable.run("r", journal=journal):
+            for call in (pay, notify):
+                try:
+                    answer = call()
+                    if asyncio.iscoroutine(answer):
+                        asyncio.run(answer)
+                except BaseException as exc:  # the application's catch-all
+                    said.append(type(exc).__name__)
+        return said
+
+    first = one_pass()
+    second = one_pass()
+
+    assert type(ENDINGS[ending]()).__name__ == first[0]
+    assert ["UncertainEffect"] == first[1:]
+    assert ["UncertainEffect", "UncertainEffect"] == second
+    assert ["pay"] == effects
+    assert [("step-0", "uncertain")] == _states(journal, "r")
