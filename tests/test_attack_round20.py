@@ -91,3 +91,44 @@ def test_a_durable_tool_ending_with_a_base_exception_the_block_catches_stops_the
     assert ["UncertainEffect", "UncertainEffect"] == second
     assert ["pay"] == effects
     assert [("step-0", "uncertain")] == _states(journal, "r")
+
+
+@pytest.mark.parametrize("blocked", ["uncertain", "held for approval"])
+def test_a_later_pass_that_catches_the_blocked_steps_error_runs_nothing_past_it(tmp_path: Path, blocked: str) -> None:
+    """A run stopped on an uncertain payment (its reply was lost), or held for a person's approval of it,
+    is run again before anyone decided: the block reaches the payment, gets ``UncertainEffect`` (or
+    ``ApprovalRequired``), catches it as any ``except Exception`` would, and calls the next tool. The pass
+    that stopped the run refused that call; a later pass let it run (``run.resumed``, then the notice sent
+    while the payment was still in doubt or never approved). Proves: on every pass, the call after the
+    blocked step raises the blocked step's error without running, and the journal holds no step past it."""
+    effects: list[str] = []
+    journal = tmp_path / "runs.db"
+
+    @durable.tool(idempotent=False, approval=blocked == "held for approval")
+    def pay() -> str:
+        effects.append("pay")
+        raise ConnectionError("reply lost")
+
+    @durable.tool(idempotent=False)
+    def notify() -> str:
+        effects.append("notify")
+        return "sent"
+
+    def one_pass() -> list[str]:
+        said: list[str] = []
+        with durable.run("r", journal=journal):
+            for call in (pay, notify):
+                try:
+                    call()
+                    said.append("ran")
+                except Exception as exc:  # the application's catch-all
+                    said.append(type(exc).__name__)
+        return said
+
+    error = "UncertainEffect" if blocked == "uncertain" else "ApprovalRequired"
+    passes = [one_pass() for _ in range(3)]
+
+    assert [[error, error]] * 3 == passes
+    assert (["pay"] if blocked == "uncertain" else []) == effects
+    state = "uncertain" if blocked == "uncertain" else "awaiting_approval"
+    assert [("step-0", state)] == _states(journal, "r")
