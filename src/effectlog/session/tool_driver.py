@@ -24,6 +24,7 @@ from effectlog.errors import (
     printable,
 )
 from effectlog.fold import StepState
+from effectlog.outcome import SimulatedCrash
 from effectlog.plan import own_copy
 from effectlog.recordable import as_recorded
 from effectlog.recovery import Action, decide
@@ -231,12 +232,16 @@ class ToolDriver:
             said = exc.reason if isinstance(exc, UnusableResult) else describe(exc)
             self._doubt(step, self._redact(f"outcome unknown: {said}"))
             raise self._uncertain() from exc
-        except (asyncio.CancelledError, KeyboardInterrupt) as exc:
-            # Cancelled (a caller's timeout, a task group) or interrupted while the tool ran: the effect
-            # may be out. Recorded as the next pass would find it (uncertain, the run stopped), so that a
-            # later call in this same process stops on it too instead of running on past it.
+        except SimulatedCrash:
+            raise  # a crash hook's deliberate stop: a crash records nothing
+        except BaseException as exc:
+            # Cancelled (a caller's timeout, a task group), interrupted, or ended with ``sys.exit()``,
+            # ``GeneratorExit`` or a library's own ``BaseException`` while the tool ran: the effect may be
+            # out. Recorded as the next pass would find it (uncertain, the run stopped), so that a later
+            # call in this same process (the application caught it) stops on it too instead of running on
+            # past it. The exception itself goes on to the caller.
             if not step.idempotent:
-                self._doubt(step, f"outcome unknown: {type(exc).__name__} while the tool ran")
+                self._doubt(step, self._redact(f"outcome unknown: {_ending(exc)}"))
             raise
         s._crash_point("after_call", sid)
         s._record(
@@ -268,3 +273,12 @@ class ToolDriver:
             tool=self.info.name,
             command=command,
         )
+
+
+def _ending(exc: BaseException) -> str:
+    """How a tool's call ended without an answer, said as the plan runtime says it (``actor._call_tool``)."""
+    if isinstance(exc, asyncio.CancelledError | KeyboardInterrupt):
+        return f"{type(exc).__name__} while the tool ran"
+    if isinstance(exc, SystemExit):
+        return f"the tool called sys.exit({exc.code!r})"
+    return f"the tool raised {describe(exc)}"
