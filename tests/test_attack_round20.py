@@ -132,3 +132,40 @@ def test_a_later_pass_that_catches_the_blocked_steps_error_runs_nothing_past_it(
     assert (["pay"] if blocked == "uncertain" else []) == effects
     state = "uncertain" if blocked == "uncertain" else "awaiting_approval"
     assert [("step-0", state)] == _states(journal, "r")
+
+
+class _NoStr(str):
+    """A str subclass (a key type of some ORM or enum library) whose ``str()`` raises."""
+
+    def __str__(self) -> str:
+        raise ValueError("no str for this key")
+
+
+def test_a_result_the_journal_refuses_whose_second_reading_raises_is_said_to_be_unrecordable(tmp_path: Path) -> None:
+    """A tool returns a result holding a NaN (which the journal refuses) and, further on, a dict key whose
+    ``str()`` raises. Its effect is made and it answered: the outcome is unknown because its answer cannot
+    be recorded. The walk that names what cannot be recorded read the value again and raised, and the step
+    was recorded as if the tool itself had raised (``outcome unknown: ValueError: ...``), which tells the
+    operator deciding it the wrong story (a tool that raised may well have done nothing). Proves: the
+    caller gets ``UncertainEffect`` and the recorded reason says the result cannot be recorded and why."""
+    effects: list[str] = []
+
+    @durable.tool(idempotent=False)
+    def quote() -> dict[str, Any]:
+        effects.append("quote")
+        return {"price": float("nan"), "tags": {_NoStr("k"): 1}}
+
+    said = ""
+    with durable.run("r", journal=tmp_path / "runs.db"):
+        try:
+            quote()
+        except Exception as exc:
+            said = f"{type(exc).__name__}: {exc}"
+
+    done = effectlog("status", "--journal", "runs.db", "--run-id", "r", "--json", cwd=tmp_path)
+    (step,) = json.loads(done.stdout)["at_stake"]
+    assert said.startswith("UncertainEffect"), said
+    assert ["quote"] == effects
+    assert "uncertain" == step["state"]
+    assert step["reason"].startswith("outcome unknown: the tool's result cannot be recorded: "), step["reason"]
+    assert "nan is not a finite number" in step["reason"], step["reason"]
