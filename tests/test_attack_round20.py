@@ -169,3 +169,54 @@ def test_a_result_the_journal_refuses_whose_second_reading_raises_is_said_to_be_
     assert "uncertain" == step["state"]
     assert step["reason"].startswith("outcome unknown: the tool's result cannot be recorded: "), step["reason"]
     assert "nan is not a finite number" in step["reason"], step["reason"]
+
+
+@pytest.mark.parametrize(
+    ("answer", "said"),
+    [
+        (lambda: b"\xff\xfe", "UnicodeDecodeError"),  # bytes read off a socket, not UTF-8
+        (lambda: {"on_done": print}, "PydanticSerializationError"),  # a callback handed back
+    ],
+    ids=["non-utf8-bytes", "a-function"],
+)
+def test_a_pydantic_ai_tools_answer_pydantic_cannot_serialise_is_said_to_be_unrecordable(
+    tmp_path: Path, answer: Callable[[], Any], said: str
+) -> None:
+    """A pydantic-ai tool makes its effect and answers with something pydantic cannot turn into JSON. The
+    integration converted the answer inside the call, so the failed conversion was recorded as the tool's
+    own exception (``outcome unknown: UnicodeDecodeError: ...``): an operator reading it would think the
+    tool failed, perhaps before its effect. Proves: the run stops with ``UncertainEffect``, one effect, and
+    the recorded reason says the tool's result cannot be recorded, naming the tool and what pydantic said."""
+    from pydantic_ai import Agent
+    from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart
+    from pydantic_ai.models.function import AgentInfo, FunctionModel
+
+    from effectlog.errors import UncertainEffect
+    from effectlog.integrations.pydantic_ai import DurableAgent
+    from effectlog.session import SqliteCheckpointer
+
+    effects: list[str] = []
+
+    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        if not any(isinstance(m, ModelResponse) for m in messages):
+            return ModelResponse(parts=[ToolCallPart("fetch", {"url": "u"}, tool_call_id="a")])
+        return ModelResponse(parts=[TextPart("done")])
+
+    agent: Agent[None, str] = Agent(FunctionModel(model), output_type=str)
+
+    @agent.tool_plain
+    def fetch(url: str) -> Any:
+        effects.append(url)
+        return answer()
+
+    with pytest.raises(UncertainEffect):
+        DurableAgent(agent, journal=tmp_path / "runs.db").run_sync("go", run_id="r")
+
+    store = SqliteCheckpointer(tmp_path / "runs.db")
+    step = store.state("r").step("tool-1-a")
+    store.close()
+    assert ["u"] == effects
+    assert step is not None
+    assert "uncertain" == step.state
+    prefix = "outcome unknown: the tool's result cannot be recorded: the result of tool 'fetch': "
+    assert step.reason.startswith(prefix + said), step.reason
