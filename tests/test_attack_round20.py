@@ -220,3 +220,30 @@ def test_a_pydantic_ai_tools_answer_pydantic_cannot_serialise_is_said_to_be_unre
     assert "uncertain" == step.state
     prefix = "outcome unknown: the tool's result cannot be recorded: the result of tool 'fetch': "
     assert step.reason.startswith(prefix + said), step.reason
+
+
+@pytest.mark.parametrize(
+    ("head", "encoding", "said"),
+    [
+        (b"\xef\xbb\xbf", "utf-8", "starts with a UTF-8 byte order mark (U+FEFF)"),  # Notepad's "UTF-8 with BOM"
+        (b"\xff\xfe", "utf-16-le", "is UTF-16 text (byte order mark FF FE)"),  # PowerShell's `>` redirect
+    ],
+    ids=["utf8-bom", "utf16"],
+)
+def test_a_plan_saved_with_a_byte_order_mark_is_refused_saying_so(
+    tmp_path: Path, head: bytes, encoding: str, said: str
+) -> None:
+    """A plan saved by a Windows editor with a byte order mark, or as UTF-16 by a shell redirect, looks right
+    in every editor. It was refused as "not valid JSON (... invalid character (byte 0))" or "not UTF-8
+    (byte 0)", which names a place the user cannot see anything wrong at. Proves: exit 2, one line naming
+    the file and the mark, and no journal created."""
+    text = json.dumps({"run_id": "r", "adapters": {"n": {"type": "noop"}}, "steps": [{"id": "a", "adapter": "n"}]})
+    (tmp_path / "plan.json").write_bytes(head + text.encode(encoding))
+
+    done = effectlog("run", "plan.json", "--journal", "j.db", cwd=tmp_path)
+
+    assert 2 == done.returncode, done.stderr
+    assert [f"effectlog: bad_plan: plan.json: {said}, which JSON does not allow: save it as UTF-8 without one"] == (
+        done.stderr.splitlines()
+    )
+    assert ["plan.json"] == sorted(p.name for p in tmp_path.iterdir())
