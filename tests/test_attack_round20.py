@@ -247,3 +247,53 @@ def test_a_plan_saved_with_a_byte_order_mark_is_refused_saying_so(
         done.stderr.splitlines()
     )
     assert ["plan.json"] == sorted(p.name for p in tmp_path.iterdir())
+
+
+def _nested(depth: int) -> Any:
+    value: Any = 1
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+def test_a_durable_result_nested_as_deep_as_the_check_allows_is_recorded_or_uncertain_never_a_raw_error(
+    tmp_path: Path,
+) -> None:
+    """A durable tool returns the deepest nesting the recordability check accepts where the tool returns
+    (found by trying, from the tool's own frame). The check ran a few frames above the journal's encoder,
+    which nests the answer in its event and runs some frames deeper: the answer passed, then the journal's
+    write raised a bare ``RecursionError`` to the application, with the step left requested and nothing
+    recorded, so a caught one let the next call run past the step in doubt. Proves: no ``RecursionError``
+    reaches the block; either the answer is recorded (and the next call runs) or the step is uncertain,
+    the caller gets ``UncertainEffect`` and the next call runs nothing."""
+    from effectlog.recordable import why_unrecordable
+
+    effects: list[str] = []
+
+    @durable.tool(idempotent=False)
+    def fetch() -> Any:
+        effects.append("fetch")
+        depth = 1200
+        while why_unrecordable(_nested(depth)) is not None:
+            depth -= 1
+        return _nested(depth)
+
+    @durable.tool(idempotent=False)
+    def after() -> str:
+        effects.append("after")
+        return "ok"
+
+    said: list[str] = []
+    with durable.run("r", journal=tmp_path / "runs.db"):
+        for call in (fetch, after):
+            try:
+                call()
+                said.append("ran")
+            except Exception as exc:
+                said.append(type(exc).__name__)
+
+    states = _states(tmp_path / "runs.db", "r")
+    assert (said, effects, states) in (
+        (["ran", "ran"], ["fetch", "after"], [("step-0", "confirmed"), ("step-1", "confirmed")]),
+        (["UncertainEffect", "UncertainEffect"], ["fetch"], [("step-0", "uncertain")]),
+    )
