@@ -244,10 +244,20 @@ class ToolDriver:
                 self._doubt(step, self._redact(f"outcome unknown: {_ending(exc)}"))
             raise
         s._crash_point("after_call", sid)
-        s._record(
-            (ev.StepEffected, {"step_id": sid, "attempt": step.attempt, "receipt": value}),
-            (ev.StepConfirmed, {"step_id": sid, "attempt": step.attempt}),
-        )
+        try:
+            s._record(
+                (ev.StepEffected, {"step_id": sid, "attempt": step.attempt, "receipt": value}),
+                (ev.StepConfirmed, {"step_id": sid, "attempt": step.attempt}),
+            )
+        except RecursionError:
+            # ``as_recorded`` read the answer here; the journal encodes it inside its event, some frames deeper,
+            # where an answer nested nearly as deep as the stack allows no longer fits. Nothing was written
+            # (the batch is encoded before it is stored): the answer cannot be recorded, like any other.
+            problem = "the tool's result cannot be recorded: nested too deep for the journal to encode it here"
+            if step.idempotent:
+                raise UnusableResult(problem) from None  # the intent stays: the next pass sends the same key
+            self._doubt(step, f"outcome unknown: {problem}")
+            raise self._uncertain() from None
         s._crash_point("after_result", sid)
         return self._step("ok", replayed=False, result=value)
 
