@@ -297,3 +297,47 @@ def test_a_durable_result_nested_as_deep_as_the_check_allows_is_recorded_or_unce
         (["ran", "ran"], ["fetch", "after"], [("step-0", "confirmed"), ("step-1", "confirmed")]),
         (["UncertainEffect", "UncertainEffect"], ["fetch"], [("step-0", "uncertain")]),
     )
+
+
+@pytest.mark.parametrize("name", ["order 42 ", " order 42", "order\t42", "order\u200b42", "order 42\n"])
+@pytest.mark.parametrize("where", ["run id", "step key"])
+def test_a_run_id_or_step_key_the_cli_cannot_name_is_refused_before_anything_is_written(
+    tmp_path: Path, name: str, where: str
+) -> None:
+    """A durable run id or a session step key with surrounding spaces, a tab, a zero-width character or a
+    newline (a form field, an f-string's stray space) was taken as given. When its step became uncertain
+    the printed ``effectlog reconcile --run-id 'order 42 '`` (or ``--step``) was refused by the CLI itself
+    (surrounding spaces and unprintable characters are not an id there), so the run could never be
+    reconciled and stayed stopped for good. Proves: the API refuses such a name with ``BadInput`` naming
+    it, before the tool runs, and the journal holds no run."""
+    from effectlog.errors import BadInput
+    from effectlog.session import Session, SqliteCheckpointer, Toolbox, ToolboxGateway
+
+    effects: list[str] = []
+    journal = tmp_path / "runs.db"
+    tools = Toolbox()
+
+    @tools.tool(idempotent=False)
+    def pay() -> str:
+        effects.append("pay")
+        return "paid"
+
+    class Gateway(ToolboxGateway):
+        async def complete(self, body: Any, *, idempotency_key: str) -> dict[str, Any]:
+            raise AssertionError("no model call in this test")
+
+    store = SqliteCheckpointer(journal)
+    run_id, key = (name, None) if where == "run id" else ("r", name)
+
+    async def call() -> Any:
+        return await Session(run_id, Gateway(model="m", tools=tools), store).tool("pay", key=key)
+
+    try:
+        with pytest.raises(BadInput, match="printable text without surrounding spaces") as refused:
+            asyncio.run(call())
+        written = store.state(run_id).seq
+    finally:
+        store.close()
+
+    assert repr(name) in str(refused.value)
+    assert ([], 0) == (effects, written)
