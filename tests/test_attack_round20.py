@@ -300,7 +300,21 @@ def test_a_durable_result_nested_as_deep_as_the_check_allows_is_recorded_or_unce
 
 
 @pytest.mark.parametrize("name", ["order 42 ", " order 42", "order\t42", "order\u200b42", "order 42\n"])
-@pytest.mark.parametrize("where", ["run id", "step key"])
+@pytest.mark.parametrize(
+    "where",
+    [
+        "run id",
+        pytest.param(
+            "step key",
+            marks=pytest.mark.xfail(
+                strict=True,
+                reason="not fixed: step ids are any text on purpose (a model's tool call id becomes one: "
+                "test_attack_round9.py::test_pydantic_tool_call_ids_with_odd_characters_are_each_one_step_run_once); "
+                "the CLI needs a spelling for such names (an escaped --step) before the API can refuse none",
+            ),
+        ),
+    ],
+)
 def test_a_run_id_or_step_key_the_cli_cannot_name_is_refused_before_anything_is_written(
     tmp_path: Path, name: str, where: str
 ) -> None:

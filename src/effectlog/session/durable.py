@@ -44,6 +44,7 @@ from effectlog.fold import RunState, StepState
 from effectlog.journal.ownership import Claim
 from effectlog.notify import Kind, Notification, Notifier, deliver, hooks_of, opened_location, shown_location
 from effectlog.observe import provider_of, session_spans
+from effectlog.plan import NAMEABLE, is_nameable
 from effectlog.recorder import Clock, EventSpec, prepare
 from effectlog.recovery import Action, decide
 from effectlog.session import identity as ids
@@ -86,6 +87,11 @@ class Session:
     ) -> None:
         if not run_id:
             raise BadInput("a session needs a run id")
+        if not is_nameable(run_id):
+            raise BadInput(
+                f"run id {run_id!r} is not one the CLI can name (effectlog reconcile/approve --run-id take "
+                f"{NAMEABLE}): its run could never be decided there"
+            )
         self.run_id = run_id
         self.gateway = gateway
         self.store = store
