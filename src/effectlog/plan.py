@@ -224,6 +224,9 @@ def _adapter_message(raw: Any, exc: msgspec.ValidationError) -> str | None:
 
 def parse_plan(data: bytes, origin: str = "plan", *, max_args_bytes: int = MAX_ARGS_BYTES) -> Plan:
     """Decode and validate a plan; raise ``PlanError`` naming ``origin`` and the JSON path."""
+    mark = _byte_order_mark(data)
+    if mark is not None:
+        raise PlanError(f"{origin}: {mark}, which JSON does not allow: save it as UTF-8 without one")
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -248,9 +251,31 @@ def parse_plan(data: bytes, origin: str = "plan", *, max_args_bytes: int = MAX_A
     return plan
 
 
+def _byte_order_mark(data: bytes) -> str | None:
+    """What a byte order mark at the start of ``data`` says, if it has one. Editors show none of it (a
+    Windows editor's "UTF-8 with BOM", PowerShell's UTF-16 ``>``), so "invalid character (byte 0)" named a
+    place where the user sees nothing wrong."""
+    if data.startswith(b"\xef\xbb\xbf"):
+        return "starts with a UTF-8 byte order mark (U+FEFF)"
+    for mark, name in ((b"\xff\xfe", "FF FE"), (b"\xfe\xff", "FE FF")):
+        if data.startswith(mark):
+            return f"is UTF-16 text (byte order mark {name})"
+    return None
+
+
 def is_valid_id(text: str) -> bool:
     """A run, step or adapter id: ``[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}``, the whole string."""
     return _ID.fullmatch(text) is not None
+
+
+NAMEABLE = "printable text without surrounding spaces"
+
+
+def is_nameable(text: str) -> bool:
+    """A run id or step name a person can give back to the CLI (``--run-id``, ``--step``): a plan's id, or
+    any printable text without surrounding spaces (``onboard/42``, ``order 42``, ``café``). The durable and
+    session APIs take only these: a run named otherwise could never be reconciled or approved there."""
+    return _ID.fullmatch(text) is not None or (text.isprintable() and text.strip() == text and text != "")
 
 
 def load_plan(path: str | Path, *, max_args_bytes: int = MAX_ARGS_BYTES, max_plan_bytes: int = MAX_PLAN_BYTES) -> Plan:

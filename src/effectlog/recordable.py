@@ -44,14 +44,20 @@ def as_recorded(value: Any, where: str = "result") -> tuple[Any, str | None]:
     try:
         data = canonical_json(value, where)
     except BadInput as exc:  # a NaN or an infinity, or nested too deep: the walk names a cycle more precisely
-        return None, _first_problem(value, where, set(), 0) or exc.message
+        return None, _walked(value, where) or exc.message
     except (Exception, RecursionError) as exc:  # TypeError, UnicodeEncodeError, OverflowError, msgspec's, a user's
-        try:
-            found = _first_problem(value, where, set(), 0)
-        except Exception:  # the walk reads the value again, and a hostile value may raise there too
-            found = None
-        return None, found or f"{where}: {type(exc).__name__}: {' '.join(printable(exc).split())}"
+        return None, _walked(value, where) or f"{where}: {type(exc).__name__}: {' '.join(printable(exc).split())}"
     return _decoder.decode(data), None
+
+
+def _walked(value: Any, where: str) -> str | None:
+    """``_first_problem``, or None when the walk itself raises: it reads the value again (a key's ``str()``,
+    a set's order, a ``repr``), and a hostile value may raise there too. What raised is the reading of the
+    tool's answer, not the tool: escaping from here, it was recorded as the tool's own exception."""
+    try:
+        return _first_problem(value, where, set(), 0)
+    except (Exception, RecursionError):
+        return None
 
 
 def _kind(value: Any) -> str:

@@ -25,13 +25,12 @@ def run_or_step_id(text: str) -> str:
     may have (``onboard/42``, ``order 42``, ``café``: their printed commands name them), the whole string.
     Refused: the empty string, control characters (a pasted trailing newline) and surrounding whitespace,
     which no command effectlog prints holds unescaped."""
-    from effectlog.plan import is_valid_id
+    from effectlog.plan import NAMEABLE, is_nameable
 
-    if not is_valid_id(text) and not (text.isprintable() and text.strip() == text and text):
+    if not is_nameable(text):
         shown = repr(text) if len(text) <= 64 else f"{text[:32]!r}... ({len(text)} characters)"
         raise argparse.ArgumentTypeError(
-            f"{shown} is not a valid id (a plan's: letters, digits, . _ : @ -; a durable run's: printable text "
-            "without surrounding spaces)"
+            f"{shown} is not a valid id (a plan's: letters, digits, . _ : @ -; a durable run's: {NAMEABLE})"
         )
     return text
 

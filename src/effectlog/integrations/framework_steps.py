@@ -16,7 +16,9 @@ from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, cast
 
-from effectlog.errors import BadInput, EffectlogError, ReplayDivergence, RunClosed
+from pydantic_core import to_jsonable_python
+
+from effectlog.errors import BadInput, EffectlogError, ReplayDivergence, RunClosed, UnusableResult, describe
 from effectlog.fold import StepState
 from effectlog.journal import chain_from_env, open_journal
 from effectlog.journal.sidecars import not_a_path
@@ -45,6 +47,20 @@ def idempotency_key() -> str:
             "(a provider deduplicating by key would drop all but the first); give the call a key of its own"
         )
     return key
+
+
+def jsonable_answer(result: Any, name: str) -> Any:
+    """A framework tool's answer as pydantic turns it into JSON types (models, dataclasses), read after the
+    tool answered: a value pydantic cannot turn (bytes that are not UTF-8, a function, a cycle) is an answer
+    that cannot be recorded (``UnusableResult``, outcome unknown), not an exception of the tool's. Raised as
+    the tool's own, it was recorded as ``outcome unknown: UnicodeDecodeError: ...``, which reads as a tool
+    that failed (perhaps before its effect) to the operator deciding the step."""
+    try:
+        return to_jsonable_python(result)
+    except (Exception, RecursionError) as exc:
+        raise UnusableResult(
+            f"the tool's result cannot be recorded: the result of tool {name!r}: {' '.join(describe(exc).split())}"
+        ) from None
 
 
 class PendingGateway:

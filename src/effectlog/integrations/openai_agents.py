@@ -65,6 +65,7 @@ from effectlog.integrations.framework_steps import (
     effectlog_error,
     fixed_location,
     idempotency_key,
+    jsonable_answer,
     open_store,
     reconciled_value,
     recorded_step,
@@ -404,7 +405,7 @@ def durable_tool(tool: FunctionTool, durable: _Pass) -> FunctionTool:
                 raise
             finally:
                 TOOL_KEY.reset(token)
-            return to_jsonable_python(result)
+            return jsonable_answer(result, name)
 
         return await durable.tool_step(name, ctx.tool_call_id, args, send)
 

@@ -70,6 +70,7 @@ from effectlog.integrations.framework_steps import (
     effectlog_error,
     fixed_location,
     idempotency_key,
+    jsonable_answer,
     open_store,
     reconciled_value,
     recorded_step,
@@ -341,7 +342,7 @@ class DurableToolset(WrapperToolset[Any]):
                 ) from exc
             finally:
                 TOOL_KEY.reset(token)
-            return to_jsonable_python(result)
+            return jsonable_answer(result, name)
 
         return await self.durable.tool_step(name, tool_args, ctx, tool, send)
 

@@ -44,6 +44,7 @@ from effectlog.fold import RunState, StepState
 from effectlog.journal.ownership import Claim
 from effectlog.notify import Kind, Notification, Notifier, deliver, hooks_of, opened_location, shown_location
 from effectlog.observe import provider_of, session_spans
+from effectlog.plan import NAMEABLE, is_nameable
 from effectlog.recorder import Clock, EventSpec, prepare
 from effectlog.recovery import Action, decide
 from effectlog.session import identity as ids
@@ -86,6 +87,11 @@ class Session:
     ) -> None:
         if not run_id:
             raise BadInput("a session needs a run id")
+        if not is_nameable(run_id):
+            raise BadInput(
+                f"run id {run_id!r} is not one the CLI can name (effectlog reconcile/approve --run-id take "
+                f"{NAMEABLE}): its run could never be decided there"
+            )
         self.run_id = run_id
         self.gateway = gateway
         self.store = store
@@ -272,16 +278,52 @@ class Session:
                 step_id=state.blocked_step,
             )
 
-    def _next_id(self, key: str | None) -> str:
-        if key is None:
-            sid = ids.positional_id(self._position)
-            self._position += 1
-        else:
-            sid = ids.keyed_id(key)
+    def _next_id(self, key: str | None, what: str) -> str:
+        sid = ids.positional_id(self._position) if key is None else ids.keyed_id(key)
         if sid in self._visited:
             raise BadInput(f"step {sid!r} is used twice in one pass; step keys must be unique", run_id=self.run_id)
+        if self._state.step(sid) is None:
+            self._check_not_blocked(what)  # refused, the call takes no step id (a resume lines up)
+        if key is None:
+            self._position += 1
         self._visited.add(sid)
         return sid
+
+    def _check_not_blocked(self, what: str) -> None:
+        """A new step (or ``finish``) while the journal holds the run stopped on an uncertain step or held on
+        one awaiting approval, nobody having decided it: nothing may run past that step, in any pass.
+
+        The pass that stopped or held the run refuses what comes after (``_check_open``); a later pass reaches
+        the blocked step, gets its ``UncertainEffect`` or ``ApprovalRequired``, and an application that
+        catches it (any ``except Exception``) calls on: its next call would record ``run.resumed`` and run
+        while the first effect is in doubt or was never approved (and leaving the block then completed the
+        run without it). Steps the journal holds are still answered, so a pass can reach the blocked step."""
+        state = self._state
+        if state.state not in ("suspended", "stopped") or state.blocked_step is None:
+            return
+        blocked = state.step(state.blocked_step)
+        if blocked is None or blocked.state not in ("uncertain", "awaiting_approval"):
+            return  # decided since (reconciled, approved): this pass resumes the run
+        location, sid = self.store.location, blocked.step_id
+        if blocked.state == "uncertain":
+            command = reconcile_command(location, self.run_id, sid, blocked.attempt)
+            raise UncertainEffect(
+                f"{what} while the run is stopped on step {sid!r}, whose outcome is unknown; nothing runs past "
+                f"it until it is reconciled with evidence: {command}",
+                run_id=self.run_id,
+                step_id=sid,
+                tool=blocked.adapter,
+                command=command,
+            )
+        command = approve_command(location, self.run_id, sid, blocked.args_digest, blocked.attempt)
+        raise ApprovalRequired(
+            f"{what} while the run waits for approval of step {sid!r}; nothing runs past it until a person "
+            f"decides: {command}",
+            run_id=self.run_id,
+            step_id=sid,
+            tool_call_hash=blocked.args_digest,
+            command=command,
+        )
 
     def _check_not_moved(self, sid: str, kind: str, name: str, fp: str) -> None:
         """A step the journal does not hold, whose call a positional step recorded earlier made (same kind,
@@ -364,7 +406,7 @@ class Session:
         body: dict[str, Any] = {**params, "model": name, "messages": list(messages)}
         body = ids.normalized(body, "the model request body")
         body_digest = ids.body_digest(body)
-        sid = self._next_id(key)
+        sid = self._next_id(key, "a model call")
         fp = ids.fingerprint("model", name, None)
         pkey = ids.provider_key(self.run_id, sid, body)
         step = self._state.step(sid)
@@ -533,7 +575,7 @@ class Session:
         info = self.gateway.tool(name)
         what = f"tool {name!r} args"
         call_args: dict[str, Any] = ids.normalized(ids.finite(dict(args or {}), what), what)
-        sid = self._next_id(key)
+        sid = self._next_id(key, "a tool call")
         fp = ids.fingerprint("tool", name, call_args)
         call_hash = ids.tool_call_hash(sid, name, call_args)
         step = self._state.step(sid)
@@ -581,6 +623,7 @@ class Session:
                 return state.result
             raise RunClosed("the run is already completed with another result", run_id=self.run_id)
         self._check_open("finish")
+        self._check_not_blocked("finish")
         self._check_all_visited()
         if self.unsettled:
             raise RunUnfinished(

@@ -116,7 +116,7 @@ async def sleep_step(session: Session, wake_at: Callable[[], int], key: str | No
     replaying = session.replay_closed and session.completed  # a durable block run again after it completed
     if not replaying:
         session._check_open("a sleep")
-    sid = session._next_id(key)
+    sid = session._next_id(key, "a sleep")
     fp = ids.fingerprint(SLEEP, SLEEP, None)
     step = session.state.step(sid)
     if step is not None:

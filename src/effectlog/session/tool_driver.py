@@ -24,6 +24,7 @@ from effectlog.errors import (
     printable,
 )
 from effectlog.fold import StepState
+from effectlog.outcome import SimulatedCrash
 from effectlog.plan import own_copy
 from effectlog.recordable import as_recorded
 from effectlog.recovery import Action, decide
@@ -231,18 +232,32 @@ class ToolDriver:
             said = exc.reason if isinstance(exc, UnusableResult) else describe(exc)
             self._doubt(step, self._redact(f"outcome unknown: {said}"))
             raise self._uncertain() from exc
-        except (asyncio.CancelledError, KeyboardInterrupt) as exc:
-            # Cancelled (a caller's timeout, a task group) or interrupted while the tool ran: the effect
-            # may be out. Recorded as the next pass would find it (uncertain, the run stopped), so that a
-            # later call in this same process stops on it too instead of running on past it.
+        except SimulatedCrash:
+            raise  # a crash hook's deliberate stop: a crash records nothing
+        except BaseException as exc:
+            # Cancelled (a caller's timeout, a task group), interrupted, or ended with ``sys.exit()``,
+            # ``GeneratorExit`` or a library's own ``BaseException`` while the tool ran: the effect may be
+            # out. Recorded as the next pass would find it (uncertain, the run stopped), so that a later
+            # call in this same process (the application caught it) stops on it too instead of running on
+            # past it. The exception itself goes on to the caller.
             if not step.idempotent:
-                self._doubt(step, f"outcome unknown: {type(exc).__name__} while the tool ran")
+                self._doubt(step, self._redact(f"outcome unknown: {_ending(exc)}"))
             raise
         s._crash_point("after_call", sid)
-        s._record(
-            (ev.StepEffected, {"step_id": sid, "attempt": step.attempt, "receipt": value}),
-            (ev.StepConfirmed, {"step_id": sid, "attempt": step.attempt}),
-        )
+        try:
+            s._record(
+                (ev.StepEffected, {"step_id": sid, "attempt": step.attempt, "receipt": value}),
+                (ev.StepConfirmed, {"step_id": sid, "attempt": step.attempt}),
+            )
+        except RecursionError:
+            # ``as_recorded`` read the answer here; the journal encodes it inside its event, some frames deeper,
+            # where an answer nested nearly as deep as the stack allows no longer fits. Nothing was written
+            # (the batch is encoded before it is stored): the answer cannot be recorded, like any other.
+            problem = "the tool's result cannot be recorded: nested too deep for the journal to encode it here"
+            if step.idempotent:
+                raise UnusableResult(problem) from None  # the intent stays: the next pass sends the same key
+            self._doubt(step, f"outcome unknown: {problem}")
+            raise self._uncertain() from None
         s._crash_point("after_result", sid)
         return self._step("ok", replayed=False, result=value)
 
@@ -268,3 +283,12 @@ class ToolDriver:
             tool=self.info.name,
             command=command,
         )
+
+
+def _ending(exc: BaseException) -> str:
+    """How a tool's call ended without an answer, said as the plan runtime says it (``actor._call_tool``)."""
+    if isinstance(exc, asyncio.CancelledError | KeyboardInterrupt):
+        return f"{type(exc).__name__} while the tool ran"
+    if isinstance(exc, SystemExit):
+        return f"the tool called sys.exit({exc.code!r})"
+    return f"the tool raised {describe(exc)}"
