@@ -1,0 +1,226 @@
+"""Attack round 21: the operator's and the clock's side, with cases earlier rounds did not try.
+
+Two people deciding one step at the same moment (approve against deny, two reconciles with other
+evidence), a decision while a resume is executing the step, and run ids or journal directories an
+operator cannot tell apart from another one's. Each test is a real process (the CLI, a durable run's
+program) against real SQLite files; a race is steered by a sign the paused process gives, not a sleep.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import unicodedata
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from effectlog import events as ev
+from effectlog.journal import SqliteJournal
+from hardening_kit import ROOT, SAFETY_TIMEOUT_S, cli_env, effectlog, one_line
+from session_kit import count
+
+# -- 1. a run id, or a journal's directory, that is another spelling of one already there ---------------
+
+
+def _durable(tmp_path: Path, journal: Path, run_id: str) -> tuple[int, dict[str, Any]]:
+    """One pass of tests/durable_child.py (``reserve``, then the non-idempotent ``charge`` of 5, which
+    notes a line in ``calls.log`` per effect) on ``run_id``: its exit status and its last line's JSON."""
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "tests" / "durable_child.py"), str(journal), run_id,
+         str(tmp_path / "calls.log"), "live", "5"],
+        capture_output=True, text=True, timeout=SAFETY_TIMEOUT_S, check=False, env=cli_env(),
+    )  # fmt: skip
+    assert "Traceback" not in done.stderr, done.stderr
+    return done.returncode, json.loads(done.stdout.splitlines()[-1])
+
+
+def _runs(journal: Path) -> list[str]:
+    with SqliteJournal(journal, writer=False) as opened:
+        return opened.runs()
+
+
+NFC, NFD = unicodedata.normalize("NFC", "café-1"), unicodedata.normalize("NFD", "café-1")
+
+
+@pytest.mark.parametrize(
+    ("first", "second"),
+    [
+        pytest.param(NFC, NFD, id="decomposed-after-composed"),
+        pytest.param(NFD, NFC, id="composed-after-decomposed"),
+        pytest.param("order-42", "order-42 ", id="trailing-space"),
+        pytest.param("order-42", "order-42\n", id="trailing-newline"),
+        pytest.param("order-42", "order\u200b-42", id="zero-width-inside"),
+        pytest.param("order-42", "\ufefforder-42", id="byte-order-mark"),
+        pytest.param("K-42", "\u212a-42", id="kelvin-sign"),
+    ],
+)
+def test_a_durable_run_whose_id_is_another_spelling_of_a_run_there_is_refused(
+    tmp_path: Path, first: str, second: str
+) -> None:
+    """``durable.run(RUN_ID)`` took any non-empty text as a new run: ``café-1`` composed and decomposed,
+    ``order-42`` and ``order-42 `` (a run id read with what surrounded it), or with a zero-width space or a
+    byte-order mark, or ``K`` as the Kelvin sign, are two runs that every listing, ``status`` and message
+    shows alike, and the program run again under the other spelling charged again (a second non-idempotent
+    effect, another idempotency key). The CLI could not even name ``order-42 `` (its ``--run-id`` refuses
+    surrounding spaces), so such a run could never be approved or reconciled. Proves: the second spelling
+    is refused before anything is written (exit 2, the error names the run id), the charge is made once,
+    and the journal holds the first run only."""
+    journal = tmp_path / "runs.db"
+    status, out = _durable(tmp_path, journal, first)
+    assert (0, 1) == (status, count(tmp_path / "calls.log", "charge")), out
+    status, out = _durable(tmp_path, journal, second)
+    assert (2, "run_id_ambiguous", 1, [first]) == (
+        status, out.get("error"), count(tmp_path / "calls.log", "charge"), _runs(journal)
+    ), out  # fmt: skip
+
+
+def test_an_existing_run_of_any_spelling_still_resumes(tmp_path: Path) -> None:
+    """The refusal is of a *new* run only: a run already recorded under a decomposed id (by an earlier
+    version, or as the first of two spellings) is resumed under that very id, its charge answered from the
+    journal (exit 0, still one charge)."""
+    journal = tmp_path / "runs.db"
+    assert 0 == _durable(tmp_path, journal, NFD)[0]
+    status, out = _durable(tmp_path, journal, NFD)
+    assert (0, 1, [NFD]) == (status, count(tmp_path / "calls.log", "charge"), _runs(journal)), out
+
+
+def _shell_plan(path: Path, effects: Path, *, approval: bool = False, wait_for: Path | None = None) -> Path:
+    """A one-step plan (run ``pay``) whose non-idempotent shell step appends a line to ``effects`` (outside
+    every journal; a step sent twice shows as two lines), held for approval if ``approval``; with
+    ``wait_for``, the call then waits until that file exists (a call in flight, steered by the test)."""
+    script = f"echo s1 >> '{effects}'"
+    if wait_for is not None:
+        script += f"; i=0; while [ ! -e '{wait_for}' ] && [ $i -lt 1200 ]; do sleep 0.05; i=$((i+1)); done"
+    step: dict[str, Any] = {"id": "s1", "adapter": "sh", "args": {"argv": ["sh", "-c", script]}}
+    if approval:
+        step["approval"] = "required"
+    plan = {"run_id": "pay", "adapters": {"sh": {"type": "shell", "idempotent": False}}, "steps": [step]}
+    path.write_text(json.dumps(plan))
+    return path
+
+
+@pytest.mark.parametrize("via", ["cli", "durable"])
+def test_a_new_journal_in_a_directory_spelled_as_another_directory_there_is_refused(
+    tmp_path: Path, via: str
+) -> None:
+    """Round 21 refused a new journal whose *name* is another Unicode spelling of a file beside it, but
+    looked at the last component only: ``runs-é/j.db`` (composed) holds the run, a script's ``mkdir -p``
+    made ``runs-é`` decomposed beside it, and ``--journal runs-é/j.db`` given decomposed made a new journal
+    there, in which the same run sent its non-idempotent step again (both directories show alike in every
+    listing). Proves: the new journal is refused before anything is made (exit 2, one line naming the
+    location), the step's effect is made once, and the decomposed directory stays empty."""
+    composed, decomposed = (tmp_path / unicodedata.normalize(form, "runs-é") for form in ("NFC", "NFD"))
+    composed.mkdir()
+    decomposed.mkdir()
+    effects = tmp_path / "effects.txt"
+    if via == "cli":
+        plan = _shell_plan(tmp_path / "plan.json", effects)
+        assert 0 == effectlog("run", "--journal", str(composed / "j.db"), str(plan), cwd=tmp_path).returncode
+        again = effectlog("run", "--journal", str(decomposed / "j.db"), str(plan), cwd=tmp_path)
+        assert (2, ["s1"], []) == (again.returncode, effects.read_text().split(), os.listdir(decomposed))
+        assert str(decomposed / "j.db") in one_line(again.stderr)
+    else:
+        assert 0 == _durable(tmp_path, composed / "j.db", "order-1")[0]
+        status, out = _durable(tmp_path, decomposed / "j.db", "order-1")
+        assert (2, 1, []) == (status, count(tmp_path / "calls.log", "charge"), os.listdir(decomposed)), out
+
+
+# -- 2. two people deciding one step at the same moment -----------------------------------------------
+
+# ``effectlog ARGV`` as the CLI runs it, paused once its decision has read the step (the state it decides
+# on): it notes DIR/reached and waits for DIR/go, so that the test runs the other decision meanwhile.
+_PAUSED = r"""
+import sys, time
+from pathlib import Path
+from effectlog import approvals, operator, reconcile
+from effectlog.cli import process_main
+
+where, load = Path(sys.argv[1]), operator.load_step
+
+def paused(*args, **kwargs):
+    found = load(*args, **kwargs)
+    (where / "reached").touch()
+    deadline = time.monotonic() + 180
+    while not (where / "go").exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return found
+
+approvals.load_step = reconcile.load_step = paused
+sys.argv = ["effectlog", *sys.argv[2:]]
+raise SystemExit(process_main())
+"""
+
+
+def _wait_for(path: Path, proc: subprocess.Popen[str]) -> None:
+    deadline = time.monotonic() + SAFETY_TIMEOUT_S
+    while not path.exists():
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, f"{path.name} never appeared"
+        time.sleep(0.01)
+
+
+def _race(tmp_path: Path, paused: list[str], meanwhile: list[str]) -> tuple[subprocess.CompletedProcess[str], ...]:
+    """``effectlog PAUSED`` paused after reading the step, ``effectlog MEANWHILE`` run to its end
+    meanwhile, then the first let go: both finished commands, the paused one first."""
+    steer = tmp_path / "steer"
+    steer.mkdir()
+    script = tmp_path / "paused.py"
+    script.write_text(_PAUSED)
+    proc = subprocess.Popen(
+        [sys.executable, str(script), str(steer), *paused], cwd=tmp_path, env=cli_env(),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        _wait_for(steer / "reached", proc)
+        other = effectlog(*meanwhile, cwd=tmp_path)
+    finally:
+        (steer / "go").touch()
+    stdout, stderr = proc.communicate(timeout=SAFETY_TIMEOUT_S)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr), other
+
+
+def _events(journal: Path, run_id: str = "pay") -> list[ev.AnyEvent]:
+    with SqliteJournal(journal, writer=False) as opened:
+        return [ev.decode(record.body) for record in opened.read(run_id)]
+
+
+def _decision(event: ev.AnyEvent) -> bool:
+    """A person's approval or denial (not the hold itself, a ``step.denied`` of decision require_approval)."""
+    return isinstance(event, ev.StepApproved) or (isinstance(event, ev.StepDenied) and event.decision == "deny")
+
+
+PICK = ["--journal", "j.db", "--run-id", "pay", "--step", "s1"]
+APPROVE = ["approve", *PICK, "--by", "ann", "--attempt", "1"]
+DENY = ["deny", *PICK, "--by", "bob", "--reason", "not this one", "--attempt", "1"]
+
+
+@pytest.mark.parametrize(("paused", "meanwhile"), [(APPROVE, DENY), (DENY, APPROVE)], ids=["deny-first", "approve-first"])
+def test_approve_and_deny_of_one_held_step_at_once_record_one_decision_and_the_run_acts_on_it(
+    tmp_path: Path, paused: list[str], meanwhile: list[str]
+) -> None:
+    """Two operators decide one held step at the same moment, ``effectlog approve`` and ``effectlog deny``
+    (real processes): the one that read the step first is paused there until the other has written its
+    decision. Before, the loser said only ``event_conflict: run 'pay', seq 4: a different event is already
+    recorded at this seq``: nothing about the step having been decided meanwhile, or by whom, or that it had
+    written nothing. Proves: the journal holds exactly one decision, the winner's; the loser exits 5 with
+    one line saying the step was decided meanwhile (naming that decision) and that nothing was written; the
+    resumed run acts on the winner's decision (approved: the step is sent once; denied: never); ``verify``
+    says ok."""
+    effects = tmp_path / "effects.txt"
+    plan = _shell_plan(tmp_path / "plan.json", effects, approval=True)
+    assert 4 == effectlog("run", "--journal", "j.db", str(plan), cwd=tmp_path).returncode  # held
+    lost, won = _race(tmp_path, paused, meanwhile)
+    resumed = effectlog("run", "--journal", "j.db", str(plan), cwd=tmp_path)
+    decided = [type(e).__name__ for e in _events(tmp_path / "j.db") if _decision(e)]
+    approved = meanwhile[0] == "approve"
+    line = one_line(lost.stderr)
+    assert (0, 5, ["StepApproved" if approved else "StepDenied"]) == (won.returncode, lost.returncode, decided), line
+    assert (True, True) == ("nothing was written" in line, ("approved" if approved else "denied") in line), line
+    expected = (0, ["s1"]) if approved else (1, [])
+    assert expected == (resumed.returncode, effects.read_text().split() if effects.exists() else []), resumed.stderr
+    assert 0 == effectlog("verify", "--journal", "j.db", cwd=tmp_path).returncode
