@@ -23,6 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from effectlog import events as ev
+from effectlog import spelling
 from effectlog.errors import (
     ApprovalRequired,
     BadInput,
@@ -36,6 +37,7 @@ from effectlog.errors import (
     ReplayDivergence,
     RunClosed,
     RunFailed,
+    RunIdAmbiguous,
     RunUnfinished,
     ToolDenied,
     UncertainEffect,
@@ -105,6 +107,11 @@ class Session:
             raise PlanMismatch(
                 f"run {run_id!r} is a {self._state.kind} run, not a session; use another run id", run_id=run_id
             )
+        if not self._state.seq:  # a new run: under an id nobody can tell from another's, it would run apart
+            journal = getattr(store, "journal", None)
+            refusal = spelling.new_id_refusal(run_id, "run id", journal.runs if journal is not None else tuple)
+            if refusal is not None:
+                raise RunIdAmbiguous(refusal, run_id=run_id)
         self._opened = False  # has this pass recorded run.started / run.resumed yet
         self._claim: Claim | None = None  # held from this pass's first write until the run waits or ends
         self._spans: RunObserver | None = None  # this pass's effectlog.run span when OpenTelemetry is configured

@@ -1,0 +1,69 @@
+"""Names a person cannot tell apart: the same text in another Unicode spelling, or with invisible edges.
+
+Linux keeps a file name, and a journal keeps a run id, as the exact code points it was given, so
+``café`` composed (NFC) and decomposed (NFD), ``order-42`` and ``order-42 `` (read with what surrounded
+it), or a name with a zero-width space or a byte-order mark in it are two names that every listing,
+``status`` and message shows alike. Effectlog refuses to *make* a second such name (a file, a run): the
+same run given later under the name meant would run every step again in it. One name already there
+is used as it is.
+"""
+
+from __future__ import annotations
+
+import unicodedata
+from collections.abc import Callable, Iterable
+
+
+def invisible(char: str) -> bool:
+    """Whitespace, or a format character (Unicode's ``Cf``: a byte-order mark, a zero-width space, a word
+    joiner, a direction mark): nothing a listing or a message shows."""
+    return char.isspace() or unicodedata.category(char) == "Cf"
+
+
+def trimmed(name: str) -> str:
+    """``name`` without the whitespace and format characters it begins or ends with."""
+    start, end = 0, len(name)
+    while start < end and invisible(name[start]):
+        start += 1
+    while end > start and invisible(name[end - 1]):
+        end -= 1
+    return name[start:end]
+
+
+def seen_as(name: str) -> str:
+    """``name`` as every listing shows it: its canonical composition (NFC: ``e`` and a combining accent are
+    ``é``), without its format characters."""
+    if name.isascii():
+        return name
+    return unicodedata.normalize("NFC", "".join(char for char in name if unicodedata.category(char) != "Cf"))
+
+
+def twin(name: str, others: Iterable[str]) -> str | None:
+    """The first of ``others`` (in sorted order) that is not ``name`` but is shown as ``name`` is, if any."""
+    seen = seen_as(name)
+    return next((other for other in sorted(others) if other != name and seen_as(other) == seen), None)
+
+
+def new_id_refusal(text: str, what: str, recorded: Callable[[], Iterable[str]]) -> str | None:
+    """The message for a new ``what`` (a run id) that an operator could not tell from another, else ``None``:
+    it begins or ends with whitespace or holds a character no listing shows (a control or format character:
+    ``order-42\\n``, a zero-width space; every command that names a run refuses them), or it is another
+    spelling of one of ``recorded`` (asked only of a non-ASCII id: an ASCII one is its only spelling once
+    no other id shown as ASCII can be made), or is shown as an ASCII id it is not (the Kelvin sign ``K``)."""
+    if not text.isprintable() or text.strip() != text:
+        return (
+            f"{what} {text!r} begins or ends with whitespace or holds a control or invisible character (read with "
+            f"its newline, pasted with a zero-width space?): every listing shows it as {trimmed(seen_as(text))!r}, "
+            "and no command can name it; give it without; nothing was written"
+        )
+    if text.isascii():
+        return None
+    seen = seen_as(text)
+    other = seen if seen.isascii() else twin(text, recorded())
+    if other is None:
+        return None
+    return (
+        f"{what} {text!r} is {other!r} in another Unicode spelling (composed against decomposed accents, or a "
+        "look-alike character): every listing shows the two alike, and a new run under this one would send its "
+        f"steps again apart from {other!r}'s; give the id as {other!r}; nothing was written"
+    )
