@@ -105,9 +105,7 @@ def _shell_plan(path: Path, effects: Path, *, approval: bool = False, wait_for: 
 
 
 @pytest.mark.parametrize("via", ["cli", "durable"])
-def test_a_new_journal_in_a_directory_spelled_as_another_directory_there_is_refused(
-    tmp_path: Path, via: str
-) -> None:
+def test_a_new_journal_in_a_directory_spelled_as_another_directory_there_is_refused(tmp_path: Path, via: str) -> None:
     """Round 21 refused a new journal whose *name* is another Unicode spelling of a file beside it, but
     looked at the last component only: ``runs-é/j.db`` (composed) holds the run, a script's ``mkdir -p``
     made ``runs-é`` decomposed beside it, and ``--journal runs-é/j.db`` given decomposed made a new journal
@@ -199,7 +197,9 @@ APPROVE = ["approve", *PICK, "--by", "ann", "--attempt", "1"]
 DENY = ["deny", *PICK, "--by", "bob", "--reason", "not this one", "--attempt", "1"]
 
 
-@pytest.mark.parametrize(("paused", "meanwhile"), [(APPROVE, DENY), (DENY, APPROVE)], ids=["deny-first", "approve-first"])
+@pytest.mark.parametrize(
+    ("paused", "meanwhile"), [(APPROVE, DENY), (DENY, APPROVE)], ids=["deny-first", "approve-first"]
+)
 def test_approve_and_deny_of_one_held_step_at_once_record_one_decision_and_the_run_acts_on_it(
     tmp_path: Path, paused: list[str], meanwhile: list[str]
 ) -> None:
@@ -223,4 +223,75 @@ def test_approve_and_deny_of_one_held_step_at_once_record_one_decision_and_the_r
     assert (True, True) == ("nothing was written" in line, ("approved" if approved else "denied") in line), line
     expected = (0, ["s1"]) if approved else (1, [])
     assert expected == (resumed.returncode, effects.read_text().split() if effects.exists() else []), resumed.stderr
+    assert 0 == effectlog("verify", "--journal", "j.db", cwd=tmp_path).returncode
+
+
+def _in_flight(tmp_path: Path, plan: Path, effects: Path) -> subprocess.Popen[str]:
+    """``effectlog run`` of ``plan`` as a real process, returned once its step's call has made its effect
+    (the call then waits for ``go``, as ``_shell_plan(wait_for=...)`` makes it)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "effectlog", "run", "--journal", "j.db", str(plan)], cwd=tmp_path, env=cli_env(),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    _wait_for(effects, proc)
+    return proc
+
+
+def test_a_decision_while_a_resume_executes_the_approved_step_is_refused(tmp_path: Path) -> None:
+    """A held step is approved and the run resumed; while the resume is inside the step's call, a second
+    person denies it (``deny`` accepts an approved step: a revocation before use). Proves: the deny is
+    refused (exit 6, one line naming the live owner), nothing is written, the call's effect is made once
+    and the resume completes the run with its result; the journal holds the approval only."""
+    effects, go = tmp_path / "effects.txt", tmp_path / "go"
+    plan = _shell_plan(tmp_path / "plan.json", effects, approval=True, wait_for=go)
+    assert 4 == effectlog("run", "--journal", "j.db", str(plan), cwd=tmp_path).returncode
+    assert 0 == effectlog(*APPROVE, cwd=tmp_path).returncode
+    resume = _in_flight(tmp_path, plan, effects)
+    try:
+        denied = effectlog(*DENY, cwd=tmp_path)
+    finally:
+        go.touch()
+    resume.communicate(timeout=SAFETY_TIMEOUT_S)
+    decided = [type(e).__name__ for e in _events(tmp_path / "j.db") if _decision(e)]
+    assert (6, 0, ["s1"], ["StepApproved"]) == (
+        denied.returncode, resume.returncode, effects.read_text().split(), decided
+    ), denied.stderr  # fmt: skip
+    assert "driven by" in one_line(denied.stderr)
+
+
+RECONCILE = ["reconcile", *PICK, "--attempt", "1"]
+APPLIED = [*RECONCILE, "--outcome", "applied", "--evidence", "psp: charge ch_1 found", "--operator", "ann"]
+NOT_APPLIED = [*RECONCILE, "--outcome", "not-applied", "--evidence", "psp: no charge", "--operator", "bob"]
+
+
+@pytest.mark.parametrize(
+    ("paused", "meanwhile"),
+    [(NOT_APPLIED, APPLIED), (APPLIED, NOT_APPLIED)],
+    ids=["applied-first", "not-applied-first"],
+)
+def test_two_reconciles_of_one_uncertain_step_with_other_evidence_record_one(
+    tmp_path: Path, paused: list[str], meanwhile: list[str]
+) -> None:
+    """The run is SIGKILLed inside its non-idempotent step's call (after the effect), and the resume stops
+    it as uncertain. Two people reconcile it at the same moment with other evidence, one "applied", the
+    other "not applied"; the one that read the step first is paused until the other has written. Were both
+    recorded, or the loser's last, a step found applied could be sent again. Proves: one ``step.reconciled``
+    is journaled, the winner's; the loser exits 5 (``decision_stale``, naming the reconcile written
+    meanwhile); the resume acts on the winner's outcome (applied: the step is not sent again; not applied:
+    sent once more, as attempt 2); ``verify`` says ok."""
+    effects, go = tmp_path / "effects.txt", tmp_path / "go"
+    plan = _shell_plan(tmp_path / "plan.json", effects, wait_for=go)
+    killed = _in_flight(tmp_path, plan, effects)
+    killed.kill()
+    killed.communicate(timeout=SAFETY_TIMEOUT_S)
+    go.touch()  # a resend, if any, does not wait
+    assert 3 == effectlog("run", "--journal", "j.db", str(plan), cwd=tmp_path).returncode  # uncertain
+    lost, won = _race(tmp_path, paused, meanwhile)
+    resumed = effectlog("run", "--journal", "j.db", str(plan), cwd=tmp_path)
+    reconciled = [e.outcome for e in _events(tmp_path / "j.db") if isinstance(e, ev.StepReconciled)]
+    applied = "applied" in meanwhile
+    line = one_line(lost.stderr)
+    assert (0, 5, ["applied" if applied else "not_applied"]) == (won.returncode, lost.returncode, reconciled), line
+    assert ("decision_stale", True) == (line.split(":")[1].strip(), "step.reconciled" in line), line
+    assert (0, ["s1"] * (1 if applied else 2)) == (resumed.returncode, effects.read_text().split()), resumed.stderr
     assert 0 == effectlog("verify", "--journal", "j.db", cwd=tmp_path).returncode

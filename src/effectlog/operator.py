@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from effectlog.errors import NotReconcilable, RunOwned, UnknownRun, UnknownStep
+from effectlog import events as ev
+from effectlog.errors import DecisionStale, EventConflict, NotReconcilable, RunOwned, UnknownRun, UnknownStep
 from effectlog.fold import RunState, StepState
 from effectlog.journal import Journal, load_run, refuse_cut
 from effectlog.journal.ownership import describe
@@ -50,4 +51,28 @@ def load_step(
 def append(
     journal: Journal, state: RunState, specs: Sequence[EventSpec], clock: Clock, trace: Trace | None
 ) -> RunState:
-    return record_now(journal, state, specs, clock, trace)
+    """Append the decision after ``state``, the run as it was read. Another decision (or a pass of the run)
+    written since takes the same seq first: this one is then about a step that is not as it was seen, and is
+    refused as stale (exit 5), naming what was written meanwhile, not as a seq clash."""
+    try:
+        return record_now(journal, state, specs, clock, trace)
+    except EventConflict:
+        meanwhile = [ev.decode(record.body) for record in journal.read(state.run_id, state.seq)]
+        if not meanwhile:
+            raise
+        shown = ", ".join(_described(event) for event in meanwhile[:3]) + (", ..." if len(meanwhile) > 3 else "")
+        step_id = str(specs[0][1].get("step_id", "")) if specs else ""
+        raise DecisionStale(
+            f"the run was written after this decision read it: {shown} (seq {meanwhile[0].seq} on); "
+            "look at the step again before deciding; nothing was written",
+            run_id=state.run_id,
+            step_id=step_id or None,
+        ) from None
+
+
+def _described(event: ev.AnyEvent) -> str:
+    """An event as the timeline names it: its tag, step and who decided (``step.denied s1 by bob``)."""
+    tag = type(event).__struct_config__.tag
+    step = getattr(event, "step_id", None)
+    who = getattr(event, "by", None) or getattr(event, "operator", None)
+    return " ".join(str(part) for part in (tag, step, f"by {who}" if who else None) if part)
