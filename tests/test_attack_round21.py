@@ -8,8 +8,10 @@ program) against real SQLite files; a race is steered by a sign the paused proce
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -295,3 +297,45 @@ def test_two_reconciles_of_one_uncertain_step_with_other_evidence_record_one(
     assert ("decision_stale", True) == (line.split(":")[1].strip(), "step.reconciled" in line), line
     assert (0, ["s1"] * (1 if applied else 2)) == (resumed.returncode, effects.read_text().split()), resumed.stderr
     assert 0 == effectlog("verify", "--journal", "j.db", cwd=tmp_path).returncode
+
+
+KEY = unicodedata.normalize("NFC", "café-order")
+
+
+@pytest.mark.parametrize(
+    "again",
+    [
+        pytest.param(unicodedata.normalize("NFD", KEY), id="decomposed"),
+        pytest.param(KEY + " ", id="trailing-space"),
+        pytest.param("caf\u00e9\u200b-order", id="zero-width-inside"),
+    ],
+)
+def test_a_step_key_that_is_another_spelling_of_a_recorded_step_is_refused(tmp_path: Path, again: str) -> None:
+    """A session's keyed step (``session.tool(..., key=K)``) is made by a pass that then dies before the run
+    finishes; the next pass (another machine, whose key is built from a decomposed file name, or read with
+    a trailing space) asks for the same call under another spelling of K: a new step, its non-idempotent
+    call made again under a new idempotency key, before ``finish`` could notice the step left unreached.
+    Proves: the other spelling is refused (``BadInput`` naming the recorded step) before the call is made,
+    and the transfer is made once; the recorded spelling still answers from the journal."""
+    from effectlog.errors import BadInput
+    from effectlog.session import ScriptedModel, Session, SqliteCheckpointer
+    from session_kit import toolbox
+
+    calls = tmp_path / "calls.log"
+    store = SqliteCheckpointer(tmp_path / "runs.db")
+    gateway = ScriptedModel([], tools=toolbox(calls, idempotent=False))
+
+    async def one_pass(key: str) -> Any:
+        session = Session("order-1", gateway, store)
+        try:
+            return await session.tool("transfer", {"to": "bob", "amount": 5}, key=key)
+        finally:
+            session.release()
+
+    try:
+        first = asyncio.run(one_pass(KEY))
+        with pytest.raises(BadInput, match=re.escape(repr(KEY))):
+            asyncio.run(one_pass(again))
+        assert (1, first) == (count(calls, "transfer"), asyncio.run(one_pass(KEY)))
+    finally:
+        store.close()
