@@ -45,16 +45,17 @@ def twin(name: str, others: Iterable[str]) -> str | None:
 
 
 def new_id_refusal(text: str, what: str, recorded: Callable[[], Iterable[str]]) -> str | None:
-    """The message for a new ``what`` (a run id) that an operator could not tell from another, else ``None``:
-    it begins or ends with whitespace or holds a character no listing shows (a control or format character:
-    ``order-42\\n``, a zero-width space; every command that names a run refuses them), or it is another
-    spelling of one of ``recorded`` (asked only of a non-ASCII id: an ASCII one is its only spelling once
-    no other id shown as ASCII can be made), or is shown as an ASCII id it is not (the Kelvin sign ``K``)."""
+    """The message for a new ``what`` (a run id, a step key) that an operator could not tell from another,
+    else ``None``: it begins or ends with whitespace or holds a character no listing shows (a control or
+    format character: ``order-42\\n``, a zero-width space; every command that names a run or step refuses
+    them), or it is another spelling of one of ``recorded`` (asked only of a non-ASCII id: an ASCII one is
+    its only spelling once no other id shown as ASCII can be made), or is shown as an ASCII id it is not
+    (the Kelvin sign for ``K``). Shown with ``ascii()``: the two spellings print alike otherwise."""
     if not text.isprintable() or text.strip() != text:
         return (
-            f"{what} {text!r} begins or ends with whitespace or holds a control or invisible character (read with "
-            f"its newline, pasted with a zero-width space?): every listing shows it as {trimmed(seen_as(text))!r}, "
-            "and no command can name it; give it without; nothing was written"
+            f"{what} {text!a} begins or ends with whitespace or holds a control or invisible character (read "
+            f"with its newline, pasted with a zero-width space?): every listing shows it as "
+            f"{trimmed(seen_as(text))!r}, and no command can name it; give it without; nothing was written"
         )
     if text.isascii():
         return None
@@ -63,7 +64,8 @@ def new_id_refusal(text: str, what: str, recorded: Callable[[], Iterable[str]]) 
     if other is None:
         return None
     return (
-        f"{what} {text!r} is {other!r} in another Unicode spelling (composed against decomposed accents, or a "
-        "look-alike character): every listing shows the two alike, and a new run under this one would send its "
-        f"steps again apart from {other!r}'s; give the id as {other!r}; nothing was written"
+        f"{what} {text!a} is {other!a} in another Unicode spelling (composed against decomposed accents, "
+        f"or a look-alike character such as the Kelvin sign), which every listing shows alike, as {other!r}: "
+        f"a new {what.split(maxsplit=1)[0]} of this spelling would be apart from that one and make its effects "
+        "again; give it as that one is spelled; nothing was written"
     )
