@@ -1,9 +1,10 @@
 """Attack round 21: the operator's and the clock's side, with cases earlier rounds did not try.
 
 Two people deciding one step at the same moment (approve against deny, two reconciles with other
-evidence), a decision while a resume is executing the step, and run ids or journal directories an
-operator cannot tell apart from another one's. Each test is a real process (the CLI, a durable run's
-program) against real SQLite files; a race is steered by a sign the paused process gives, not a sleep.
+evidence), a decision while a resume is executing the step, run ids, step keys or journal directories an
+operator cannot tell apart from another one's, and the wall clock stepped back or forward between one
+command and the next (libfaketime). Each test is a real process (the CLI, a durable run's program)
+against real SQLite files; a race is steered by a sign the paused process gives, not a sleep.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import asyncio
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -339,3 +341,84 @@ def test_a_step_key_that_is_another_spelling_of_a_recorded_step_is_refused(tmp_p
         assert (1, first) == (count(calls, "transfer"), asyncio.run(one_pass(KEY)))
     finally:
         store.close()
+
+
+# -- 3. the wall clock stepped back or forward between one command and the next ---------------------------
+
+# A whole-machine step (NTP correcting a VM's clock after a suspend) is seen by every process that reads
+# the clock after it. Each command after the step runs under libfaketime at that offset (Debian's
+# ``faketime``; ``make test`` installs it through .ci/ensure-faketime), the commands before it on the real
+# clock. (Changing the offset inside a running process makes libfaketime's sleeps fail with EINVAL, so
+# no process here sees the step while it runs.)
+STEPS = {"back": "-1h", "forward": "+1h"}
+
+
+def _faketime() -> str:
+    """The ``faketime`` program; a skip where it is missing, a failure under ``CI=true``."""
+    found = shutil.which("faketime")
+    if found is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("faketime is required when CI=true (make test installs it: .ci/ensure-faketime)", pytrace=False)
+        pytest.skip("no faketime(1): apt-get install faketime")
+    return found
+
+
+def _effectlog_at(step: str, *argv: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """``effectlog ARGV`` as a real process whose wall clock is stepped ``step`` (``STEPS``) from ours."""
+    return subprocess.run(
+        [_faketime(), "-f", STEPS[step], sys.executable, "-m", "effectlog", *argv], cwd=cwd, env=cli_env(),
+        capture_output=True, text=True, timeout=SAFETY_TIMEOUT_S, check=False,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("step", sorted(STEPS))
+def test_a_run_driven_before_the_clock_stepped_is_not_taken_by_a_process_started_after(
+    tmp_path: Path, step: str
+) -> None:
+    """``effectlog run`` is inside its non-idempotent step's call when the wall clock steps an hour back or
+    forward; a second ``effectlog run`` of the run (a retry by cron, started after the step) sees a clock
+    whose "now" is before the owner's claim, or far past any lease. Were ownership a time (a lease of the
+    owner's ``since``, a pid's start compared with it), the second would take the run and send the step
+    again. Proves: the second run, an approve and a reconcile of the step under the stepped clock are each
+    refused (exit 6, the run is driven); the step's effect is made once, the first run completes it, and
+    ``verify`` says ok."""
+    effects, go = tmp_path / "effects.txt", tmp_path / "go"
+    plan = _shell_plan(tmp_path / "plan.json", effects, wait_for=go)
+    first = _in_flight(tmp_path, plan, effects)
+    try:
+        again = _effectlog_at(step, "run", "--journal", "j.db", str(plan), cwd=tmp_path)
+        approve = _effectlog_at(step, *APPROVE, cwd=tmp_path)
+        reconcile = _effectlog_at(step, *APPLIED, cwd=tmp_path)
+    finally:
+        go.touch()
+    first.communicate(timeout=SAFETY_TIMEOUT_S)
+    assert (6, 6, 6, 0, ["s1"]) == (
+        again.returncode, approve.returncode, reconcile.returncode, first.returncode, effects.read_text().split()
+    ), (again.stderr, approve.stderr, reconcile.stderr)  # fmt: skip
+    assert 0 == effectlog("verify", "--journal", "j.db", cwd=tmp_path).returncode
+
+
+@pytest.mark.parametrize("step", sorted(STEPS))
+def test_an_expiring_approval_is_used_once_whichever_way_the_clock_stepped(tmp_path: Path, step: str) -> None:
+    """``approve --expires-in 600`` writes the expiry as a wall-clock time; the clock then steps before the
+    run resumes. Forward an hour: the approval reads as expired, and must hold the step again rather than
+    send it (the approver's ten minutes are gone by the clock every process reads). Back an hour: it reads
+    as valid for 70 minutes (effectlog cannot tell a step from a wait across processes), and must still be
+    used only once. Proves: forward, the resume holds the step again (exit 4, "expired"), sends nothing,
+    and a new approval under the stepped clock sends it once; back, the resume sends it once; either way a
+    further resume (on our clock) sends nothing more, and ``verify`` says ok."""
+    effects = tmp_path / "effects.txt"
+    plan = _shell_plan(tmp_path / "plan.json", effects, approval=True)
+    assert 4 == effectlog("run", "--journal", "j.db", str(plan), cwd=tmp_path).returncode
+    assert 0 == effectlog(*APPROVE, "--expires-in", "600", cwd=tmp_path).returncode
+    resumed = _effectlog_at(step, "run", "--journal", "j.db", str(plan), cwd=tmp_path)
+    sent = effects.read_text().split() if effects.exists() else []
+    if step == "forward":
+        assert (4, []) == (resumed.returncode, sent), resumed.stderr
+        assert "expired" in resumed.stderr
+        assert 0 == _effectlog_at(step, *APPROVE, cwd=tmp_path).returncode  # held again: the same attempt
+        resumed = _effectlog_at(step, "run", "--journal", "j.db", str(plan), cwd=tmp_path)
+    assert (0, ["s1"]) == (resumed.returncode, effects.read_text().split()), resumed.stderr
+    again = effectlog("run", "--journal", "j.db", str(plan), cwd=tmp_path)
+    assert (0, ["s1"]) == (again.returncode, effects.read_text().split()), again.stderr
+    assert 0 == effectlog("verify", "--journal", "j.db", cwd=tmp_path).returncode
