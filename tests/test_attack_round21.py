@@ -93,6 +93,31 @@ def test_an_existing_run_of_any_spelling_still_resumes(tmp_path: Path) -> None:
     assert (0, 1, [NFD]) == (status, count(tmp_path / "calls.log", "charge"), _runs(journal)), out
 
 
+@pytest.mark.parametrize("command", ["approve", "status", "timeline"])
+def test_a_run_id_given_in_another_spelling_of_the_one_recorded_is_named_as_such(tmp_path: Path, command: str) -> None:
+    """A durable run recorded as ``café-1`` (composed) waits for approval; the operator types its id on a
+    keyboard that makes the accent decomposed. ``approve``, ``status`` and ``timeline`` said only ``no run
+    'café-1' in runs.db``, the very id ``status`` lists, shown alike. Proves: exit 2, nothing written, one
+    line that names the recorded id with its code points (``ascii``) as another spelling of the one
+    given."""
+    journal = tmp_path / "runs.db"
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "tests" / "durable_child.py"), str(journal), NFC, str(tmp_path / "calls.log"),
+         "live", "500"],
+        capture_output=True, text=True, timeout=SAFETY_TIMEOUT_S, check=False, env=cli_env(),
+    )  # fmt: skip
+    assert 4 == done.returncode, done.stderr  # the charge of 500 waits for a person
+    before = journal.read_bytes()
+    argv = {
+        "approve": ["approve", "--journal", str(journal), "--run-id", NFD, "--step", "charge", "--by", "ann"],
+        "status": ["status", "--journal", str(journal), "--run-id", NFD],
+        "timeline": ["timeline", "--journal", str(journal), "--run-id", NFD],
+    }[command]
+    refused = effectlog(*argv, cwd=tmp_path)
+    line = one_line(refused.stderr)
+    assert (2, True, True) == (refused.returncode, ascii(NFC) in line, journal.read_bytes() == before), line
+
+
 def _shell_plan(path: Path, effects: Path, *, approval: bool = False, wait_for: Path | None = None) -> Path:
     """A one-step plan (run ``pay``) whose non-idempotent shell step appends a line to ``effects`` (outside
     every journal; a step sent twice shows as two lines), held for approval if ``approval``; with
