@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from effectlog import events as ev
-from effectlog.errors import DecisionStale, EventConflict, NotReconcilable, RunOwned, UnknownRun, UnknownStep
+from effectlog.errors import DecisionStale, EventConflict, NotReconcilable, RunOwned, UnknownStep
 from effectlog.fold import RunState, StepState
-from effectlog.journal import Journal, load_run, refuse_cut
+from effectlog.journal import Journal, load_run, no_such_run, refuse_cut
 from effectlog.journal.ownership import describe
 from effectlog.recorder import Clock, EventSpec, record_now
 from effectlog.trace import Trace
@@ -33,7 +33,7 @@ def load_step(
     refuse_cut(journal, run_id)  # a run whose tail was cut (under its seal or a segment) takes no decision: exit 7
     state = load_run(journal, run_id)
     if state.seq == 0:
-        raise UnknownRun(f"no run {run_id!r} in {journal.location}", run_id=run_id)
+        raise no_such_run(journal, run_id)
     step = state.step(step_id)
     if step is None:
         if state.kind == "plan" and step_id not in state.plan_steps:

@@ -8,9 +8,9 @@ from typing import Any
 
 from effectlog.cli.output import emit_json, err, out
 from effectlog.diagrams import render
-from effectlog.errors import ExitStatus, IntegrityError, JournalUnreadable, UnknownRun
+from effectlog.errors import ExitStatus, IntegrityError, JournalUnreadable
 from effectlog.integrity import check_orphan_seals, check_requests, verify_run
-from effectlog.journal import chain_from_env, load_run, open_journal
+from effectlog.journal import chain_from_env, load_run, no_such_run, open_journal
 from effectlog.journal.sidecars import is_postgres
 from effectlog.spec import MACHINES
 
@@ -88,7 +88,7 @@ def cmd_head(args: argparse.Namespace) -> int:
     journal = open_journal(args.journal, writer=False, chain=chain_from_env(args.key_file))
     try:
         if args.run_id not in journal.runs():
-            raise UnknownRun(f"no run {args.run_id!r} in {args.journal}")
+            raise no_such_run(journal, args.run_id, args.journal, tagged=False)
         state = load_run(journal, args.run_id)
     finally:
         journal.close()
@@ -115,7 +115,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
             failure, runs = exc, []
         if args.run_id is not None and failure is None:
             if args.run_id not in runs:
-                raise UnknownRun(f"no run {args.run_id!r} in {args.journal}")
+                raise no_such_run(journal, args.run_id, args.journal, tagged=False)
             runs = [args.run_id]
         for run_id in runs:
             try:
