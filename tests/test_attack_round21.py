@@ -28,10 +28,12 @@ from effectlog.journal import SqliteJournal
 from hardening_kit import ROOT, SAFETY_TIMEOUT_S, cli_env, effectlog, one_line
 from session_kit import count
 
+pytest_plugins = ["pg_fixture"]
+
 # -- 1. a run id, or a journal's directory, that is another spelling of one already there ---------------
 
 
-def _durable(tmp_path: Path, journal: Path, run_id: str) -> tuple[int, dict[str, Any]]:
+def _durable(tmp_path: Path, journal: Path | str, run_id: str) -> tuple[int, dict[str, Any]]:
     """One pass of tests/durable_child.py (``reserve``, then the non-idempotent ``charge`` of 5, which
     notes a line in ``calls.log`` per effect) on ``run_id``: its exit status and its last line's JSON."""
     done = subprocess.run(
@@ -81,6 +83,15 @@ def test_a_durable_run_whose_id_is_another_spelling_of_a_run_there_is_refused(
     assert (2, "run_id_ambiguous", 1, [first]) == (
         status, out.get("error"), count(tmp_path / "calls.log", "charge"), _runs(journal)
     ), out  # fmt: skip
+
+
+def test_a_durable_run_under_another_spelling_of_a_run_id_is_refused_on_postgresql(tmp_path: Path, pg_url: str) -> None:
+    """The same refusal on a PostgreSQL journal (a fleet of hosts whose programs build the run id from text
+    of their own: one composed, one decomposed). Proves: the decomposed spelling is refused (exit 2,
+    ``run_id_ambiguous``) and the charge is made once."""
+    assert 0 == _durable(tmp_path, pg_url, NFC)[0]
+    status, out = _durable(tmp_path, pg_url, NFD)
+    assert (2, "run_id_ambiguous", 1) == (status, out.get("error"), count(tmp_path / "calls.log", "charge")), out
 
 
 def test_an_existing_run_of_any_spelling_still_resumes(tmp_path: Path) -> None:
