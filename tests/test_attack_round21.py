@@ -16,11 +16,13 @@ import re
 import shutil
 import subprocess
 import sys
+import threading
 import time
 import unicodedata
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from effectlog import events as ev
@@ -490,3 +492,65 @@ def test_a_clock_stepped_forward_past_a_runners_lease_sends_nothing_again_withou
     assert (0, 0, ["s1"]) == (recovered.returncode, other.returncode, effects.read_text().split()), recovered.stderr
     assert ["step.uncertain", "run.stopped"] == tags[-2:], tags
     assert 0 == effectlog("verify", "--journal", "store.db", cwd=tmp_path).returncode
+
+
+def test_a_console_deny_racing_a_cli_approve_of_one_step_records_one_decision(tmp_path: Path) -> None:
+    """The console's JSON API (olga's token) denies a held refund while ``effectlog approve`` approves it
+    from a terminal: the console's decision read the step first and is paused there (the console runs
+    under the same steering as the CLI above) until the CLI's approval is written. Proves: one decision is
+    journaled, the approval; the console answers 409 ``decision_stale`` naming the approval written
+    meanwhile, never a 500 or a second decision; the resumed run sends the refund once."""
+    from console_kit import TOKENS, Setup, effects_rows, free_port, held_plan
+
+    setup = Setup(tmp_path)
+    run_id = setup.held("refund-race")
+    steer = tmp_path / "steer"
+    steer.mkdir()
+    (tmp_path / "paused.py").write_text(_PAUSED)
+    port = free_port()
+    server = subprocess.Popen(
+        [sys.executable, str(tmp_path / "paused.py"), str(steer), "console", "--journal", setup.journal,
+         "--users", setup.users, "--port", str(port)],
+        cwd=tmp_path, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    answer: dict[str, Any] = {}
+    try:
+        base = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + SAFETY_TIMEOUT_S
+        while True:
+            try:
+                httpx.get(f"{base}/login", timeout=5)
+                break
+            except httpx.TransportError:
+                assert server.poll() is None, server.communicate()
+                assert time.monotonic() < deadline, "the console did not start"
+                time.sleep(0.1)
+        api = httpx.Client(
+            base_url=base, headers={"Authorization": f"Bearer {TOKENS['olga']}"}, timeout=SAFETY_TIMEOUT_S
+        )
+
+        def deny() -> None:
+            done = api.post(f"/api/runs/{run_id}/steps/refund/deny", json={"reason": "fraud", "attempt": "1"})
+            answer.update(status=done.status_code, body=done.json())
+
+        denying = threading.Thread(target=deny)
+        denying.start()
+        _wait_for(steer / "reached", server)
+        approved = effectlog(
+            "approve", "--journal", setup.journal, "--run-id", run_id, "--step", "refund", "--by", "ann",
+            "--attempt", "1", cwd=tmp_path,
+        )  # fmt: skip
+        (steer / "go").touch()
+        denying.join(SAFETY_TIMEOUT_S)
+        api.close()
+    finally:
+        (steer / "go").touch()
+        server.terminate()
+        server.communicate(timeout=SAFETY_TIMEOUT_S)
+    decided = [e["type"] for e in setup.timeline(run_id) if e["type"] == "step.approved" or e.get("decision") == "deny"]
+    assert (0, 409, "decision_stale", ["step.approved"]) == (
+        approved.returncode, answer.get("status"), answer.get("body", {}).get("code"), decided
+    ), (approved.stderr, answer)  # fmt: skip
+    assert "step.approved" in answer["body"]["error"]
+    setup.run(held_plan(run_id), 0)
+    assert 1 == len(effects_rows(setup))
