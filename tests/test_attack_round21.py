@@ -554,3 +554,33 @@ def test_a_console_deny_racing_a_cli_approve_of_one_step_records_one_decision(tm
     assert "step.approved" in answer["body"]["error"]
     setup.run(held_plan(run_id), 0)
     assert 1 == len(effects_rows(setup))
+
+
+@pytest.mark.parametrize(
+    ("scope", "key"),
+    [
+        pytest.param("s", unicodedata.normalize("NFD", "order-é"), id="decomposed-key"),
+        pytest.param("s", "order-é ", id="trailing-space-key"),
+        pytest.param(unicodedata.normalize("NFD", "shop-é"), "order-é", id="decomposed-scope"),
+    ],
+)
+def test_a_submit_under_another_spelling_of_a_scope_and_key_there_is_refused(
+    tmp_path: Path, scope: str, key: str
+) -> None:
+    """``effectlog submit`` is idempotent by scope and key: a client retrying a submission gets the request
+    it made. A retry from another host whose key (or scope) is the same text in another Unicode spelling,
+    or read with a trailing space, and whose plan has a fresh run id, was a second request, so a second run
+    whose step was sent again. Proves: the second submit is refused (exit 2, one line naming the key or
+    scope as another spelling of the one there, or its edge), and the store holds the first request only."""
+    first = _shell_plan(tmp_path / "first.json", tmp_path / "effects.txt")
+    second = tmp_path / "second.json"
+    second.write_text(first.read_text().replace('"pay"', '"pay-retry"'))
+    submit = ["submit", "--store", "store.db", "--scope"]
+    made = effectlog(*submit, unicodedata.normalize("NFC", "shop-é") if scope != "s" else "s", "--key",
+                     "order-é", str(first), cwd=tmp_path)  # fmt: skip
+    assert 0 == made.returncode, made.stderr
+    again = effectlog(*submit, scope, "--key", key, str(second), cwd=tmp_path)
+    listed = effectlog("requests", "--store", "store.db", "--json", cwd=tmp_path)
+    assert (2, 1) == (again.returncode, len(json.loads(listed.stdout))), (again.stderr, listed.stdout)
+    line = one_line(again.stderr)
+    assert ascii(scope if scope != "s" else key) in line, line
