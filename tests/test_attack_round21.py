@@ -584,3 +584,18 @@ def test_a_submit_under_another_spelling_of_a_scope_and_key_there_is_refused(
     assert (2, 1) == (again.returncode, len(json.loads(listed.stdout))), (again.stderr, listed.stdout)
     line = one_line(again.stderr)
     assert ascii(scope if scope != "s" else key) in line, line
+
+
+def test_a_submit_under_another_spelling_of_a_key_is_refused_on_postgresql(tmp_path: Path, pg_url: str) -> None:
+    """The same refusal on a PostgreSQL fleet store (the same ``submit``, its other dialect). Proves: the
+    decomposed key is refused (exit 2) and the store holds one request; the composed one resubmitted
+    with its own plan is the same request (exit 0, not created again)."""
+    first = _shell_plan(tmp_path / "first.json", tmp_path / "effects.txt")
+    second = tmp_path / "second.json"
+    second.write_text(first.read_text().replace('"pay"', '"pay-retry"'))
+    submit = ["submit", "--store", pg_url, "--scope", "s", "--key"]
+    assert 0 == effectlog(*submit, "order-é", str(first), cwd=tmp_path).returncode
+    again = effectlog(*submit, unicodedata.normalize("NFD", "order-é"), str(second), cwd=tmp_path)
+    same = effectlog(*submit, "order-é", str(first), cwd=tmp_path)
+    listed = effectlog("requests", "--store", pg_url, "--json", cwd=tmp_path)
+    assert (2, 0, 1) == (again.returncode, same.returncode, len(json.loads(listed.stdout))), again.stderr
