@@ -599,3 +599,23 @@ def test_a_submit_under_another_spelling_of_a_key_is_refused_on_postgresql(tmp_p
     same = effectlog(*submit, "order-é", str(first), cwd=tmp_path)
     listed = effectlog("requests", "--store", pg_url, "--json", cwd=tmp_path)
     assert (2, 0, 1) == (again.returncode, same.returncode, len(json.loads(listed.stdout))), again.stderr
+
+
+def test_approve_and_deny_at_once_on_postgresql_record_one_decision(tmp_path: Path, pg_url: str) -> None:
+    """The approve-against-deny race on a PostgreSQL journal (operators on two hosts): the deny read the
+    step first and is paused until the approval is written. Proves: one decision, the approval; the deny
+    exits 5 ``decision_stale`` naming it; the resumed run sends the step once."""
+    effects = tmp_path / "effects.txt"
+    plan = _shell_plan(tmp_path / "plan.json", effects, approval=True)
+    assert 4 == effectlog("run", "--journal", pg_url, str(plan), cwd=tmp_path).returncode
+    lost, won = _race(tmp_path, [a.replace("j.db", pg_url) for a in DENY], [a.replace("j.db", pg_url) for a in APPROVE])
+    resumed = effectlog("run", "--journal", pg_url, str(plan), cwd=tmp_path)
+    timeline = effectlog("timeline", "--journal", pg_url, "--run-id", "pay", "--json", cwd=tmp_path)
+    decided = [
+        e["type"] for e in json.loads(timeline.stdout) if e["type"] == "step.approved" or e.get("decision") == "deny"
+    ]
+    line = one_line(lost.stderr)
+    assert (0, 5, ["step.approved"], 0, ["s1"]) == (
+        won.returncode, lost.returncode, decided, resumed.returncode, effects.read_text().split()
+    ), line  # fmt: skip
+    assert (True, True) == ("decision_stale" in line, "step.approved" in line), line
