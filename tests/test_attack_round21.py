@@ -619,3 +619,32 @@ def test_approve_and_deny_at_once_on_postgresql_record_one_decision(tmp_path: Pa
         won.returncode, lost.returncode, decided, resumed.returncode, effects.read_text().split()
     ), line  # fmt: skip
     assert (True, True) == ("decision_stale" in line, "step.approved" in line), line
+
+
+@pytest.mark.parametrize("command", ["approve", "deny"])
+def test_a_decision_naming_a_held_step_in_another_spelling_names_the_recorded_step(
+    tmp_path: Path, command: str
+) -> None:
+    """A session's keyed step ``remboursé`` (composed) is held for approval; the operator types the key
+    with a decomposed accent. ``approve``/``deny`` said "cannot approve: the step has not started", of a
+    step every listing shows as held. Proves: exit 2, nothing written, one line naming the held step with
+    its code points (``ascii``) as another spelling of the one given."""
+    from effectlog.errors import ApprovalRequired
+    from effectlog.session import ScriptedModel, Session, SqliteCheckpointer
+    from session_kit import toolbox
+
+    journal = tmp_path / "runs.db"
+    key = unicodedata.normalize("NFC", "remboursé")
+    store = SqliteCheckpointer(journal)
+    session = Session("r-1", ScriptedModel([], tools=toolbox(tmp_path / "calls.log", idempotent=False)), store,
+                      policy=lambda call: "require_approval")  # fmt: skip
+    with pytest.raises(ApprovalRequired):
+        asyncio.run(session.tool("transfer", {"to": "bob", "amount": 5}, key=key))
+    session.release()
+    store.close()
+    before = journal.read_bytes()
+    extra = ["--reason", "no"] if command == "deny" else []
+    refused = effectlog(command, "--journal", str(journal), "--run-id", "r-1", "--step",
+                        unicodedata.normalize("NFD", key), "--by", "ann", *extra, cwd=tmp_path)  # fmt: skip
+    line = one_line(refused.stderr)
+    assert (2, True, True) == (refused.returncode, ascii(key) in line, journal.read_bytes() == before), line
