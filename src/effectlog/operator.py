@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from effectlog import events as ev
+from effectlog import spelling
 from effectlog.errors import DecisionStale, EventConflict, NotReconcilable, RunOwned, UnknownStep
 from effectlog.fold import RunState, StepState
 from effectlog.journal import Journal, load_run, no_such_run, refuse_cut
@@ -36,6 +37,15 @@ def load_step(
         raise no_such_run(journal, run_id)
     step = state.step(step_id)
     if step is None:
+        other = spelling.twin(step_id, state.steps)
+        if other is not None:
+            raise UnknownStep(
+                f"cannot {action}: no step {step_id!a} in the run, but {other!a} is ({state.steps[other].state}), "
+                "the same id in another Unicode spelling (composed against decomposed accents, or an invisible "
+                "character): give it as the run has it (copy it from effectlog status); nothing was written",
+                run_id=run_id,
+                step_id=step_id,
+            )
         if state.kind == "plan" and step_id not in state.plan_steps:
             raise UnknownStep("no such step in the run's plan", run_id=run_id, step_id=step_id)
         raise NotReconcilable(f"cannot {action}: the step has not started", run_id=run_id, step_id=step_id)
