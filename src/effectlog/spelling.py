@@ -44,23 +44,33 @@ def twin(name: str, others: Iterable[str]) -> str | None:
     return next((other for other in sorted(others) if other != name and seen_as(other) == seen), None)
 
 
-def new_id_refusal(text: str, what: str, recorded: Callable[[], Iterable[str]]) -> str | None:
+def look_alike(text: str, recorded: Callable[[], Iterable[str]]) -> str | None:
+    """The first of ``recorded`` (sorted) that is not ``text`` but is shown as it is (``seen_as``, edges of
+    whitespace and format characters trimmed), if any. Asked only of a ``text`` that may have one: ASCII
+    text without such edges is its only spelling among ids made since they are refused (``new_id_refusal``)."""
+    if text.isascii() and trimmed(text) == text:
+        return None
+    shown = trimmed(seen_as(text))
+    return next((other for other in sorted(recorded()) if other != text and trimmed(seen_as(other)) == shown), None)
+
+
+def new_id_refusal(text: str, what: str, recorded: Callable[[], Iterable[str]], *, nameable: bool = True) -> str | None:
     """The message for a new ``what`` (a run id, a step key) that an operator could not tell from another,
-    else ``None``: it begins or ends with whitespace or holds a character no listing shows (a control or
-    format character: ``order-42\\n``, a zero-width space; every command that names a run or step refuses
-    them), or it is another spelling of one of ``recorded`` (asked only of a non-ASCII id: an ASCII one is
-    its only spelling once no other id shown as ASCII can be made), or is shown as an ASCII id it is not
-    (the Kelvin sign for ``K``). Shown with ``ascii()``: the two spellings print alike otherwise."""
-    if not text.isprintable() or text.strip() != text:
+    else ``None``: it is another spelling of one of ``recorded`` (``look_alike``); or, if it must be
+    ``nameable`` (a run id, which every command that names a run takes), it begins or ends with whitespace
+    or holds a character no listing shows (a control or format character: ``order-42\\n``, a zero-width
+    space), or is shown as an ASCII id it is not (the Kelvin sign for ``K``). A step key from a model's
+    tool call id may be any text, and is refused only as another spelling of a recorded step. Shown with
+    ``ascii()``: the two spellings print alike otherwise."""
+    if nameable and (not text.isprintable() or text.strip() != text):
         return (
             f"{what} {text!a} begins or ends with whitespace or holds a control or invisible character (read "
             f"with its newline, pasted with a zero-width space?): every listing shows it as "
             f"{trimmed(seen_as(text))!r}, and no command can name it; give it without; nothing was written"
         )
-    if text.isascii():
-        return None
-    seen = seen_as(text)
-    other = seen if seen.isascii() else twin(text, recorded())
+    other = look_alike(text, recorded)
+    if other is None and nameable and not text.isascii() and seen_as(text).isascii():
+        other = seen_as(text)
     if other is None:
         return None
     return (

@@ -285,8 +285,8 @@ class Session:
             self._position += 1
         else:
             sid = ids.keyed_id(key)
-            if self._state.step(sid) is None:  # a new step: under a key nobody can tell from a recorded one's,
-                refusal = spelling.new_id_refusal(sid, "step key", lambda: self._state.steps)  # it would run apart
+            if self._state.step(sid) is None:  # new: spelled as a recorded step, it would make that call again
+                refusal = spelling.new_id_refusal(sid, "step key", lambda: self._state.steps, nameable=False)
                 if refusal is not None:
                     raise BadInput(refusal, run_id=self.run_id, step_id=sid)
         if sid in self._visited:
