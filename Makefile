@@ -23,11 +23,12 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy --strict src
 
-# Every test, the crash matrix and the soak included; PostgreSQL and Chromium are installed
+# Every test, the crash matrix and the soak included; PostgreSQL, Chromium and faketime are installed
 # if missing and started by the tests themselves on 127.0.0.1.
 test: lint typecheck
 	@bash .ci/ensure-postgres
 	@bash .ci/ensure-chromium
+	@bash .ci/ensure-faketime
 	$(BIN)/python -m pytest
 
 # The main job: kill real workers at every boundary, on every journal backend, count

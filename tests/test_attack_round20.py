@@ -347,7 +347,7 @@ def test_a_run_id_or_step_key_the_cli_cannot_name_is_refused_before_anything_is_
         return await Session(run_id, Gateway(model="m", tools=tools), store).tool("pay", key=key)
 
     try:
-        with pytest.raises(BadInput, match="printable text without surrounding spaces") as refused:
+        with pytest.raises(BadInput, match="no command can name it") as refused:
             asyncio.run(call())
         written = store.state(run_id).seq
     finally:

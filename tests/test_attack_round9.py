@@ -504,10 +504,13 @@ def test_two_session_steps_whose_ids_hold_a_nul_never_share_an_idempotency_key(t
     text (a step id from a model's tool call id may hold a NUL, and so may an application's run id), so
     run ``r`` with step ``x\\0y`` and run ``r\\0x`` with step ``y`` gave one key: a tool that keeps keys
     (as the effect store does) answered the second run's call with the first run's receipt, and its
-    effect never happened. Proves: the two steps get two keys and each call is made (two effects), and a
-    key of ids without a NUL is the one the formula always gave (recorded keys stay valid)."""
+    effect never happened. A new run id holding a NUL is refused since (round 21: no command could name
+    it), so the second run is made here as one recorded before that. Proves: the two steps get two keys
+    and each call is made (two effects), and a key of ids without a NUL is the one the formula always gave
+    (recorded keys stay valid)."""
     import hashlib
 
+    from effectlog import events as ev
     from effectlog.adapters.protocol import idempotency_key
     from effectlog.session import Session
 
@@ -524,11 +527,12 @@ def test_two_session_steps_whose_ids_hold_a_nul_never_share_an_idempotency_key(t
         finally:
             session.release()
 
-    # A run id holding a NUL is refused by Session since round 20 (the CLI could never name its run), so the
-    # second run's spelling is checked at the key itself; the step id may still hold one.
+    # A new run id holding a NUL is refused since rounds 20/21 (the CLI could never name its run); one recorded
+    # before opens as it is, so the second run is recorded the way an older version did.
     with SqliteCheckpointer(tmp_path / "j.db") as store:
         first = asyncio.run(pay(store, "r", "x\x00y", 5))
-        second = asyncio.run(pay(store, "r2", "y", 7))
+        store.append([ev.RunStarted(run_id="r\x00x", seq=1, ts=1, kind="session")])  # recorded before round 21
+        second = asyncio.run(pay(store, "r\x00x", "y", 7))
     old = "el1-" + hashlib.sha256(b"r\x00step-0\x001").hexdigest()[:40]
     assert ("paid 5", "paid 7", 2, old) == (first, second, len(ledger), idempotency_key("r", "step-0", 1))
     assert idempotency_key("r", "x\x00y", 1) != idempotency_key("r\x00x", "y", 1)

@@ -501,7 +501,9 @@ class OutputUnwritable(BadInput):
 class DecisionStale(Conflict):
     """An approval or denial made on a page that showed one attempt of a held step, posted after the
     step was held again at a later attempt with the same args (exit 5, nothing written): the later
-    attempt follows an uncertain send and is a call nobody has looked at."""
+    attempt follows an uncertain send and is a call nobody has looked at. Also a decision (approve, deny,
+    reconcile) that lost a race: the run was written after it read the step (another person's decision,
+    a resume), so it is about a step that is not as it was seen (``operator.append``)."""
 
     code = "decision_stale"
 
@@ -537,6 +539,16 @@ class LocationAmbiguous(BadInput):
     (exit 2, nothing written)."""
 
     code = "location_ambiguous"
+
+
+class RunIdAmbiguous(BadInput):
+    """A new durable or session run whose id no operator could tell from another's: it begins or ends with
+    whitespace, holds a control or invisible character (``order-42\\n``, a zero-width space: no command can
+    name it), or is another Unicode spelling of a run already in the journal (``café`` composed against
+    decomposed), so the program run again under the other spelling sent every step again in a second run
+    (exit 2, nothing written; ``effectlog.spelling``). A run already recorded under such an id resumes."""
+
+    code = "run_id_ambiguous"
 
 
 # -- branch attack11 (round-11 attacks) ----------------------------------------------

@@ -268,16 +268,6 @@ def is_valid_id(text: str) -> bool:
     return _ID.fullmatch(text) is not None
 
 
-NAMEABLE = "printable text without surrounding spaces"
-
-
-def is_nameable(text: str) -> bool:
-    """A run id or step name a person can give back to the CLI (``--run-id``, ``--step``): a plan's id, or
-    any printable text without surrounding spaces (``onboard/42``, ``order 42``, ``café``). The durable and
-    session APIs take only these: a run named otherwise could never be reconciled or approved there."""
-    return _ID.fullmatch(text) is not None or (text.isprintable() and text.strip() == text and text != "")
-
-
 def load_plan(path: str | Path, *, max_args_bytes: int = MAX_ARGS_BYTES, max_plan_bytes: int = MAX_PLAN_BYTES) -> Plan:
     """Read and validate a plan file: a regular file of at most ``max_plan_bytes``.
 

@@ -8,9 +8,9 @@ from typing import Any
 
 from effectlog.cli.output import emit_json, err, out
 from effectlog.diagrams import render
-from effectlog.errors import ExitStatus, IntegrityError, JournalUnreadable, UnknownRun
+from effectlog.errors import ExitStatus, IntegrityError, JournalUnreadable
 from effectlog.integrity import check_orphan_seals, check_requests, verify_run
-from effectlog.journal import chain_from_env, load_run, open_journal
+from effectlog.journal import chain_from_env, load_run, no_such_run, open_journal
 from effectlog.journal.sidecars import is_postgres
 from effectlog.spec import MACHINES
 
@@ -25,9 +25,9 @@ def run_or_step_id(text: str) -> str:
     may have (``onboard/42``, ``order 42``, ``café``: their printed commands name them), the whole string.
     Refused: the empty string, control characters (a pasted trailing newline) and surrounding whitespace,
     which no command effectlog prints holds unescaped."""
-    from effectlog.plan import NAMEABLE, is_nameable
+    from effectlog.spelling import NAMEABLE, nameable
 
-    if not is_nameable(text):
+    if not nameable(text):
         shown = repr(text) if len(text) <= 64 else f"{text[:32]!r}... ({len(text)} characters)"
         raise argparse.ArgumentTypeError(
             f"{shown} is not a valid id (a plan's: letters, digits, . _ : @ -; a durable run's: {NAMEABLE})"
@@ -87,7 +87,7 @@ def cmd_head(args: argparse.Namespace) -> int:
     journal = open_journal(args.journal, writer=False, chain=chain_from_env(args.key_file))
     try:
         if args.run_id not in journal.runs():
-            raise UnknownRun(f"no run {args.run_id!r} in {args.journal}")
+            raise no_such_run(journal, args.run_id, args.journal, tagged=False)
         state = load_run(journal, args.run_id)
     finally:
         journal.close()
@@ -114,7 +114,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
             failure, runs = exc, []
         if args.run_id is not None and failure is None:
             if args.run_id not in runs:
-                raise UnknownRun(f"no run {args.run_id!r} in {args.journal}")
+                raise no_such_run(journal, args.run_id, args.journal, tagged=False)
             runs = [args.run_id]
         for run_id in runs:
             try:

@@ -208,15 +208,15 @@ def cmd_repin(args: argparse.Namespace) -> int:
 
 def cmd_lineage(args: argparse.Namespace) -> int:
     from effectlog import events as ev
-    from effectlog.errors import CorruptEvent, UnknownRun
-    from effectlog.journal import chain_from_env, open_journal
+    from effectlog.errors import CorruptEvent
+    from effectlog.journal import chain_from_env, no_such_run, open_journal
     from effectlog.lifecycle import forks_of
 
     journal = open_journal(args.journal, writer=False, chain=chain_from_env(args.key_file))
     try:
         first = next(iter(journal.read(args.run_id)), None)
         if first is None:
-            raise UnknownRun(f"no run {args.run_id!r} in {args.journal}", run_id=args.run_id)
+            raise no_such_run(journal, args.run_id, args.journal)
         try:
             started = ev.decode(first.body)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:  # lineage reads, it does not verify

@@ -13,9 +13,9 @@ from effectlog.cli.notify_args import add_notify_args
 from effectlog.cli.notify_args import hooks as notify_hooks
 from effectlog.cli.output import emit_json, err, out, table, tools_write_to_stderr
 from effectlog.cli.progress import add_progress_args, apply_progress_args, error_line
-from effectlog.errors import BadInput, UnknownRun
+from effectlog.errors import BadInput
 from effectlog.fold import RunState, replay_records
-from effectlog.journal import chain_from_env, load_run, load_sealed, open_journal
+from effectlog.journal import chain_from_env, load_run, load_sealed, no_such_run, open_journal
 from effectlog.notify import marks, notify_new_waits
 from effectlog.plan import MAX_ARGS_BYTES, MAX_PLAN_BYTES
 from effectlog.summary import RUN_STATES
@@ -166,7 +166,7 @@ def _reader(args: argparse.Namespace) -> Any:
 
 def _state(journal: Any, run_id: str, location: str) -> RunState:
     if run_id not in journal.runs():
-        raise UnknownRun(f"no run {run_id!r} in {location}")
+        raise no_such_run(journal, run_id, location, tagged=False)
     load_sealed(journal, run_id)  # as in the run list: a closed run's cut tail is Truncated, not a state
     return load_run(journal, run_id)
 
@@ -330,7 +330,7 @@ def cmd_timeline(args: argparse.Namespace) -> int:
     journal = _reader(args)
     try:
         if args.run_id not in journal.runs():
-            raise UnknownRun(f"no run {args.run_id!r} in {args.journal}")
+            raise no_such_run(journal, args.run_id, args.journal, tagged=False)
         records = list(journal.read(args.run_id))  # one snapshot: what is verified is what is printed
         state = replay_records(records, journal.chain, run_id=args.run_id)
         events = [decode(r.body) for r in records]

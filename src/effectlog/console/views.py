@@ -16,11 +16,11 @@ import msgspec
 
 from effectlog import events as ev
 from effectlog.cli.run_views import HELD, condition, when
-from effectlog.errors import EffectlogError, UnknownRun
+from effectlog.errors import EffectlogError
 from effectlog.fleet.model import AttemptView, HistoryRow, RequestView
 from effectlog.fleet.protocol import FleetStore
 from effectlog.fold import RunState, StepState, replay_records
-from effectlog.journal import Journal, load_sealed
+from effectlog.journal import Journal, load_sealed, no_such_run
 from effectlog.recovery import Action, still_blocked
 from effectlog.stake import AtStake, at_stake
 from effectlog.summary import RUN_STATES, summary
@@ -181,7 +181,7 @@ def runs(journal: Journal, *, state: str = "", page: int = 1) -> tuple[list[tupl
 
 def run_page(journal: Journal, run_id: str) -> RunPage:
     if run_id not in journal.runs():
-        raise UnknownRun(f"no run {run_id!r} in {journal.location}")
+        raise no_such_run(journal, run_id, tagged=False)
     load_sealed(journal, run_id)  # a closed run whose tail was cut raises, as in `status`
     records = list(journal.read(run_id))
     state = replay_records(records, journal.chain, run_id=run_id)

@@ -21,6 +21,7 @@ from typing import Any
 
 import msgspec
 
+from effectlog import spelling
 from effectlog.canonical import canonical_json, digest_bytes, trusted_json
 from effectlog.errors import (
     BadInput,
@@ -245,6 +246,8 @@ class SqlFleetStore:
         plan_json = trusted_json(plan.pinned()).decode()  # secret values never enter the store
         d = self.dialect
         with self._tx() as tx:
+            if not (scope + key).isascii() or scope.strip() != scope or key.strip() != key:
+                self._refuse_look_alike(tx, scope, key)
             now = tx.now()
             row = tx.one(
                 d.sql(
@@ -259,6 +262,25 @@ class SqlFleetStore:
             request_id = int(row[0])
             self._new_attempt(tx, request_id, 1, now)
             return Submitted(request=self._request(tx, request_id), created=True)
+
+    def _refuse_look_alike(self, tx: Tx, scope: str, key: str) -> None:
+        """``BadInput`` for a new request whose scope or key an operator (or a client's retry) could not tell
+        from another: an edge of whitespace, or another Unicode spelling of a scope there or of a key in its
+        scope (``effectlog.spelling``); a retry under it would be a second request, so a second run. A
+        request already there under such a scope and key is found as before."""
+        d = self.dialect
+        if tx.one(d.sql("SELECT 1 FROM {requests} WHERE scope = ? AND idem_key = ?"), (scope, key)) is not None:
+            return
+
+        def scopes() -> list[str]:
+            return [str(row[0]) for row in tx.all(d.sql("SELECT DISTINCT scope FROM {requests}"))]
+
+        def keys() -> list[str]:
+            return [str(row[0]) for row in tx.all(d.sql("SELECT idem_key FROM {requests} WHERE scope = ?"), (scope,))]
+
+        refusal = spelling.new_id_refusal(scope, "--scope", scopes) or spelling.new_id_refusal(key, "--key", keys)
+        if refusal is not None:
+            raise BadInput(refusal)
 
     def _existing(self, tx: Tx, scope: str, key: str, fingerprint: str, run_id: str) -> Submitted:
         d = self.dialect

@@ -13,7 +13,9 @@ from typing import cast
 import immutables
 import msgspec
 
+from effectlog import spelling
 from effectlog.chain import Chain
+from effectlog.errors import UnknownRun
 from effectlog.fold import Record, Row, RunState, StepState, replay_records_fast, replay_rows
 from effectlog.journal import checkpoint, sidecars
 from effectlog.journal import frontier as fr
@@ -34,6 +36,7 @@ __all__ = [
     "load_resumable",
     "load_run",
     "load_sealed",
+    "no_such_run",
     "open_journal",
     "refuse_cut",
     "resume_point",
@@ -66,6 +69,23 @@ def open_journal(location: str, *, writer: bool = True, chain: Chain | None = No
 
         return PostgresJournal(location, writer=writer, chain=chain)
     return SqliteJournal(location, writer=writer, chain=chain)
+
+
+def no_such_run(journal: Journal, run_id: str, location: str | None = None, *, tagged: bool = True) -> UnknownRun:
+    """``UnknownRun`` for ``run_id``, naming a run of the journal that is the same id in another Unicode
+    spelling (``café`` composed, given decomposed), which every listing shows alike, if there is one.
+    ``tagged``: the error carries the run id (its line then begins ``run 'ID':``), as each caller's did."""
+    shown = location if location is not None else journal.location
+    tag = run_id if tagged else None
+    other = spelling.twin(run_id, journal.runs())
+    if other is None:
+        return UnknownRun(f"no run {run_id!r} in {shown}", run_id=tag)
+    return UnknownRun(
+        f"no run {run_id!a} in {shown}, but {other!a} is, the same id in another Unicode spelling (composed "
+        "against decomposed accents, or an invisible character): give it as that run has it (copy it from "
+        "effectlog status); nothing was written",
+        run_id=tag,
+    )
 
 
 def load_run(journal: Journal, run_id: str) -> RunState:

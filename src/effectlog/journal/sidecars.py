@@ -14,9 +14,9 @@ from __future__ import annotations
 import os
 import re
 import stat
-import unicodedata
 import urllib.parse
 
+from effectlog import spelling
 from effectlog.errors import (
     BadInput,
     FileBindMounted,
@@ -182,39 +182,14 @@ def url_refusal(text: str, what: str) -> str:
     )
 
 
-def _invisible(char: str) -> bool:
-    """Whitespace, or a format character (Unicode's ``Cf``: a byte-order mark, a zero-width space, a word
-    joiner, a direction mark): nothing a listing or a message shows."""
-    return char.isspace() or unicodedata.category(char) == "Cf"
-
-
-def _trimmed(name: str) -> str:
-    """``name`` without the whitespace and format characters it begins or ends with."""
-    start, end = 0, len(name)
-    while start < end and _invisible(name[start]):
-        start += 1
-    while end > start and _invisible(name[end - 1]):
-        end -= 1
-    return name[start:end]
-
-
-def _seen_as(name: str) -> str:
-    """``name`` as every listing shows it: its canonical composition (NFC: ``e`` and a combining accent are
-    ``é``), without its format characters."""
-    if name.isascii():
-        return name
-    return unicodedata.normalize("NFC", "".join(char for char in name if unicodedata.category(char) != "Cf"))
-
-
 def _twin(path: str) -> str | None:
-    """Another entry of ``path``'s directory that is shown as ``path``'s name is (``_seen_as``), if any."""
+    """Another entry of ``path``'s directory that is shown as ``path``'s name is (``spelling.seen_as``), if any."""
     directory, name = os.path.split(path)
-    seen = _seen_as(name)
     try:
         entries = os.listdir(directory or ".")
     except OSError:
         return None  # no directory there (or none to list): its opener says so
-    return next((entry for entry in sorted(entries) if entry != name and _seen_as(entry) == seen), None)
+    return spelling.twin(name, entries)
 
 
 def new_name_refusal(path: str, what: str) -> str | None:
@@ -226,14 +201,16 @@ def new_name_refusal(path: str, what: str) -> str | None:
       with what surrounded it, which would make a file apart from ``j.db``, invisibly so in every listing;
     - another file of its directory is the same name spelled otherwise (``jé.db`` composed against
       decomposed, NFC against NFD, or with a format character inside): Linux keeps a name as the bytes it is
-      given, so the two are two files every listing shows alike.
+      given, so the two are two files every listing shows alike;
+    - the file is there through another spelling of a directory on its way (``runs-é/j.db`` with ``runs-é``
+      composed, given through a decomposed ``runs-é`` a script's ``mkdir -p`` made beside it).
 
     Either way the same run given later by the name meant ran every step again. A file of such a name
     already there is opened as it is (its runs are not stranded)."""
     if os.path.lexists(path):
         return None
     name = os.path.basename(path)
-    meant = _trimmed(name)
+    meant = spelling.trimmed(name)
     if meant != name:
         return (
             f"{path!r}: the {what} file's name begins or ends with whitespace or an invisible character (a "
@@ -241,14 +218,28 @@ def new_name_refusal(path: str, what: str) -> str | None:
             f"apart from {meant!r}: give the name without it; nothing was written"
         )
     twin = _twin(path)
-    if twin is None:
-        return None
-    return (
-        f"{path!r}: no {what} file of this name is there, but {twin!r} is, and its name is this one in another "
-        "Unicode spelling (composed against decomposed accents, or an invisible character inside), which the file "
-        "system keeps as another file: give the name as that file has it (or rename it first), so the runs in it "
-        "are not run again in a new one; nothing was written"
-    )
+    if twin is not None:
+        return (
+            f"{path!r}: no {what} file of this name is there, but {twin!r} is, and its name is this one in another "
+            "Unicode spelling (composed against decomposed accents, or an invisible character inside), which the "
+            "file system keeps as another file: give the name as that file has it (or rename it first), so the runs "
+            "in it are not run again in a new one; nothing was written"
+        )
+    absolute = os.path.abspath(path)
+    directory = os.path.dirname(absolute)
+    while os.path.dirname(directory) != directory:  # each directory on the way, up to (not) the root
+        twin = _twin(directory)
+        there = twin and os.path.join(os.path.dirname(directory), twin, os.path.relpath(absolute, directory))
+        if there and os.path.lexists(there):
+            return (
+                f"{path!r}: no {what} file is there, but {there!r} is: the same location with its directory "
+                f"{os.path.basename(directory)!r} in another Unicode spelling (composed against decomposed accents, "
+                "or an invisible character inside), a directory apart that every listing shows alike: give the "
+                "location through the directory that holds the file, so its runs are not run again in a new one; "
+                "nothing was written"
+            )
+        directory = os.path.dirname(directory)
+    return None
 
 
 def refuse_ambiguous(path: str, what: str) -> None:

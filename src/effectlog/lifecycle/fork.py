@@ -46,10 +46,10 @@ import msgspec
 
 from effectlog import events as ev
 from effectlog.adapters.effects import EffectStore
-from effectlog.errors import BadInput, ForkRefused, LedgerMismatch, RunOwned, UnknownRun, UnknownStep
+from effectlog.errors import BadInput, ForkRefused, LedgerMismatch, RunOwned, UnknownStep
 from effectlog.fleet.secrets import Provider
 from effectlog.fold import RunState, StepState
-from effectlog.journal import Journal, load_run
+from effectlog.journal import Journal, load_run, no_such_run
 from effectlog.journal.ownership import describe
 from effectlog.lifecycle.pinned import pinned_plan
 from effectlog.outcome import RunOutcome
@@ -139,7 +139,7 @@ def fork_point(
         raise RunOwned(f"cannot fork: the run is driven by {describe(found.owner)}", run_id=run_id)
     parent = load_run(journal, run_id)
     if parent.seq == 0:
-        raise UnknownRun(f"no run {run_id!r} in {journal.location}", run_id=run_id)
+        raise no_such_run(journal, run_id)
     if not parent.closed:
         raise ForkRefused(
             f"the run is still open ({parent.state}): resume it (effectlog recover, or run its plan again) "

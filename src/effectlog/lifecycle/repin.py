@@ -20,7 +20,7 @@ from effectlog import events as ev
 from effectlog.adapters.registry import AdapterContext, Registry
 from effectlog.errors import BadInput, RepinRefused, RunOwned, UnknownRun
 from effectlog.fold import RunState
-from effectlog.journal import Journal, load_run, refuse_cut
+from effectlog.journal import Journal, load_run, no_such_run, refuse_cut
 from effectlog.journal.ownership import describe
 from effectlog.observe import decision
 from effectlog.plan import Plan
@@ -61,7 +61,7 @@ def repin(
     refuse_cut(journal, run_id)  # nothing is recorded over a cut tail (exit 7)
     state = load_run(journal, run_id)
     if state.seq == 0:
-        raise UnknownRun(f"no run {run_id!r} in {journal.location}", run_id=run_id)
+        raise no_such_run(journal, run_id)
     if state.closed:
         raise RepinRefused(
             f"the run is {state.state}: a closed run never reopens (fork it to run steps again)", run_id=run_id

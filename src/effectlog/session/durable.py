@@ -23,6 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from effectlog import events as ev
+from effectlog import spelling
 from effectlog.errors import (
     ApprovalRequired,
     BadInput,
@@ -36,6 +37,7 @@ from effectlog.errors import (
     ReplayDivergence,
     RunClosed,
     RunFailed,
+    RunIdAmbiguous,
     RunUnfinished,
     ToolDenied,
     UncertainEffect,
@@ -44,7 +46,6 @@ from effectlog.fold import RunState, StepState
 from effectlog.journal.ownership import Claim
 from effectlog.notify import Kind, Notification, Notifier, deliver, hooks_of, opened_location, shown_location
 from effectlog.observe import provider_of, session_spans
-from effectlog.plan import NAMEABLE, is_nameable
 from effectlog.recorder import Clock, EventSpec, prepare
 from effectlog.recovery import Action, decide
 from effectlog.session import identity as ids
@@ -87,11 +88,6 @@ class Session:
     ) -> None:
         if not run_id:
             raise BadInput("a session needs a run id")
-        if not is_nameable(run_id):
-            raise BadInput(
-                f"run id {run_id!r} is not one the CLI can name (effectlog reconcile/approve --run-id take "
-                f"{NAMEABLE}): its run could never be decided there"
-            )
         self.run_id = run_id
         self.gateway = gateway
         self.store = store
@@ -111,6 +107,11 @@ class Session:
             raise PlanMismatch(
                 f"run {run_id!r} is a {self._state.kind} run, not a session; use another run id", run_id=run_id
             )
+        if not self._state.seq:  # a new run: under an id nobody can tell from another's, it would run apart
+            journal = getattr(store, "journal", None)
+            refusal = spelling.new_id_refusal(run_id, "run id", journal.runs if journal is not None else tuple)
+            if refusal is not None:
+                raise RunIdAmbiguous(refusal, run_id=run_id)
         self._opened = False  # has this pass recorded run.started / run.resumed yet
         self._claim: Claim | None = None  # held from this pass's first write until the run waits or ends
         self._spans: RunObserver | None = None  # this pass's effectlog.run span when OpenTelemetry is configured
@@ -280,6 +281,11 @@ class Session:
 
     def _next_id(self, key: str | None, what: str) -> str:
         sid = ids.positional_id(self._position) if key is None else ids.keyed_id(key)
+        # A new keyed step spelled as a recorded one would make that step's call again.
+        if key is not None and self._state.step(sid) is None:
+            refusal = spelling.new_id_refusal(sid, "step key", lambda: self._state.steps, must_be_nameable=False)
+            if refusal is not None:
+                raise BadInput(refusal, run_id=self.run_id, step_id=sid)
         if sid in self._visited:
             raise BadInput(f"step {sid!r} is used twice in one pass; step keys must be unique", run_id=self.run_id)
         if self._state.step(sid) is None:

@@ -17,9 +17,8 @@ import msgspec
 
 from effectlog import events as ev
 from effectlog.chain import Chain
-from effectlog.errors import UnknownRun
 from effectlog.fold import RunState, StepState, replay_records
-from effectlog.journal import Journal, chain_from_env, load_run, load_sealed
+from effectlog.journal import Journal, chain_from_env, load_run, load_sealed, no_such_run
 from effectlog.journal.ownership import Claim
 from effectlog.journal.sqlite import SqliteJournal
 from effectlog.recorder import Clock
@@ -103,7 +102,7 @@ class JournalCheckpointer:
     def load(self, run_id: str) -> Timeline:
         records = list(self.journal.read(run_id))
         if not records:
-            raise UnknownRun(f"no run {run_id!r} in {self.location}", run_id=run_id)
+            raise no_such_run(self.journal, run_id, self.location)
         state = replay_records(records, self.journal.chain, run_id=run_id)
         return Timeline(run=state, events=[ev.decode(r.body) for r in records])
 
