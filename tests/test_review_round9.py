@@ -1,0 +1,144 @@
+"""Review round 9: effectlog as a new user and a tired operator use it, from the docs alone.
+
+Each case is something README.md or docs/*.md promises (a command, an exit status, an error
+message, "nothing is written") that did not hold when run as written, in a scratch directory,
+as a real ``python -m effectlog`` process on real SQLite files:
+
+* ``requests`` and ``operator requeue|fail|cancel`` given a mistyped ``--store`` created an empty
+  fleet store there (``requests`` then listed no requests and exited 0, so a mistyped path read
+  as "the queue is empty"), and given a plain journal turned it into a fleet store by adding the
+  fleet's tables: commands that look at or decide on existing requests now refuse a store that
+  is not there, or is not a fleet store, and write nothing (``submit``, ``runner`` and
+  ``recovery`` still create one: docs/fleet.md, "the first runner to connect creates both schemas").
+* ``lineage`` and ``repin`` wrote to ``sys.stdout`` directly, past the CLI's output guard: with
+  stdout on a full disk ``lineage`` printed a traceback and exited 1, where every other command
+  prints one ``output_unwritable`` line and exits 2 (and ``repin`` would have reported a repin
+  it had already written as a crash).
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from effectlog.errors import ExitStatus
+from hardening_kit import cli_env, effectlog
+
+SRC = Path(__file__).resolve().parent.parent / "src" / "effectlog"
+
+APPROVAL_PLAN = {
+    "run_id": "refund-042",
+    "adapters": {"bank": {"type": "effects.control", "version": "1", "idempotent": False}},
+    "steps": [{"id": "refund", "adapter": "bank", "args": {"n": 1}}],
+}
+
+
+def _tables(path: Path) -> list[str]:
+    with sqlite3.connect(path) as db:
+        return sorted(str(r[0]) for r in db.execute("SELECT name FROM sqlite_master"))
+
+
+def _a_journal(cwd: Path) -> Path:
+    """``runs.db`` holding one completed run, made by ``effectlog run`` as the README does."""
+    (cwd / "plan.json").write_text(json.dumps(APPROVAL_PLAN))
+    done = effectlog("run", "plan.json", "--journal", "runs.db", "--effects", "fx.db", cwd=cwd)
+    assert done.returncode == ExitStatus.DONE, done.stderr
+    return cwd / "runs.db"
+
+
+FLEET_LOOKS = [
+    pytest.param(["requests"], id="requests"),
+    pytest.param(["requests", "--request", "1"], id="requests-one"),
+    pytest.param(["requests", "--json"], id="requests-json"),
+    pytest.param(["operator", "requeue", "--request", "1", "--reason", "r", "--by", "alice"], id="requeue"),
+    pytest.param(["operator", "fail", "--request", "1", "--reason", "r", "--by", "alice"], id="fail"),
+    pytest.param(["operator", "cancel", "--request", "1", "--reason", "r", "--by", "alice"], id="cancel"),
+]
+
+
+@pytest.mark.parametrize("argv", FLEET_LOOKS)
+def test_a_fleet_command_on_a_mistyped_store_refuses_and_creates_nothing(tmp_path: Path, argv: list[str]) -> None:
+    """README: bad input exits 2 with one line naming what and where, and nothing is written. A
+    mistyped ``--store`` for a command about existing requests is refused so, and no file is made
+    (before, an empty fleet store appeared and ``requests`` said, exit 0, that the queue was empty)."""
+    done = effectlog(*argv, "--store", "fleet.dbb", cwd=tmp_path)
+    assert (done.returncode, done.stdout) == (ExitStatus.BAD_INPUT, "")
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1, done.stderr
+    assert "--store fleet.dbb: no fleet store there" in lines[0]
+    assert sorted(os.listdir(tmp_path)) == []
+
+
+@pytest.mark.parametrize("argv", FLEET_LOOKS)
+def test_a_fleet_command_on_a_plain_journal_refuses_and_leaves_it_unchanged(tmp_path: Path, argv: list[str]) -> None:
+    """A journal that is not a fleet store (``--store runs.db`` where ``--journal`` belonged) is
+    refused, exit 2, and keeps exactly its tables: before, it was given the fleet's tables."""
+    journal = _a_journal(tmp_path)
+    before = _tables(journal)
+    done = effectlog(*argv, "--store", "runs.db", cwd=tmp_path)
+    assert (done.returncode, done.stdout) == (ExitStatus.BAD_INPUT, ""), done.stderr
+    assert "--store runs.db: not a fleet store" in done.stderr
+    assert len(done.stderr.splitlines()) == 1, done.stderr
+    assert _tables(journal) == before
+    assert effectlog("verify", "--journal", "runs.db", cwd=tmp_path).returncode == ExitStatus.DONE
+
+
+def test_requests_on_a_real_fleet_store_still_lists_its_requests(tmp_path: Path) -> None:
+    """The refusal is for a store that is not there: a store made by ``submit`` is read as before."""
+    (tmp_path / "plan.json").write_text(json.dumps(APPROVAL_PLAN))
+    made = effectlog("submit", "plan.json", "--store", "fleet.db", "--scope", "s", "--key", "k", cwd=tmp_path)
+    assert made.returncode == ExitStatus.DONE, made.stderr
+    listed = effectlog("requests", "--store", "fleet.db", "--json", cwd=tmp_path)
+    assert listed.returncode == ExitStatus.DONE, listed.stderr
+    assert [(r["scope"], r["key"], r["state"]) for r in json.loads(listed.stdout)] == [("s", "k", "queued")]
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no /dev/full")
+def test_lineage_on_a_full_stdout_gives_one_line_and_exit_2_not_a_traceback(tmp_path: Path) -> None:
+    """docs: ``output_unwritable`` (exit 2, one line) when stdout cannot be written, as for every
+    other command; ``lineage`` wrote past the guard and died with OSError (a traceback, exit 1)."""
+    _a_journal(tmp_path)
+    with open("/dev/full", "w") as full:
+        done = subprocess.run(
+            [sys.executable, "-m", "effectlog", "lineage", "--journal", "runs.db", "--run-id", "refund-042"],
+            cwd=tmp_path,
+            env=cli_env(),
+            stdout=full,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    assert done.returncode == ExitStatus.BAD_INPUT, done.stderr
+    assert "Traceback" not in done.stderr
+    assert done.stderr.startswith("effectlog: output_unwritable:"), done.stderr
+
+
+def test_no_cli_command_writes_to_sys_stdout_past_the_output_guard() -> None:
+    """The class behind the lineage case: every CLI module writes stdout through ``output.out`` or
+    ``output.emit_json`` (which turn a closed pipe or a full disk into one line and a stable exit
+    status). A direct ``sys.stdout.write`` or ``print`` anywhere else in ``effectlog.cli`` bypasses it."""
+    offenders = []
+    for path in sorted((SRC / "cli").glob("*.py")):
+        if path.name == "output.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call):
+                f = node.func
+                if isinstance(f, ast.Name) and f.id == "print":
+                    offenders.append(f"{path.name}:{node.lineno} print")
+                if (
+                    isinstance(f, ast.Attribute)
+                    and f.attr == "write"
+                    and isinstance(f.value, ast.Attribute)
+                    and f.value.attr == "stdout"
+                ):
+                    offenders.append(f"{path.name}:{node.lineno} sys.stdout.write")
+    assert offenders == []
