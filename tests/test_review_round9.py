@@ -84,7 +84,7 @@ def test_a_fleet_command_on_a_plain_journal_refuses_and_leaves_it_unchanged(tmp_
     before = _tables(journal)
     done = effectlog(*argv, "--store", "runs.db", cwd=tmp_path)
     assert (done.returncode, done.stdout) == (ExitStatus.BAD_INPUT, ""), done.stderr
-    assert "--store runs.db: not a fleet store" in done.stderr
+    assert "runs.db: not a fleet store" in done.stderr
     assert len(done.stderr.splitlines()) == 1, done.stderr
     assert _tables(journal) == before
     assert effectlog("verify", "--journal", "runs.db", cwd=tmp_path).returncode == ExitStatus.DONE
