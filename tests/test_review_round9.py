@@ -14,6 +14,12 @@ as a real ``python -m effectlog`` process on real SQLite files:
   stdout on a full disk ``lineage`` printed a traceback and exited 1, where every other command
   prints one ``output_unwritable`` line and exits 2 (and ``repin`` would have reported a repin
   it had already written as a crash).
+* ``verify --expect-head`` (guarantees.md: keep the head outside with ``head``, then ``verify
+  --expect-head``) took what ``head`` prints, ``RUN SEQ HEX``, as a head that disagrees: exit 7, an
+  integrity failure, for an untouched journal. A value that is no head at all (``zz``) was exit 7
+  too, and an empty one (``--expect-head "$HEAD"`` with ``HEAD`` unset) skipped the check and
+  said ``ok``, exit 0. Now ``--expect-head`` takes the hex or ``head``'s own line (of that run),
+  and anything else is bad input, exit 2.
 """
 
 from __future__ import annotations
@@ -142,3 +148,56 @@ def test_no_cli_command_writes_to_sys_stdout_past_the_output_guard() -> None:
                 ):
                     offenders.append(f"{path.name}:{node.lineno} sys.stdout.write")
     assert offenders == []
+
+
+def _head(cwd: Path) -> tuple[str, str]:
+    """``effectlog head`` of ``refund-042`` as printed, and its hex from ``--json``."""
+    line = effectlog("head", "--journal", "runs.db", "--run-id", "refund-042", cwd=cwd)
+    as_json = effectlog("head", "--journal", "runs.db", "--run-id", "refund-042", "--json", cwd=cwd)
+    assert (line.returncode, as_json.returncode) == (ExitStatus.DONE, ExitStatus.DONE), line.stderr
+    return line.stdout.strip(), str(json.loads(as_json.stdout)["head"])
+
+
+def test_verify_accepts_the_head_exactly_as_the_head_command_prints_it(tmp_path: Path) -> None:
+    """The documented round trip, as a script writes it: ``--expect-head "$(effectlog head ...)"``
+    and ``--expect-head HEX`` (from ``head --json``) both verify an untouched run, exit 0."""
+    _a_journal(tmp_path)
+    line, hexhead = _head(tmp_path)
+    for kept in (line, hexhead, hexhead.upper()):
+        done = effectlog(
+            "verify", "--journal", "runs.db", "--run-id", "refund-042", "--expect-head", kept, cwd=tmp_path
+        )
+        assert (done.returncode, done.stderr) == (ExitStatus.DONE, ""), kept
+
+
+def test_verify_still_fails_on_a_kept_head_that_is_not_the_runs(tmp_path: Path) -> None:
+    """A well-formed head that is not the run's is still an integrity failure (exit 7), in either form:
+    another hex, or ``head``'s line with another seq."""
+    _a_journal(tmp_path)
+    line, hexhead = _head(tmp_path)
+    other = ("0" if hexhead[0] != "0" else "1") + hexhead[1:]
+    run_id, seq, _ = line.split(" ")
+    for kept in (other, f"{run_id} {seq} {other}", f"{run_id} {int(seq) - 1} {hexhead}"):
+        done = effectlog(
+            "verify", "--journal", "runs.db", "--run-id", "refund-042", "--expect-head", kept, cwd=tmp_path
+        )
+        assert done.returncode == ExitStatus.INTEGRITY, (kept, done.stderr)
+
+
+@pytest.mark.parametrize(
+    "kept",
+    ["", " ", "zz", "00", "refund-042 9", "other-run 9 {hex}", "{hex}00", "refund-042 nine {hex}"],
+    ids=["empty", "blank", "not-hex", "short", "no-hex", "another-run", "long", "bad-seq"],
+)
+def test_an_expect_head_that_is_no_head_is_bad_input_not_an_integrity_failure_or_a_pass(
+    tmp_path: Path, kept: str
+) -> None:
+    """A value that cannot be a kept head is refused as bad input (exit 2, one line naming
+    ``--expect-head``), never read as tampering (exit 7) nor, when empty, as no check at all (exit 0)."""
+    _a_journal(tmp_path)
+    _, hexhead = _head(tmp_path)
+    value = kept.format(hex=hexhead)
+    done = effectlog("verify", "--journal", "runs.db", "--run-id", "refund-042", "--expect-head", value, cwd=tmp_path)
+    assert (done.returncode, done.stdout) == (ExitStatus.BAD_INPUT, ""), done.stderr
+    assert len(done.stderr.splitlines()) == 1, done.stderr
+    assert "--expect-head" in done.stderr
