@@ -20,6 +20,11 @@ as a real ``python -m effectlog`` process on real SQLite files:
   too, and an empty one (``--expect-head "$HEAD"`` with ``HEAD`` unset) skipped the check and
   said ``ok``, exit 0. Now ``--expect-head`` takes the hex or ``head``'s own line (of that run),
   and anything else is bad input, exit 2.
+* ``retry`` of a run whose every step is done said to "name the step to run again from
+  (--from-step S)", an option ``retry`` does not have (trying it: a usage error); and an option a
+  command does not have was reported as ``effectlog: usage: unrecognized arguments: ... (see
+  'effectlog --help')``, naming neither the command nor its help, where every other usage error
+  names both (tests/test_cli_contract.py).
 """
 
 from __future__ import annotations
@@ -201,3 +206,50 @@ def test_an_expect_head_that_is_no_head_is_bad_input_not_an_integrity_failure_or
     assert (done.returncode, done.stdout) == (ExitStatus.BAD_INPUT, ""), done.stderr
     assert len(done.stderr.splitlines()) == 1, done.stderr
     assert "--expect-head" in done.stderr
+
+
+def test_retry_of_a_finished_run_points_to_a_command_that_exists(tmp_path: Path) -> None:
+    """The refusal's advice, followed as written, works: it names ``effectlog fork ... --from-step``
+    (which has the option), and that command then forks the run, exit 0."""
+    _a_journal(tmp_path)
+    done = effectlog(
+        "retry", "--journal", "runs.db", "--run-id", "refund-042", "--by", "a", "--reason", "r", cwd=tmp_path
+    )
+    assert done.returncode == ExitStatus.CONFLICT, done.stderr
+    assert "effectlog fork" in done.stderr
+    assert "--new-run-id" in done.stderr
+    assert "--from-step" in done.stderr
+    followed = effectlog(
+        "fork",
+        *("--journal", "runs.db", "--run-id", "refund-042", "--new-run-id", "refund-043", "--from-step", "refund"),
+        *("--by", "a", "--reason", "r", "--effects", "fx.db"),
+        cwd=tmp_path,
+    )
+    assert followed.returncode == ExitStatus.DONE, followed.stderr
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (("retry", "--journal", "j.db", "--run-id", "r", "--by", "a", "--reason", "r", "--from-step", "s"), "retry"),
+        (("status", "--journal", "j.db", "--bogus"), "status"),
+        (("run", "plan.json", "--journal", "j.db", "--bogus"), "run"),
+        (
+            ("operator", "requeue", "--store", "f.db", "--request", "1", "--by", "a", "--reason", "r", "-x"),
+            "operator requeue",
+        ),
+        (("crash-matrix", "verify", "--bogus"), "crash-matrix verify"),
+    ],
+    ids=["retry", "status", "run", "operator-requeue", "crash-matrix-verify"],
+)
+def test_an_option_the_command_does_not_have_is_named_with_the_command_and_its_help(
+    tmp_path: Path, argv: tuple[str, ...], said: str
+) -> None:
+    """``effectlog: usage: COMMAND: unrecognized arguments: ... (see 'effectlog COMMAND --help')``,
+    exit 2, one line, as for every other usage error; nothing is created."""
+    done = effectlog(*argv, cwd=tmp_path)
+    assert done.returncode == ExitStatus.BAD_INPUT, done.stderr
+    assert done.stderr.splitlines() == [done.stderr.strip()]
+    assert done.stderr.startswith(f"effectlog: usage: {said}: unrecognized arguments: "), done.stderr
+    assert f"(see 'effectlog {said} --help')" in done.stderr
+    assert os.listdir(tmp_path) == []
