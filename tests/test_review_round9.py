@@ -236,9 +236,9 @@ def test_retry_of_a_finished_run_points_to_a_command_that_exists(tmp_path: Path)
         (("run", "plan.json", "--journal", "j.db", "--bogus"), "run"),
         (
             ("operator", "requeue", "--store", "f.db", "--request", "1", "--by", "a", "--reason", "r", "-x"),
-            "operator requeue",
+            "operator",
         ),
-        (("crash-matrix", "verify", "--bogus"), "crash-matrix verify"),
+        (("crash-matrix", "verify", "m.json", "--bogus"), "crash-matrix verify"),
     ],
     ids=["retry", "status", "run", "operator-requeue", "crash-matrix-verify"],
 )

@@ -37,6 +37,17 @@ class _Parser(argparse.ArgumentParser):
         err(f"effectlog: usage: {where}{message} (see '{self.prog} --help')\n")
         raise SystemExit(ExitStatus.BAD_INPUT)
 
+    def parse_known_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        """A subcommand's parser refuses what it does not know itself. argparse hands a subcommand's
+        leftovers up to the top parser, whose message named neither the command nor its help
+        (``effectlog: usage: unrecognized arguments: --from-step s (see 'effectlog --help')``)."""
+        parsed, extras = super().parse_known_args(args, namespace)
+        if extras and self.prog != "effectlog":
+            self.error(f"unrecognized arguments: {' '.join(extras)}")
+        return parsed, extras
+
 
 def build_parser() -> argparse.ArgumentParser:
     from effectlog.cli import inspect_cmds, run_cmds
