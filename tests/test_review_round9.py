@@ -25,6 +25,8 @@ as a real ``python -m effectlog`` process on real SQLite files:
   command does not have was reported as ``effectlog: usage: unrecognized arguments: ... (see
   'effectlog --help')``, naming neither the command nor its help, where every other usage error
   names both (tests/test_cli_contract.py).
+* ``--help`` and ``--version`` with stdout on a full disk lost their text and exited 0, where
+  every command's own output, lost so, is one ``output_unwritable`` line and exit 2.
 """
 
 from __future__ import annotations
@@ -253,3 +255,32 @@ def test_an_option_the_command_does_not_have_is_named_with_the_command_and_its_h
     assert done.stderr.startswith(f"effectlog: usage: {said}: unrecognized arguments: "), done.stderr
     assert f"(see 'effectlog {said} --help')" in done.stderr
     assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no /dev/full")
+@pytest.mark.parametrize("argv", [("--help",), ("--version",), ("run", "--help"), ("crash-matrix", "soak", "--help")])
+def test_help_and_version_on_a_full_stdout_say_the_output_is_lost(tmp_path: Path, argv: tuple[str, ...]) -> None:
+    """A script saving ``effectlog --help`` (or ``--version``) to a full disk is told, exit 2, as it is for
+    every other output of effectlog; before, exit 0 with nothing written."""
+    with open("/dev/full", "w") as full:
+        done = subprocess.run(
+            [sys.executable, "-m", "effectlog", *argv],
+            cwd=tmp_path,
+            env=cli_env(),
+            stdout=full,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    assert done.returncode == ExitStatus.BAD_INPUT, done.stderr
+    assert done.stderr.startswith("effectlog: output_unwritable:"), done.stderr
+    assert len(done.stderr.splitlines()) == 1, done.stderr
+
+
+@pytest.mark.parametrize("argv", [("--help",), ("--version",), ("status", "--help")])
+def test_help_and_version_still_print_to_stdout_and_exit_0(tmp_path: Path, argv: tuple[str, ...]) -> None:
+    """The ordinary case: the text on stdout, nothing on stderr, exit 0."""
+    done = effectlog(*argv, cwd=tmp_path)
+    assert (done.returncode, done.stderr) == (ExitStatus.DONE, "")
+    assert done.stdout.startswith("effectlog" if argv == ("--version",) else "usage: effectlog")
