@@ -27,6 +27,8 @@ as a real ``python -m effectlog`` process on real SQLite files:
   names both (tests/test_cli_contract.py).
 * ``--help`` and ``--version`` with stdout on a full disk lost their text and exited 0, where
   every command's own output, lost so, is one ``output_unwritable`` line and exit 2.
+* docs/guarantees.md (G7) cites the bad-input corpus by its number of cases, which no test
+  compared with the corpus: it is checked here.
 """
 
 from __future__ import annotations
@@ -34,9 +36,11 @@ from __future__ import annotations
 import ast
 import json
 import os
+import re
 import sqlite3
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -284,3 +288,14 @@ def test_help_and_version_still_print_to_stdout_and_exit_0(tmp_path: Path, argv:
     done = effectlog(*argv, cwd=tmp_path)
     assert (done.returncode, done.stderr) == (ExitStatus.DONE, "")
     assert done.stdout.startswith("effectlog" if argv == ("--version",) else "usage: effectlog")
+
+
+def test_the_number_of_bad_input_cases_guarantees_md_cites_is_the_corpus_size() -> None:
+    """G7's "the N cases of tests/data/bad/manifest.toml" is the number of cases the corpus holds."""
+    root = SRC.parent.parent
+    cited = re.findall(
+        r"the (\d+) cases of `tests/data/bad/manifest.toml`", (root / "docs" / "guarantees.md").read_text()
+    )
+    with open(root / "tests" / "data" / "bad" / "manifest.toml", "rb") as f:
+        held = len(tomllib.load(f)["case"])
+    assert [int(n) for n in cited] == [held]
