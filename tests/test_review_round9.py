@@ -27,6 +27,9 @@ as a real ``python -m effectlog`` process on real SQLite files:
   names both (tests/test_cli_contract.py).
 * ``--help`` and ``--version`` with stdout on a full disk lost their text and exited 0, where
   every command's own output, lost so, is one ``output_unwritable`` line and exit 2.
+* ``status --run-id``'s block for a step that waits for a person (README: "shown with its adapter
+  or tool, args, ... and the exact command to resolve it") put the command one column left of the
+  other values, and a session's ``tool:`` five columns left: values are now in one column.
 * docs/guarantees.md (G7) cites the bad-input corpus by its number of cases, which no test
   compared with the corpus: it is checked here.
 """
@@ -300,3 +303,33 @@ def test_the_number_of_bad_input_cases_guarantees_md_cites_is_the_corpus_size() 
     with open(root / "tests" / "data" / "bad" / "manifest.toml", "rb") as f:
         held = len(tomllib.load(f)["case"])
     assert [int(n) for n in cited] == [held, held]
+
+
+@pytest.mark.parametrize("adapter_type", ["shell", None], ids=["plan-adapter", "session-tool"])
+@pytest.mark.parametrize("action", ["reconcile", "approve"])
+def test_every_value_of_a_waiting_steps_block_starts_in_one_column(adapter_type: str | None, action: str) -> None:
+    """Each ``  label:  value`` line of the block ``status`` prints has its value at the same column,
+    whatever the label (``adapter``/``tool``, ``reconcile``/``approve``), so a tired eye reading down
+    the block, or ``cut -c``, finds every value in the same place."""
+    from effectlog.cli.run_views import render_at_stake
+    from effectlog.stake import AtStake
+
+    item = AtStake(
+        step_id="push",
+        state="uncertain" if action == "reconcile" else "awaiting_approval",
+        kind="tool",
+        adapter="sh",
+        adapter_type=adapter_type,
+        args={"n": 1},
+        args_digest="d" * 64,
+        idempotency_key="el1-k",
+        idempotent=False,
+        attempt=1,
+        reason="why",
+        action=action,  # type: ignore[arg-type]
+        command=f"effectlog {action} --journal j.db",
+    )
+    lines = [line for line in render_at_stake([item]).splitlines() if line.startswith("  ")]
+    assert len(lines) == 7, lines
+    columns = {len(line) - len(line.split(":", 1)[1].lstrip()) for line in lines}
+    assert len(columns) == 1, lines
