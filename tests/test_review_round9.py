@@ -30,6 +30,9 @@ as a real ``python -m effectlog`` process on real SQLite files:
 * ``status --run-id``'s block for a step that waits for a person (README: "shown with its adapter
   or tool, args, ... and the exact command to resolve it") put the command one column left of the
   other values, and a session's ``tool:`` five columns left: values are now in one column.
+* ``retry`` and ``fork`` of a durable run (README's ``durable.run`` example) said
+  ``unknown_run: run 'onboard-42': run 'onboard-42' is a session run: it has no pinned plan``: a
+  run the journal holds called unknown, named twice, called a session, with nothing to do next.
 * docs/guarantees.md (G7) cites the bad-input corpus by its number of cases, which no test
   compared with the corpus: it is checked here.
 """
@@ -333,3 +336,45 @@ def test_every_value_of_a_waiting_steps_block_starts_in_one_column(adapter_type:
     assert len(lines) == 7, lines
     columns = {len(line) - len(line.split(":", 1)[1].lstrip()) for line in lines}
     assert len(columns) == 1, lines
+
+
+DURABLE = """
+from effectlog import durable
+
+
+@durable.tool(idempotent=False)
+def send_email(to: str, body: str, idempotency_key: str = "") -> str:
+    return f"sent to {to}"
+
+
+with durable.run("onboard-42", journal="runs-durable.db"):
+    print(send_email("a@b.example", "welcome"))
+"""
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ("retry", "--by", "a", "--reason", "r"),
+        ("fork", "--new-run-id", "onboard-43", "--by", "a", "--reason", "r"),
+    ],
+    ids=["retry", "fork"],
+)
+def test_a_lifecycle_command_on_a_durable_run_says_what_the_run_is_and_what_to_do(
+    tmp_path: Path, argv: tuple[str, ...]
+) -> None:
+    """The README's durable run, then ``retry|fork`` of it: exit 2, one line, not ``unknown_run``
+    (the run is there), the run named once, and the way to go on (run its code again)."""
+    (tmp_path / "d.py").write_text(DURABLE)
+    made = subprocess.run([sys.executable, "d.py"], cwd=tmp_path, env=cli_env(), capture_output=True, text=True)
+    assert made.returncode == 0, made.stderr
+    before = (tmp_path / "runs-durable.db").read_bytes()
+    done = effectlog(argv[0], "--journal", "runs-durable.db", "--run-id", "onboard-42", *argv[1:], cwd=tmp_path)
+    assert (done.returncode, done.stdout) == (ExitStatus.BAD_INPUT, ""), done.stderr
+    line = done.stderr.strip()
+    assert len(done.stderr.splitlines()) == 1, done.stderr
+    assert not line.startswith("effectlog: unknown_run"), line
+    assert line.count("onboard-42") == 1, line
+    assert "durable or session run" in line, line
+    assert "running its code again" in line, line
+    assert (tmp_path / "runs-durable.db").read_bytes() == before
