@@ -33,6 +33,9 @@ as a real ``python -m effectlog`` process on real SQLite files:
 * ``retry`` and ``fork`` of a durable run (README's ``durable.run`` example) said
   ``unknown_run: run 'onboard-42': run 'onboard-42' is a session run: it has no pinned plan``: a
   run the journal holds called unknown, named twice, called a session, with nothing to do next.
+* A command that prints nothing (``recovery --once`` with nothing to recover, ``runner``: its lines
+  are on stderr) said ``output_unwritable ... it is lost``, exit 2, with stdout on /dev/full:
+  the final flush wrote an empty string, which is a zero-length write(2), and /dev/full refuses even that.
 * docs/guarantees.md (G7) cites the bad-input corpus by its number of cases, which no test
   compared with the corpus: it is checked here.
 """
@@ -378,3 +381,24 @@ def test_a_lifecycle_command_on_a_durable_run_says_what_the_run_is_and_what_to_d
     assert "durable or session run" in line, line
     assert "running its code again" in line, line
     assert (tmp_path / "runs-durable.db").read_bytes() == before
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no /dev/full")
+def test_a_command_that_prints_nothing_does_not_say_its_output_was_lost(tmp_path: Path) -> None:
+    """Nothing to write is nothing lost: ``recovery --once`` with nothing to recover, stdout on /dev/full,
+    exits 0 with nothing on stderr."""
+    (tmp_path / "plan.json").write_text(json.dumps(APPROVAL_PLAN))
+    made = effectlog("submit", "plan.json", "--store", "fleet.db", "--scope", "s", "--key", "k", cwd=tmp_path)
+    assert made.returncode == ExitStatus.DONE, made.stderr
+    with open("/dev/full", "w") as full:
+        done = subprocess.run(
+            [sys.executable, "-m", "effectlog", "recovery", "--store", "fleet.db", "--once"],
+            cwd=tmp_path,
+            env=cli_env(),
+            stdout=full,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    assert (done.returncode, done.stderr) == (ExitStatus.DONE, "")
