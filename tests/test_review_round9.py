@@ -36,6 +36,10 @@ as a real ``python -m effectlog`` process on real SQLite files:
 * A command that prints nothing (``recovery --once`` with nothing to recover, ``runner``: its lines
   are on stderr) said ``output_unwritable ... it is lost``, exit 2, with stdout on /dev/full:
   the final flush wrote an empty string, which is a zero-length write(2), and /dev/full refuses even that.
+* ``crash-matrix run --backend postgres --postgres-url URL`` on a server it could not use ran
+  every case, and the judge of a case whose worker wrote no event raised ``ValueError`` (a
+  traceback) instead of calling the case failed; a ``--postgres-url`` in ``keyword=value`` form
+  (README: exit 2 where a ``postgresql://`` URL belongs) was not refused before the cases ran.
 * docs/guarantees.md (G7) cites the bad-input corpus by its number of cases, which no test
   compared with the corpus: it is checked here.
 """
@@ -402,3 +406,30 @@ def test_a_command_that_prints_nothing_does_not_say_its_output_was_lost(tmp_path
             check=False,
         )
     assert (done.returncode, done.stderr) == (ExitStatus.DONE, "")
+
+
+def test_every_crash_matrix_check_judges_a_case_whose_workers_wrote_no_event() -> None:
+    """A worker that never reached the journal (a server it could not connect to) leaves no event:
+    each case's checks then say what is wrong, never raise, and the case fails."""
+    from effectlog.crashmatrix.cases import CASES, Evidence
+
+    for case in CASES:
+        n = len(case.actions)
+        nothing = Evidence(events=[], effects=0, exits=[1] * n, signals=[None] * n, reached=[None] * n, receipts=[])
+        problems = case.check(nothing)
+        assert problems, case.name
+        assert all(isinstance(p, str) for p in problems), case.name
+
+
+def test_crash_matrix_refuses_a_keyword_form_postgres_url_before_running_any_case(tmp_path: Path) -> None:
+    """``--postgres-url 'host=... dbname=...'`` is bad input (exit 2, one line naming ``--postgres-url``),
+    said before any case runs: no report, no progress line."""
+    done = effectlog(
+        *("crash-matrix", "run", "--backend", "postgres", "--postgres-url", "host=127.0.0.1 dbname=x"),
+        *("--output", "out/report.json", "--workdir", "wd"),
+        cwd=tmp_path,
+    )
+    assert (done.returncode, done.stdout) == (ExitStatus.BAD_INPUT, ""), done.stderr
+    assert len(done.stderr.splitlines()) == 1, done.stderr
+    assert "--postgres-url" in done.stderr
+    assert os.listdir(tmp_path) == []
