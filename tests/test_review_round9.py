@@ -412,8 +412,10 @@ def test_every_crash_matrix_check_judges_a_case_whose_workers_wrote_no_event() -
     """A worker that never reached the journal (a server it could not connect to) leaves no event:
     each case's checks then say what is wrong, never raise, and the case fails."""
     from effectlog.crashmatrix.cases import CASES, Evidence
+    from effectlog.crashmatrix.usercases import user_cases
 
-    for case in CASES:
+    every = [*CASES, *user_cases(True).values(), *user_cases(False).values()]
+    for case in every:
         n = len(case.actions)
         nothing = Evidence(events=[], effects=0, exits=[1] * n, signals=[None] * n, reached=[None] * n, receipts=[])
         problems = case.check(nothing)
