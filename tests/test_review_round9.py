@@ -32,7 +32,8 @@ as a real ``python -m effectlog`` process on real SQLite files:
   other values, and a session's ``tool:`` five columns left: values are now in one column.
 * ``retry`` and ``fork`` of a durable run (README's ``durable.run`` example) said
   ``unknown_run: run 'onboard-42': run 'onboard-42' is a session run: it has no pinned plan``: a
-  run the journal holds called unknown, named twice, called a session, with nothing to do next.
+  run the journal holds called unknown, named twice, called a session, with nothing to do next;
+  and ``repin`` of one said to "fork it to run steps again", which then refused it.
 * A command that prints nothing (``recovery --once`` with nothing to recover, ``runner``: its lines
   are on stderr) said ``output_unwritable ... it is lost``, exit 2, with stdout on /dev/full:
   the final flush wrote an empty string, which is a zero-length write(2), and /dev/full refuses even that.
@@ -435,3 +436,17 @@ def test_crash_matrix_refuses_a_keyword_form_postgres_url_before_running_any_cas
     assert len(done.stderr.splitlines()) == 1, done.stderr
     assert "--postgres-url" in done.stderr
     assert os.listdir(tmp_path) == []
+
+
+def test_repin_of_a_durable_run_does_not_send_the_operator_to_fork(tmp_path: Path) -> None:
+    """``repin`` of the README's (completed) durable run is refused (exit 5) as a run that pins no
+    adapters, not with the closed-run advice to fork it, a command that refuses every durable run."""
+    (tmp_path / "d.py").write_text(DURABLE)
+    made = subprocess.run([sys.executable, "d.py"], cwd=tmp_path, env=cli_env(), capture_output=True, text=True)
+    assert made.returncode == 0, made.stderr
+    done = effectlog(
+        "repin", "--journal", "runs-durable.db", "--run-id", "onboard-42", "--by", "a", "--reason", "r", cwd=tmp_path
+    )
+    assert done.returncode == ExitStatus.CONFLICT, done.stderr
+    assert "fork" not in done.stderr
+    assert "durable or session run" in done.stderr
