@@ -10,6 +10,7 @@ as a real ``python -m effectlog`` process on real SQLite files:
   fleet's tables: commands that look at or decide on existing requests now refuse a store that
   is not there, or is not a fleet store, and write nothing (``submit``, ``runner`` and
   ``recovery`` still create one: docs/fleet.md, "the first runner to connect creates both schemas").
+  The console's ``--store`` (which shows and decides requests) is opened the same way.
 * ``lineage`` and ``repin`` wrote to ``sys.stdout`` directly, past the CLI's output guard: with
   stdout on a full disk ``lineage`` printed a traceback and exited 1, where every other command
   prints one ``output_unwritable`` line and exits 2 (and ``repin`` would have reported a repin
@@ -450,3 +451,18 @@ def test_repin_of_a_durable_run_does_not_send_the_operator_to_fork(tmp_path: Pat
     assert done.returncode == ExitStatus.CONFLICT, done.stderr
     assert "fork" not in done.stderr
     assert "durable or session run" in done.stderr
+
+
+def test_the_consoles_store_is_never_given_the_fleets_tables(tmp_path: Path) -> None:
+    """The console reads and decides fleet requests through ``decisions.with_store``: a plain journal
+    given as its ``--store`` is refused (``JournalUnreadable``) and keeps its tables, as for ``requests``."""
+    pytest.importorskip("starlette")
+    from effectlog.console.decisions import Config, with_store
+    from effectlog.errors import JournalUnreadable
+
+    journal = _a_journal(tmp_path)
+    before = _tables(journal)
+    config = Config(journal=str(journal), users={}, store=str(journal))
+    with pytest.raises(JournalUnreadable, match="not a fleet store"):
+        with_store(config, lambda store: store.requests())
+    assert _tables(journal) == before
