@@ -2,7 +2,8 @@
 
 Each case is something README.md or docs/*.md promises (a command, an exit status, an error
 message, "nothing is written") that did not hold when run as written, in a scratch directory,
-as a real ``python -m effectlog`` process on real SQLite files:
+as a real ``python -m effectlog`` process on real SQLite files (three cases call the function behind
+a command directly: the waiting-step block, the crash matrix's checks, the console's store):
 
 * ``requests`` and ``operator requeue|fail|cancel`` given a mistyped ``--store`` created an empty
   fleet store there (``requests`` then listed no requests and exited 0, so a mistyped path read
@@ -35,8 +36,7 @@ as a real ``python -m effectlog`` process on real SQLite files:
   ``unknown_run: run 'onboard-42': run 'onboard-42' is a session run: it has no pinned plan``: a
   run the journal holds called unknown, named twice, called a session, with nothing to do next;
   and ``repin`` of one said to "fork it to run steps again", which then refused it.
-* A command that prints nothing (``recovery --once`` with nothing to recover, ``runner``: its lines
-  are on stderr) said ``output_unwritable ... it is lost``, exit 2, with stdout on /dev/full:
+* A command that prints nothing (``recovery --once`` with nothing to recover) said ``output_unwritable ... it is lost``, exit 2, with stdout on /dev/full:
   the final flush wrote an empty string, which is a zero-length write(2), and /dev/full refuses even that.
 * ``crash-matrix run --backend postgres --postgres-url URL`` on a server it could not use ran
   every case, and the judge of a case whose worker wrote no event raised ``ValueError`` (a
