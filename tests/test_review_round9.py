@@ -36,8 +36,9 @@ a command directly: the waiting-step block, the crash matrix's checks, the conso
   ``unknown_run: run 'onboard-42': run 'onboard-42' is a session run: it has no pinned plan``: a
   run the journal holds called unknown, named twice, called a session, with nothing to do next;
   and ``repin`` of one said to "fork it to run steps again", which then refused it.
-* A command that prints nothing (``recovery --once`` with nothing to recover) said ``output_unwritable ... it is lost``, exit 2, with stdout on /dev/full:
-  the final flush wrote an empty string, which is a zero-length write(2), and /dev/full refuses even that.
+* A command that prints nothing (``recovery --once`` with nothing to recover) said
+  ``output_unwritable ... it is lost``, exit 2, with stdout on /dev/full: the final flush wrote an
+  empty string, which is a zero-length write(2), and /dev/full refuses even that.
 * ``crash-matrix run --backend postgres --postgres-url URL`` on a server it could not use ran
   every case, and the judge of a case whose worker wrote no event raised ``ValueError`` (a
   traceback) instead of calling the case failed; a ``--postgres-url`` in ``keyword=value`` form
