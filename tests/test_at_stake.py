@@ -129,7 +129,7 @@ def test_human_status_and_timeline_show_the_held_call_and_never_the_secret(held:
     for done in (status, timeline):
         assert (0, "") == (done.returncode, done.stderr)
         assert "step step-1: held for approval: approve or deny it" in done.stdout
-        assert "  tool:          transfer  (not idempotent)" in done.stdout
+        assert "  tool:             transfer  (not idempotent)" in done.stdout
         assert f'"card":{{"$secret_sha256":"{digest(CARD)}"}}' in done.stdout
         assert f"  args digest:      {HASH}" in done.stdout
         assert f"--by NAME --expect-digest {HASH}" in done.stdout

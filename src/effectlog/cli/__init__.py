@@ -37,6 +37,33 @@ class _Parser(argparse.ArgumentParser):
         err(f"effectlog: usage: {where}{message} (see '{self.prog} --help')\n")
         raise SystemExit(ExitStatus.BAD_INPUT)
 
+    def _print_message(self, message: str, file: Any = None) -> None:
+        """``--help`` and ``--version`` through ``output.out``, as every command's output: a closed pipe is
+        dropped, and a full disk is said by ``exit`` (they wrote past it and exited 0 with the text lost)."""
+        if message and (file is None or file is sys.stdout):
+            out(message)
+        else:
+            super()._print_message(message, file)
+
+    def exit(self, status: int = 0, message: str | None = None) -> NoReturn:
+        lost = lost_output()
+        if status == 0 and lost is not None:
+            raise SystemExit(
+                _fail(OutputUnwritable(f"stdout: cannot write the output ({lost.strerror or lost}); it is lost"))
+            )
+        super().exit(status, message)
+
+    def parse_known_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        """A subcommand's parser refuses what it does not know itself. argparse hands a subcommand's
+        leftovers up to the top parser, whose message named neither the command nor its help
+        (``effectlog: usage: unrecognized arguments: --from-step s (see 'effectlog --help')``)."""
+        parsed, extras = super().parse_known_args(args, namespace)
+        if extras and self.prog != "effectlog":
+            self.error(f"unrecognized arguments: {' '.join(extras)}")
+        return parsed, extras
+
 
 def build_parser() -> argparse.ArgumentParser:
     from effectlog.cli import inspect_cmds, run_cmds

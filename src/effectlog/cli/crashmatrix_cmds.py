@@ -11,6 +11,7 @@ from typing import Any
 from effectlog.cli.output import err, out
 from effectlog.cli.progress import add_line_args, error_line, line_sink
 from effectlog.errors import BadInput, ExitStatus
+from effectlog.journal.sidecars import is_postgres, masked
 
 
 def register(sub: Any) -> None:
@@ -95,6 +96,12 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise BadInput("crash-matrix run: --args and --not-idempotent go with --adapter MODULE:FACTORY")
     step_args = _step_args(args.args) if args.args is not None else None
     backends = args.backend or ["sqlite"]
+    if args.postgres_url is not None and not is_postgres(args.postgres_url):
+        # Refused now: each case's workers would fail to open it, one case after another.
+        raise BadInput(
+            f"crash-matrix run: --postgres-url {masked(args.postgres_url)!r}: not a postgresql:// URL "
+            "(write a keyword=value connection string as postgresql://USER@HOST:PORT/DBNAME)"
+        )
     report_path = Path(args.output)
     report_path.parent.mkdir(parents=True, exist_ok=True)
 

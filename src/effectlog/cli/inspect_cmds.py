@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 from typing import Any
 
 from effectlog.cli.output import emit_json, err, out
@@ -62,7 +63,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     add_journal_args(p)
     add_run_id_arg(p, required=False, help="only this run")
-    p.add_argument("--expect-head", metavar="HEX", help="the chain head kept outside the database (needs --run-id)")
+    p.add_argument(
+        "--expect-head",
+        metavar="HEX",
+        help="the chain head kept outside the database: its hex, or the line 'head' prints (needs --run-id)",
+    )
     add_json_arg(p, "the report as one JSON object")
     p.set_defaults(handler=cmd_verify)
 
@@ -98,11 +103,38 @@ def cmd_head(args: argparse.Namespace) -> int:
     return 0
 
 
+_HEX_HEAD = re.compile(r"[0-9a-f]{64}")
+
+
+def kept_head(text: str, run_id: str) -> tuple[int | None, str]:
+    """``--expect-head``: the chain head's hex (``head --json``'s ``head``), or the line ``head`` prints,
+    ``RUN SEQ HEX``, of run ``run_id``; as (the seq, or None, and the lower-case hex).
+
+    Anything else is bad input: it was compared as it stood, so ``head``'s own line, or a value
+    that is no head (``zz``), was an integrity failure (exit 7) of an untouched run, and an empty
+    value (``--expect-head "$HEAD"``, ``HEAD`` unset) turned the check off and said ``ok``."""
+    from effectlog.errors import BadInput
+
+    fields = text.split()
+    seq: int | None = None
+    if len(fields) == 3:
+        if fields[0] != run_id:
+            raise BadInput(f"--expect-head {text!r}: a head of run {fields[0]!r}, not of --run-id {run_id!r}")
+        if not (fields[1].isascii() and fields[1].isdigit()):
+            raise BadInput(f"--expect-head {text!r}: {fields[1]!r} is not a seq (give the line 'head' prints)")
+        seq = int(fields[1])
+        fields = fields[2:]
+    if len(fields) != 1 or not _HEX_HEAD.fullmatch(fields[0].lower()):
+        raise BadInput(f"--expect-head {text!r}: not a chain head (64 hex digits, or the line 'effectlog head' prints)")
+    return seq, fields[0].lower()
+
+
 def cmd_verify(args: argparse.Namespace) -> int:
-    if args.expect_head and not args.run_id:
+    if args.expect_head is not None and not args.run_id:
         from effectlog.errors import BadInput
 
         raise BadInput("verify: --expect-head needs --run-id")
+    expected = kept_head(args.expect_head, args.run_id) if args.expect_head is not None else None
     journal = open_journal(args.journal, writer=False, chain=chain_from_env(args.key_file))
     report: list[dict[str, Any]] = []
     failure: IntegrityError | None = None
@@ -122,9 +154,11 @@ def cmd_verify(args: argparse.Namespace) -> int:
             except IntegrityError as exc:
                 failure = exc
                 break
-            if args.expect_head and state.head.hex() != args.expect_head.lower():
+            if expected is not None and (state.head.hex() != expected[1] or expected[0] not in (None, state.seq)):
                 failure = IntegrityError(
-                    f"chain head is {state.head.hex()}, expected {args.expect_head}", run_id=run_id, seq=state.seq
+                    f"chain head is {state.seq} {state.head.hex()}, expected {args.expect_head}",
+                    run_id=run_id,
+                    seq=state.seq,
                 )
                 break
             report.append({"run_id": run_id, "events": state.seq, "state": state.state, "head": state.head.hex()})

@@ -199,10 +199,10 @@ def cmd_repin(args: argparse.Namespace) -> int:
         emit_json(done)
     elif done.changed:
         rows = [(name, old[:12], new[:12]) for name, (old, new) in sorted(done.changed.items())]
-        sys.stdout.write(table(("adapter", "pinned", "accepted"), rows) + "\n")
-        sys.stdout.write(f"run {done.run_id} repinned ({done.state}); resume it to continue\n")
+        out(table(("adapter", "pinned", "accepted"), rows) + "\n")
+        out(f"run {done.run_id} repinned ({done.state}); resume it to continue\n")
     else:
-        sys.stdout.write(f"run {done.run_id}: every adapter is the pinned one; nothing to repin, nothing written\n")
+        out(f"run {done.run_id}: every adapter is the pinned one; nothing to repin, nothing written\n")
     return 0
 
 
@@ -237,10 +237,10 @@ def cmd_lineage(args: argparse.Namespace) -> int:
         )
         return 0
     if parent:
-        sys.stdout.write(f"run {args.run_id} was forked from {parent} at step {from_step}\n")
+        out(f"run {args.run_id} was forked from {parent} at step {from_step}\n")
     rows = [(c.run_id, c.from_step, c.by, c.reason) for c in children]
     if rows:
-        sys.stdout.write(table(("fork", "from step", "by", "reason"), rows) + "\n")
+        out(table(("fork", "from step", "by", "reason"), rows) + "\n")
     elif not parent:
-        sys.stdout.write(f"run {args.run_id}: no parent, no forks\n")
+        out(f"run {args.run_id}: no parent, no forks\n")
     return 0

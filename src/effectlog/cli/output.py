@@ -83,7 +83,8 @@ def out(text: str) -> None:
     if _STDOUT.gone or stream is None:  # None: started with fd 1 closed
         return
     try:
-        stream.write(text)
+        if text:  # out("") only flushes: writing "" is a zero-length write(2), which /dev/full refuses too
+            stream.write(text)
         stream.flush()
     except BrokenPipeError:
         drop_stdout()

@@ -82,6 +82,12 @@ def print_status_one(state: RunState, location: str, as_json: bool, found: Owner
     out(render_at_stake(at_stake(state, location)))
 
 
+def _field(label: str, value: str) -> str:
+    """One ``  label:  value`` line of a waiting step's block, every value in one column (each line
+    spaced by hand put ``reconcile:`` one column left and a session's ``tool:`` five)."""
+    return f"  {label + ':':<18}{value}"
+
+
 def render_at_stake(items: list[AtStake]) -> str:
     """Each blocked step as an indented block an operator can act on."""
     out = []
@@ -91,16 +97,16 @@ def render_at_stake(items: list[AtStake]) -> str:
         args = "(not recorded)" if a.args is None else msgspec.json.encode(a.args).decode()
         lines = [
             f"\nstep {a.step_id}: {what}",
-            f"  {'tool' if a.adapter_type is None else 'adapter'}:{' ' * 10}{adapter}"
+            _field("tool" if a.adapter_type is None else "adapter", adapter)
             + ("" if a.idempotent else "  (not idempotent)"),
-            f"  args:             {args}",
-            f"  args digest:      {a.args_digest}",
-            f"  idempotency key:  {a.idempotency_key or '(none yet: assigned when the step is requested)'}",
-            f"  attempt:          {a.attempt}",
+            _field("args", args),
+            _field("args digest", a.args_digest),
+            _field("idempotency key", a.idempotency_key or "(none yet: assigned when the step is requested)"),
+            _field("attempt", str(a.attempt)),
         ]
         if a.reason:
-            lines.append(f"  reason:           {a.reason}")
-        lines.append(f"  {a.action}:{' ' * (16 - len(a.action))}{a.command}")
+            lines.append(_field("reason", a.reason))
+        lines.append(_field(a.action, a.command))
         out.append("\n".join(lines) + "\n")
     return "".join(out)
 

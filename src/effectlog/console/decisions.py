@@ -52,7 +52,8 @@ def reading(config: Config, fn: Callable[[Journal], T]) -> T:
 def with_store(config: Config, fn: Callable[[FleetStore], T]) -> T:
     if config.store is None:
         raise BadInput("no fleet store: start the console with --store S")
-    store = open_store(config.store, chain=chain_from_env(config.key_file))
+    # Never created or given the fleet's tables here: the console shows and decides requests already there.
+    store = open_store(config.store, chain=chain_from_env(config.key_file), create=False)
     try:
         return fn(store)
     finally:

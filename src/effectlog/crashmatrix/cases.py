@@ -82,10 +82,11 @@ def final_run_state(e: Evidence) -> str:
 
 
 def _step(e: Evidence) -> Any:
+    """The case's step as the events left it; None when the workers wrote no event at all (a journal they
+    could not open): replay() of nothing raised, a traceback in place of a failed case."""
     from effectlog.fold import replay
 
-    state = replay(e.events)
-    return state.step("pay")
+    return replay(e.events).step("pay") if e.events else None
 
 
 def completed(e: Evidence) -> str | None:

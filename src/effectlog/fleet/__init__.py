@@ -28,12 +28,17 @@ __all__ = [
 ]
 
 
-def open_store(location: str, *, chain: Chain | None = None, pool_size: int = 4) -> FleetStore:
-    """Open (creating if needed) the fleet store at ``location``."""
+def open_store(location: str, *, chain: Chain | None = None, pool_size: int = 4, create: bool = True) -> FleetStore:
+    """Open (creating if needed) the fleet store at ``location``.
+
+    ``create=False`` is for callers that look at or decide on requests already there (``requests``,
+    ``operator``): a journal, or a database, without the fleet's tables is refused
+    (``JournalUnreadable``) instead of being given them.
+    """
     if is_postgres(location):
         from effectlog.fleet.postgres_store import PostgresFleetStore  # optional backend
 
-        return PostgresFleetStore(location, chain=chain, pool_size=pool_size)
+        return PostgresFleetStore(location, chain=chain, pool_size=pool_size, create=create)
     from effectlog.fleet.sqlite_store import SqliteFleetStore
 
-    return SqliteFleetStore(location, chain=chain)
+    return SqliteFleetStore(location, chain=chain, create=create)

@@ -284,9 +284,11 @@ class PostgresFleetStore(SqlFleetStore):
         pool_size: int = 4,
         lock_timeout_s: float = 10.0,
         idle_in_transaction_timeout_s: float = 60.0,
+        create: bool = True,
     ) -> None:
         self.location = masked(url)
         self.dialect = POSTGRES
+        self._create = create  # False: a database without the fleet's schema is refused, not given it
         try:
             params = conninfo_to_dict(url)
         except psycopg.ProgrammingError as exc:
@@ -361,6 +363,8 @@ class PostgresFleetStore(SqlFleetStore):
                     f"{self.location}: schema {FLEET_SCHEMA} exists but is not an effectlog fleet (it holds another "
                     "application's tables or functions); nothing was changed"
                 )
+            if exists is None and not self._create:
+                raise JournalUnreadable(f"{self.location}: not a fleet store (no fleet schema); nothing was changed")
             if exists is None:
                 for sql in DDL:
                     conn.execute(sql)  # module constants, never input

@@ -151,10 +151,16 @@ class SqliteFleetStore(SqlFleetStore):
     """A fleet store in one SQLite file (created 0600 if missing)."""
 
     def __init__(
-        self, path: str | os.PathLike[str], *, chain: Chain | None = None, durability: Durability = "full"
+        self,
+        path: str | os.PathLike[str],
+        *,
+        chain: Chain | None = None,
+        durability: Durability = "full",
+        create: bool = True,
     ) -> None:
         self.location = os.fspath(path)
         self.dialect = SQLITE
+        self._create = create  # False: a file without the fleet's tables is refused, not given them
         self._watcher: wakeups.Watcher | None = None
         self._journal = FleetSqliteJournal(self.location, chain=chain, durability=durability)  # journal tables first
         self._handle = self._journal.handle()  # one connection: see Handle
@@ -167,6 +173,8 @@ class SqliteFleetStore(SqlFleetStore):
 
     def _migrate(self, tx: SqliteTx) -> None:
         row = tx.one("SELECT value FROM meta WHERE key = 'fleet_schema_version'")
+        if row is None and not self._create:
+            raise JournalUnreadable(f"{self.location}: not a fleet store (no fleet tables); nothing was changed")
         if row is None:
             for sql in DDL:
                 tx.run(sql)

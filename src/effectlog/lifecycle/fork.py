@@ -152,7 +152,9 @@ def fork_point(
     start = from_step if from_step is not None else first_unfinished(parent, base)
     if start is None:
         raise ForkRefused(
-            "every step of the run is done: name the step to run again from (--from-step S)", run_id=run_id
+            "every step of the run is done, so nothing is left to retry: to make steps again, fork it from one "
+            f"(effectlog fork --run-id {run_id} --new-run-id NEW --from-step STEP --by NAME --reason TEXT)",
+            run_id=run_id,
         )
     ids = [d.id for d in base.steps]
     if start not in ids:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import msgspec
 
-from effectlog.errors import PlanMismatch, UnknownRun
+from effectlog.errors import BadInput, PlanMismatch, UnknownRun
 from effectlog.fleet.secrets import Provider, placeholder, resolve
 from effectlog.fold import RunState
 from effectlog.plan import Plan
@@ -21,7 +21,13 @@ from effectlog.plan import Plan
 def pinned_plan(state: RunState, *, secrets: Provider | None = None, given: Plan | None = None) -> Plan:
     """The plan ``state``'s run pinned, secrets supplied; ``given`` (the full plan) must be that very plan."""
     if state.kind != "plan" or state.plan is None:
-        raise UnknownRun(f"run {state.run_id!r} is a {state.kind} run: it has no pinned plan", run_id=state.run_id)
+        # Not UnknownRun: the run is there. Its steps are its program's calls, which only that program can make
+        # again, so there is nothing to drive from the journal alone.
+        raise BadInput(
+            "a durable or session run has no pinned plan to retry, fork or recover from: "
+            "its steps are its program's calls; resume it by running its code again",
+            run_id=state.run_id,
+        )
     if given is not None:
         if given.run_id != state.run_id or given.digest != state.plan_digest:
             raise PlanMismatch(

@@ -62,12 +62,16 @@ def repin(
     state = load_run(journal, run_id)
     if state.seq == 0:
         raise no_such_run(journal, run_id)
+    # What the run is before what state it is in: the closed-run advice (fork it) is no way on for a
+    # durable or session run, which fork refuses too.
+    if state.kind != "plan" or state.plan is None:
+        raise RepinRefused(
+            "a durable or session run pins no adapters to accept: its steps are its program's calls", run_id=run_id
+        )
     if state.closed:
         raise RepinRefused(
             f"the run is {state.state}: a closed run never reopens (fork it to run steps again)", run_id=run_id
         )
-    if state.kind != "plan" or state.plan is None:
-        raise RepinRefused(f"a {state.kind} run pins no adapters to accept", run_id=run_id)
     decls = _pinned_decls(state, plan)  # a plan that is not the pinned one is refused first, whatever its steps
     for step in state.ordered_steps():
         if step.state in ("requested", "uncertain"):
