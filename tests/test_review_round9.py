@@ -467,3 +467,34 @@ def test_the_consoles_store_is_never_given_the_fleets_tables(tmp_path: Path) -> 
     with pytest.raises(JournalUnreadable, match="not a fleet store"):
         with_store(config, lambda store: store.requests())
     assert _tables(journal) == before
+
+
+@pytest.mark.parametrize("action", ["reconcile", "approve"])
+def test_a_decision_about_an_attempt_the_step_never_reached_is_bad_input_not_stale_evidence(
+    tmp_path: Path, action: str
+) -> None:
+    """``reconcile --attempt 5`` (and ``approve --attempt 5``) on a step at attempt 1 said the evidence was
+    stale, "another decision and run came in between" (exit 5): sending the operator to look for a decision
+    nobody made. An attempt above the step's is one that never happened, a mistyped number. Proves: exit 2,
+    one line naming both attempts, nothing written; the step's own attempt is still taken."""
+    from console_kit import Setup
+
+    setup = Setup(tmp_path)
+    run_id = setup.uncertain() if action == "reconcile" else setup.held()
+    step = "charge" if action == "reconcile" else "refund"
+    says = (
+        ("--outcome", "applied", "--evidence", "psp: ch_1", "--operator", "bob")
+        if action == "reconcile"
+        else ("--by", "bob")
+    )
+    ops = (action, "--journal", setup.journal, "--run-id", run_id, "--step", step, *says)
+    before = setup.timeline(run_id)
+
+    typo = effectlog(*ops, "--attempt", "5", cwd=tmp_path)
+    after = setup.timeline(run_id)
+    current = effectlog(*ops, "--attempt", "1", cwd=tmp_path)
+
+    line = typo.stderr.strip()
+    assert (ExitStatus.BAD_INPUT, 1, before) == (typo.returncode, len(typo.stderr.splitlines()), after), typo.stderr
+    assert ("attempt 5" in line, "attempt 1" in line, "came in between" in line) == (True, True, False), line
+    assert 0 == current.returncode, current.stderr
