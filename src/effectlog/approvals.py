@@ -14,7 +14,7 @@ from effectlog.errors import DecisionStale, DigestMismatch
 from effectlog.fold import RunState, StepState
 from effectlog.journal import Journal
 from effectlog.observe import decision
-from effectlog.operator import append, load_step
+from effectlog.operator import append, load_step, refuse_unreached_attempt
 from effectlog.recorder import Clock
 from effectlog.trace import Trace
 
@@ -106,6 +106,7 @@ def deny(
 
 def _check_attempt(step: StepState, attempt: int | None, run_id: str, step_id: str, action: str) -> None:
     """``DecisionStale`` unless the held call is the ``attempt`` the decider saw (None: not bound)."""
+    refuse_unreached_attempt(step, attempt, run_id, action)
     if attempt is not None and step.attempt != attempt:
         raise DecisionStale(
             f"cannot {action}: the decision is about attempt {attempt}, but the step is at attempt "

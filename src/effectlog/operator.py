@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 from effectlog import events as ev
 from effectlog import spelling
-from effectlog.errors import DecisionStale, EventConflict, NotReconcilable, RunOwned, UnknownStep
+from effectlog.errors import BadInput, DecisionStale, EventConflict, NotReconcilable, RunOwned, UnknownStep
 from effectlog.fold import RunState, StepState
 from effectlog.journal import Journal, load_run, no_such_run, refuse_cut
 from effectlog.journal.ownership import describe
@@ -56,6 +56,18 @@ def load_step(
             step_id=step_id,
         )
     return state, step
+
+
+def refuse_unreached_attempt(step: StepState, attempt: int | None, run_id: str, action: str) -> None:
+    """``BadInput`` for a decision naming an attempt above the step's: an attempt that never happened (a
+    mistyped number), not evidence gone stale; an attempt below it is the decider's to look at again."""
+    if attempt is not None and attempt > step.attempt:
+        raise BadInput(
+            f"cannot {action} attempt {attempt}: the step has reached attempt {step.attempt} only; give "
+            f"--attempt {step.attempt} (as status shows it); nothing was written",
+            run_id=run_id,
+            step_id=step.step_id,
+        )
 
 
 def append(

@@ -42,7 +42,7 @@ from effectlog.errors import (
 from effectlog.fold import RunState, StepState
 from effectlog.journal import Journal
 from effectlog.observe import decision
-from effectlog.operator import append, load_step
+from effectlog.operator import append, load_step, refuse_unreached_attempt
 from effectlog.outcome import reconcile_hint
 from effectlog.plan import Plan, StepDecl, own_copy, redact
 from effectlog.recorder import Clock
@@ -94,6 +94,7 @@ def reconcile(
 
 def _check_attempt(state: RunState, step: StepState, about: int | None) -> None:
     """``EvidenceStale`` unless the step's uncertain attempt is the one the evidence is ``about``."""
+    refuse_unreached_attempt(step, about, state.run_id, "reconcile")
     if about is not None and step.attempt != about:
         raise EvidenceStale(
             f"the evidence is about attempt {about}, but the step is at attempt {step.attempt} now (another "
