@@ -12,40 +12,18 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
+from console_kit import LOST_REPLY
 from effectlog.errors import ExitStatus
 from hardening_kit import effectlog, last_line
 
-TOOLS = """
-class LostReply:
-    def __init__(self, store):
-        self.store = store
-
-    def invoke(self, request):
-        self.store.apply_control(request)
-        raise ConnectionError("connection reset after the effect")
-
-
-class Fine:
-    def __init__(self, store):
-        self.store = store
-
-    def invoke(self, request):
-        return self.store.apply_control(request)
-
-
-ADAPTERS = {
-    "test.lost-reply": lambda decl, ctx: LostReply(ctx.effect_store()),
-    "test.fine": lambda decl, ctx: Fine(ctx.effect_store()),
-}
-"""
-
 
 class World:
-    """A directory with the tools module, a journal ``j.db`` and the effect store ``fx.db``."""
+    """A directory with the tools module (``test.lost-reply``: the effect made in the store, then the reply
+    lost), a journal ``j.db`` and the effect store ``fx.db``."""
 
     def __init__(self, root: Path) -> None:
         self.dir = root
-        (root / "fresh_tools.py").write_text(TOOLS)
+        (root / "fresh_tools.py").write_text(LOST_REPLY)
 
     def el(self, *argv: str) -> tuple[int, str]:
         done = effectlog(*argv, cwd=self.dir, env={"PYTHONPATH": str(self.dir)})
@@ -58,8 +36,9 @@ class World:
     def plan(self, name: str, run_id: str, steps: list[tuple[str, str]]) -> str:
         import json
 
-        adapters = {kind: {"type": kind, "version": "1", "idempotent": False} for _, kind in steps}
-        body = {"run_id": run_id, "adapters": adapters, "steps": [{"id": s, "adapter": k} for s, k in steps]}
+        adapters = {kind.replace(".", "-"): {"type": kind, "version": "1", "idempotent": False} for _, kind in steps}
+        plan_steps = [{"id": step, "adapter": kind.replace(".", "-")} for step, kind in steps]
+        body = {"run_id": run_id, "adapters": adapters, "steps": plan_steps}
         (self.dir / name).write_text(json.dumps(body))
         return name
 
@@ -92,7 +71,7 @@ def test_a_backup_of_the_run_s_store_made_before_the_effect_is_no_evidence_that_
     naming the file and the pinned one, the journal unchanged, the step still uncertain), and the charge
     happens once."""
     world = World(tmp_path)
-    assert 0 == world.run(world.plan("first.json", "first", [("note", "test.fine")]))
+    assert 0 == world.run(world.plan("first.json", "first", [("note", "effects.control")]))
     world.copy("fx.db", "fx-backup.db")
     pay = world.plan("pay.json", "pay-1", [("pay", "test.lost-reply")])
     assert 3 == world.run(pay)
@@ -116,9 +95,9 @@ def test_a_store_that_lacks_an_effect_the_journal_recorded_as_done_is_no_evidenc
     as evidence (exit 5, one line naming the step whose row is missing), nothing written, the step still
     uncertain."""
     world = World(tmp_path)
-    assert 0 == world.run(world.plan("first.json", "first", [("warm", "test.fine")]))
+    assert 0 == world.run(world.plan("first.json", "first", [("warm", "effects.control")]))
     world.copy("fx.db", "fx-before.db")
-    pay = world.plan("pay.json", "pay-2", [("note", "test.fine"), ("pay", "test.lost-reply")])
+    pay = world.plan("pay.json", "pay-2", [("note", "effects.control"), ("pay", "test.lost-reply")])
     assert 3 == world.run(pay)
     world.copy("fx-before.db", "fx.db")  # in place: the same file and name, its rows rolled back
     before = world.journal_bytes()
