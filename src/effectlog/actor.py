@@ -38,6 +38,7 @@ from effectlog.errors import (
     UnusableResult,
     describe,
     printable,
+    tool_ending,
 )
 from effectlog.fold import CLOSED_STATES, DONE_STATES, StepState, apply, apply_receipt
 from effectlog.journal import checkpoint, load_closed, resume_point
@@ -805,17 +806,13 @@ def _call_tool(fn: Callable[[Request], Any], request: Request) -> Any:
     except (StopIteration, StopAsyncIteration) as exc:
         # Neither may cross a coroutine or be set on a future (a thread's answer would be lost
         # and the run would wait for ever): carried as an unknown outcome like any other.
-        raise ToolAborted(f"the tool raised {describe(exc)}") from None
+        raise ToolAborted(tool_ending(exc)) from None
     except Exception:
         raise
     except SimulatedCrash:
         raise
-    except SystemExit as exc:
-        raise ToolAborted(f"the tool called sys.exit({exc.code!r})") from None
-    except KeyboardInterrupt:
-        raise ToolAborted("the tool was interrupted (KeyboardInterrupt)", interrupted=True) from None
     except BaseException as exc:
-        raise ToolAborted(f"the tool raised {describe(exc)}") from None
+        raise ToolAborted(tool_ending(exc), interrupted=isinstance(exc, KeyboardInterrupt)) from None
 
 
 def _settle(future: asyncio.Future[Any], result: Any, exc: BaseException | None) -> None:

@@ -7,6 +7,7 @@ parse messages. ``str(error)`` is one line that names what is wrong and where.
 
 from __future__ import annotations
 
+import asyncio
 from enum import IntEnum
 from typing import Any, ClassVar
 
@@ -571,6 +572,18 @@ def printable(text: object) -> str:
 def describe(exc: BaseException) -> str:
     """``Type: message`` of a tool's exception, ``printable``."""
     return f"{type(exc).__name__}: {printable(exc)}"
+
+
+def tool_ending(exc: BaseException) -> str:
+    """How a tool's call ended with a ``BaseException`` instead of an answer (an outcome unknown), said the
+    same by the plan runtime and by sessions."""
+    if isinstance(exc, KeyboardInterrupt):
+        return "the tool was interrupted (KeyboardInterrupt)"
+    if isinstance(exc, asyncio.CancelledError):
+        return "the tool's call was cancelled (CancelledError)"
+    if isinstance(exc, SystemExit):
+        return f"the tool called sys.exit({exc.code!r})"
+    return f"the tool raised {describe(exc)}"
 
 
 # -- a timed-out call still running in this process -------------------------------------------

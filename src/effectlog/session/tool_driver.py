@@ -22,6 +22,7 @@ from effectlog.errors import (
     UnusableResult,
     describe,
     printable,
+    tool_ending,
 )
 from effectlog.fold import StepState
 from effectlog.outcome import SimulatedCrash
@@ -241,7 +242,7 @@ class ToolDriver:
             # call in this same process (the application caught it) stops on it too instead of running on
             # past it. The exception itself goes on to the caller.
             if not step.idempotent:
-                self._doubt(step, self._redact(f"outcome unknown: {_ending(exc)}"))
+                self._doubt(step, self._redact(f"outcome unknown: {tool_ending(exc)}"))
             raise
         s._crash_point("after_call", sid)
         try:
@@ -283,12 +284,3 @@ class ToolDriver:
             tool=self.info.name,
             command=command,
         )
-
-
-def _ending(exc: BaseException) -> str:
-    """How a tool's call ended without an answer, said as the plan runtime says it (``actor._call_tool``)."""
-    if isinstance(exc, asyncio.CancelledError | KeyboardInterrupt):
-        return f"{type(exc).__name__} while the tool ran"
-    if isinstance(exc, SystemExit):
-        return f"the tool called sys.exit({exc.code!r})"
-    return f"the tool raised {describe(exc)}"
