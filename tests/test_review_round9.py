@@ -457,7 +457,6 @@ def test_repin_of_a_durable_run_does_not_send_the_operator_to_fork(tmp_path: Pat
 def test_the_consoles_store_is_never_given_the_fleets_tables(tmp_path: Path) -> None:
     """The console reads and decides fleet requests through ``decisions.with_store``: a plain journal
     given as its ``--store`` is refused (``JournalUnreadable``) and keeps its tables, as for ``requests``."""
-    pytest.importorskip("starlette")
     from effectlog.console.decisions import Config, with_store
     from effectlog.errors import JournalUnreadable
 

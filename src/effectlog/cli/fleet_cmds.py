@@ -8,7 +8,6 @@ store, so ``effectlog status|timeline|reconcile --journal STORE`` work on it too
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from typing import Any
@@ -18,7 +17,7 @@ from effectlog.cli.output import emit_json, out, table, tools_write_to_stderr
 from effectlog.cli.progress import add_runner_args, runner_log
 from effectlog.cli.run_cmds import _positive_int
 from effectlog.errors import BadInput
-from effectlog.fleet import FleetStore, is_postgres, limits, open_store
+from effectlog.fleet import FleetStore, limits, open_store
 from effectlog.fleet.decisions import operate
 from effectlog.fleet.model import RequestView
 from effectlog.journal import chain_from_env
@@ -128,16 +127,7 @@ def _open(args: argparse.Namespace, *, create: bool = True) -> FleetStore:
     mistyped ``--store`` made an empty store, which ``requests`` listed as an empty queue (exit 0), and a
     plain journal named as the store was given the fleet's tables. ``submit``, ``runner`` and ``recovery``
     create the store (the first of them to start may come before any other)."""
-    if not create and not is_postgres(args.store) and not _nonempty_file(args.store):
-        raise BadInput(f"--store {args.store}: no fleet store there")
     return open_store(args.store, chain=chain_from_env(args.key_file), create=create)
-
-
-def _nonempty_file(path: str) -> bool:
-    try:
-        return os.path.isfile(path) and os.path.getsize(path) > 0  # an empty file would become a store
-    except OSError:
-        return False
 
 
 def _caps(text: str) -> list[str]:

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 
 from effectlog.chain import Chain
-from effectlog.errors import JournalUnreadable
+from effectlog.errors import BadInput, JournalUnreadable
 from effectlog.events import Event
 from effectlog.fleet import attempts as am
 from effectlog.fleet import limits, wakeups
@@ -161,6 +161,8 @@ class SqliteFleetStore(SqlFleetStore):
         self.location = os.fspath(path)
         self.dialect = SQLITE
         self._create = create  # False: a file without the fleet's tables is refused, not given them
+        if not create and not _nonempty_file(self.location):  # before the journal below would make the file
+            raise BadInput(f"--store {self.location}: no fleet store there")
         self._watcher: wakeups.Watcher | None = None
         self._journal = FleetSqliteJournal(self.location, chain=chain, durability=durability)  # journal tables first
         self._handle = self._journal.handle()  # one connection: see Handle
@@ -234,3 +236,11 @@ class SqliteFleetStore(SqlFleetStore):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _nonempty_file(path: str) -> bool:
+    """A file with bytes in it: what a store that is there is (an empty file would become a store)."""
+    try:
+        return os.path.isfile(path) and os.path.getsize(path) > 0
+    except OSError:
+        return False
