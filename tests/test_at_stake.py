@@ -161,6 +161,24 @@ def test_approve_with_another_digest_exits_5_and_writes_nothing(held: Path, tmp_
     assert {k: v for k, v in before.items() if not k.endswith((".lock", "-shm"))} == after
 
 
+def test_approve_with_an_expect_digest_that_is_no_digest_is_bad_input_and_writes_nothing(
+    held: Path, tmp_path: Path
+) -> None:
+    """``--expect-digest zz`` (a typo, half a digest): exit 2 naming --expect-digest, not exit 5 (a mismatch
+    says the held call changed, which it did not), and the journal's bytes are unchanged."""
+    before = snapshot(tmp_path)
+
+    done = effectlog(
+        "approve", "--journal", str(held), "--run-id", RUN, "--step", "step-1", "--by", "ann",
+        "--expect-digest", "zz", cwd=tmp_path,
+    )  # fmt: skip
+
+    after = {k: v for k, v in snapshot(tmp_path).items() if not k.endswith((".lock", "-shm"))}
+    assert 2 == done.returncode
+    assert one_line(done.stderr).startswith("effectlog: bad_input: expected digest 'zz' (--expect-digest): ")
+    assert {k: v for k, v in before.items() if not k.endswith((".lock", "-shm"))} == after
+
+
 def test_the_printed_approve_command_works_and_the_transfer_runs_once(held: Path, tmp_path: Path) -> None:
     """The approve command exactly as status printed it, NAME filled in: exit 0; the next pass
     runs the transfer once and completes."""

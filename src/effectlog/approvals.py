@@ -7,16 +7,19 @@ A person's "deny" is final and fails the run. Neither is ever an uncertain outco
 
 from __future__ import annotations
 
+import re
 import time
 
 from effectlog import events as ev
-from effectlog.errors import DecisionStale, DigestMismatch
+from effectlog.errors import BadInput, DecisionStale, DigestMismatch
 from effectlog.fold import RunState, StepState
 from effectlog.journal import Journal
 from effectlog.observe import decision
 from effectlog.operator import append, load_step, refuse_unreached_attempt
 from effectlog.recorder import Clock
 from effectlog.trace import Trace
+
+_DIGEST = re.compile(r"[0-9a-f]{64}")  # an args digest: SHA-256 of the canonical args, in hex
 
 
 @decision("approve")
@@ -40,6 +43,11 @@ def approve(
     only if the held call is that attempt (the one the console's page showed), else
     ``DecisionStale`` (exit 5): the same args held again after an uncertain send are a new call.
     """
+    if expect_digest is not None and not _DIGEST.fullmatch(expect_digest.strip().lower()):
+        raise BadInput(
+            f"expected digest {expect_digest!r} (--expect-digest): not an args digest (64 hex digits, as status "
+            "and timeline show it); nothing was written"
+        )
     state, step = load_step(journal, run_id, step_id, needs=("awaiting_approval",), action="approve")
     _check_attempt(step, attempt, run_id, step_id, "approve")
     if expect_digest is not None and expect_digest.strip().lower() != step.args_digest:

@@ -334,6 +334,13 @@ class EffectStore:
         except sqlite3.Error as exc:
             raise StorageError(f"{self.path}: cannot read the effect store ({exc})") from None
 
+    def run_ids(self) -> list[str]:
+        """The runs the ledger holds effects of, sorted."""
+        try:
+            return [r[0] for r in self._conn.execute("SELECT DISTINCT run_id FROM effects ORDER BY run_id")]
+        except sqlite3.Error as exc:
+            raise StorageError(f"{self.path}: cannot read the effect store ({exc})") from None
+
     def count(self, *, run_id: str | None = None, step_id: str | None = None) -> int:
         return len(self.rows(run_id=run_id, step_id=step_id))
 

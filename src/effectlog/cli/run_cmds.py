@@ -8,6 +8,7 @@ from typing import Any
 
 import msgspec
 
+from effectlog import spelling
 from effectlog.cli.inspect_cmds import add_journal_args, add_json_arg, add_run_id_arg, add_step_arg, existing_journal
 from effectlog.cli.notify_args import add_notify_args
 from effectlog.cli.notify_args import hooks as notify_hooks
@@ -476,8 +477,11 @@ def cmd_effects(args: argparse.Namespace) -> int:
     store = EffectStore(args.effects, read_only=True)  # a reader: never writes, refuses a non-store
     try:
         rows = store.rows(run_id=args.run_id)
+        others = store.run_ids() if args.run_id is not None and not rows else []
     finally:
         store.close()
+    if others:
+        _no_effects_of(args.run_id, args.effects, others)
     if args.json:
         emit_json(rows)
         return 0
@@ -489,6 +493,22 @@ def cmd_effects(args: argparse.Namespace) -> int:
         + "\n"
     )
     return 0
+
+
+def _no_effects_of(run_id: str, location: str, others: list[str]) -> None:
+    """An empty ledger for ``--run-id`` while the store holds other runs' effects: a run with no effect
+    yet, or a mistyped id. The same id in another Unicode spelling is refused (exit 2); otherwise stderr
+    says how many runs the store does hold, so an empty table is not read as "nothing happened"."""
+    other = spelling.twin(run_id, others)
+    if other is not None:
+        raise BadInput(
+            f"--run-id {run_id!a}: no effects of that run in {location}, but {other!a} has some, the same id "
+            "in another Unicode spelling: give it as that run has it (copy it from effectlog status)"
+        )
+    err(
+        f"effectlog: no effects of run {run_id!r} in {location}; it holds effects of {len(others)} other "
+        f"run(s) (a run with no effect yet, or a mistyped --run-id; effectlog status lists the runs)\n"
+    )
 
 
 def cmd_schema(args: argparse.Namespace) -> int:
