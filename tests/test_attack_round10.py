@@ -409,7 +409,8 @@ def test_on_postgresql_one_database_reached_by_other_urls_is_one_owner(
     the route: none of them may be a second owner. Proves: while a run through one URL is inside a
     non-idempotent step, ``run`` through each other URL is refused (exit 6) and writes nothing; the owner
     finishes with each effect once."""
-    psycopg = pytest.importorskip("psycopg")
+    import psycopg
+
     parts = urlsplit(pg_url)
     database, port = parts.path.lstrip("/"), parts.port
     socket_dir = str(pg_cluster.tmp)
@@ -657,7 +658,8 @@ def test_on_postgresql_a_search_path_that_shadows_a_builtin_is_still_one_owner(t
     reached once with the default path and once with ``search_path=public,pg_catalog`` (a role's
     ``ALTER ROLE ... SET search_path``, a URL's ``options``) gave one run two lock keys: two live owners.
     Proves: the second ``run`` is refused (exit 6) and each effect happens once."""
-    psycopg = pytest.importorskip("psycopg")
+    import psycopg
+
     with psycopg.connect(pg_url, autocommit=True) as conn:
         conn.execute("CREATE FUNCTION public.hashtext(text) RETURNS integer LANGUAGE sql IMMUTABLE AS 'SELECT 7'")
     other = pg_url + "?options=-c%20search_path%3Dpublic%2Cpg_catalog"

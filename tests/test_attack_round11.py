@@ -676,7 +676,6 @@ def test_an_openai_agents_tool_call_with_a_lone_surrogate_is_told_back_not_a_run
     fingerprints the call's parsed arguments as UTF-8 before the tool runs), so effectlog's argument check
     (now canonical JSON, which names lone surrogates as it names NaN) is never reached. Proves (when
     fixed): the tool is not run, the model is told, the run completes, and a second pass replays it."""
-    pytest.importorskip("agents")
     from agents import Agent, OpenAIChatCompletionsModel, function_tool, set_tracing_disabled
     from openai import AsyncOpenAI
 

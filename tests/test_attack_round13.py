@@ -261,7 +261,6 @@ except EffectlogError as exc:
 
 def agent_pass(tmp: Path, die: str = "") -> subprocess.CompletedProcess[str]:
     """One pass of a pydantic-ai DurableAgent run in a real child process (SIGKILLed inside ``die``)."""
-    pytest.importorskip("pydantic_ai")
     env = {**cli_env(), "PYTHONPATH": os.pathsep.join([str(HERE.parent / "src"), str(HERE)])}
     return subprocess.run(
         [sys.executable, "-c", AGENT_CHILD, str(tmp / "runs.db"), str(tmp / "calls.log"), die],
@@ -438,7 +437,6 @@ def test_a_resumed_agent_whose_instructions_or_tools_changed_gets_no_recorded_an
     Proves: the recorded answer, given for another conversation, is not handed to it: the pass
     is refused (``IdempotencyConflict``, exit 5) before the model or any tool is called.
     """
-    pytest.importorskip("pydantic_ai")
     from effectlog.errors import IdempotencyConflict, UncertainEffect
     from effectlog.integrations.pydantic_ai import DurableAgent
 

@@ -484,7 +484,6 @@ def test_an_openai_agents_tool_whose_reply_is_lost_is_uncertain_not_a_message_th
     twice (the run completed, verify ok). Proves: with the SDK's defaults, the exception reaches effectlog:
     the step is uncertain, the pass raises ``UncertainEffect`` with the reconcile command, and nothing is
     sent again, in this pass or the next."""
-    pytest.importorskip("agents")
     from agents import Agent, OpenAIChatCompletionsModel, function_tool, set_tracing_disabled
     from openai import AsyncOpenAI
 
@@ -525,7 +524,6 @@ def test_an_openai_agents_call_whose_arguments_the_sdk_refuses_is_not_applied_an
     """The other half of the fix above: arguments the tool's schema refuses (``amount`` missing) fail the
     SDK's own check before the function runs, so that call is "not applied" (a failed step, the model told
     why), not an uncertain one, and the run goes on to the model's answer."""
-    pytest.importorskip("agents")
     from agents import Agent, OpenAIChatCompletionsModel, function_tool, set_tracing_disabled
     from openai import AsyncOpenAI
 
@@ -615,7 +613,6 @@ def test_a_durable_agents_relative_journal_stays_put_when_a_tool_changes_directo
     of the completed run opened a new, empty ``work/runs.db``, found no run, and made the charge again.
     Proves: every pass of the agent uses the journal it was given, where it was given; the replay calls
     nothing."""
-    pytest.importorskip("pydantic_ai")
     from pydantic_ai import Agent
     from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart
     from pydantic_ai.models.function import AgentInfo, FunctionModel
@@ -654,7 +651,6 @@ def test_a_keyword_connection_string_given_as_a_journal_or_store_is_still_refuse
     for a file name and become a SQLite file of that name, where hosts meant to share one database each
     drove the run. Proves: ``DurableAgent`` still refuses it (``location_ambiguous``), a runner's attempt
     given it as ``--effects`` fails, and no file is made."""
-    pytest.importorskip("pydantic_ai")
     from pydantic_ai import Agent
     from pydantic_ai.models.test import TestModel
 

@@ -58,7 +58,6 @@ def test_an_agent_as_tools_own_tool_whose_reply_is_lost_is_not_retried_by_the_in
     an inner tool is refused before anything runs (``BadInput`` naming it, nothing charged); built with
     ``failure_error_function=None`` its exception makes the outer step's outcome unknown: uncertain, one
     charge over two passes."""
-    pytest.importorskip("agents")
     from agents import Agent, OpenAIChatCompletionsModel, function_tool, set_tracing_disabled
     from openai import AsyncOpenAI
 
@@ -108,7 +107,6 @@ def test_an_openai_agents_tool_cancelled_inside_its_call_does_not_tell_the_model
     recorded as ``model-1``, and the next pass, after re-sending the key and getting the real result, asked
     ``model-1`` with another body: ``IdempotencyConflict`` on every pass, a run that can never complete.
     Proves: after one cancelled call and a resume, the run completes with one re-send of the same key."""
-    pytest.importorskip("agents")
     import asyncio
 
     from agents import Agent, OpenAIChatCompletionsModel, function_tool, set_tracing_disabled
@@ -202,7 +200,6 @@ def test_a_pydantic_ai_tool_that_times_out_after_its_effect_is_not_taken_as_not_
     toolset abandons it), an async one was cancelled after its request left. Proves: the timed-out charge
     was recorded as not applied, the model asked again, and the customer was charged twice. (Expected once
     fixed: the timeout is an unknown outcome, uncertain for a tool not declared idempotent, one charge.)"""
-    pytest.importorskip("pydantic_ai")
     import threading
 
     from pydantic_ai import Agent
@@ -259,7 +256,6 @@ def test_an_openai_agents_tool_timeout_leaves_the_step_to_the_resume_instead_of_
     the real result, and asked ``model-1`` with another body: ``IdempotencyConflict`` on every pass, a run
     that can never complete. Proves: the timeout ends the call inside its step (an unknown outcome), the
     resume re-sends the same key and the run completes."""
-    pytest.importorskip("agents")
     import asyncio
 
     from agents import Agent, OpenAIChatCompletionsModel, function_tool, set_tracing_disabled
@@ -303,7 +299,6 @@ def test_a_pydantic_ai_tools_own_model_retry_after_its_own_timeout_is_still_not_
     whose own code turns its own timeout (before any effect: the quote service did not answer) into a
     ``ModelRetry`` is saying "nothing applied, ask again", as documented. Proves: that call is a failed step,
     the model asks again, the second call runs, and the run completes with one charge."""
-    pytest.importorskip("pydantic_ai")
     from pydantic_ai import Agent, ModelRetry
     from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart
     from pydantic_ai.models.function import AgentInfo, FunctionModel
@@ -398,7 +393,6 @@ def test_an_agent_as_tools_own_tools_do_not_share_the_outer_steps_idempotency_ke
     provider deduplicating by key (as the key asks it to) answered alice's with bob's stored charge: alice
     never charged, the run completed, verify ok. Proves: an inner tool asking for a key gets none (its calls
     are not steps of their own); nothing goes out under a key that names another call."""
-    pytest.importorskip("agents")
     from agents import Agent, OpenAIChatCompletionsModel, function_tool, set_tracing_disabled
     from openai import AsyncOpenAI
 

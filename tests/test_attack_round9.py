@@ -300,7 +300,6 @@ def test_a_durable_block_of_a_run_id_nested_in_another_of_the_same_id_is_refused
 
 
 def _pydantic_agent(parts: list[Any], sent: list[int]) -> Any:
-    pytest.importorskip("pydantic_ai")
     from pydantic_ai import Agent
     from pydantic_ai.messages import ModelResponse, TextPart
     from pydantic_ai.models.function import FunctionModel
@@ -366,7 +365,6 @@ def test_openai_agents_one_call_id_twice_in_one_response(tmp_path: Path) -> None
     the response (``ModelBehaviorError``), nothing sent; with the same call twice it runs it as one
     invocation, and the journal has one step for it, sent once and replayed by a second pass (found
     nothing: one effect for what the SDK itself treats as one call)."""
-    pytest.importorskip("agents")
     from agents import Agent, OpenAIChatCompletionsModel, function_tool, set_tracing_disabled
     from agents.exceptions import ModelBehaviorError
     from openai import AsyncOpenAI
@@ -706,7 +704,6 @@ def test_openai_agents_an_agent_as_tool_is_inside_its_tool_step_and_the_run_resu
     could never complete). Proves: the inner agent's calls are part of the tool step that makes them
     (not steps of their own), and after the provider failed the outer's last call, the next pass
     completes the run with steps model-0, tool-1-c1, model-1, the tool not run again."""
-    pytest.importorskip("agents")
     import json
 
     from agents import Agent, OpenAIChatCompletionsModel, OpenAIProvider, RunConfig, set_tracing_disabled

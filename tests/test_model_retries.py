@@ -168,7 +168,6 @@ def test_a_durable_agent_model_request_is_retried_with_the_same_key(
 ) -> None:
     """pydantic-ai: a 429 (ModelHTTPError) then a 503 from the wrapped model are tried again under the step's one
     idempotency key; the run completes with one model step."""
-    pytest.importorskip("pydantic_ai")
     from pydantic_ai import Agent
     from pydantic_ai.exceptions import ModelHTTPError
     from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart

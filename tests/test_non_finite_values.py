@@ -75,7 +75,6 @@ def test_a_pydantic_ai_models_tool_call_with_nan_args_is_told_back_and_no_tool_r
     journal digested the args as ``null``. Proves: the model is told the value is not a finite number (a
     retry prompt), the tool never runs with it, the model's next call runs once, and a second pass over
     the finished run replays the same conversation without calling anything."""
-    pytest.importorskip("pydantic_ai")
     from pydantic_ai import Agent
     from pydantic_ai.messages import (
         ModelMessage,

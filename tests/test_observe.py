@@ -14,9 +14,6 @@ from typing import Any
 
 import msgspec
 import pytest
-
-pytest.importorskip("opentelemetry.sdk")
-
 from opentelemetry import metrics, trace
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader

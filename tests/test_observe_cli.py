@@ -14,8 +14,6 @@ from typing import Any
 
 import pytest
 
-pytest.importorskip("opentelemetry.sdk")
-
 
 def effectlog(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(

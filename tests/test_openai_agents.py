@@ -13,9 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-pytest.importorskip("agents")
-
 from agents import (
     Agent,
     ModelSettings,

@@ -10,7 +10,6 @@ import pytest
 
 from session_kit import ROOT
 
-pytest.importorskip("agents")
 pytestmark = pytest.mark.crash
 
 

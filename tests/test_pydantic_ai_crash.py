@@ -21,7 +21,6 @@ from effectlog.errors import ExitStatus
 from provider_standin import ProviderStandIn
 from session_kit import ROOT, keys
 
-pytest.importorskip("pydantic_ai")
 pytestmark = pytest.mark.crash
 
 CHILD = ROOT / "tests" / "pydantic_ai_child.py"
@@ -192,7 +191,6 @@ def test_an_openai_compatible_provider_bills_each_model_step_once_over_a_kill(tm
     honours Idempotency-Key. SIGKILL after the provider answered model-0, before the answer was
     recorded: the resumed pass re-sends it under the same key, the provider answers from its record,
     and each of the two model steps is billed once."""
-    pytest.importorskip("openai")
     provider = ProviderStandIn([("charge", {"to": "bob", "amount": 5}), "done"]).start()
     try:
         assert -signal.SIGKILL == one_pass(tmp_path, "charge", "die-after-model-call", url=provider.url).returncode

@@ -219,7 +219,6 @@ def test_an_openai_agents_tool_failing_after_its_effect_with_an_sdk_argument_err
     arguments are refused there. Proves: that call is taken as "not applied", the model is told, retries
     under a new call id, and the customer is charged twice. (Expected once fixed: the step is uncertain,
     ``UncertainEffect``, one charge; the fix decides by whether the function ran, not by the message.)"""
-    pytest.importorskip("agents")
     from agents import Agent, OpenAIChatCompletionsModel, function_tool, set_tracing_disabled
     from agents.exceptions import ModelBehaviorError
     from openai import AsyncOpenAI
@@ -262,11 +261,12 @@ def test_pg_a_claim_with_a_longer_owner_lease_outlives_a_server_restart_longer_t
     20 s after the restart (past the default grace, within the owner's 90 s lease and its first renewal turn)
     no claim from another journal takes the run from its live owner: the owner row records its lease, and the
     grace lasts at least that long."""
+    import psycopg
+
     from effectlog.errors import RunOwned
     from effectlog.journal.postgres import PostgresJournal
     from pg_fixture import started_cluster
 
-    psycopg = pytest.importorskip("psycopg")
     cluster = started_cluster()
     taken = False
     try:
