@@ -299,31 +299,17 @@ def test_a_durable_result_nested_as_deep_as_the_check_allows_is_recorded_or_unce
     )
 
 
-@pytest.mark.parametrize("name", ["order 42 ", " order 42", "order\t42", "order\u200b42", "order 42\n"])
-@pytest.mark.parametrize(
-    "where",
-    [
-        "run id",
-        pytest.param(
-            "step key",
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="not fixed: step ids are any text on purpose (a model's tool call id becomes one: "
-                "test_attack_round9.py::test_pydantic_tool_call_ids_with_odd_characters_are_each_one_step_run_once); "
-                "the CLI needs a spelling for such names (an escaped --step) before the API can refuse none",
-            ),
-        ),
-    ],
-)
-def test_a_run_id_or_step_key_the_cli_cannot_name_is_refused_before_anything_is_written(
-    tmp_path: Path, name: str, where: str
-) -> None:
-    """A durable run id or a session step key with surrounding spaces, a tab, a zero-width character or a
-    newline (a form field, an f-string's stray space) was taken as given. When its step became uncertain
-    the printed ``effectlog reconcile --run-id 'order 42 '`` (or ``--step``) was refused by the CLI itself
-    (surrounding spaces and unprintable characters are not an id there), so the run could never be
-    reconciled and stayed stopped for good. Proves: the API refuses such a name with ``BadInput`` naming
-    it, before the tool runs, and the journal holds no run."""
+NAMES_NO_OPTION_TAKES = ["order 42 ", " order 42", "order\t42", "order\u200b42", "order 42\n"]
+
+
+@pytest.mark.parametrize("name", NAMES_NO_OPTION_TAKES)
+def test_a_run_id_the_cli_cannot_name_is_refused_before_anything_is_written(tmp_path: Path, name: str) -> None:
+    """A durable run id with surrounding spaces, a tab, a zero-width character or a newline (a form field, an
+    f-string's stray space) was taken as given. When its step became uncertain the printed ``effectlog
+    reconcile --run-id 'order 42 '`` was refused by the CLI itself (surrounding spaces and unprintable
+    characters are not an id there), so the run could never be reconciled and stayed stopped for good.
+    Proves: the API refuses such a run id with ``BadInput`` naming it, before the tool runs, and the journal
+    holds no run."""
     from effectlog.errors import BadInput
     from effectlog.session import Session, SqliteCheckpointer, Toolbox, ToolboxGateway
 
@@ -341,17 +327,60 @@ def test_a_run_id_or_step_key_the_cli_cannot_name_is_refused_before_anything_is_
             raise AssertionError("no model call in this test")
 
     store = SqliteCheckpointer(journal)
-    run_id, key = (name, None) if where == "run id" else ("r", name)
 
     async def call() -> Any:
-        return await Session(run_id, Gateway(model="m", tools=tools), store).tool("pay", key=key)
+        return await Session(name, Gateway(model="m", tools=tools), store).tool("pay")
 
     try:
         with pytest.raises(BadInput, match="no command can name it") as refused:
             asyncio.run(call())
-        written = store.state(run_id).seq
+        written = store.state(name).seq
     finally:
         store.close()
 
     assert repr(name) in str(refused.value)
     assert ([], 0) == (effects, written)
+
+
+@pytest.mark.parametrize("name", NAMES_NO_OPTION_TAKES)
+def test_a_step_key_no_step_option_takes_is_named_by_the_printed_command_which_works(tmp_path: Path, name: str) -> None:
+    """Step keys are any text on purpose (a model's tool-call id becomes one:
+    test_attack_round9.py::test_pydantic_tool_call_ids_with_odd_characters_are_each_one_step_run_once), but
+    ``--step`` refuses surrounding spaces and unprintable characters, so the approve command ``status``
+    printed for a step keyed ``'order 42 '`` was refused by the CLI: the held call could never be decided,
+    the run never finished. Proves: the printed command names such a step with ``--step-json`` (a JSON
+    string), works as printed, and the next pass runs the call once and completes."""
+    import shlex
+
+    from effectlog.errors import ApprovalRequired
+    from effectlog.session import Session, SqliteCheckpointer, Toolbox, ToolboxGateway
+
+    effects: list[str] = []
+    journal = tmp_path / "runs.db"
+    tools = Toolbox()
+
+    @tools.tool(idempotent=False)
+    def pay() -> str:
+        effects.append("pay")
+        return "paid"
+
+    class Gateway(ToolboxGateway):
+        async def complete(self, body: Any, *, idempotency_key: str) -> dict[str, Any]:
+            raise AssertionError("no model call in this test")
+
+    def one_pass() -> Any:
+        async def go() -> Any:
+            with SqliteCheckpointer(journal) as store:
+                session = Session("r", Gateway(model="m", tools=tools), store, policy=lambda c: "require_approval")
+                return await session.tool("pay", key=name)
+
+        return asyncio.run(go())
+
+    with pytest.raises(ApprovalRequired):
+        one_pass()
+    status = effectlog("status", "--journal", str(journal), "--run-id", "r", "--json", cwd=tmp_path)
+    command = json.loads(status.stdout)["at_stake"][0]["command"]
+    done = effectlog(*shlex.split(command.replace("NAME", "ann"))[1:], cwd=tmp_path)
+
+    assert (True, 0, "") == ("--step-json " in command, done.returncode, done.stderr), command
+    assert ("paid", ["pay"]) == (one_pass(), effects)

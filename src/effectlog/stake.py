@@ -9,11 +9,13 @@ resolves it. Pure: a function of the state and the journal's location.
 
 from __future__ import annotations
 
+import json
 import shlex
 from typing import Any, Literal
 
 import msgspec
 
+from effectlog import spelling
 from effectlog.canonical import canonical_json, digest
 from effectlog.fold import RunState, StepState
 
@@ -95,8 +97,17 @@ def shell_option(name: str, value: str) -> str:
     return f"{name}={_word(value)}" if value.startswith("-") else f"{name} {_word(value)}"
 
 
+def step_option(step_id: str) -> str:
+    """The option naming ``step_id`` in a printed command: ``--step S``, or ``--step-json '"S"'`` (JSON's
+    escapes, ASCII only) for a step key ``--step`` does not take (``spelling.nameable``): a session's step
+    key may be any text, a model's tool-call id with a space around it or a newline in it."""
+    if spelling.nameable(step_id):
+        return shell_option("--step", step_id)
+    return f"--step-json {shlex.quote(json.dumps(step_id))}"
+
+
 def _where(location: str, run_id: str, step_id: str) -> str:
-    return f"{shell_option('--journal', location)} {shell_option('--run-id', run_id)} {shell_option('--step', step_id)}"
+    return f"{shell_option('--journal', location)} {shell_option('--run-id', run_id)} {step_option(step_id)}"
 
 
 def reconcile_command(location: str, run_id: str, step_id: str, attempt: int | None = None) -> str:

@@ -7,6 +7,8 @@ import os
 import re
 from typing import Any
 
+import msgspec
+
 from effectlog.cli.output import emit_json, err, out
 from effectlog.diagrams import render
 from effectlog.errors import ExitStatus, IntegrityError, JournalUnreadable
@@ -40,8 +42,30 @@ def add_run_id_arg(p: argparse.ArgumentParser, *, required: bool = True, help: s
     p.add_argument("--run-id", metavar="R", required=required, type=run_or_step_id, help=help)
 
 
+def step_json(text: str) -> str:
+    """argparse type of --step-json: a step named as a JSON string literal (``"order 42\\n"``), for a
+    session's step key that ``--step`` cannot take (surrounding spaces, a tab, a newline, an invisible
+    character: a model's tool-call id may hold any); the printed commands use it for such a step."""
+    try:
+        value = msgspec.json.decode(text.encode())
+    except (msgspec.DecodeError, UnicodeError):
+        value = None
+    if not isinstance(value, str) or value == "":
+        shown = repr(text) if len(text) <= 64 else f"{text[:32]!r}... ({len(text)} characters)"
+        raise argparse.ArgumentTypeError(f"{shown} is not a JSON string naming a step (as in '\"order 42\\n\"')")
+    return value
+
+
 def add_step_arg(p: argparse.ArgumentParser, help: str) -> None:
-    p.add_argument("--step", metavar="S", required=True, type=run_or_step_id, help=help)
+    named = p.add_mutually_exclusive_group(required=True)
+    named.add_argument("--step", metavar="S", type=run_or_step_id, help=help)
+    named.add_argument(
+        "--step-json",
+        metavar="JSON",
+        dest="step",
+        type=step_json,
+        help="the step as a JSON string, for a step key --step cannot take (spaces around it, a newline)",
+    )
 
 
 def add_json_arg(p: argparse.ArgumentParser, help: str) -> None:
