@@ -22,7 +22,8 @@ def _objects(url: str) -> list[tuple[Any, ...]]:
     """Every schema, relation and function outside the server's own catalogs."""
     with psycopg.connect(url, autocommit=True) as conn:
         return conn.execute(
-            "SELECT 'schema', nspname FROM pg_namespace WHERE nspname NOT LIKE 'pg\\_%' AND nspname <> 'information_schema'"
+            "SELECT 'schema', nspname FROM pg_namespace"
+            " WHERE nspname NOT LIKE 'pg\\_%' AND nspname <> 'information_schema'"
             " UNION ALL SELECT 'relation', n.nspname || '.' || c.relname FROM pg_class c JOIN pg_namespace n"
             " ON n.oid = c.relnamespace WHERE n.nspname NOT LIKE 'pg\\_%' AND n.nspname <> 'information_schema'"
             " UNION ALL SELECT 'function', n.nspname || '.' || p.proname FROM pg_proc p JOIN pg_namespace n"

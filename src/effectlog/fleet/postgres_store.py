@@ -232,6 +232,8 @@ CLAIM_SIGNATURE = f"{_S}.claim_next(text, integer, text, double precision)"
 CLAIM_NEXT = f"SELECT * FROM {_S}.claim_next(%s, %s, %s, %s)"
 
 
+_FLEET_META = "SELECT 1 FROM pg_catalog.pg_tables WHERE schemaname = %s AND tablename = 'meta'"
+
 # What each version adds to the one before (a new store is created at v1 and migrated).
 MIGRATIONS: dict[int, tuple[str, ...]] = {
     2: (  # poison requests: a per-request limit on automatic requeues, with backoff between them
@@ -305,6 +307,8 @@ class PostgresFleetStore(SqlFleetStore):
         self._url, self._kwargs = url, kwargs
         self._pid = os.getpid()  # a child of fork() shares the pool's server sessions: see _connection
         self._watcher: wakeups.Watcher | None = None
+        if not create:  # before the journal below would give the database its schema
+            self._refuse_if_no_fleet()
         # The journal first: it creates (or checks) schema `effectlog` that claims and recovery read.
         self._journal = FleetPostgresJournal(
             url,
@@ -334,6 +338,16 @@ class PostgresFleetStore(SqlFleetStore):
             self._journal.close()
             raise
 
+    def _refuse_if_no_fleet(self) -> None:
+        """A database without the fleet's ``meta`` table, opened for existing requests: refused, read only."""
+        try:
+            with psycopg.connect(self._url, **self._kwargs) as conn:
+                exists = conn.execute(_FLEET_META, (FLEET_SCHEMA,)).fetchone()
+        except psycopg.Error as exc:
+            raise translate(exc, self.location) from None
+        if exists is None:
+            raise JournalUnreadable(f"{self.location}: not a fleet store (no fleet schema); nothing was changed")
+
     def _configure(self, conn: psycopg.Connection[Any]) -> None:
         configure_session(conn, self._settings)  # as the journal's sessions: search path, durability
 
@@ -355,9 +369,7 @@ class PostgresFleetStore(SqlFleetStore):
         with conn.transaction():
             # Many runners may open a fresh database at once: one creates the schema, the others wait and see it.
             conn.execute("SELECT pg_advisory_xact_lock(%s, %s)", FLEET_MIGRATE_LOCK)
-            exists = conn.execute(
-                "SELECT 1 FROM pg_catalog.pg_tables WHERE schemaname = %s AND tablename = 'meta'", (FLEET_SCHEMA,)
-            ).fetchone()
+            exists = conn.execute(_FLEET_META, (FLEET_SCHEMA,)).fetchone()
             if exists is None and self._foreign(conn):
                 raise JournalUnreadable(
                     f"{self.location}: schema {FLEET_SCHEMA} exists but is not an effectlog fleet (it holds another "
