@@ -26,6 +26,7 @@ def snapshot(root: Path) -> dict[str, bytes | str | None]:
         out[rel] = os.readlink(path) if path.is_symlink() else None if path.is_dir() else path.read_bytes()
     return out
 
+
 PAYMENT = Path(__file__).resolve().parent.parent / "examples" / "payment.json"
 
 

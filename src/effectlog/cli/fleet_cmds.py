@@ -173,9 +173,11 @@ def cmd_runner(args: argparse.Namespace) -> int:
         raise BadInput("--arm and --notify-fd go together")
     if args.effects is not None:
         from effectlog.cli.run_cmds import check_effect_store
+        from effectlog.journal.sidecars import refuse_shared
 
         # As `run` does, before anything: found by each attempt instead, after its claim, a mistyped
         # path sent every request of the queue in turn to needs_operator (or failed).
+        refuse_shared([("--store", args.store, True), ("--effects", args.effects, True)])
         check_effect_store(args.effects)
     config = RunnerConfig(
         store=args.store,

@@ -15,7 +15,7 @@ from effectlog.cli.notify_args import hooks as notify_hooks
 from effectlog.cli.output import emit_json, out, table, tools_write_to_stderr
 from effectlog.cli.progress import add_progress_args, apply_progress_args, error_line
 from effectlog.errors import BadInput
-from effectlog.journal.sidecars import is_postgres
+from effectlog.journal.sidecars import is_postgres, refuse_shared
 from effectlog.notify import marks, notify_new_waits
 
 
@@ -105,6 +105,7 @@ def _runtime(args: argparse.Namespace) -> Any:
     for spec in getattr(args, "adapters", []):
         registry.add_module(spec)
     effects = getattr(args, "effects", None)
+    refuse_shared([("--journal", args.journal, True), ("--effects", effects, True)])
     if effects is not None and not os.path.isdir(os.path.dirname(os.path.abspath(effects))):
         raise BadInput(f"--effects {effects}: directory does not exist")
     if not is_postgres(args.journal) and not os.path.exists(args.journal):

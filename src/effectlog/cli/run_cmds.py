@@ -17,6 +17,7 @@ from effectlog.cli.progress import add_progress_args, apply_progress_args, error
 from effectlog.errors import BadInput
 from effectlog.fold import RunState, replay_records
 from effectlog.journal import chain_from_env, load_run, load_sealed, no_such_run, open_journal
+from effectlog.journal.sidecars import refuse_shared
 from effectlog.notify import marks, notify_new_waits
 from effectlog.plan import MAX_ARGS_BYTES, MAX_PLAN_BYTES
 from effectlog.summary import RUN_STATES
@@ -184,10 +185,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     for spec in args.adapters:
         registry.add_module(spec)
     check_adapters(plan, registry, args.plan, effects=args.effects)
+    refuse_shared(
+        [("--journal", args.journal, True), ("--effects", args.effects, True), ("--trace", args.trace, False)]
+    )
     if args.effects is not None:
         check_effect_store(args.effects)
     if args.trace is not None:
-        check_trace(args.trace, journal=args.journal, effects=args.effects)
+        check_trace(args.trace)
     apply_progress_args(args)  # a line per step on stderr unless --quiet (docs/observability.md)
     notifiers = notify_hooks(args)
     journal = _writer(args)
@@ -269,23 +273,13 @@ def check_effect_store(path: str, flag: str = "--effects") -> None:
         raise BadInput(f"{flag} {path}: a SQLite file of something else, not an effect store")
 
 
-def check_trace(path: str, *, journal: str = "", effects: str | None = None) -> None:
-    """``--trace``: a writable place, not a file the run's SQLite databases use, and if the file exists, a
-    trace it can extend (read, never written)."""
+def check_trace(path: str) -> None:
+    """``--trace``: a writable place, and if the file exists, a trace it can extend (read, never written).
+    That it is none of the run's SQLite files (which may not exist yet) is ``refuse_shared``'s check."""
     from pathlib import Path
 
-    from effectlog.journal.sidecars import SUFFIXES
     from effectlog.trace import last_hash
 
-    # The journal and the effect store may not exist yet (made by this run), nor their -wal/-shm: the
-    # existing-file check below cannot see them, and the trace's lines would go into SQLite's file.
-    mine = os.path.realpath(path)
-    for flag, db in (("--journal", journal), ("--effects", effects)):
-        if not db or "://" in db:
-            continue
-        for name in (db, *(db + suffix for suffix in SUFFIXES)):
-            if mine == os.path.realpath(name):
-                raise BadInput(f"--trace {path}: that is the {flag} database's file ({name}); give the trace its own")
     parent = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(parent):
         raise BadInput(f"--trace {path}: directory does not exist")

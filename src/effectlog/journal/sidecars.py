@@ -15,6 +15,7 @@ import os
 import re
 import stat
 import urllib.parse
+from collections.abc import Sequence
 
 from effectlog import spelling
 from effectlog.errors import (
@@ -100,6 +101,42 @@ def _misleads(path: str, depth: int = 0) -> str | None:
     if not os.path.isdir(parent):
         return None  # no directory there: its opener says so
     return None if _same(parent, os.path.dirname(real)) else real
+
+
+def refuse_shared(named: Sequence[tuple[str, str | None, bool]]) -> None:
+    """``BadInput`` if two of ``named`` (flag, location, whether it is a SQLite database), the files one
+    command opens as different things (a journal, an effect store, a fleet store, a trace), are one file:
+    the same name twice, another spelling of it (``./x``, an absolute path, a symlink, even one whose file is
+    not there yet), a hard link, or one database's sidecar (``j.db-wal``). Before anything is opened: each
+    opener alone would create its file first and only then find the other's tables in it (or write a
+    trace into a WAL). The later of the two is named; URLs and empty locations are not files."""
+    seen: list[tuple[str, str, str, tuple[int, int] | None, bool]] = []
+    for flag, location, database in named:
+        if not location or is_url(location) or is_conninfo(location):
+            continue
+        real = os.path.realpath(location)
+        try:
+            found = os.stat(location)
+            ident: tuple[int, int] | None = (found.st_dev, found.st_ino)
+        except OSError:
+            ident = None
+        for other_flag, other, other_real, other_ident, other_database in seen:
+            if real == other_real or (ident is not None and ident == other_ident):
+                raise BadInput(
+                    f"{flag} {location}: that is the {other_flag} file ({other}); give each its own file; "
+                    "nothing was written"
+                )
+            for base, sidecar, owner, owner_flag, is_db in (
+                (other_real, real, other, other_flag, other_database),
+                (real, other_real, location, flag, database),
+            ):
+                suffix = next((x for x in SUFFIXES if is_db and sidecar == base + x), None)
+                if suffix is not None:
+                    raise BadInput(
+                        f"{flag} {location}: that is SQLite's {suffix[1:]} file of the {owner_flag} database "
+                        f"({owner}); give each its own file; nothing was written"
+                    )
+        seen.append((flag, location, real, ident, database))
 
 
 def refuse_misleading(path: str, what: str) -> None:
