@@ -83,3 +83,15 @@ def test_verify_json_on_a_missing_run_writes_nothing_to_stdout_and_one_line_to_s
 
     assert (int(ExitStatus.BAD_INPUT), "") == (done.returncode, done.stdout)
     assert "no run 'nope'" in one_line_error(done)
+
+
+def test_reconcile_with_an_empty_evidence_names_it_instead_of_asking_for_what_was_given(tmp_path: Path) -> None:
+    """``--outcome applied --evidence "" --operator ann`` (an unset shell variable) was told to "give
+    --outcome, --evidence and --operator", all three given: the line names the empty one; exit 2."""
+    cli = _paid(tmp_path)
+    argv = ["reconcile", "--journal", cli.journal, "--run-id", "payment-001", "--step", "charge"]
+
+    done = cli(*argv, "--outcome", "applied", "--evidence", "", "--operator", "ann")
+
+    assert (int(ExitStatus.BAD_INPUT), "") == (done.returncode, done.stdout)
+    assert "--evidence given empty" in one_line_error(done)

@@ -350,6 +350,11 @@ def cmd_reconcile(args: argparse.Namespace) -> int:
                 raise BadInput(f"--from-ledger {args.from_ledger}: no effect store there")
             check_effect_store(args.from_ledger, flag="--from-ledger")
     elif not (args.outcome and args.evidence and args.operator):
+        empty = [flag for flag, given in (("--evidence", args.evidence), ("--operator", args.operator)) if given == ""]
+        if empty and args.outcome:
+            raise BadInput(
+                f"reconcile: {' and '.join(empty)} given empty: say what the outcome rests on and who decided"
+            )
         raise BadInput(
             "reconcile: give --outcome, --evidence and --operator (or --lookup, or --from-ledger EFFECTS_DB)"
         )
