@@ -299,6 +299,27 @@ def test_a_handoff_agents_tools_and_model_are_journaled_too(
     assert (3, 1) == (stand_in.requests, len(effects))
 
 
+@pytest.mark.parametrize(
+    "stand_in", [[("transfer_to_billing", {}), ("charge", {"to": "bob", "amount": 5}), "done"]], indirect=True
+)
+def test_a_handoff_objects_target_agents_tools_and_model_are_journaled_too(
+    tmp_path: Path, stand_in: ProviderStandIn, effects: list[tuple[str, str]]
+) -> None:
+    """The same handoff given as the SDK's ``handoff(billing)`` object (to set its description, an input
+    filter or a callback) instead of the Agent. Before, only Agent handoffs were made durable: the target
+    agent ran as given, its charge unjournaled, so a pass after a crash charged again. Proves: the billing
+    agent's model answer and its tool call are steps of the run, and a second pass calls nothing."""
+    from agents import handoff
+
+    billing = make_agent(stand_in.url, effects)
+    triage = Agent(name="triage", instructions="Route.", model=billing.model, handoffs=[handoff(billing)])
+    runner = DurableRunner(journal=tmp_path / "runs.db")
+    assert "done" == runner.run_sync(triage, "charge bob 5", run_id=RUN).final_output
+    assert ["model-0", "model-1", "tool-2-call_1", "model-2"] == [sid for sid, _ in steps(tmp_path / "runs.db")]
+    assert "done" == runner.run_sync(triage, "charge bob 5", run_id=RUN).final_output
+    assert (3, 1) == (stand_in.requests, len(effects))
+
+
 def test_a_held_run_resumed_before_any_decision_stays_held_and_charges_nothing(
     tmp_path: Path, stand_in: ProviderStandIn, effects: list[tuple[str, str]]
 ) -> None:
