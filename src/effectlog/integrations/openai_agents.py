@@ -39,7 +39,7 @@ except ImportError as exc:  # pragma: no cover - the dev extra installs it
         "effectlog.integrations.openai_agents needs the OpenAI Agents SDK: pip install 'effectlog[openai-agents]'"
     ) from exc
 
-from agents import Agent, FunctionTool, Model, ModelProvider, ModelSettings, RunConfig, Runner, RunResult
+from agents import Agent, FunctionTool, Handoff, Model, ModelProvider, ModelSettings, RunConfig, Runner, RunResult
 from agents import tool as agents_tool
 from agents.exceptions import ModelBehaviorError
 from agents.items import ModelResponse, TResponseInputItem, TResponseStreamEvent
@@ -454,13 +454,45 @@ def _durable_agent(agent: Agent[Any], durable: _Pass, done: dict[int, Agent[Any]
     done[id(agent)] = clone
     changes: dict[str, Any] = {
         "tools": [durable_tool(t, durable) if isinstance(t, FunctionTool) else t for t in agent.tools],
-        "handoffs": [_durable_agent(h, durable, done) if isinstance(h, Agent) else h for h in agent.handoffs],
+        "handoffs": [_durable_handoff(h, durable, done) for h in agent.handoffs],
     }
     if isinstance(agent.model, Model):
         changes["model"] = DurableModel(agent.model, durable)
     for key, value in changes.items():
         setattr(clone, key, value)
     return clone
+
+
+def _durable_handoff(given: Any, durable: _Pass, done: dict[int, Agent[Any]]) -> Any:
+    """A handoff whose target agent is durable: an ``Agent`` cloned as ``_durable_agent`` does, and a
+    ``handoff(...)`` object (a description, an input filter, a callback) copied with its invocation's agent
+    replaced by that clone. Its target is cloned now when the object names it (``handoff(agent)`` does), so
+    the pass's checks see its tools; an agent only its invocation returns is cloned when it is returned."""
+    if isinstance(given, Agent):
+        return _durable_agent(given, durable, done)
+    if not isinstance(given, Handoff):
+        return given
+    target = _handoff_target(given)
+    if target is not None:
+        _durable_agent(target, durable, done)
+    invoke = given.on_invoke_handoff
+
+    async def on_invoke(ctx: RunContextWrapper[Any], arguments: str) -> Any:
+        found = await invoke(ctx, arguments)
+        return _durable_agent(found, durable, done) if isinstance(found, Agent) else found
+
+    copy = dataclasses.replace(given, on_invoke_handoff=on_invoke)
+    copy._agent_ref = given._agent_ref  # not an init field: replace() leaves it unset
+    return copy
+
+
+def _handoff_target(given: Any) -> Agent[Any] | None:
+    """The agent a handoff hands to, when it is known before it is invoked."""
+    if isinstance(given, Agent):
+        return given
+    ref = given._agent_ref if isinstance(given, Handoff) else None
+    target = ref() if ref is not None else None
+    return target if isinstance(target, Agent) else None
 
 
 def _converts_errors(tool: FunctionTool) -> bool:
@@ -504,7 +536,7 @@ def _check_agent_tools(run_id: str, agents: Collection[Agent[Any]]) -> None:
                     run_id=run_id,
                 )
         todo.extend((outer, agent) for _, agent in _inner_agents(inner))
-        todo.extend((outer, h) for h in inner.handoffs if isinstance(h, Agent))
+        todo.extend((outer, h) for h in map(_handoff_target, inner.handoffs) if h is not None)
 
 
 class DurableRunner:
