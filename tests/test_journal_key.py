@@ -30,6 +30,7 @@ from effectlog.plan import load_plan
 from effectlog.runtime import Runtime
 from hardening_kit import GOOD_PLAN, KEY, effectlog, run_good_plan, snapshot, sqlite_sidecar_or_lock
 from journal_tamper import connect
+from test_journal_layout_v2 import schema_version, to_v1
 
 pytest_plugins = ["pg_fixture"]
 
@@ -54,6 +55,11 @@ def forget_fingerprint(path: Path) -> None:
         db.execute("DELETE FROM meta WHERE key = 'key_fingerprint'")
     finally:
         db.close()
+
+
+def held(root: Path) -> dict[str, bytes | None]:
+    """Every file under ``root`` with its bytes, but the sidecars an open leaves (lock, -shm, empty -wal)."""
+    return {k: v for k, v in snapshot(root).items() if not sqlite_sidecar_or_lock(k, v)}
 
 
 def meta(path: Path) -> dict[str, str]:
@@ -151,13 +157,12 @@ def test_a_wrong_key_is_refused_as_bad_input_and_changes_nothing(
     altered), and no event appended under the wrong key (every byte of the directory as it was)."""
     if not fingerprinted:
         forget_fingerprint(keyed / "journal.db")
-    before = snapshot(keyed)
+    before = held(keyed)
     done = effectlog(*argv, cwd=keyed, env={"EFFECTLOG_JOURNAL_KEY": WRONG.decode()})
     assert ExitStatus.BAD_INPUT == done.returncode, done.stderr
     assert 1 == len(done.stderr.splitlines()), done.stderr
     assert "wrong_key: journal.db: the key given is not this journal's key" in done.stderr
-    after = {k: v for k, v in snapshot(keyed).items() if not sqlite_sidecar_or_lock(k, v)}
-    assert {k: v for k, v in before.items() if not sqlite_sidecar_or_lock(k, v)} == after
+    assert before == held(keyed)
 
 
 def test_the_right_key_still_runs_and_verifies_a_journal_from_before_the_fingerprint(keyed: Path) -> None:
@@ -223,6 +228,27 @@ def test_a_right_key_from_before_the_fingerprint_runs_through_the_runtime(keyed:
         assert "completed" == load_run(runtime.journal, "good-run").state
     finally:
         runtime.close()
+
+
+def test_a_keyed_v1_journal_is_checked_before_it_is_migrated(keyed: Path) -> None:
+    """A schema v1 journal (before the fingerprint, too): a writer with the wrong key is refused before the
+    migration (still v1, unchanged); with the right key a reader leaves it as it is and a writer migrates
+    it and records the fingerprint in the migration's transaction."""
+    path = keyed / "journal.db"
+    forget_fingerprint(path)
+    to_v1(path)
+    before = held(keyed)
+    with pytest.raises(WrongKey, match="run 'good-run' seq 8"):
+        SqliteJournal(path, chain=Chain(WRONG))
+    assert ("1", before) == (schema_version(path), held(keyed))
+    SqliteJournal(path, writer=False, chain=Chain(KEY)).close()
+    assert ("1", None) == (schema_version(path), meta(path).get("key_fingerprint"))
+    journal = SqliteJournal(path, chain=Chain(KEY))
+    try:
+        assert "completed" == load_run(journal, "good-run").state
+    finally:
+        journal.close()
+    assert ("2", Chain(KEY).fingerprint()) == (schema_version(path), meta(path)["key_fingerprint"])
 
 
 def test_the_fleet_store_refuses_a_wrong_key(keyed: Path) -> None:
