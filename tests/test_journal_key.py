@@ -165,6 +165,23 @@ def test_a_wrong_key_is_refused_as_bad_input_and_changes_nothing(
     assert before == held(keyed)
 
 
+def test_an_edited_fingerprint_is_reported_as_an_edit_not_as_a_wrong_key(keyed: Path) -> None:
+    """The meta row changed by hand while the key is right (it links the journal's last event): ``verify``
+    says the row was changed (``chain_broken`` on ``meta.key_fingerprint``, exit 7), not "wrong key"."""
+    db = connect(keyed / "journal.db", isolation_level=None)
+    try:
+        db.execute("UPDATE meta SET value = ? WHERE key = 'key_fingerprint'", (Chain(WRONG).fingerprint(),))
+    finally:
+        db.close()
+    done = effectlog("verify", "--journal", "journal.db", cwd=keyed, env={"EFFECTLOG_JOURNAL_KEY": KEY.decode()})
+    assert ExitStatus.INTEGRITY == done.returncode, done.stderr
+    assert "chain_broken: journal.db: the journal's recorded key fingerprint (meta key_fingerprint) was changed" in (
+        done.stderr
+    )
+    done = effectlog("verify", "--journal", "journal.db", cwd=keyed, env={"EFFECTLOG_JOURNAL_KEY": "third key"})
+    assert (ExitStatus.BAD_INPUT, True) == (done.returncode, "wrong_key" in done.stderr)
+
+
 def test_the_right_key_still_runs_and_verifies_a_journal_from_before_the_fingerprint(keyed: Path) -> None:
     """Compatibility: a journal without the fingerprint row opens with its key; its first writer records
     the fingerprint (one meta row, nothing else), and verify passes after."""

@@ -345,7 +345,7 @@ class PostgresJournal:
         stored = {str(k): str(v) for k, v in conn.execute(META_KEYS).fetchall()}
         fingerprint = stored.get(FINGERPRINT_KEY)
         last = None
-        if fingerprint is None and self.chain.key is not None:
+        if self.chain.key is not None and fingerprint != self.chain.fingerprint():  # else no read
             row = conn.execute(LAST_LINK).fetchone()
             if row is not None:
                 prev = None if row[2] is None else bytes(row[2])

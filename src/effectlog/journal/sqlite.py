@@ -330,7 +330,7 @@ class SqliteJournal:
         stored = dict(self._db.execute(META_KEYS).fetchall())
         fingerprint = stored.get(FINGERPRINT_KEY)
         last = None
-        if fingerprint is None and self.chain.key is not None:
+        if self.chain.key is not None and fingerprint != self.chain.fingerprint():  # else no read
             row = self._db.execute(LAYOUTS[version].last_link).fetchone()
             if row is not None:
                 prev = None if row[2] is None else bytes(row[2])
