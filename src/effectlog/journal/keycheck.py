@@ -5,9 +5,10 @@ A keyed journal records its key's fingerprint (``Chain.fingerprint``) in ``meta`
 Journals from before the fingerprint have none: there the key is checked against the journal's last
 event's chain link (recomputed from the event before it, or genesis), and a writer then records the
 fingerprint (one meta row added, nothing changed). A fingerprint that is not the key's, where the key
-does link the last event, is the meta row edited (``chain_broken``), not a wrong key. Without the check ``verify`` with another key
-reported ``chain_broken`` (exit 7, "altered") and a writer appended runs chained with that key, which
-the journal's own key can never verify.
+does link the last event, is the meta row edited (``chain_broken``), not a wrong key.
+
+Without the check ``verify`` with another key reported ``chain_broken`` (exit 7, "altered") and a
+writer appended runs chained with that key, which the journal's own key can never verify.
 """
 
 from __future__ import annotations
