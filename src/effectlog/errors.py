@@ -117,6 +117,13 @@ class JournalUnreadable(BadInput):
     code = "journal_unreadable"
 
 
+class WrongKey(JournalUnreadable):
+    """A keyed journal opened with another key than its own (its recorded key fingerprint, or its last
+    event's chain link, says so): refused before anything is read or written (exit 2)."""
+
+    code = "wrong_key"
+
+
 class AdapterNotFound(BadInput):
     code = "adapter_not_found"
 

@@ -45,21 +45,44 @@ __all__ = [
 
 
 def chain_from_env(key_file: str | None = None) -> Chain:
-    """The chain to use: HMAC with ``EFFECTLOG_JOURNAL_KEY`` or a key file, plain SHA-256 otherwise."""
+    """The chain to use: HMAC with the key of ``key_file`` (``--key-file``) or else of
+    ``EFFECTLOG_JOURNAL_KEY``, plain SHA-256 when neither is given.
+
+    Both sources are bytes, normalised one way (``_key_bytes``): ``key\\n`` in the environment was
+    another key than the same line in a file. A source that is given but holds no key (an empty file,
+    the variable set to ``""`` as ``=$(cat missing-file)`` sets it) is bad input, never "no key": a
+    writer would create an unkeyed journal.
+    """
     from effectlog.errors import BadInput
 
     if key_file:
         try:
             with open(key_file, "rb") as fh:
-                key = fh.read().strip()
+                raw = fh.read()
         except OSError as exc:
             raise BadInput(f"--key-file {key_file}: {exc.strerror}") from None
+        key = _key_bytes(raw)
         if not key:
             raise BadInput(f"--key-file {key_file}: the key file is empty")
         return Chain(key)
     # The environment's bytes, as --key-file's: a key that is not UTF-8 has no str.encode()
-    env = os.environb.get(b"EFFECTLOG_JOURNAL_KEY", b"")
-    return Chain(env or None)
+    env = os.environb.get(b"EFFECTLOG_JOURNAL_KEY")
+    if env is None:
+        return Chain()
+    key = _key_bytes(env)
+    if not key:
+        raise BadInput(
+            "EFFECTLOG_JOURNAL_KEY is set but empty (or only whitespace): give the key, or unset it for a "
+            "journal without a key"
+        )
+    return Chain(key)
+
+
+def _key_bytes(raw: bytes) -> bytes:
+    """The key a source spells: its bytes without leading and trailing ASCII whitespace (space, tab, CR,
+    LF, VT, FF), so a file's final newline and an environment value's stray space name the same key.
+    Bytes inside the key are kept as they are. (``Chain(key)`` in Python takes the bytes as given.)"""
+    return raw.strip()
 
 
 def open_journal(location: str, *, writer: bool = True, chain: Chain | None = None) -> Journal:

@@ -65,6 +65,7 @@ from effectlog.events import Event, encode
 from effectlog.fold import Record, Row
 from effectlog.journal import checkpoint
 from effectlog.journal.bindings import check_binding, lease_holder
+from effectlog.journal.keycheck import FINGERPRINT_KEY, LastLink, check_key
 from effectlog.journal.ownership import (
     PASSING_WAIT_S,
     Claim,
@@ -87,7 +88,10 @@ from effectlog.journal.postgres_schema import (
     HAS_RENEWED_ON,
     HEAD,
     INSERT,
+    INSERT_FINGERPRINT,
+    LAST_LINK,
     LOCK_RUN,
+    META_KEYS,
     MIGRATE_LOCK_CLASS,
     MIGRATIONS,
     OWNER_LOCK_CLASS,
@@ -314,6 +318,8 @@ class PostgresJournal:
                 f"INSERT INTO {SCHEMA}.meta (key, value) VALUES ('chain', %s) ON CONFLICT (key) DO NOTHING",
                 (self.chain.name,),
             )
+            if version == 0 and self.chain.key is not None:  # a new keyed journal records its key
+                conn.execute(INSERT_FINGERPRINT, (self.chain.fingerprint(),))
         self._check_chain(conn)
 
     def _refuse_version(self, version: int) -> None:
@@ -327,14 +333,24 @@ class PostgresJournal:
             raise JournalUnreadable(f"{self.location}: {what}; it needs a writer to create or migrate it")
 
     def _check_chain(self, conn: psycopg.Connection[Any]) -> None:
-        row = conn.execute(f"SELECT value FROM {SCHEMA}.meta WHERE key = 'chain'").fetchone()
-        recorded = row[0] if row else "sha256"
-        if recorded != self.chain.name:
-            keyed = recorded != "sha256"
-            hint = "set EFFECTLOG_JOURNAL_KEY or --key-file" if keyed else "this journal has no key"
-            raise JournalUnreadable(
-                f"{self.location}: journal chain is {recorded}, opened as {self.chain.name} ({hint})"
-            )
+        """Refuse another chain kind or another key (``keycheck``); a writer records the key's fingerprint
+        in a keyed journal from before it, once its last event's link checked the key."""
+        if self._key_to_record(conn) and self.writer:
+            with conn.transaction():  # checked again under the lock: two writers with two keys cannot both pass
+                conn.execute("SELECT pg_advisory_xact_lock(%s, 0)", (MIGRATE_LOCK_CLASS,))
+                if self._key_to_record(conn):
+                    conn.execute(INSERT_FINGERPRINT, (self.chain.fingerprint(),))
+
+    def _key_to_record(self, conn: psycopg.Connection[Any]) -> bool:
+        stored = {str(k): str(v) for k, v in conn.execute(META_KEYS).fetchall()}
+        fingerprint = stored.get(FINGERPRINT_KEY)
+        last = None
+        if self.chain.key is not None and fingerprint != self.chain.fingerprint():  # else no read
+            row = conn.execute(LAST_LINK).fetchone()
+            if row is not None:
+                prev = None if row[2] is None else bytes(row[2])
+                last = LastLink(str(row[0]), int(row[1]), prev, bytes(row[3]), bytes(row[4]))
+        return check_key(self.location, self.chain, stored.get("chain"), fingerprint, last)
 
     # -- the Protocol -------------------------------------------------------------
 

@@ -98,6 +98,17 @@ INSERT = (
     f"INSERT INTO {SCHEMA}.events (run_id, seq, step_id, phase, attempt, body, hash)"
     " VALUES (%s, %s, %s, %s, %s, %s, %s)"
 )
+META_KEYS = f"SELECT key, value FROM {SCHEMA}.meta WHERE key IN ('chain', 'key_fingerprint')"
+# The key's fingerprint (``keycheck``): added once, never replaced.
+INSERT_FINGERPRINT = (
+    f"INSERT INTO {SCHEMA}.meta (key, value) VALUES ('key_fingerprint', %s) ON CONFLICT (key) DO NOTHING"
+)
+# The journal's last event (by primary key) and the hash it chains from (``keycheck.LastLink``).
+LAST_LINK = (
+    f"SELECT e.run_id, e.seq, (SELECT p.hash FROM {SCHEMA}.events p WHERE p.run_id = e.run_id AND p.seq = e.seq - 1),"
+    f" e.body, e.hash FROM (SELECT run_id, seq, body, hash FROM {SCHEMA}.events ORDER BY run_id DESC, seq DESC"
+    " LIMIT 1) e"
+)
 HEAD = f"SELECT seq, hash FROM {SCHEMA}.events WHERE run_id = %s ORDER BY seq DESC LIMIT 1"
 READ = (
     f"SELECT seq, body, hash, step_id, phase, attempt FROM {SCHEMA}.events WHERE run_id = %s AND seq > %s ORDER BY seq"

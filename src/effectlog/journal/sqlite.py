@@ -49,6 +49,7 @@ from effectlog.events import PLAIN_STEP_PHASE, Event, encode_direct
 from effectlog.fold import Record, Row
 from effectlog.journal import checkpoint, filelocks, sidecars
 from effectlog.journal.bindings import check_binding, lease_holder
+from effectlog.journal.keycheck import FINGERPRINT_KEY, LastLink, check_key
 from effectlog.journal.ownership import (
     PASSING_WAIT_S,
     Claim,
@@ -63,8 +64,10 @@ from effectlog.journal.ownership import (
 )
 from effectlog.journal.sqlite_schema import (
     INSERT,
+    INSERT_FINGERPRINT,
     INSERT_SEAL,
     LAYOUTS,
+    META_KEYS,
     MIGRATIONS,
     NEW_RUN,
     OWNERS_DDL,
@@ -287,7 +290,8 @@ class SqliteJournal:
             if version == SQLITE_SCHEMA_VERSION or (version > 0 and not self.writer):
                 # A reader reads the file's own layout as it is: no migration, no write.
                 self._layout = LAYOUTS[version]
-                self._check_chain()
+                if self._check_chain(version) and self.writer:
+                    self._record_fingerprint()
                 return
             if not self.writer:
                 raise JournalUnreadable(f"{self.location}: no journal there yet (the database is empty)")
@@ -297,10 +301,11 @@ class SqliteJournal:
                 version = self._version()  # another writer may have migrated while this one waited
                 if version == SQLITE_SCHEMA_VERSION:
                     self._db.execute("COMMIT")
-                    self._check_chain()
+                    if self._check_chain(version):
+                        self._record_fingerprint()
                     return
-                if version > 0:
-                    self._check_chain()  # a journal opened with the wrong key is not rewritten
+                # A journal opened with the wrong key is not rewritten; a new one records its key.
+                record = self._check_chain(version) if version > 0 else self.chain.key is not None
                 for statements in MIGRATIONS[version:]:
                     for sql in statements:
                         self._db.execute(sql)
@@ -310,6 +315,8 @@ class SqliteJournal:
                 )
                 if version == 0:
                     self._db.execute("INSERT INTO meta (key, value) VALUES ('chain', ?)", (self.chain.name,))
+                if record:
+                    self._db.execute(INSERT_FINGERPRINT, (self.chain.fingerprint(),))
                 self._db.execute("COMMIT")
             except BaseException:
                 if self._db.in_transaction:  # SQLite ends a transaction itself on some errors (a full disk)
@@ -318,14 +325,30 @@ class SqliteJournal:
         except sqlite3.Error as exc:
             raise translate(exc, self.location) from None
 
-    def _check_chain(self) -> None:
-        row = self._db.execute("SELECT value FROM meta WHERE key = 'chain'").fetchone()
-        recorded = row[0] if row else "sha256"
-        if recorded != self.chain.name:
-            hint = "set EFFECTLOG_JOURNAL_KEY or --key-file" if recorded != "sha256" else "this journal has no key"
-            raise JournalUnreadable(
-                f"{self.location}: journal chain is {recorded}, opened as {self.chain.name} ({hint})"
-            )
+    def _check_chain(self, version: int) -> bool:
+        """Refuse another chain kind or another key (``keycheck``); True: record this key's fingerprint."""
+        stored = dict(self._db.execute(META_KEYS).fetchall())
+        fingerprint = stored.get(FINGERPRINT_KEY)
+        last = None
+        if self.chain.key is not None and fingerprint != self.chain.fingerprint():  # else no read
+            row = self._db.execute(LAYOUTS[version].last_link).fetchone()
+            if row is not None:
+                prev = None if row[2] is None else bytes(row[2])
+                last = LastLink(str(row[0]), int(row[1]), prev, bytes(row[3]), bytes(row[4]))
+        return check_key(self.location, self.chain, stored.get("chain"), fingerprint, last)
+
+    def _record_fingerprint(self) -> None:
+        """A keyed journal from before the fingerprint, its key checked: record it (one meta row added, in a
+        transaction that checks again, so two writers with two keys on an empty journal cannot both pass)."""
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            if self._check_chain(self._version()):
+                self._db.execute(INSERT_FINGERPRINT, (self.chain.fingerprint(),))
+            self._db.execute("COMMIT")
+        except BaseException:
+            if self._db.in_transaction:
+                self._db.execute("ROLLBACK")
+            raise
 
     def _ensure_table(self, name: str, ddl: Sequence[str]) -> None:
         """Add a derived table (seals, owners) that older journals lack; no schema version change."""

@@ -90,6 +90,9 @@ def insert_rows(count: int) -> str:
 
 
 INSERT = insert_rows(1)
+META_KEYS = "SELECT key, value FROM meta WHERE key IN ('chain', 'key_fingerprint')"
+# The key's fingerprint (``keycheck``): added once, never replaced (a second writer's is ignored, then checked).
+INSERT_FINGERPRINT = "INSERT OR IGNORE INTO meta (key, value) VALUES ('key_fingerprint', ?)"
 RUN_NUMBER = "SELECT run FROM runs WHERE run_id = ?"
 NEW_RUN = "INSERT INTO runs (run_id) VALUES (?) RETURNING run"
 # Before a new run number is given: numbers are dense (1..n, never deleted) and no event row lies past
@@ -146,6 +149,9 @@ class Layout(NamedTuple):
     select_seal: str
     checkpoint_join: str  # ``checkpoint.select_sql``'s join of a segment ``c`` to its event ``e``
     count_run: str  # (run_id) -> how many events the run has (the console's change detection)
+    # () -> run_id, seq, the hash of seq - 1 (NULL if absent), body, hash of the journal's last event
+    # (``keycheck.LastLink``): checks a key against a journal from before the key fingerprint.
+    last_link: str
     numbered: bool  # runs interned in ``runs`` (v2)
 
 
@@ -171,6 +177,10 @@ _V1 = Layout(
     ),
     checkpoint_join="LEFT JOIN events e ON e.run_id = c.run_id AND e.seq = c.seq",
     count_run="SELECT count(*) FROM events WHERE run_id = ?",
+    last_link=(
+        "SELECT e.run_id, e.seq, (SELECT p.hash FROM events p WHERE p.run_id = e.run_id AND p.seq = e.seq - 1), "
+        "e.body, e.hash FROM (SELECT run_id, seq, body, hash FROM events ORDER BY run_id DESC, seq DESC LIMIT 1) e"
+    ),
     numbered=False,
 )
 # v2: a run's rows are one rowid range, ``run << 32 | seq``, its number looked up once by run id.
@@ -196,6 +206,11 @@ _V2 = Layout(
     ),
     checkpoint_join="LEFT JOIN runs n ON n.run_id = c.run_id LEFT JOIN events e ON e.id = (n.run << 32 | c.seq)",
     count_run=f"SELECT count(*) {_V2_RANGE}",
+    last_link=(
+        "SELECT (SELECT run_id FROM runs WHERE run = e.run), e.id & 4294967295, "
+        "(SELECT p.hash FROM events p WHERE p.id = e.id - 1), e.body, e.hash "
+        "FROM (SELECT id, run, body, hash FROM events ORDER BY id DESC LIMIT 1) e"
+    ),
     numbered=True,
 )
 LAYOUTS: dict[int, Layout] = {1: _V1, 2: _V2}
