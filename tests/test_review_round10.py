@@ -1,0 +1,108 @@
+"""Review round 10: this session's changes tried as a new user, a tired operator and an attacker would.
+
+Each test names the defect it reproduces; each runs real SQLite files and real ``effectlog`` processes.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from console_kit import Setup, free_port
+from effectlog.errors import BadInput
+from hardening_kit import cli_env, snapshot
+
+PAYMENT = Path(__file__).resolve().parent.parent / "examples" / "payment.json"
+
+# (journal, effects, trace): one file named as two of a Runtime's files.
+SHARED = {
+    "effects-is-the-journal": ("j.db", "j.db", None),
+    "effects-is-the-journals-wal": ("j.db", "./j.db-wal", None),
+    "trace-is-the-effect-store": ("j.db", "e.db", "e.db"),
+    "trace-is-the-journals-wal": ("j.db", "e.db", "j.db-wal"),
+}
+
+
+@pytest.mark.parametrize(("journal", "effects", "trace"), SHARED.values(), ids=SHARED.keys())
+def test_a_runtime_given_one_file_as_two_of_its_files_is_refused_before_any_is_made(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, journal: str, effects: str, trace: str | None
+) -> None:
+    """``Runtime("j.db", effects="j.db")`` (the Python API; the CLI's ``run`` was mended this session with
+    ``sidecars.refuse_shared``) made the journal ``j.db`` and then refused the effect store "a SQLite file of
+    something else ...; nothing was written", a file made by bad input and a message that says otherwise.
+    Proves: the constructor refuses, naming the flag, and the directory is as it was."""
+    from effectlog.runtime import Runtime
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "p.json").write_text(PAYMENT.read_text())
+    before = snapshot(tmp_path)
+
+    with pytest.raises(BadInput, match="give each its own file"):
+        Runtime(journal, effects=effects, trace=trace).run("p.json")
+
+    assert before == snapshot(tmp_path)
+
+
+def test_a_runtime_given_an_open_journals_file_as_its_effect_store_is_refused(tmp_path: Path) -> None:
+    """A ``Journal`` object and ``effects=`` naming that journal's file by a hard link: refused before the
+    effect store is opened (it would add its tables to the journal), the journal's bytes unchanged."""
+    from effectlog.journal import open_journal
+    from effectlog.runtime import Runtime
+
+    journal = open_journal(str(tmp_path / "j.db"))
+    try:
+        os.link(tmp_path / "j.db", tmp_path / "hard.db")
+        before = (tmp_path / "j.db").read_bytes()
+        with pytest.raises(BadInput, match="give each its own file"):
+            Runtime(journal, effects=tmp_path / "hard.db")
+    finally:
+        journal.close()
+
+    assert before == (tmp_path / "j.db").read_bytes()
+
+
+def _console_start(setup: Setup, extra: list[str], env: dict[str, str]) -> tuple[int | None, str]:
+    """Start ``effectlog console``; (exit status, stderr) if it exits, (None, its line) once it serves."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "effectlog", "console", "--journal", setup.journal, "--users", setup.users,
+         "--port", str(free_port()), *extra],
+        cwd=setup.dir, env=cli_env(env), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()  # the "serving" line, or "" once it exits
+        if line:
+            return None, line
+        return proc.wait(), proc.stderr.read() if proc.stderr is not None else ""
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait()
+
+
+KEYS = {
+    "key-file-missing": (["--key-file", "no-such-key"], {}, "--key-file no-such-key"),
+    "key-for-an-unkeyed-journal": ([], {"EFFECTLOG_JOURNAL_KEY": "k"}, "opened as hmac"),
+    "key-set-but-empty": ([], {"EFFECTLOG_JOURNAL_KEY": " "}, "EFFECTLOG_JOURNAL_KEY is set but empty"),
+}
+
+
+@pytest.mark.parametrize(("extra", "env", "message"), KEYS.values(), ids=KEYS.keys())
+def test_a_console_whose_key_cannot_open_its_journal_exits_2_instead_of_serving_errors(
+    tmp_path: Path, extra: list[str], env: dict[str, str], message: str
+) -> None:
+    """A console started with a mistyped ``--key-file``, a key for an unkeyed journal (or the wrong key),
+    or ``EFFECTLOG_JOURNAL_KEY`` set empty printed "effectlog console: http://..." and served an error on
+    every page: the key was first read at the first request. Proves: it exits 2 with one line naming what
+    is wrong, before it serves."""
+    setup = Setup(tmp_path)
+    setup.held()
+
+    status, said = _console_start(setup, extra, env)
+
+    assert (2, True) == (status, message in said), said
