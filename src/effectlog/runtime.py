@@ -102,6 +102,11 @@ class Runtime:
     ) -> None:
         if trace is not None:  # by its text, before the journal is made
             sidecars.refuse_ambiguous(os.fspath(trace), "trace")
+        # One file as two of these (``effects`` the journal's file, a trace in its WAL): refused before the
+        # journal is made, as the CLI does (the effect store found the journal's tables only after).
+        where = os.fspath(journal) if isinstance(journal, str | os.PathLike) else journal.location
+        files = (("journal", where, True), ("effects", effects, True), ("trace", trace, False))
+        sidecars.refuse_shared([(name, os.fspath(f) if f is not None else None, db) for name, f, db in files])
         self.journal: Journal = open_journal(os.fspath(journal)) if isinstance(journal, str | os.PathLike) else journal
         self.registry = adapters if isinstance(adapters, Registry) else Registry(adapters)
         self.context = AdapterContext(effects=os.fspath(effects) if effects is not None else None)

@@ -91,7 +91,7 @@ def cmd_console(args: argparse.Namespace) -> int:
         import uvicorn
 
         from effectlog.console.app import create_app
-        from effectlog.console.decisions import Config
+        from effectlog.console.decisions import Config, reading, with_store
         from effectlog.notify import shown_location
     except ModuleNotFoundError as exc:
         raise MissingDependency(f"console needs its extra: install effectlog[console] ({exc})") from None
@@ -104,6 +104,12 @@ def cmd_console(args: argparse.Namespace) -> int:
         adapters=tuple(args.adapters),
         https_only=bool(args.tls_cert),
     )
+    # Opened once now, read only: a mistyped --key-file, a key that is not the journal's (or the fleet
+    # store's) and an unreadable journal are refused before the console says it serves (exit 2), not
+    # found by every page it would serve.
+    reading(config, lambda journal: None)
+    if args.store:
+        with_store(config, lambda store: None)
     scheme = "https" if args.tls_cert else "http"
     host = f"[{args.host}]" if ":" in args.host else args.host
     where = shown_location(args.journal)  # a PostgreSQL URL's password stays out of the console's log
