@@ -113,3 +113,32 @@ def test_a_console_whose_key_cannot_open_its_journal_exits_2_instead_of_serving_
     status, said = _console_start(setup, extra, env)
 
     assert (2, True) == (status, message in said), said
+
+
+def test_a_handoff_that_makes_a_new_agent_each_time_hands_to_that_agent_not_an_earlier_ones_clone() -> None:
+    """A ``Handoff`` whose invocation builds its target agent anew (the SDK's ``on_invoke_handoff`` may
+    return any agent) was made durable through a cache of clones keyed by ``id(agent)``: once the first
+    target was collected, the next one was often built at its address and was handed the first one's
+    clone, its instructions, tools and model (``['agent-0', 'agent-0', 'agent-0', ...]``). Proves: each
+    invocation gets the clone of the agent it built. (The targets have no tools or model object, so the
+    pass the clones would use is never reached: ``None`` stands for it.)"""
+    import asyncio
+
+    from agents import Agent, Handoff
+
+    from effectlog.integrations.openai_agents import _durable_handoff
+
+    async def build(ctx: object, arguments: str) -> Agent[None]:
+        built.append(len(built))
+        return Agent(name=f"agent-{built[-1]}", instructions=f"you are number {built[-1]}")
+
+    built: list[int] = []
+    given = Handoff(
+        tool_name="go", tool_description="hand off", input_json_schema={}, on_invoke_handoff=build, agent_name="x"
+    )
+    durable = _durable_handoff(given, None, {})
+
+    async def invoke_five() -> list[str]:
+        return [(await durable.on_invoke_handoff(None, "{}")).name for _ in range(5)]
+
+    assert [f"agent-{n}" for n in range(5)] == asyncio.run(invoke_five())
