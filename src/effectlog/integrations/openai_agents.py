@@ -446,12 +446,19 @@ def _call_args(name: str, input_json: str) -> dict[str, Any] | str:
     return args
 
 
-def _durable_agent(agent: Agent[Any], durable: _Pass, done: dict[int, Agent[Any]]) -> Agent[Any]:
+# The pass's clones by their original's id, each with its original: held, that id is not another agent's
+# while the pass lasts (a handoff that builds its target anew let the next one take a freed target's id
+# and be handed that target's clone).
+Clones = dict[int, tuple[Agent[Any], Agent[Any]]]
+
+
+def _durable_agent(agent: Agent[Any], durable: _Pass, done: Clones) -> Agent[Any]:
     """A clone of ``agent`` (and of its ``Agent`` handoffs) with a durable model and durable function tools."""
-    if id(agent) in done:
-        return done[id(agent)]
+    found = done.get(id(agent))
+    if found is not None and found[0] is agent:
+        return found[1]
     clone = agent.clone()
-    done[id(agent)] = clone
+    done[id(agent)] = (agent, clone)
     changes: dict[str, Any] = {
         "tools": [durable_tool(t, durable) if isinstance(t, FunctionTool) else t for t in agent.tools],
         "handoffs": [_durable_handoff(h, durable, done) for h in agent.handoffs],
@@ -463,7 +470,7 @@ def _durable_agent(agent: Agent[Any], durable: _Pass, done: dict[int, Agent[Any]
     return clone
 
 
-def _durable_handoff(given: Any, durable: _Pass, done: dict[int, Agent[Any]]) -> Any:
+def _durable_handoff(given: Any, durable: _Pass, done: Clones) -> Any:
     """A handoff whose target agent is durable: an ``Agent`` cloned as ``_durable_agent`` does, and a
     ``handoff(...)`` object (a description, an input filter, a callback) copied with its invocation's agent
     replaced by that clone. Its target is cloned now when the object names it (``handoff(agent)`` does), so
@@ -606,10 +613,11 @@ class DurableRunner:
             config = dataclasses.replace(
                 config, model=model, model_provider=DurableModelProvider(config.model_provider, durable)
             )
-            cloned: dict[int, Agent[Any]] = {}
+            cloned: Clones = {}
             agent = _durable_agent(starting_agent, durable, cloned)
-            self._check_declared(run_id, cloned.values())
-            _check_agent_tools(run_id, cloned.values())
+            clones = [clone for _, clone in cloned.values()]
+            self._check_declared(run_id, clones)
+            _check_agent_tools(run_id, clones)
             try:
                 result = await Runner.run(agent, input, run_config=config, **kwargs)
                 if result.interruptions:
