@@ -54,3 +54,18 @@ def test_a_fleet_command_on_a_postgres_url_that_is_no_fleet_store_refuses_and_cr
     assert 1 == len(done.stderr.splitlines()), done.stderr
     assert "not a fleet store" in done.stderr
     assert before == _objects(pg_url)
+
+
+def test_a_fleet_store_whose_journal_schema_was_dropped_is_refused_not_given_a_new_journal(pg_url: str) -> None:
+    """A fleet store whose journal schema is gone (``DROP SCHEMA effectlog CASCADE``, a partial restore),
+    opened for its requests: refused naming the loss, and no new, empty journal schema is made beside
+    requests whose runs' history it would not hold."""
+    from effectlog.fleet.postgres_store import PostgresFleetStore
+
+    PostgresFleetStore(pg_url).close()  # a real fleet store: both schemas
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute("DROP SCHEMA effectlog CASCADE")
+    before = _objects(pg_url)
+    with pytest.raises(JournalUnreadable, match="without its journal"):
+        PostgresFleetStore(pg_url, create=False)
+    assert before == _objects(pg_url)

@@ -232,7 +232,7 @@ CLAIM_SIGNATURE = f"{_S}.claim_next(text, integer, text, double precision)"
 CLAIM_NEXT = f"SELECT * FROM {_S}.claim_next(%s, %s, %s, %s)"
 
 
-_FLEET_META = "SELECT 1 FROM pg_catalog.pg_tables WHERE schemaname = %s AND tablename = 'meta'"
+_HAS_META = "SELECT 1 FROM pg_catalog.pg_tables WHERE schemaname = %s AND tablename = 'meta'"
 
 # What each version adds to the one before (a new store is created at v1 and migrated).
 MIGRATIONS: dict[int, tuple[str, ...]] = {
@@ -339,14 +339,22 @@ class PostgresFleetStore(SqlFleetStore):
             raise
 
     def _refuse_if_no_fleet(self) -> None:
-        """A database without the fleet's ``meta`` table, opened for existing requests: refused, read only."""
+        """A database without the fleet's ``meta`` table or its journal's, opened for existing requests:
+        refused, read only (the journal would make its schema anew beside a fleet whose runs it lost)."""
         try:
             with psycopg.connect(self._url, **self._kwargs) as conn:
-                exists = conn.execute(_FLEET_META, (FLEET_SCHEMA,)).fetchone()
+                fleet, journal = (
+                    conn.execute(_HAS_META, (schema,)).fetchone() for schema in (FLEET_SCHEMA, JOURNAL_SCHEMA)
+                )
         except psycopg.Error as exc:
             raise translate(exc, self.location) from None
-        if exists is None:
+        if fleet is None:
             raise JournalUnreadable(f"{self.location}: not a fleet store (no fleet schema); nothing was changed")
+        if journal is None:
+            raise JournalUnreadable(
+                f"{self.location}: a fleet store without its journal (schema {JOURNAL_SCHEMA} is gone: dropped, or "
+                "restored apart); its runs' history is not here; nothing was changed"
+            )
 
     def _configure(self, conn: psycopg.Connection[Any]) -> None:
         configure_session(conn, self._settings)  # as the journal's sessions: search path, durability
@@ -369,7 +377,7 @@ class PostgresFleetStore(SqlFleetStore):
         with conn.transaction():
             # Many runners may open a fresh database at once: one creates the schema, the others wait and see it.
             conn.execute("SELECT pg_advisory_xact_lock(%s, %s)", FLEET_MIGRATE_LOCK)
-            exists = conn.execute(_FLEET_META, (FLEET_SCHEMA,)).fetchone()
+            exists = conn.execute(_HAS_META, (FLEET_SCHEMA,)).fetchone()
             if exists is None and self._foreign(conn):
                 raise JournalUnreadable(
                     f"{self.location}: schema {FLEET_SCHEMA} exists but is not an effectlog fleet (it holds another "
