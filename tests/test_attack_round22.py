@@ -1,0 +1,236 @@
+"""Attack round 22: a tool, or the machine, hostile to the process that runs it.
+
+A tool that removes files beside the journal, replaces the journal, or fills the disk; signals and a
+closed pipe; an approval whose expiry passes while its call is in flight. Each test drives real
+``effectlog`` processes (SIGKILL where a crash is the point) against real SQLite files; a race is
+steered by a file the paused tool makes, never by a sleep.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from effectlog.journal import SqliteJournal
+from hardening_kit import SAFETY_TIMEOUT_S, cli_env, last_line
+
+# The tools' module: each call notes its step (and key) in the file ``log`` names before it does what
+# the file ``mode`` says (read per call, so that a later pass of the same plan can be tame).
+TOOLS = """
+import os
+import shutil
+import time
+
+
+class Hostile:
+    def __init__(self, options):
+        self.o = options
+
+    def invoke(self, request):
+        o = self.o
+        with open(o["log"], "a") as fh:
+            fh.write(f"{request.step_id} {request.idempotency_key}\\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        mode = open(o["mode"]).read().strip()
+        journal = o.get("journal", "")
+        if mode == "remove-shm":  # a clean-up script's "rm -f *.db-shm", or a backup tool's
+            os.unlink(journal + "-shm")
+        elif mode == "remove":  # a clean-up of "stale" files, or a test harness resetting its state
+            for suffix in ("", "-wal", "-shm"):
+                if os.path.exists(journal + suffix):
+                    os.unlink(journal + suffix)
+        elif mode == "replace":  # a "compaction" that copies the file and renames the copy into place
+            shutil.copy(journal, journal + ".tmp")
+            os.replace(journal + ".tmp", journal)
+        elif mode == "fill":  # a tool that writes a large file on the journal's disk until it is full
+            with open(o["filler"], "wb") as fh:
+                try:
+                    while True:
+                        fh.write(b"x" * 65536)
+                        fh.flush()
+                except OSError:
+                    pass
+        if "gate" in o and mode != "tame":
+            open(o["reached"], "w").close()
+            deadline = time.monotonic() + 120
+            while not os.path.exists(o["gate"]) and time.monotonic() < deadline:
+                time.sleep(0.01)
+        return {"ok": True}
+
+
+ADAPTERS = {"hostile": lambda decl, ctx: Hostile(decl.options)}
+"""
+
+
+class World:
+    """A directory (``where``) with the tools module, a journal ``j.db`` and plans of the hostile tool."""
+
+    def __init__(self, where: Path, tools_dir: Path | None = None) -> None:
+        self.dir = where
+        self.tools = tools_dir or where
+        (self.tools / "hostile_tools.py").write_text(TOOLS)
+        self.journal = where / "j.db"
+
+    def plan(self, name: str, run_id: str, steps: int, *, idempotent: bool, gate: bool = False, mode: str) -> Path:
+        """A plan ``name`` of ``steps`` steps of the hostile tool, noting calls in ``name.log``, in mode
+        ``mode`` (its file ``name.mode``: ``set_mode`` changes it); with ``gate``, each call then waits
+        for ``name.gate`` (having made ``name.reached``)."""
+        options: dict[str, Any] = {
+            "log": str(self.tools / f"{name}.log"), "mode": str(self.tools / f"{name}.mode"),
+            "journal": str(self.journal), "filler": str(self.dir / "filler"),
+        }  # fmt: skip
+        if gate:
+            options |= {"gate": str(self.tools / f"{name}.gate"), "reached": str(self.tools / f"{name}.reached")}
+        self.set_mode(name, mode)
+        plan = {
+            "run_id": run_id,
+            "adapters": {"t": {"type": "hostile", "idempotent": idempotent, "options": options}},
+            "steps": [{"id": f"s{i}", "adapter": "t"} for i in range(1, steps + 1)],
+        }
+        path = self.tools / f"{name}.json"
+        path.write_text(json.dumps(plan))
+        return path
+
+    def set_mode(self, name: str, mode: str) -> None:
+        (self.tools / f"{name}.mode").write_text(mode)
+
+    def calls(self, name: str) -> list[str]:
+        log = self.tools / f"{name}.log"
+        return [line.split(" ")[0] for line in log.read_text().splitlines()] if log.exists() else []
+
+    def argv(self, plan: Path, journal: Path | None = None) -> list[str]:
+        return [sys.executable, "-m", "effectlog", "run", str(plan), "--journal", str(journal or self.journal),
+                "--adapters", "hostile_tools:ADAPTERS"]  # fmt: skip
+
+    def run(self, plan: Path, journal: Path | None = None) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            self.argv(plan, journal), cwd=self.dir, env=cli_env({"PYTHONPATH": str(self.tools)}),
+            capture_output=True, text=True, timeout=SAFETY_TIMEOUT_S, check=False,
+        )  # fmt: skip
+
+    def start(self, plan: Path) -> subprocess.Popen[str]:
+        return subprocess.Popen(
+            self.argv(plan), cwd=self.dir, env=cli_env({"PYTHONPATH": str(self.tools)}),
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+
+    def effectlog(self, *argv: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "effectlog", *argv], cwd=self.dir, env=cli_env(),
+            capture_output=True, text=True, timeout=SAFETY_TIMEOUT_S, check=False,
+        )  # fmt: skip
+
+    def runs(self, journal: Path | None = None) -> list[str]:
+        with SqliteJournal(journal or self.journal, writer=False) as opened:
+            return sorted(opened.runs())
+
+
+def _wait_for(path: Path, proc: subprocess.Popen[str]) -> None:
+    """Poll for ``path``; fail (never hang) if ``proc`` ends first or the safety deadline passes."""
+    deadline = time.monotonic() + SAFETY_TIMEOUT_S
+    while not path.exists():
+        if proc.poll() is not None:
+            out, err = proc.communicate()
+            pytest.fail(f"the run ended (exit {proc.returncode}) before its tool was reached: {err}")
+        if time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail(f"{path} never appeared")
+        time.sleep(0.01)
+
+
+# -- 1. a tool that removes the journal's shared-memory index while another process commits ---------------
+
+
+def test_a_tool_removing_the_journals_shm_loses_no_other_processes_run(tmp_path: Path) -> None:
+    """Process A's tool removes ``j.db-shm`` (a clean-up script's ``rm -f *.db-shm``) and is still in its
+    call when process B, ``effectlog run`` of another run of the same journal, opens it: SQLite in B makes
+    a new shared-memory index, rebuilt from the WAL, while A goes on with the old one it has mapped. A's
+    next commit then wrote its frame where its own index said the WAL ended, over B's commits: B's whole
+    run, its 5 non-idempotent steps made and acknowledged (exit 0), was gone from the journal, ``verify``
+    said ok for the run left, and B's plan run again sent all 5 again. Proves: B's run stays in the
+    journal and sends nothing more when run again; A writes nothing more once its index is not the
+    journal's (exit 6, one line, ``journal_wal_lost``), its step is found uncertain at the next pass and
+    was sent once; ``verify`` says ok."""
+    world = World(tmp_path)
+    a = world.plan("a", "ra", 2, idempotent=False, gate=True, mode="remove-shm")
+    b = world.plan("b", "rb", 5, idempotent=False, mode="tame")
+    first = world.start(a)
+    try:
+        _wait_for(tmp_path / "a.reached", first)
+        assert not Path(f"{world.journal}-shm").exists()
+        other = world.run(b)
+    finally:
+        (tmp_path / "a.gate").touch()
+        _, first_err = first.communicate(timeout=SAFETY_TIMEOUT_S)
+    assert 0 == other.returncode, other.stderr
+    assert (6, "journal_wal_lost") == (first.returncode, last_line(first_err).split(":")[1].strip()), first_err
+    assert ["ra", "rb"] == world.runs()
+    again = world.run(b)
+    assert (0, ["s1", "s2", "s3", "s4", "s5"]) == (again.returncode, world.calls("b")), again.stderr
+    world.set_mode("a", "tame")
+    resumed = world.run(a)
+    assert (3, ["s1"]) == (resumed.returncode, world.calls("a")), resumed.stderr
+    assert 0 == world.effectlog("verify", "--journal", "j.db").returncode
+
+
+# -- 2. a tool that removes or replaces the journal file itself ----------------------------------------
+
+
+@pytest.mark.parametrize("idempotent", [False, True], ids=["unkeyed", "keyed"])
+def test_a_journal_removed_by_its_tool_is_put_back_with_its_history(tmp_path: Path, idempotent: bool) -> None:
+    """A step's tool removes the journal and its sidecars (``rm -f j.db*``) during its call. The runtime
+    noticed at its next commit and said "what was written is kept in the file (checkpointed) ... open it
+    by its new name", but there was no new name: the history, the step's request with it, lived only in
+    the file this process still had open, lost when it ended, and the next ``effectlog run`` made a new
+    journal and sent the step again (an unkeyed step twice, ``verify`` ok). Proves: the run ends with exit
+    6 in one line saying the history was put back; the journal at its name holds the run, the next pass
+    finds the step uncertain (unkeyed: exit 3, nothing sent) or resends it under its key (keyed), never
+    as a new attempt; ``verify`` says ok."""
+    world = World(tmp_path)
+    plan = world.plan("p", "r", 2, idempotent=idempotent, mode="remove")
+    first = world.run(plan)
+    line = last_line(first.stderr)
+    assert (6, True) == (first.returncode, "put back" in line), first.stderr
+    assert ["r"] == world.runs()
+    world.set_mode("p", "tame")
+    again = world.run(plan)
+    if idempotent:
+        assert (0, ["s1", "s1", "s2"]) == (again.returncode, world.calls("p")), again.stderr
+        keys = [line.split(" ")[1] for line in (tmp_path / "p.log").read_text().splitlines()]
+        assert keys[0] == keys[1]
+    else:
+        assert (3, ["s1"]) == (again.returncode, world.calls("p")), again.stderr
+    assert 0 == world.effectlog("verify", "--journal", "j.db").returncode
+
+
+def test_a_journal_replaced_by_its_tool_has_its_history_saved_beside_it(tmp_path: Path) -> None:
+    """A step's tool copies the journal file and renames the copy over it (a "compaction"): the copy
+    lacks what was in the WAL, the step's request among it. The runtime said the history was "kept in
+    the file ... open it by its new name", of a file no name leads to any more. Proves: the run ends
+    with exit 6 in one line naming a file beside the journal where its history was saved; the file at
+    the journal's name is left as the tool made it; the saved file holds the run, whose step a pass on
+    it finds uncertain (exit 3, nothing sent again); ``verify`` says ok for it."""
+    world = World(tmp_path)
+    plan = world.plan("p", "r", 2, idempotent=False, mode="replace")
+    first = world.run(plan)
+    line = last_line(first.stderr)
+    saved = sorted(tmp_path.glob("j.db.rescued-*"))
+    assert (6, 1) == (first.returncode, len(saved)), first.stderr
+    assert saved[0].name in line
+    assert saved[0].stat().st_mode & 0o777 == 0o600
+    world.set_mode("p", "tame")
+    again = world.run(plan, journal=saved[0])
+    assert (3, ["s1"]) == (again.returncode, world.calls("p")), again.stderr
+    assert 0 == world.effectlog("verify", "--journal", str(saved[0])).returncode
