@@ -220,10 +220,13 @@ class EffectStore:
                 "nothing more is written by this process: open it by its new name"
             )
         if self._wal is not None and self._wal.lost():
+            if self._wal.foreign():
+                filelocks.pin_no_checkpoint(self._file)  # see SqliteJournal.close
             raise StoreWalLost(
-                f"{self.path}: the effect store's WAL was removed or replaced by another process while this one "
-                "had it open (this process's SQLite locks on the file were dropped: something in it opened and "
-                "closed the store file); the effect was not committed and nothing more is written by this process"
+                f"{self.path}: the effect store's WAL or shared-memory index (-wal, -shm) was removed or replaced "
+                "while this process had it open (something removed the file, or this process's SQLite locks on the "
+                "store were dropped: something in it opened and closed the store file); the effect was not "
+                "committed and nothing more is written by this process"
             )
 
     def apply_idempotent(self, request: Request) -> Receipt:
@@ -345,6 +348,8 @@ class EffectStore:
                     # SQLite does not checkpoint a moved file on close: its effects would stay in the WAL
                     # beside the old name, unseen under the new one (see _refuse_if_renamed).
                     db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+                if self._wal is not None and self._file is not None and self._wal.foreign():
+                    filelocks.pin_no_checkpoint(self._file)  # see SqliteJournal.close
                 db.close()
         shared, self._file = self._file, None
         if shared is not None:

@@ -179,6 +179,8 @@ class SqliteJournal:
             wal = self._wal  # a lost WAL refuses every later commit (_wal_lost)
             if wal is None or not wal.lost():
                 return
+            if wal.foreign():
+                filelocks.pin_no_checkpoint(self._file)  # see close
             raise self._wal_lost()
         with contextlib.suppress(sqlite3.Error):
             self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
@@ -196,9 +198,10 @@ class SqliteJournal:
         is gone or another file refuses every later commit: checked in ``_refuse_if_moved`` (``walwatch``,
         shared with the effect store)."""
         return JournalWalLost(
-            f"{self.location}: the journal's WAL was removed or replaced by another process while this one had "
-            "it open (this process's SQLite locks on the file were dropped: something in it opened and closed "
-            "the journal file); nothing more is written by this process: run the command again"
+            f"{self.location}: the journal's WAL or shared-memory index (-wal, -shm) was removed or replaced while "
+            "this process had it open (something removed the file, or this process's SQLite locks on the journal "
+            "were dropped: something in it opened and closed the journal file); nothing more is written by this "
+            "process: run the command again"
         )
 
     @staticmethod
@@ -921,6 +924,8 @@ class SqliteJournal:
         if self.writer and self._file is not None and self._moved():
             with contextlib.suppress(sqlite3.Error):  # see _refuse_if_moved
                 self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        if self._wal is not None and self._file is not None and self._wal.foreign():
+            filelocks.pin_no_checkpoint(self._file)  # its checkpoint on close would drop others' commits
         with contextlib.suppress(sqlite3.Error):
             self._db.close()
         if self._file is not None:  # after the connection: closing the descriptor drops SQLite's locks too
