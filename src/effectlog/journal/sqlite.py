@@ -39,6 +39,7 @@ from effectlog.errors import (
     ChainBroken,
     EventConflict,
     JournalAliased,
+    JournalRemoved,
     JournalUnreadable,
     JournalWalLost,
     RunOwned,
@@ -47,7 +48,7 @@ from effectlog.errors import (
 )
 from effectlog.events import PLAIN_STEP_PHASE, Event, encode_direct
 from effectlog.fold import Record, Row
-from effectlog.journal import checkpoint, filelocks, sidecars
+from effectlog.journal import checkpoint, filelocks, rescue, sidecars
 from effectlog.journal.bindings import check_binding, lease_holder
 from effectlog.journal.ownership import (
     PASSING_WAIT_S,
@@ -184,9 +185,39 @@ class SqliteJournal:
             raise self._wal_lost()
         with contextlib.suppress(sqlite3.Error):
             self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        if rescue.orphaned(self._file.fd):
+            raise self._removed()
         raise JournalAliased(
-            f"{self.location}: the journal file was renamed or removed while this process had it open; what "
-            "was written is kept in the file (checkpointed), and nothing more is written: open it by its new name"
+            f"{self.location}: the journal file was renamed while this process had it open; what was written "
+            "is kept in the file (checkpointed), and nothing more is written: open it by its new name"
+        )
+
+    def _removed(self) -> JournalRemoved:
+        """The journal file has no name left (removed, or another file renamed over it) while this process
+        has it open: its history is only here, so it is saved (``rescue``) before anything else, and this
+        connection never checkpoints on close (its close would delete the WAL at the name, another file's
+        by then)."""
+        assert self._file is not None
+        filelocks.pin_no_checkpoint(self._file)
+        try:
+            saved, back = rescue.save(self._db, self.path)
+        except (OSError, sqlite3.Error) as exc:
+            return JournalRemoved(
+                f"{self.location}: the journal file was removed or replaced while this process had it open, and "
+                f"its history could not be saved ({exc}); nothing more is written by this process, and what it "
+                "wrote is lost when it ends"
+            )
+        if back:
+            return JournalRemoved(
+                f"{self.location}: the journal file was removed while this process had it open; its history, as "
+                "this process last wrote it, is put back at that name, and nothing more is written by this "
+                "process: run the command again"
+            )
+        return JournalRemoved(
+            f"{self.location}: the journal file was replaced by another file while this process had it open; "
+            f"its history, as this process last wrote it, is saved at {saved}, and the file now at "
+            f"{self.location} does not hold it (a run there would not know what this one did): put the saved "
+            "file back at that name before running again"
         )
 
     def _wal_lost(self) -> JournalWalLost:
