@@ -236,6 +236,55 @@ def test_a_journal_replaced_by_its_tool_has_its_history_saved_beside_it(tmp_path
     assert 0 == world.effectlog("verify", "--journal", str(saved[0])).returncode
 
 
+_DURABLE = """
+import json, os, sys
+from effectlog import durable
+
+journal, mode = sys.argv[1], sys.argv[2]
+
+
+@durable.tool(idempotent=False)
+def send(to: str) -> str:
+    with open("calls.log", "a") as fh:
+        fh.write(f"send {to}\\n")
+    if mode == "remove":
+        for suffix in ("", "-wal", "-shm"):
+            if os.path.exists(journal + suffix):
+                os.unlink(journal + suffix)
+    return "sent"
+
+
+try:
+    with durable.run("order-1", journal=journal):
+        send("a")
+        send("b")
+    print(json.dumps({"error": None}))
+except Exception as exc:
+    print(json.dumps({"error": getattr(exc, "code", type(exc).__name__)}))
+"""
+
+
+def test_a_durable_tool_removing_its_journal_finds_its_call_uncertain_on_the_next_pass(tmp_path: Path) -> None:
+    """The same removal from inside a ``@durable.tool`` (the program's own code, in the process that
+    holds the journal). Proves: the block ends with ``journal_removed``; the program run again finds the
+    unkeyed call uncertain (``uncertain_effect``) instead of making it again in a new journal, and it was
+    made once."""
+    (tmp_path / "prog.py").write_text(_DURABLE)
+
+    def once(mode: str) -> str | None:
+        done = subprocess.run(
+            [sys.executable, "prog.py", str(tmp_path / "j.db"), mode], cwd=tmp_path, env=cli_env(),
+            capture_output=True, text=True, timeout=SAFETY_TIMEOUT_S, check=False,
+        )  # fmt: skip
+        assert "Traceback" not in done.stderr, done.stderr
+        error: str | None = json.loads(done.stdout.splitlines()[-1])["error"]
+        return error
+
+    assert "journal_removed" == once("remove")
+    assert "uncertain_effect" == once("tame")
+    assert ["send a"] == (tmp_path / "calls.log").read_text().splitlines()
+
+
 # -- 3. the disk fills: a real tmpfs, ENOSPC ----------------------------------------------------------
 
 
