@@ -30,6 +30,7 @@ from hardening_kit import SAFETY_TIMEOUT_S, cli_env, last_line
 TOOLS = """
 import os
 import shutil
+import stat
 import time
 
 
@@ -62,7 +63,28 @@ class Hostile:
                         fh.flush()
                 except OSError:
                     pass
-        if "gate" in o and mode != "tame":
+        elif mode == "fork-then-die":  # a daemon (or a fork-started worker) left running, then a crash
+            if os.fork() == 0:
+                null = os.open(os.devnull, os.O_RDWR)  # a daemon's standard streams, off the caller's pipes
+                for std in (0, 1, 2):
+                    os.dup2(null, std)
+                for fd in map(int, os.listdir("/proc/self/fd")):  # and any copy effectlog keeps of them
+                    try:
+                        if stat.S_ISFIFO(os.fstat(fd).st_mode):
+                            os.close(fd)
+                    except OSError:
+                        pass
+                with open(o["child"] + ".tmp", "w") as fh:
+                    fh.write(str(os.getpid()))
+                os.rename(o["child"] + ".tmp", o["child"])
+                deadline = time.monotonic() + 120
+                while not os.path.exists(o["gate"]) and time.monotonic() < deadline:
+                    time.sleep(0.01)
+                os._exit(0)
+            while not os.path.exists(o["child"]):
+                time.sleep(0.01)
+            os.kill(os.getpid(), 9)
+        if "gate" in o and mode not in ("tame", "fork-then-die"):
             open(o["reached"], "w").close()
             deadline = time.monotonic() + 120
             while not os.path.exists(o["gate"]) and time.monotonic() < deadline:
@@ -90,6 +112,7 @@ class World:
         options: dict[str, Any] = {
             "log": str(self.tools / f"{name}.log"), "mode": str(self.tools / f"{name}.mode"),
             "journal": str(self.journal), "filler": str(self.dir / "filler"),
+            "child": str(self.tools / f"{name}.child"),
         }  # fmt: skip
         if gate:
             options |= {"gate": str(self.tools / f"{name}.gate"), "reached": str(self.tools / f"{name}.reached")}
@@ -283,6 +306,42 @@ def test_a_durable_tool_removing_its_journal_finds_its_call_uncertain_on_the_nex
     assert "journal_removed" == once("remove")
     assert "uncertain_effect" == once("tame")
     assert ["send a"] == (tmp_path / "calls.log").read_text().splitlines()
+
+
+def test_a_run_held_by_a_process_its_crashed_owner_forked_names_that_process(tmp_path: Path) -> None:
+    """A step's tool forks without exec (a daemon it starts, a ``multiprocessing`` worker under the fork
+    start method) and its process is then killed. The child shares the journal's open file description,
+    and with it the OFD lock that makes the run's owner: the run stays owned while the child lives (so
+    nothing resends the step meanwhile), but every command said only "driven by another process" and
+    ``status`` "running", naming nobody, while the recorded owner was dead. Proves: a resume and a
+    reconcile are refused (exit 6, one line) naming the child's pid; once the child ends the next pass
+    finds the unkeyed step uncertain (exit 3) and it was sent once; ``verify`` says ok."""
+    world = World(tmp_path)
+    plan = world.plan("p", "r", 2, idempotent=False, gate=True, mode="fork-then-die")
+    try:
+        first = world.run(plan)
+        assert -signal.SIGKILL == first.returncode, first.stderr
+        child = (tmp_path / "p.child").read_text()
+        world.set_mode("p", "tame")
+        held = world.run(plan)
+        reconcile = world.effectlog(
+            "reconcile", "--journal", "j.db", "--run-id", "r", "--step", "s1", "--outcome", "applied",
+            "--evidence", "x", "--operator", "ann",
+        )  # fmt: skip
+        assert (6, 6) == (held.returncode, reconcile.returncode), (held.stderr, reconcile.stderr)
+        assert f"pid {child} " in last_line(held.stderr), held.stderr
+        assert f"pid {child} " in last_line(reconcile.stderr), reconcile.stderr
+    finally:
+        (tmp_path / "p.gate").touch()
+    deadline = time.monotonic() + SAFETY_TIMEOUT_S
+    while Path(f"/proc/{child}").exists() and time.monotonic() < deadline:  # (a zombie until init reaps it)
+        with contextlib.suppress(OSError):
+            if Path(f"/proc/{child}/stat").read_text().split(") ")[-1].startswith("Z"):
+                break
+        time.sleep(0.01)
+    again = world.run(plan)
+    assert (3, ["s1"]) == (again.returncode, world.calls("p")), again.stderr
+    assert 0 == world.effectlog("verify", "--journal", "j.db").returncode
 
 
 # -- 3. the disk fills: a real tmpfs, ENOSPC ----------------------------------------------------------
