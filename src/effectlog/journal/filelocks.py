@@ -514,6 +514,34 @@ def name_moved(path: str, key: tuple[int, int]) -> bool:
     return (st.st_dev, st.st_ino) != key
 
 
+def lock_holders(key: tuple[int, int], byte: int) -> list[int]:
+    """The pids of other processes of this host whose descriptors of the file ``key`` hold an OFD lock
+    on ``byte`` (``/proc/PID/fdinfo``, as far as this user may read it; no file is opened but those).
+
+    An OFD lock belongs to the open file description, which a child of ``fork()`` shares: a process a
+    tool forked without exec (a daemon, a ``multiprocessing`` worker) holds its parent's run locks for
+    as long as it lives, after its parent ended."""
+    found: list[int] = []
+    me = os.getpid()
+    with contextlib.suppress(OSError):
+        for entry in os.scandir("/proc"):
+            if not entry.name.isdigit() or int(entry.name) == me:
+                continue
+            with contextlib.suppress(OSError):
+                for fd in os.scandir(f"/proc/{entry.name}/fd"):
+                    st = os.stat(fd.path)  # (the file the link leads to: stat opens nothing)
+                    if (st.st_dev, st.st_ino) != key:
+                        continue
+                    with open(f"/proc/{entry.name}/fdinfo/{fd.name}") as info:
+                        for line in info:
+                            parts = line.split()
+                            if parts[:1] == ["lock:"] and "OFDLCK" in parts and parts[-2:] == [str(byte)] * 2:
+                                found.append(int(entry.name))
+                    if found and found[-1] == int(entry.name):
+                        break
+    return found
+
+
 def pin_no_checkpoint(shared: SharedFile) -> None:
     """Keep every SQLite connection of this process to the file from checkpointing it when it closes.
 

@@ -61,6 +61,7 @@ from effectlog.journal.ownership import (
     encode_owner,
     new_owner,
     plausible,
+    this_host,
 )
 from effectlog.journal.sqlite_schema import (
     INSERT,
@@ -501,7 +502,22 @@ class SqliteJournal:
             return OwnerStatus(owner=runner[0], live=True, waiting=runner[1])
         live = self._file.locked_anywhere(run_id)
         recorded = decode_owner(row[0]) if row else None
-        return OwnerStatus(owner=plausible(recorded) if live else recorded, live=live)
+        return OwnerStatus(owner=self._live_owner(run_id, recorded) if live else recorded, live=live)
+
+    def _live_owner(self, run_id: str, recorded: Owner | None) -> Owner | None:
+        """Who holds the run's lock, for a message: the recorded owner while it may live; else a process
+        that inherited its lock (``filelocks.lock_holders``); else unknown (``None``)."""
+        found = plausible(recorded)
+        if found is not None or self._file is None:
+            return found
+        holders = filelocks.lock_holders(self._file.key, filelocks.slot(run_id))
+        if not holders:
+            return None
+        gone = f"its owner {recorded.kind} pid {recorded.pid} is gone; " if recorded is not None else ""
+        return Owner(
+            pid=holders[0], host=this_host(), kind="process",
+            via=f"{gone}it holds the run's lock it inherited through fork(): the run is free once it ends",
+        )  # fmt: skip
 
     def _lease_holder(self, run_id: str) -> tuple[Owner, bool] | None:
         try:
@@ -545,8 +561,7 @@ class SqliteJournal:
             return Owner(pid=me.pid, host=me.host, kind="another actor in this process")
         with contextlib.suppress(sqlite3.Error):
             row = self._db.execute("SELECT holder FROM owners WHERE run_id = ?", (run_id,)).fetchone()
-            if row:
-                return plausible(decode_owner(row[0]))
+            return self._live_owner(run_id, decode_owner(row[0]) if row else None)
         return None
 
     def _check_binding(self, run_id: str, kind: str) -> None:
