@@ -55,13 +55,21 @@ class Owner(msgspec.Struct, frozen=True, kw_only=True):
     # Its process's start in clock ticks after boot (``/proc``; 0 where unknown): with ``node``, it tells that
     # process from a later one given its pid without the wall clock, which an NTP step moves under ``since``.
     started: int = 0
-    # For messages only, never recorded: how this process came to hold the run (``inherited_holder``).
-    via: str = ""
 
     def describe(self) -> str:
         if self.runner:
             return f"runner {self.runner}" + (f" (pid {self.pid} on {self.host})" if self.host else "")
-        return f"{self.kind} pid {self.pid} on {self.host}" + (f" ({self.via})" if self.via else "")
+        return f"{self.kind} pid {self.pid} on {self.host}"
+
+
+class InheritedHolder(Owner, frozen=True, kw_only=True):
+    """A process that holds a run's lock it inherited through ``fork()`` from the run's owner (named in
+    messages and ``status`` only; never recorded as an owner row)."""
+
+    via: str = ""
+
+    def describe(self) -> str:
+        return f"{super().describe()} ({self.via})"
 
 
 class Claim(msgspec.Struct, kw_only=True):

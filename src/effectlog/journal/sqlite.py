@@ -54,6 +54,7 @@ from effectlog.journal.ownership import (
     PASSING_WAIT_S,
     Claim,
     Fence,
+    InheritedHolder,
     Owner,
     OwnerStatus,
     decode_owner,
@@ -514,7 +515,7 @@ class SqliteJournal:
         if not holders:
             return None
         gone = f"its owner {recorded.kind} pid {recorded.pid} is gone; " if recorded is not None else ""
-        return Owner(
+        return InheritedHolder(
             pid=holders[0], host=this_host(), kind="process",
             via=f"{gone}it holds the run's lock it inherited through fork(): the run is free once it ends",
         )  # fmt: skip
