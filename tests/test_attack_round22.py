@@ -52,6 +52,10 @@ class Hostile:
             for suffix in ("", "-wal", "-shm"):
                 if os.path.exists(journal + suffix):
                     os.unlink(journal + suffix)
+        elif mode == "remove-store":  # the same clean-up, of the effect store
+            for suffix in ("", "-wal", "-shm"):
+                if os.path.exists(o["store"] + suffix):
+                    os.unlink(o["store"] + suffix)
         elif mode == "replace":  # a "compaction" that copies the file and renames the copy into place
             shutil.copy(journal, journal + ".tmp")
             os.replace(journal + ".tmp", journal)
@@ -112,7 +116,7 @@ class World:
         options: dict[str, Any] = {
             "log": str(self.tools / f"{name}.log"), "mode": str(self.tools / f"{name}.mode"),
             "journal": str(self.journal), "filler": str(self.dir / "filler"),
-            "child": str(self.tools / f"{name}.child"),
+            "child": str(self.tools / f"{name}.child"), "store": str(self.dir / "e.db"),
         }  # fmt: skip
         if gate:
             options |= {"gate": str(self.tools / f"{name}.gate"), "reached": str(self.tools / f"{name}.reached")}
@@ -133,13 +137,15 @@ class World:
         log = self.tools / f"{name}.log"
         return [line.split(" ")[0] for line in log.read_text().splitlines()] if log.exists() else []
 
-    def argv(self, plan: Path, journal: Path | None = None) -> list[str]:
+    def argv(self, plan: Path, journal: Path | None = None, effects: Path | None = None) -> list[str]:
         return [sys.executable, "-m", "effectlog", "run", str(plan), "--journal", str(journal or self.journal),
-                "--adapters", "hostile_tools:ADAPTERS"]  # fmt: skip
+                "--adapters", "hostile_tools:ADAPTERS", *(["--effects", str(effects)] if effects else [])]  # fmt: skip
 
-    def run(self, plan: Path, journal: Path | None = None) -> subprocess.CompletedProcess[str]:
+    def run(
+        self, plan: Path, journal: Path | None = None, effects: Path | None = None
+    ) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            self.argv(plan, journal), cwd=self.dir, env=cli_env({"PYTHONPATH": str(self.tools)}),
+            self.argv(plan, journal, effects), cwd=self.dir, env=cli_env({"PYTHONPATH": str(self.tools)}),
             capture_output=True, text=True, timeout=SAFETY_TIMEOUT_S, check=False,
         )  # fmt: skip
 
@@ -342,6 +348,32 @@ def test_a_run_held_by_a_process_its_crashed_owner_forked_names_that_process(tmp
     again = world.run(plan)
     assert (3, ["s1"]) == (again.returncode, world.calls("p")), again.stderr
     assert 0 == world.effectlog("verify", "--journal", "j.db").returncode
+
+
+def test_an_effect_store_removed_by_a_tool_keeps_its_committed_effects(tmp_path: Path) -> None:
+    """The same removal, of the effect store: ``s1`` committed its effect into ``e.db``, ``s2``'s tool
+    removes ``e.db*``, and ``s3``'s ledger commit is refused with "kept in the file (checkpointed) ...
+    open it by its new name", of a file no name leads to: ``s1``'s effect, the store's only record of it,
+    went with the process. Proves: ``s3``'s effect is not committed and the message says the store was put
+    back; the store at its name holds ``s1``'s effect, under the identity the run pinned (a resume is not
+    refused as another store)."""
+    world = World(tmp_path)
+    plan = world.plan("p", "r", 1, idempotent=False, mode="remove-store")
+    data = json.loads(plan.read_text())
+    data["adapters"]["l"] = {"type": "effects.idempotent", "version": "1", "idempotent": True}
+    data["steps"] = [
+        {"id": "s1", "adapter": "l", "args": {"n": 1}},
+        {"id": "s2", "adapter": "t"},
+        {"id": "s3", "adapter": "l", "args": {"n": 3}},
+    ]
+    plan.write_text(json.dumps(data))
+    first = world.run(plan, effects=tmp_path / "e.db")
+    assert "put back" in first.stderr, first.stderr
+    listed = world.effectlog("effects", "--effects", "e.db", "--json")
+    assert (0, ["s1"]) == (listed.returncode, [row["step_id"] for row in json.loads(listed.stdout)]), listed.stderr
+    world.set_mode("p", "tame")
+    again = world.run(plan, effects=tmp_path / "e.db")
+    assert "ledger_mismatch" not in again.stderr, again.stderr
 
 
 # -- 3. the disk fills: a real tmpfs, ENOSPC ----------------------------------------------------------
