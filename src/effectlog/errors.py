@@ -467,6 +467,14 @@ class DescriptorsClosed(JournalLocked):
 # -- branch leftovers (round-4 leftovers) ----------------------------------------------
 
 
+class StoreRemoved(JournalLocked):
+    """The effect store file lost its name while this process had it open (removed, or another file renamed
+    over it): its effects are saved (put back at the name where nothing is there, else beside it, the
+    message says where); the effect is not committed and nothing more is written by it (exit 6)."""
+
+    code = "store_removed"
+
+
 class StoreWalLost(JournalLocked):
     """The WAL this process writes the effect store through was removed or replaced by another process:
     this process's SQLite locks on the store file were dropped (something in it closed a descriptor of

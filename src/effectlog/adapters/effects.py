@@ -28,9 +28,16 @@ import msgspec
 
 from effectlog.adapters.protocol import Evidence, Receipt, Request, check_same_body
 from effectlog.canonical import digest
-from effectlog.errors import BadInput, IdempotencyConflict, StorageError, StoreAliased, StoreWalLost
+from effectlog.errors import (
+    BadInput,
+    IdempotencyConflict,
+    StorageError,
+    StoreAliased,
+    StoreRemoved,
+    StoreWalLost,
+)
 from effectlog.events import EffectStoreIdentity
-from effectlog.journal import filelocks, sidecars
+from effectlog.journal import filelocks, rescue, sidecars
 from effectlog.journal.walwatch import WalWatch, switch_to_wal
 
 _SCHEMA = (
@@ -214,10 +221,12 @@ class EffectStore:
             self._db.execute("ROLLBACK")
             with contextlib.suppress(sqlite3.Error):
                 self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            if rescue.orphaned(self._file.fd):
+                raise self._removed()
             raise StoreAliased(
-                f"{self.path}: the effect store file was renamed or removed while this process had it open; the "
-                "effects committed so far are kept in the file (checkpointed), this one was not committed, and "
-                "nothing more is written by this process: open it by its new name"
+                f"{self.path}: the effect store file was renamed while this process had it open; the effects "
+                "committed so far are kept in the file (checkpointed), this one was not committed, and nothing "
+                "more is written by this process: open it by its new name"
             )
         if self._wal is not None and self._wal.lost():
             if self._wal.foreign():
@@ -228,6 +237,27 @@ class EffectStore:
                 "store were dropped: something in it opened and closed the store file); the effect was not "
                 "committed and nothing more is written by this process"
             )
+
+    def _removed(self) -> StoreRemoved:
+        """The store file has no name left (removed, or another file renamed over it): its effects are only
+        here, so they are saved as the journal saves its history (``journal.rescue``), and this connection
+        never checkpoints on close (its close would delete the WAL at the name, another file's by then)."""
+        assert self._file is not None
+        assert self._db is not None
+        filelocks.pin_no_checkpoint(self._file)
+        head = f"{self.path}: the effect store file was removed or replaced while this process had it open"
+        try:
+            saved, back = rescue.save(self._db, self._real)
+        except (OSError, sqlite3.Error) as exc:
+            return StoreRemoved(
+                f"{head}, and its effects could not be saved ({exc}); this effect was not committed, and nothing "
+                "more is written by this process"
+            )
+        where = "put back at that name" if back else f"saved at {saved} (put it back at {self.path})"
+        return StoreRemoved(
+            f"{head}; the effects committed so far are {where}, this one was not committed, and nothing more is "
+            "written by this process"
+        )
 
     def apply_idempotent(self, request: Request) -> Receipt:
         """Effect and receipt in ONE transaction keyed by the idempotency key; a repeat returns the receipt."""

@@ -1,4 +1,5 @@
-"""A SQLite file that no name leads to any more, saved while this process still has it open.
+"""A SQLite file (the journal, the effect store) that no name leads to any more, saved while this process
+still has it open.
 
 A tool that removes the journal (``rm -f j.db*``) or renames a copy over it (a "compaction") during
 its call leaves the journal's history, the request of the step in flight among it, in a file only
