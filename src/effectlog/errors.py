@@ -454,6 +454,14 @@ class JournalWalLost(JournalLocked):
     code = "journal_wal_lost"
 
 
+class JournalRemoved(JournalLocked):
+    """The journal file lost its name while this process had it open (removed, or another file renamed
+    over it): its history is saved (put back at the name where nothing is there, else beside it, the
+    message says where) and nothing more is written by this process (exit 6)."""
+
+    code = "journal_removed"
+
+
 class DescriptorsClosed(JournalLocked):
     """A tool closed descriptors of this process that effectlog's open files use (``os.closerange``, as
     daemonising helpers do): SQLite's connections can no longer be trusted (their descriptor numbers
@@ -464,6 +472,14 @@ class DescriptorsClosed(JournalLocked):
 
 
 # -- branch leftovers (round-4 leftovers) ----------------------------------------------
+
+
+class StoreRemoved(JournalLocked):
+    """The effect store file lost its name while this process had it open (removed, or another file renamed
+    over it): its effects are saved (put back at the name where nothing is there, else beside it, the
+    message says where); the effect is not committed and nothing more is written by it (exit 6)."""
+
+    code = "store_removed"
 
 
 class StoreWalLost(JournalLocked):

@@ -28,9 +28,16 @@ import msgspec
 
 from effectlog.adapters.protocol import Evidence, Receipt, Request, check_same_body
 from effectlog.canonical import digest
-from effectlog.errors import BadInput, IdempotencyConflict, StorageError, StoreAliased, StoreWalLost
+from effectlog.errors import (
+    BadInput,
+    IdempotencyConflict,
+    StorageError,
+    StoreAliased,
+    StoreRemoved,
+    StoreWalLost,
+)
 from effectlog.events import EffectStoreIdentity
-from effectlog.journal import filelocks, sidecars
+from effectlog.journal import filelocks, rescue, sidecars
 from effectlog.journal.walwatch import WalWatch, switch_to_wal
 
 _SCHEMA = (
@@ -214,17 +221,43 @@ class EffectStore:
             self._db.execute("ROLLBACK")
             with contextlib.suppress(sqlite3.Error):
                 self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            if rescue.orphaned(self._file.fd):
+                raise self._removed()
             raise StoreAliased(
-                f"{self.path}: the effect store file was renamed or removed while this process had it open; the "
-                "effects committed so far are kept in the file (checkpointed), this one was not committed, and "
-                "nothing more is written by this process: open it by its new name"
+                f"{self.path}: the effect store file was renamed while this process had it open; the effects "
+                "committed so far are kept in the file (checkpointed), this one was not committed, and nothing "
+                "more is written by this process: open it by its new name"
             )
         if self._wal is not None and self._wal.lost():
+            if self._wal.foreign():
+                filelocks.pin_no_checkpoint(self._file)  # see SqliteJournal.close
             raise StoreWalLost(
-                f"{self.path}: the effect store's WAL was removed or replaced by another process while this one "
-                "had it open (this process's SQLite locks on the file were dropped: something in it opened and "
-                "closed the store file); the effect was not committed and nothing more is written by this process"
+                f"{self.path}: the effect store's WAL or shared-memory index (-wal, -shm) was removed or replaced "
+                "while this process had it open (something removed the file, or this process's SQLite locks on the "
+                "store were dropped: something in it opened and closed the store file); the effect was not "
+                "committed and nothing more is written by this process"
             )
+
+    def _removed(self) -> StoreRemoved:
+        """The store file has no name left (removed, or another file renamed over it): its effects are only
+        here, so they are saved as the journal saves its history (``journal.rescue``), and this connection
+        never checkpoints on close (its close would delete the WAL at the name, another file's by then)."""
+        assert self._file is not None
+        assert self._db is not None
+        filelocks.pin_no_checkpoint(self._file)
+        head = f"{self.path}: the effect store file was removed or replaced while this process had it open"
+        try:
+            saved, back = rescue.save(self._db, self._real)
+        except (OSError, sqlite3.Error) as exc:
+            return StoreRemoved(
+                f"{head}, and its effects could not be saved ({exc}); this effect was not committed, and nothing "
+                "more is written by this process"
+            )
+        where = "put back at that name" if back else f"saved at {saved} (put it back at {self.path})"
+        return StoreRemoved(
+            f"{head}; the effects committed so far are {where}, this one was not committed, and nothing more is "
+            "written by this process"
+        )
 
     def apply_idempotent(self, request: Request) -> Receipt:
         """Effect and receipt in ONE transaction keyed by the idempotency key; a repeat returns the receipt."""
@@ -352,6 +385,8 @@ class EffectStore:
                     # SQLite does not checkpoint a moved file on close: its effects would stay in the WAL
                     # beside the old name, unseen under the new one (see _refuse_if_renamed).
                     db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+                if self._wal is not None and self._file is not None and self._wal.foreign():
+                    filelocks.pin_no_checkpoint(self._file)  # see SqliteJournal.close
                 db.close()
         shared, self._file = self._file, None
         if shared is not None:

@@ -63,6 +63,11 @@ NAME_SPAN = 0x0010_0000
 WAL_MARK_BASE = 1 << 40
 WAL_MARK_SPAN = 1 << 20
 
+# SQLite's own first SHARED byte (unix VFS, default PENDING_BYTE 0x40000000): its EXCLUSIVE lock on a
+# database file is a write lock over the SHARED range, which a read lock on this byte refuses, an OFD
+# lock refusing this very process's POSIX locks too (``pin_no_checkpoint``).
+SQLITE_SHARED_FIRST = 0x4000_0002
+
 _FLOCK = "hhqqi4x"  # struct flock on Linux: type, whence, start, len, pid (0 for OFD locks)
 
 
@@ -507,6 +512,49 @@ def name_moved(path: str, key: tuple[int, int]) -> bool:
     except OSError:
         return True
     return (st.st_dev, st.st_ino) != key
+
+
+def lock_holders(key: tuple[int, int], byte: int) -> list[int]:
+    """The pids of other processes of this host whose descriptors of the file ``key`` hold an OFD lock
+    on ``byte`` (``/proc/PID/fdinfo``, as far as this user may read it; no file is opened but those).
+
+    An OFD lock belongs to the open file description, which a child of ``fork()`` shares: a process a
+    tool forked without exec (a daemon, a ``multiprocessing`` worker) holds its parent's run locks for
+    as long as it lives, after its parent ended."""
+    found: list[int] = []
+    me = os.getpid()
+    with contextlib.suppress(OSError):
+        for entry in os.scandir("/proc"):
+            if not entry.name.isdigit() or int(entry.name) == me:
+                continue
+            with contextlib.suppress(OSError):
+                for fd in os.scandir(f"/proc/{entry.name}/fd"):
+                    st = os.stat(fd.path)  # (the file the link leads to: stat opens nothing)
+                    if (st.st_dev, st.st_ino) != key:
+                        continue
+                    with open(f"/proc/{entry.name}/fdinfo/{fd.name}") as info:
+                        for line in info:
+                            parts = line.split()
+                            if parts[:1] == ["lock:"] and "OFDLCK" in parts and parts[-2:] == [str(byte)] * 2:
+                                found.append(int(entry.name))
+                    if found and found[-1] == int(entry.name):
+                        break
+    return found
+
+
+def pin_no_checkpoint(shared: SharedFile) -> None:
+    """Keep every SQLite connection of this process to the file from checkpointing it when it closes.
+
+    SQLite checkpoints and deletes the WAL when a file's last connection closes, once it gets the
+    file's EXCLUSIVE lock. A connection whose WAL or shared-memory index another process replaced
+    (``walwatch``) sees another WAL than the file's: its checkpoint would copy that view into the file
+    and delete the WAL holding the other process's commits. A read lock on SQLite's first SHARED byte,
+    held through this process's own descriptor until it closes (after the connections), refuses that
+    EXCLUSIVE lock, so the close leaves the WAL as it is (Python 3.11's sqlite3 has no
+    ``SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE``)."""
+    if shared.fd >= 0 and not shared.lost:
+        with contextlib.suppress(OSError):
+            _ofd(shared.fd, fcntl.F_OFD_SETLK, fcntl.F_RDLCK, SQLITE_SHARED_FIRST)
 
 
 def release(shared: SharedFile) -> None:

@@ -62,6 +62,16 @@ class Owner(msgspec.Struct, frozen=True, kw_only=True):
         return f"{self.kind} pid {self.pid} on {self.host}"
 
 
+class InheritedHolder(Owner, frozen=True, kw_only=True):
+    """A process that holds a run's lock it inherited through ``fork()`` from the run's owner (named in
+    messages and ``status`` only; never recorded as an owner row)."""
+
+    via: str = ""
+
+    def describe(self) -> str:
+        return f"{super().describe()} ({self.via})"
+
+
 class Claim(msgspec.Struct, kw_only=True):
     """This process's ownership of one run, from ``Journal.claim`` until ``Journal.release``."""
 

@@ -39,6 +39,7 @@ from effectlog.errors import (
     ChainBroken,
     EventConflict,
     JournalAliased,
+    JournalRemoved,
     JournalUnreadable,
     JournalWalLost,
     RunOwned,
@@ -47,13 +48,14 @@ from effectlog.errors import (
 )
 from effectlog.events import PLAIN_STEP_PHASE, Event, encode_direct
 from effectlog.fold import Record, Row
-from effectlog.journal import checkpoint, filelocks, sidecars
+from effectlog.journal import checkpoint, filelocks, rescue, sidecars
 from effectlog.journal.bindings import check_binding, lease_holder
 from effectlog.journal.keycheck import FINGERPRINT_KEY, LastLink, check_key
 from effectlog.journal.ownership import (
     PASSING_WAIT_S,
     Claim,
     Fence,
+    InheritedHolder,
     Owner,
     OwnerStatus,
     decode_owner,
@@ -61,6 +63,7 @@ from effectlog.journal.ownership import (
     encode_owner,
     new_owner,
     plausible,
+    this_host,
 )
 from effectlog.journal.sqlite_schema import (
     INSERT,
@@ -182,12 +185,44 @@ class SqliteJournal:
             wal = self._wal  # a lost WAL refuses every later commit (_wal_lost)
             if wal is None or not wal.lost():
                 return
+            if wal.foreign():
+                filelocks.pin_no_checkpoint(self._file)  # see close
             raise self._wal_lost()
         with contextlib.suppress(sqlite3.Error):
             self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        if rescue.orphaned(self._file.fd):
+            raise self._removed()
         raise JournalAliased(
-            f"{self.location}: the journal file was renamed or removed while this process had it open; what "
-            "was written is kept in the file (checkpointed), and nothing more is written: open it by its new name"
+            f"{self.location}: the journal file was renamed while this process had it open; what was written "
+            "is kept in the file (checkpointed), and nothing more is written: open it by its new name"
+        )
+
+    def _removed(self) -> JournalRemoved:
+        """The journal file has no name left (removed, or another file renamed over it) while this process
+        has it open: its history is only here, so it is saved (``rescue``) before anything else, and this
+        connection never checkpoints on close (its close would delete the WAL at the name, another file's
+        by then)."""
+        assert self._file is not None
+        filelocks.pin_no_checkpoint(self._file)
+        try:
+            saved, back = rescue.save(self._db, self.path)
+        except (OSError, sqlite3.Error) as exc:
+            return JournalRemoved(
+                f"{self.location}: the journal file was removed or replaced while this process had it open, and "
+                f"its history could not be saved ({exc}); nothing more is written by this process, and what it "
+                "wrote is lost when it ends"
+            )
+        if back:
+            return JournalRemoved(
+                f"{self.location}: the journal file was removed while this process had it open; its history, as "
+                "this process last wrote it, is put back at that name, and nothing more is written by this "
+                "process: run the command again"
+            )
+        return JournalRemoved(
+            f"{self.location}: the journal file was replaced by another file while this process had it open; "
+            f"its history, as this process last wrote it, is saved at {saved}, and the file now at "
+            f"{self.location} does not hold it (a run there would not know what this one did): put the saved "
+            "file back at that name before running again"
         )
 
     def _wal_lost(self) -> JournalWalLost:
@@ -199,9 +234,10 @@ class SqliteJournal:
         is gone or another file refuses every later commit: checked in ``_refuse_if_moved`` (``walwatch``,
         shared with the effect store)."""
         return JournalWalLost(
-            f"{self.location}: the journal's WAL was removed or replaced by another process while this one had "
-            "it open (this process's SQLite locks on the file were dropped: something in it opened and closed "
-            "the journal file); nothing more is written by this process: run the command again"
+            f"{self.location}: the journal's WAL or shared-memory index (-wal, -shm) was removed or replaced while "
+            "this process had it open (something removed the file, or this process's SQLite locks on the journal "
+            "were dropped: something in it opened and closed the journal file); nothing more is written by this "
+            "process: run the command again"
         )
 
     @staticmethod
@@ -490,7 +526,22 @@ class SqliteJournal:
             return OwnerStatus(owner=runner[0], live=True, waiting=runner[1])
         live = self._file.locked_anywhere(run_id)
         recorded = decode_owner(row[0]) if row else None
-        return OwnerStatus(owner=plausible(recorded) if live else recorded, live=live)
+        return OwnerStatus(owner=self._live_owner(run_id, recorded) if live else recorded, live=live)
+
+    def _live_owner(self, run_id: str, recorded: Owner | None) -> Owner | None:
+        """Who holds the run's lock, for a message: the recorded owner while it may live; else a process
+        that inherited its lock (``filelocks.lock_holders``); else unknown (``None``)."""
+        found = plausible(recorded)
+        if found is not None or self._file is None:
+            return found
+        holders = filelocks.lock_holders(self._file.key, filelocks.slot(run_id))
+        if not holders:
+            return None
+        gone = f"its owner {recorded.kind} pid {recorded.pid} is gone; " if recorded is not None else ""
+        return InheritedHolder(
+            pid=holders[0], host=this_host(), kind="process",
+            via=f"{gone}it holds the run's lock it inherited through fork(): the run is free once it ends",
+        )  # fmt: skip
 
     def _lease_holder(self, run_id: str) -> tuple[Owner, bool] | None:
         try:
@@ -534,8 +585,7 @@ class SqliteJournal:
             return Owner(pid=me.pid, host=me.host, kind="another actor in this process")
         with contextlib.suppress(sqlite3.Error):
             row = self._db.execute("SELECT holder FROM owners WHERE run_id = ?", (run_id,)).fetchone()
-            if row:
-                return plausible(decode_owner(row[0]))
+            return self._live_owner(run_id, decode_owner(row[0]) if row else None)
         return None
 
     def _check_binding(self, run_id: str, kind: str) -> None:
@@ -944,6 +994,8 @@ class SqliteJournal:
         if self.writer and self._file is not None and self._moved():
             with contextlib.suppress(sqlite3.Error):  # see _refuse_if_moved
                 self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        if self._wal is not None and self._file is not None and self._wal.foreign():
+            filelocks.pin_no_checkpoint(self._file)  # its checkpoint on close would drop others' commits
         with contextlib.suppress(sqlite3.Error):
             self._db.close()
         if self._file is not None:  # after the connection: closing the descriptor drops SQLite's locks too

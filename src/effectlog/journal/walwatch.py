@@ -99,29 +99,28 @@ def _identity(path: str, encoded: bytes) -> WalId | None:
     return st.st_dev, st.st_ino
 
 
-class WalWatch:
-    """The WAL file beside ``path`` as this connection first saw it; ``lost()`` before each commit."""
+class _NameWatch:
+    """One sidecar file beside a SQLite file as this connection first saw it (``lost()`` before each commit)."""
 
-    __slots__ = ("_encoded", "_name", "_parts", "_seen", "_wal")
+    __slots__ = ("_encoded", "_name", "_parts", "_path", "_seen")
 
     def __init__(self, path: str) -> None:
-        self._wal = path + "-wal"
-        encoded = os.fsencode(self._wal)
+        self._path = path
+        encoded = os.fsencode(path)
         # b"" (statx fails, os.stat decides) for a name with a NUL, which statx would read as a shorter name
         self._encoded = encoded if b"\0" not in encoded else b""
         self._name = ctypes.c_char_p(self._encoded)  # (holds the bytes it points to)
-        self._see(_identity(self._wal, encoded))
+        self._see(_identity(path, encoded))
 
     def _see(self, seen: WalId | None) -> None:
         self._seen = seen
         # The same identity as statx gives it (inode, device major, minor), for ``lost`` to compare field by
-        # field: no ``os.makedev`` and no tuple per commit. ``None`` while no WAL was seen.
+        # field: no ``os.makedev`` and no tuple per commit. ``None`` while no file was seen.
         self._parts = (seen[1], os.major(seen[0]), os.minor(seen[0])) if seen is not None else None
 
     def lost(self) -> bool:
-        """Whether the WAL was removed or replaced since it was first seen (then nothing more may be
-        committed through this connection). No WAL yet when first looked at: the first one that
-        appears is this connection's."""
+        """Whether the file was removed or replaced since it was first seen. No file yet when first looked
+        at: the first one that appears is this connection's."""
         parts = self._parts
         # (``_identity``, inline: this runs before every commit) not os.stat: it would cost the commit's
         # sync an inode write (above)
@@ -135,14 +134,53 @@ class WalWatch:
                 return not (buf.ino == parts[0] and buf.dev_major == parts[1] and buf.dev_minor == parts[2])
             now: WalId | None = (os.makedev(buf.dev_major, buf.dev_minor), buf.ino)
         else:
-            now = _identity(self._wal, self._encoded)  # gone, or statx refused, or a NUL in the name
+            now = _identity(self._path, self._encoded)  # gone, or statx refused, or a NUL in the name
         seen = self._seen
         if now is None:
-            return seen is not None  # gone (a WAL first seen missing is not this connection's yet)
+            return seen is not None  # gone (a file first seen missing is not this connection's yet)
         if seen is None:
             self._see(now)
             return False
         return now != seen
+
+    def foreign(self) -> bool:
+        """Whether another file than the one first seen is at the name now (another process made it)."""
+        seen, now = self._seen, _identity(self._path, self._encoded)
+        return seen is not None and now is not None and now != seen
+
+
+class WalWatch:
+    """The WAL and the shared-memory index beside ``path`` as this connection first saw them; ``lost()``
+    before each commit.
+
+    The ``-shm`` file is where every process's SQLite finds how far the WAL goes. Removed while this
+    connection has it mapped (a clean-up's ``rm -f *.db-shm``, by a tool in this very process), the next
+    process to open the file makes a new one, rebuilt from the WAL, and from then on the two index the
+    WAL apart: this connection's next commit lands where its own index says the WAL ends, over the other
+    process's commits (a whole run, acknowledged, gone; ``verify`` ok for what was left). So a ``-shm``
+    that is gone or another file refuses every later commit too. Looking before the commit is enough:
+    a process that opens the file after that look either finds this connection's index (and sees its
+    commit) or makes a new one only once the name is gone, which the next look sees."""
+
+    __slots__ = ("_shm", "_wal")
+
+    def __init__(self, path: str) -> None:
+        self._wal = _NameWatch(path + "-wal")
+        self._shm = _NameWatch(path + "-shm")
+
+    def lost(self) -> bool:
+        """Whether the WAL or the shared-memory index was removed or replaced since first seen (then
+        nothing more may be committed through this connection)."""
+        return self._wal.lost() or self._shm.lost()
+
+    def foreign(self) -> bool:
+        """Whether another process made a WAL or shared-memory index of its own at either name since this
+        connection first saw them: then this connection's view of the WAL is not the file's, and SQLite's
+        checkpoint when it closes would write that view into the database file and delete the WAL with
+        the other process's commits in it (``filelocks.pin_no_checkpoint``). While only gone, no process
+        has opened the file since (any would have made both), and that checkpoint keeps what this
+        connection committed into the removed WAL."""
+        return self._wal.foreign() or self._shm.foreign()
 
 
 def switch_to_wal(db: sqlite3.Connection, timeout_s: float) -> str:
