@@ -150,6 +150,8 @@ QUEUE_INDEX = "CREATE INDEX IF NOT EXISTS fleet_attempts_queue ON fleet_attempts
 class SqliteFleetStore(SqlFleetStore):
     """A fleet store in one SQLite file (created 0600 if missing)."""
 
+    owner_moves_together = True  # a run's prepare and start: three statements, not six (SqlFleetStore._owner_moves)
+
     def __init__(
         self,
         path: str | os.PathLike[str],

@@ -212,11 +212,35 @@ def request_fingerprint(
     return digest_bytes(trusted_json(body))  # pinned() checked the plan's values; the policy is checked numbers
 
 
+_INSERT_HISTORY = (
+    "INSERT INTO {history} (attempt_id, request_id, transition, event, actor, actor_name, from_state,"
+    " to_state, reason, at, detail) VALUES "
+)
+
+
+def _history_row(c: Change) -> tuple[Any, ...]:
+    return (
+        c.attempt_id,
+        c.request_id,
+        c.trigger,
+        am.event_of(c.trigger),
+        c.actor,
+        c.actor_name,
+        c.state,
+        c.new,
+        c.reason,
+        c.now,
+        canonical_json(c.detail).decode(),
+    )
+
+
 class SqlFleetStore:
     """The operations of ``effectlog.fleet.protocol.FleetStore``; subclasses supply ``_tx`` and the dialect."""
 
     dialect: Dialect
     location: str
+    # Whether a batch's consecutive lease-owner transitions are written together (``_owner_moves``).
+    owner_moves_together = False
 
     def _tx(self, *, write: bool = True) -> AbstractContextManager[Tx]:
         """A transaction; ``write=False`` promises no writes (SQLite then takes no write lock)."""
@@ -520,6 +544,9 @@ class SqlFleetStore:
         commit was not acknowledged) is passed over. Returns the attempt's state after them.
         """
         d = self.dialect
+        # Written together after the loop only when no operation key repeats: a repeated one is looked up
+        # (``replayed``) and must find what the moves before it wrote.
+        made: list[tuple[Change, Move]] | None = [] if len({m.op_key for m in moves}) == len(moves) else None
         for move in moves:
             if not am.allowed(state, move.trigger) and replayed(tx, d, lease, move.op_key, move.digest()) is not None:
                 continue
@@ -536,9 +563,46 @@ class SqlFleetStore:
                 reason=move.reason,
                 detail=move.detail,
             )
-            self._owner_move(tx, lease, change, move)
+            if made is None:
+                self._owner_move(tx, lease, change, move)
+            else:
+                made.append((change, move))
             state = new
+        if made:
+            self._owner_moves(tx, lease, made)
         return state
+
+    def _owner_moves(self, tx: Tx, lease: Lease, made: Sequence[tuple[Change, Move]]) -> None:
+        """Consecutive lease-owner transitions, in order, with their operation records.
+
+        With ``owner_moves_together`` (SQLite), two or more are written as the rows one by one
+        would leave them, in three statements instead of three each: the attempt moved from the
+        first's state to the last's, their history rows and their operation records, in order.
+        No requeue among them (a lease owner makes none): it inserts an attempt in between.
+        """
+        if not self.owner_moves_together or len(made) < 2 or any(c.trigger in am.REQUEUES for c, _ in made):
+            for c, move in made:
+                self._owner_move(tx, lease, c, move)
+            return
+        d, first, last = self.dialect, made[0][0], made[-1][0]
+        moved = tx.run(
+            d.sql("UPDATE {attempts} SET state = ? WHERE attempt_id = ? AND state = ?"),
+            (last.new, first.attempt_id, first.state),
+        )
+        if moved != 1:
+            raise IntegrityError(
+                f"request {first.request_id}: attempt id {first.attempt_id} changed under a locked transition "
+                f"({first.state} -> {last.new})"
+            )
+        rows = ", ".join(["(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"] * len(made))
+        tx.run(d.sql(_INSERT_HISTORY + rows), [v for c, _ in made for v in _history_row(c)])
+        if last.new in am.FINAL:  # (only the last can be: nothing moves on from a final state)
+            self._finish_request(tx, last)
+        ops = ", ".join(["(?, ?, ?, ?, ?)"] * len(made))
+        tx.run(
+            d.sql("INSERT INTO {operations} (attempt_id, op_key, digest, result, at) VALUES " + ops),
+            [v for c, m in made for v in (lease.attempt_id, m.op_key, m.digest(), c.new, c.now)],
+        )
 
     def _owner_move(self, tx: Tx, lease: Lease, c: Change, move: Move) -> None:
         """A lease owner's transition and its operation record (PostgreSQL: one statement)."""
@@ -765,34 +829,19 @@ class SqlFleetStore:
             assert row is not None
             return self._new_attempt(tx, c.request_id, int(row[0]) + 1, c.now, c.not_before)
         if c.new in am.FINAL:
-            ended = tx.run(
-                d.sql("UPDATE {requests} SET finished_at = ? WHERE request_id = ? AND finished_at IS NULL"),
-                (c.now, c.request_id),
-            )
-            if ended != 1:
-                raise IntegrityError(f"request {c.request_id} would end twice (attempt id {c.attempt_id} -> {c.new})")
+            self._finish_request(tx, c)
         return None
 
-    def _history(self, tx: Tx, c: Change) -> None:
-        tx.run(
-            self.dialect.sql(
-                "INSERT INTO {history} (attempt_id, request_id, transition, event, actor, actor_name, from_state,"
-                " to_state, reason, at, detail) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
-            ),
-            (
-                c.attempt_id,
-                c.request_id,
-                c.trigger,
-                am.event_of(c.trigger),
-                c.actor,
-                c.actor_name,
-                c.state,
-                c.new,
-                c.reason,
-                c.now,
-                canonical_json(c.detail).decode(),
-            ),
+    def _finish_request(self, tx: Tx, c: Change) -> None:
+        ended = tx.run(
+            self.dialect.sql("UPDATE {requests} SET finished_at = ? WHERE request_id = ? AND finished_at IS NULL"),
+            (c.now, c.request_id),
         )
+        if ended != 1:
+            raise IntegrityError(f"request {c.request_id} would end twice (attempt id {c.attempt_id} -> {c.new})")
+
+    def _history(self, tx: Tx, c: Change) -> None:
+        tx.run(self.dialect.sql(_INSERT_HISTORY + "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"), _history_row(c))
 
     # -- reading --------------------------------------------------------------------
 
