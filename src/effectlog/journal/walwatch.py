@@ -102,7 +102,7 @@ def _identity(path: str, encoded: bytes) -> WalId | None:
 class WalWatch:
     """The WAL file beside ``path`` as this connection first saw it; ``lost()`` before each commit."""
 
-    __slots__ = ("_encoded", "_name", "_parts", "_seen", "_wal")
+    __slots__ = ("_buf", "_encoded", "_name", "_parts", "_ref", "_seen", "_wal")
 
     def __init__(self, path: str) -> None:
         self._wal = path + "-wal"
@@ -110,6 +110,10 @@ class WalWatch:
         # b"" (statx fails, os.stat decides) for a name with a NUL, which statx would read as a shorter name
         self._encoded = encoded if b"\0" not in encoded else b""
         self._name = ctypes.c_char_p(self._encoded)  # (holds the bytes it points to)
+        # The buffer ``lost(in_turn=True)`` answers in, with its pointer: made once (a buffer and a ``byref``
+        # cost ~2k instructions, before every commit).
+        self._buf = _Statx()
+        self._ref = ctypes.byref(self._buf)
         self._see(_identity(self._wal, encoded))
 
     def _see(self, seen: WalId | None) -> None:
@@ -118,19 +122,25 @@ class WalWatch:
         # field: no ``os.makedev`` and no tuple per commit. ``None`` while no WAL was seen.
         self._parts = (seen[1], os.major(seen[0]), os.minor(seen[0])) if seen is not None else None
 
-    def lost(self) -> bool:
+    def lost(self, in_turn: bool = False) -> bool:
         """Whether the WAL was removed or replaced since it was first seen (then nothing more may be
         committed through this connection). No WAL yet when first looked at: the first one that
-        appears is this connection's."""
+        appears is this connection's.
+
+        ``in_turn``: the caller asks only while it holds a lock that no other thread asking this watch
+        holds at once (the journal asks inside its writers' gate, ``filelocks.SharedFile.enter``), so the
+        watch's own buffer is used; otherwise a buffer per call (the call drops the GIL: two threads
+        asking at once would each read what the other's call wrote)."""
         parts = self._parts
         # (``_identity``, inline: this runs before every commit) not os.stat: it would cost the commit's
         # sync an inode write (above)
-        call, buf = _Use.statx, _Statx()  # (a buffer per call: nothing shared between threads)
-        if (
-            call is not None
-            and call(_AT_FDCWD, self._name, _NO_FLAGS, _MASK, ctypes.byref(buf)) == 0
-            and buf.mask & _STATX_INO
-        ):
+        call = _Use.statx
+        if in_turn:
+            buf, ref = self._buf, self._ref
+        else:
+            buf = _Statx()
+            ref = ctypes.byref(buf)
+        if call is not None and call(_AT_FDCWD, self._name, _NO_FLAGS, _MASK, ref) == 0 and buf.mask & _STATX_INO:
             if parts is not None:  # (st_dev, st_ino) compared as their parts: the same answer as ``now != seen``
                 return not (buf.ino == parts[0] and buf.dev_major == parts[1] and buf.dev_minor == parts[2])
             now: WalId | None = (os.makedev(buf.dev_major, buf.dev_minor), buf.ino)
