@@ -31,8 +31,9 @@ def test_a_receipt_and_its_confirmation_fold_as_the_pure_fold_folds_them(
     history: list[ev.Event], data: st.DataObject
 ) -> None:
     """At any point of any legal history, for a step of the run or another id, any attempt, a seq in
-    order or not, a run id right or wrong, and the confirmation's attempt and ``rebuilt`` drawn apart: apply_receipt gives what apply gives event by event
-    (legal pairs land on the same state; illegal ones raise the same error naming the same place)."""
+    order or not, a run id right or wrong, and the confirmation's attempt and ``rebuilt`` drawn apart:
+    apply_receipt gives what apply gives event by event (legal pairs land on the same state; illegal
+    ones raise the same error naming the same place)."""
     cut = data.draw(st.integers(1, len(history)), label="cut")
     state = replay(history[:cut])
     steps = sorted(state.steps.keys()) or ["s0"]

@@ -18,7 +18,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Coroutine, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import immutables
 import msgspec
@@ -120,7 +120,7 @@ class RunActor:
         new_state, changed = self.state, self._changed
         if len(events) == 2 and type(events[0]) is ev.StepEffected and type(events[1]) is ev.StepConfirmed:
             # A step's receipt and confirmation (its happy path): the fold's checks of both, one new run state.
-            effected, confirmed = events
+            effected, confirmed = cast("tuple[ev.StepEffected, ev.StepConfirmed]", events)
             new_state = apply_receipt(new_state, effected, confirmed)
             changed.add(effected.step_id)
             changed.add(confirmed.step_id)
