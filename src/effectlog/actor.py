@@ -149,8 +149,13 @@ class RunActor:
                 # after the last segment written.
                 self._segment_seq = _NO_MORE_SEGMENTS
         began = time.perf_counter() if self.obs is not None else 0.0
-        if writer.append_alone(events, seal, segment) is None:  # a lone run's commit without a coroutine
-            queued = writer.enqueue(events, seal, segment)  # a group's: its future, awaited here
+        # A group's batch (other runs active: ``enqueue`` then always queues it): its future, awaited here, without
+        # first asking ``append_alone``, which would decline it; else a lone run's commit without a coroutine.
+        queued = writer.enqueue(events, seal, segment) if writer.active_runs > 1 else None
+        if queued is not None:
+            await queued
+        elif writer.append_alone(events, seal, segment) is None:
+            queued = writer.enqueue(events, seal, segment)
             if queued is not None:
                 await queued
             else:
