@@ -31,8 +31,9 @@ def test_a_receipt_and_its_confirmation_fold_as_the_pure_fold_folds_them(
     history: list[ev.Event], data: st.DataObject
 ) -> None:
     """At any point of any legal history, for a step of the run or another id, any attempt, a seq in
-    order or not and a run id right or wrong: apply_receipt gives what apply gives event by event
-    (legal pairs land on the same state; illegal ones raise the same error naming the same place)."""
+    order or not, a run id right or wrong, and the confirmation's attempt and ``rebuilt`` drawn apart:
+    apply_receipt gives what apply gives event by event (legal pairs land on the same state; illegal
+    ones raise the same error naming the same place)."""
     cut = data.draw(st.integers(1, len(history)), label="cut")
     state = replay(history[:cut])
     steps = sorted(state.steps.keys()) or ["s0"]
@@ -45,8 +46,13 @@ def test_a_receipt_and_its_confirmation_fold_as_the_pure_fold_folds_them(
     gap = data.draw(st.sampled_from([1, 1, 1, 2]), label="second seq offset")
     run_id = data.draw(st.sampled_from([state.run_id, state.run_id, "another"]), label="run id")
     ok = data.draw(st.booleans(), label="ok")
+    # The confirmation's own attempt and flag: its checks and its changes are made apart from the receipt's.
+    confirmed_attempt = data.draw(st.sampled_from([attempt, attempt, attempt, 1, 2]), label="confirmed attempt")
+    rebuilt = data.draw(st.booleans(), label="rebuilt")
     effected = ev.StepEffected(run_id=run_id, seq=seq, ts=5, step_id=sid, attempt=attempt, receipt={"n": 1}, ok=ok)
-    confirmed = ev.StepConfirmed(run_id=state.run_id, seq=seq + gap, ts=6, step_id=other, attempt=attempt)
+    confirmed = ev.StepConfirmed(
+        run_id=state.run_id, seq=seq + gap, ts=6, step_id=other, attempt=confirmed_attempt, rebuilt=rebuilt
+    )
 
     assert outcome(one_at_a_time, state, effected, confirmed) == outcome(apply_receipt, state, effected, confirmed)
 

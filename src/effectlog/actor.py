@@ -18,7 +18,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Coroutine, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import immutables
 import msgspec
@@ -101,27 +101,32 @@ class RunActor:
     # -- recording --------------------------------------------------------------------
 
     async def _record(self, *specs: EventSpec) -> None:
+        """Record the events ``specs`` describe (``recorder.prepare``'s shape: each event's class and fields
+        but its run id, seq and time), built here and checked by the fold before anything is written."""
+        state, ts = self.state, self.rt.clock()
+        run_id, seq = state.run_id, state.seq
+        await self._append(
+            tuple(cls(run_id=run_id, seq=seq + i, ts=ts, **fields) for i, (cls, fields) in enumerate(specs, 1))
+        )
+
+    async def _append(self, events: tuple[ev.Event, ...]) -> None:
+        """Check ``events`` (the run's next ones, built by the caller) with the fold, then write them as one batch.
+
+        The per-step path builds its events itself with keyword arguments (``_drive_step``, ``_invoke``):
+        ``cls(**fields)`` from a spec's dict cost ~4k instructions an event more (the dict built, merged
+        into the call's keywords and unpacked again), three events per step."""
         rt = self.rt
         writer = rt.writer
-        # (``recorder.prepare``, inline: twice per step) each event built and checked by the fold
-        # before anything is written
-        events: list[ev.Event] = []
-        new_state, ts = self.state, rt.clock()
-        run_id, changed = new_state.run_id, self._changed
-        if len(specs) == 2 and specs[0][0] is ev.StepEffected and specs[1][0] is ev.StepConfirmed:
+        new_state, changed = self.state, self._changed
+        if len(events) == 2 and type(events[0]) is ev.StepEffected and type(events[1]) is ev.StepConfirmed:
             # A step's receipt and confirmation (its happy path): the fold's checks of both, one new run state.
-            seq = new_state.seq
-            effected = ev.StepEffected(run_id=run_id, seq=seq + 1, ts=ts, **specs[0][1])
-            confirmed = ev.StepConfirmed(run_id=run_id, seq=seq + 2, ts=ts, **specs[1][1])
+            effected, confirmed = cast("tuple[ev.StepEffected, ev.StepConfirmed]", events)
             new_state = apply_receipt(new_state, effected, confirmed)
-            events += (effected, confirmed)
             changed.add(effected.step_id)
             changed.add(confirmed.step_id)
         else:
-            for cls, fields in specs:
-                event = cls(run_id=run_id, seq=new_state.seq + 1, ts=ts, **fields)
+            for event in events:
                 new_state = apply(new_state, event)
-                events.append(event)
                 if isinstance(event, ev.StepEvent):
                     changed.add(event.step_id)
         # The batch that closes a run carries its seal, in the same transaction.
@@ -144,8 +149,13 @@ class RunActor:
                 # after the last segment written.
                 self._segment_seq = _NO_MORE_SEGMENTS
         began = time.perf_counter() if self.obs is not None else 0.0
-        if writer.append_alone(events, seal, segment) is None:  # a lone run's commit without a coroutine
-            queued = writer.enqueue(events, seal, segment)  # a group's: its future, awaited here
+        # A group's batch (other runs active: ``enqueue`` then always queues it): its future, awaited here, without
+        # first asking ``append_alone``, which would decline it; else a lone run's commit without a coroutine.
+        queued = writer.enqueue(events, seal, segment) if writer.active_runs > 1 else None
+        if queued is not None:
+            await queued
+        elif writer.append_alone(events, seal, segment) is None:
+            queued = writer.enqueue(events, seal, segment)
             if queued is not None:
                 await queued
             else:
@@ -335,18 +345,20 @@ class RunActor:
                 attempt = step.attempt if step is not None else 1
                 if step is not None and step.outcome == "not_applied":
                     self._crash_point("after_reconcile", sid)
-                decl_adapter = self.plan.adapters[decl.adapter]
-                await self._record(
+                state, run_id = self.state, self.plan.run_id
+                await self._append(
                     (
-                        ev.StepRequested,
-                        {
-                            "step_id": sid,
-                            "attempt": attempt,
-                            "adapter": decl.adapter,
-                            "idempotency_key": idempotency_key(self.plan.run_id, sid, attempt),
-                            "args_digest": digest(decl.args),  # (``args_digest``, without its frame)
-                            "idempotent": decl_adapter.idempotent,
-                        },
+                        ev.StepRequested(
+                            run_id=state.run_id,
+                            seq=state.seq + 1,
+                            ts=self.rt.clock(),
+                            step_id=sid,
+                            attempt=attempt,
+                            adapter=decl.adapter,
+                            idempotency_key=idempotency_key(run_id, sid, attempt),
+                            args_digest=digest(decl.args),  # (``args_digest``, without its frame)
+                            idempotent=self.plan.adapters[decl.adapter].idempotent,
+                        ),
                     )
                 )
                 if self.rt.crash_hook is not None:  # (``_crash_point``, inline on the per-step path)
@@ -576,9 +588,15 @@ class RunActor:
                     (ev.StepEffected, {"step_id": sid, "attempt": step.attempt, "receipt": receipt.data, "ok": False}),
                 )
                 return await self._fail(sid, step.attempt, "the tool reported failure", applied=None)
-            await self._record(
-                (ev.StepEffected, {"step_id": sid, "attempt": step.attempt, "receipt": receipt.data}),
-                (ev.StepConfirmed, {"step_id": sid, "attempt": step.attempt}),
+            state, ts, attempt = self.state, self.rt.clock(), step.attempt
+            run_id, seq = state.run_id, state.seq
+            await self._append(
+                (
+                    ev.StepEffected(
+                        run_id=run_id, seq=seq + 1, ts=ts, step_id=sid, attempt=attempt, receipt=receipt.data
+                    ),
+                    ev.StepConfirmed(run_id=run_id, seq=seq + 2, ts=ts, step_id=sid, attempt=attempt),
+                )
             )
             if self.rt.crash_hook is not None:
                 self._crash_point("after_confirm", sid)

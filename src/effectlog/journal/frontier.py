@@ -100,9 +100,16 @@ class Tracker:
             else:
                 open_ids.add(sid)
         ids, prefix = self._ids, self.prefix
-        while prefix < len(ids) and ids[prefix] in done_after:
-            done_after.remove(ids[prefix])
-            prefix += 1
+        count = len(ids)
+        if type(ids) is PlanIds:  # (the actor's: each id read from its decl here, no two calls of its own per step)
+            decls = ids._decls
+            while prefix < count and decls[prefix].id in done_after:
+                done_after.remove(decls[prefix].id)
+                prefix += 1
+        else:
+            while prefix < count and ids[prefix] in done_after:
+                done_after.remove(ids[prefix])
+                prefix += 1
         frontier = Frontier(
             prefix=prefix,
             count=len(steps),

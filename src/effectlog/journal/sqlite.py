@@ -183,7 +183,7 @@ class SqliteJournal:
         key = self._file.key
         if st is not None and st.st_ino == key[1] and st.st_dev == key[0]:
             wal = self._wal  # a lost WAL refuses every later commit (_wal_lost)
-            if wal is None or not wal.lost():
+            if wal is None or not wal.lost(True):  # (in the writers' gate: one thread at a time asks)
                 return
             if wal.foreign():
                 filelocks.pin_no_checkpoint(self._file)  # see close

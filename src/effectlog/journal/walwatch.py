@@ -102,7 +102,7 @@ def _identity(path: str, encoded: bytes) -> WalId | None:
 class _NameWatch:
     """One sidecar file beside a SQLite file as this connection first saw it (``lost()`` before each commit)."""
 
-    __slots__ = ("_encoded", "_name", "_parts", "_path", "_seen")
+    __slots__ = ("_buf", "_encoded", "_name", "_parts", "_path", "_ref", "_seen")
 
     def __init__(self, path: str) -> None:
         self._path = path
@@ -110,6 +110,10 @@ class _NameWatch:
         # b"" (statx fails, os.stat decides) for a name with a NUL, which statx would read as a shorter name
         self._encoded = encoded if b"\0" not in encoded else b""
         self._name = ctypes.c_char_p(self._encoded)  # (holds the bytes it points to)
+        # The buffer ``lost(in_turn=True)`` answers in, with its pointer: made once (a buffer and a ``byref``
+        # cost ~2k instructions, before every commit).
+        self._buf = _Statx()
+        self._ref = ctypes.byref(self._buf)
         self._see(_identity(path, encoded))
 
     def _see(self, seen: WalId | None) -> None:
@@ -118,18 +122,24 @@ class _NameWatch:
         # field: no ``os.makedev`` and no tuple per commit. ``None`` while no file was seen.
         self._parts = (seen[1], os.major(seen[0]), os.minor(seen[0])) if seen is not None else None
 
-    def lost(self) -> bool:
+    def lost(self, in_turn: bool = False) -> bool:
         """Whether the file was removed or replaced since it was first seen. No file yet when first looked
-        at: the first one that appears is this connection's."""
+        at: the first one that appears is this connection's.
+
+        ``in_turn``: the caller asks only while it holds a lock that no other thread asking this watch
+        holds at once (the journal asks inside its writers' gate, ``filelocks.SharedFile.enter``), so the
+        watch's own buffer is used; otherwise a buffer per call (the call drops the GIL: two threads
+        asking at once would each read what the other's call wrote)."""
         parts = self._parts
         # (``_identity``, inline: this runs before every commit) not os.stat: it would cost the commit's
         # sync an inode write (above)
-        call, buf = _Use.statx, _Statx()  # (a buffer per call: nothing shared between threads)
-        if (
-            call is not None
-            and call(_AT_FDCWD, self._name, _NO_FLAGS, _MASK, ctypes.byref(buf)) == 0
-            and buf.mask & _STATX_INO
-        ):
+        call = _Use.statx
+        if in_turn:
+            buf, ref = self._buf, self._ref
+        else:
+            buf = _Statx()
+            ref = ctypes.byref(buf)
+        if call is not None and call(_AT_FDCWD, self._name, _NO_FLAGS, _MASK, ref) == 0 and buf.mask & _STATX_INO:
             if parts is not None:  # (st_dev, st_ino) compared as their parts: the same answer as ``now != seen``
                 return not (buf.ino == parts[0] and buf.dev_major == parts[1] and buf.dev_minor == parts[2])
             now: WalId | None = (os.makedev(buf.dev_major, buf.dev_minor), buf.ino)
@@ -168,10 +178,10 @@ class WalWatch:
         self._wal = _NameWatch(path + "-wal")
         self._shm = _NameWatch(path + "-shm")
 
-    def lost(self) -> bool:
+    def lost(self, in_turn: bool = False) -> bool:
         """Whether the WAL or the shared-memory index was removed or replaced since first seen (then
-        nothing more may be committed through this connection)."""
-        return self._wal.lost() or self._shm.lost()
+        nothing more may be committed through this connection); ``in_turn`` as ``_NameWatch.lost``."""
+        return self._wal.lost(in_turn) or self._shm.lost(in_turn)
 
     def foreign(self) -> bool:
         """Whether another process made a WAL or shared-memory index of its own at either name since this
