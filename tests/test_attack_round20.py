@@ -299,6 +299,24 @@ def test_a_durable_result_nested_as_deep_as_the_check_allows_is_recorded_or_unce
     )
 
 
+def _paying_gateway(effects: list[str]) -> Any:
+    """A gateway offering one non-idempotent tool ``pay`` (it appends to ``effects``) and no model."""
+    from effectlog.session import Toolbox, ToolboxGateway
+
+    tools = Toolbox()
+
+    @tools.tool(idempotent=False)
+    def pay() -> str:
+        effects.append("pay")
+        return "paid"
+
+    class Gateway(ToolboxGateway):
+        async def complete(self, body: Any, *, idempotency_key: str) -> dict[str, Any]:
+            raise AssertionError("no model call in this test")
+
+    return Gateway(model="m", tools=tools)
+
+
 NAMES_NO_OPTION_TAKES = ["order 42 ", " order 42", "order\t42", "order\u200b42", "order 42\n"]
 
 
@@ -311,25 +329,16 @@ def test_a_run_id_the_cli_cannot_name_is_refused_before_anything_is_written(tmp_
     Proves: the API refuses such a run id with ``BadInput`` naming it, before the tool runs, and the journal
     holds no run."""
     from effectlog.errors import BadInput
-    from effectlog.session import Session, SqliteCheckpointer, Toolbox, ToolboxGateway
+    from effectlog.session import Session, SqliteCheckpointer
 
     effects: list[str] = []
     journal = tmp_path / "runs.db"
-    tools = Toolbox()
-
-    @tools.tool(idempotent=False)
-    def pay() -> str:
-        effects.append("pay")
-        return "paid"
-
-    class Gateway(ToolboxGateway):
-        async def complete(self, body: Any, *, idempotency_key: str) -> dict[str, Any]:
-            raise AssertionError("no model call in this test")
+    gateway = _paying_gateway(effects)
 
     store = SqliteCheckpointer(journal)
 
     async def call() -> Any:
-        return await Session(name, Gateway(model="m", tools=tools), store).tool("pay")
+        return await Session(name, gateway, store).tool("pay")
 
     try:
         with pytest.raises(BadInput, match="no command can name it") as refused:
@@ -353,25 +362,16 @@ def test_a_step_key_no_step_option_takes_is_named_by_the_printed_command_which_w
     import shlex
 
     from effectlog.errors import ApprovalRequired
-    from effectlog.session import Session, SqliteCheckpointer, Toolbox, ToolboxGateway
+    from effectlog.session import Session, SqliteCheckpointer
 
     effects: list[str] = []
     journal = tmp_path / "runs.db"
-    tools = Toolbox()
-
-    @tools.tool(idempotent=False)
-    def pay() -> str:
-        effects.append("pay")
-        return "paid"
-
-    class Gateway(ToolboxGateway):
-        async def complete(self, body: Any, *, idempotency_key: str) -> dict[str, Any]:
-            raise AssertionError("no model call in this test")
+    gateway = _paying_gateway(effects)
 
     def one_pass() -> Any:
         async def go() -> Any:
             with SqliteCheckpointer(journal) as store:
-                session = Session("r", Gateway(model="m", tools=tools), store, policy=lambda c: "require_approval")
+                session = Session("r", gateway, store, policy=lambda c: "require_approval")
                 return await session.tool("pay", key=name)
 
         return asyncio.run(go())
