@@ -144,7 +144,7 @@ def evaluate(
     status = "met"
     if not met:
         gap = (value / limit - 1) if at_most else (1 - value / limit)
-        status = f"missed by {gap:.0%}"
+        status = f"missed by {gap:.0%}" if gap >= 0.005 else "missed by less than 1%"
     if each and len(each) > 1:
         shown += f" (rounds {min(each):{spec}} to {max(each):{spec}})"
         passing = sum(1 for v in each if ok(v))

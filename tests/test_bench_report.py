@@ -131,6 +131,7 @@ RESUME_SHAPE: dict[str, Any] = {
         (1.56, 1.3, True, (False, "missed by 20%")),
         (6.0, 5.0, False, (True, "met")),
         (4.0, 5.0, False, (False, "missed by 20%")),
+        (0.998, 1.0, False, (False, "missed by less than 1%")),  # not "missed by 0%"
         (None, 5.0, False, (None, "not measured")),
         ("did not finish", 5.0, False, (None, "not measured")),
         (True, 5.0, False, (None, "not measured")),
