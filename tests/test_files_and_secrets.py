@@ -225,7 +225,8 @@ def test_hostile_run_and_step_ids_on_the_command_line_match_nothing_and_change_n
 
     Since round 11 the CLI takes any printable id (durable and session runs have such ids), so a
     printable hostile id is looked up and matches nothing (exit 2, ``unknown_run``/``unknown_step``;
-    ``effects`` lists nothing); one that is not printable is still a usage error."""
+    ``effects`` lists nothing and says on stderr that the store holds other runs' effects); one that is
+    not printable is still a usage error."""
     _completed_journal(tmp_path)
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("EFFECTLOG_JOURNAL_KEY", raising=False)
@@ -268,8 +269,9 @@ def test_hostile_run_and_step_ids_on_the_command_line_match_nothing_and_change_n
             done = cli(*argv)
             results.append((argv[0], done.returncode, done.stdout == "", one_line(done.stderr).split(":")[1]))
         listed = cli("effects", "--effects", "effects.db", "--run-id", hostile, "--json")
-        if listed.returncode == 0:  # a printable id is a valid durable run id: it lists nothing
-            listed_nothing.append((hostile, json.loads(listed.stdout) == [] and listed.stderr == ""))
+        if listed.returncode == 0:  # a printable id is a valid durable run id: it lists nothing, and says so
+            said = one_line(listed.stderr).startswith(f"effectlog: no effects of run {hostile!r} in effects.db")
+            listed_nothing.append((hostile, json.loads(listed.stdout) == [] and said))
         else:
             results.append(("effects", listed.returncode, listed.stdout == "", one_line(listed.stderr).split(":")[1]))
     after = snapshot(tmp_path)
