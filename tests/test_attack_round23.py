@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from effectlog.adapters.effects import EffectStore
-from effectlog.errors import IdempotencyConflict
+from effectlog.errors import LookupUndecided
 from effectlog.outcome import SimulatedCrash
 from effectlog.plan import parse_plan
 from effectlog.runtime import Runtime
@@ -44,7 +44,8 @@ def test_a_lookup_of_a_step_with_secret_args_takes_no_other_journals_effect_unde
     (the secret is then only a placeholder) asked the ledger with no body to compare, found A's row
     under the same run, step and attempt, and recorded B's payment as applied: a payment lost while
     ``verify`` says ok. Proves: the ledger compares the journal's args digest of the real args, so
-    A's row is another body (refused, nothing recorded) and B's payment is made on the next pass."""
+    A's row is another body (the step stays uncertain, exit 3, nothing recorded) and B's payment is
+    made on the next pass."""
     effects = tmp_path / "e.db"
     with Runtime(str(tmp_path / "a.db"), effects=effects) as rt:
         assert "completed" == rt.run(_pay_plan("4111-A")).state
@@ -56,7 +57,7 @@ def test_a_lookup_of_a_step_with_secret_args_takes_no_other_journals_effect_unde
         rt.run(b_plan)
     with Runtime(str(tmp_path / "b.db"), effects=effects) as rt:
         assert "stopped" == rt.run(b_plan).state  # requested, no outcome: uncertain
-        with pytest.raises(IdempotencyConflict):  # A's row is another body: no evidence for B, nothing recorded
+        with pytest.raises(LookupUndecided, match="another body"):  # A's row: no evidence for B, nothing recorded
             rt.reconcile_by_lookup("pay-1", "pay")
         rt.reconcile("pay-1", "pay", outcome="not_applied", evidence="bank statement: no B payment", operator="op")
         assert "completed" == rt.run(b_plan).state
