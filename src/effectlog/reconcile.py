@@ -134,6 +134,9 @@ def recorded_request(state: RunState, step: StepState, plan: Plan | None = None)
         idempotency_key=step.idempotency_key,
         args=own_copy(decl.args),
         timeout_s=decl.timeout_s,
+        # Without the plan a secret arg is a placeholder whose digest is not the body's: the journal's
+        # digest of the real args lets a ledger tell this request's effect from another body's.
+        args_digest=step.args_digest or None,
     )
     return request, decl
 

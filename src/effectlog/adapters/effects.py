@@ -306,6 +306,8 @@ class EffectStore:
         when ``request.args`` hold secret placeholders (the journal's ``args_digest``); without it,
         such a request's body is not compared."""
         rows = self.rows(run_id=request.run_id, step_id=request.step_id, attempt=request.attempt)
+        if body is None and request.args_digest:
+            body = request.args_digest  # rebuilt from the journal: the digest of the real args
         wanted = body if body is not None else (None if _has_placeholders(request.args) else digest(request.args))
         mine = [r for r in rows if wanted is None or not r.args_digest or r.args_digest == wanted]
         if rows and not mine:

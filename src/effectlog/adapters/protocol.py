@@ -32,6 +32,10 @@ class Request(msgspec.Struct, frozen=True, kw_only=True):
     idempotency_key: str
     args: dict[str, Any]
     timeout_s: float | None = None
+    # The journal's digest of the real args, set on a request rebuilt from the journal (a reconcile's
+    # lookup) whose secret args are only placeholders: ``body_digest`` answers it, so a ledger or a tool
+    # still compares the body its key was used with. None: the args are the real ones.
+    args_digest: str | None = None
 
 
 class Receipt(msgspec.Struct, frozen=True, kw_only=True):
@@ -77,9 +81,10 @@ def body_digest(request: Request) -> str:
     """sha256 of the canonical JSON of the request's args: the body a key is bound to.
 
     The same digest the journal records as the step's ``args_digest`` (sorted keys,
-    compact JSON), so a tool's record and the journal can be compared directly.
+    compact JSON), so a tool's record and the journal can be compared directly. A request
+    rebuilt from the journal with secret placeholders carries that digest (``args_digest``).
     """
-    return digest(request.args)
+    return request.args_digest or digest(request.args)
 
 
 def check_same_body(request: Request, recorded_digest: str, *, where: str) -> None:
