@@ -232,6 +232,10 @@ CLAIM_SIGNATURE = f"{_S}.claim_next(text, integer, text, double precision)"
 CLAIM_NEXT = f"SELECT * FROM {_S}.claim_next(%s, %s, %s, %s)"
 
 
+_NOT_OURS = (
+    f"{{location}}: schema {FLEET_SCHEMA} exists but is not an effectlog fleet (it holds another application's "
+    "tables or functions); nothing was changed"
+)
 _HAS_META = "SELECT 1 FROM pg_catalog.pg_tables WHERE schemaname = %s AND tablename = 'meta'"
 
 # What each version adds to the one before (a new store is created at v1 and migrated).
@@ -346,8 +350,11 @@ class PostgresFleetStore(SqlFleetStore):
                 fleet, journal = (
                     conn.execute(_HAS_META, (schema,)).fetchone() for schema in (FLEET_SCHEMA, JOURNAL_SCHEMA)
                 )
+                foreign = fleet is None and self._foreign(conn)
         except psycopg.Error as exc:
             raise translate(exc, self.location) from None
+        if foreign:
+            raise JournalUnreadable(_NOT_OURS.format(location=self.location))
         if fleet is None:
             raise JournalUnreadable(f"{self.location}: not a fleet store (no fleet schema); nothing was changed")
         if journal is None:
@@ -379,10 +386,7 @@ class PostgresFleetStore(SqlFleetStore):
             conn.execute("SELECT pg_advisory_xact_lock(%s, %s)", FLEET_MIGRATE_LOCK)
             exists = conn.execute(_HAS_META, (FLEET_SCHEMA,)).fetchone()
             if exists is None and self._foreign(conn):
-                raise JournalUnreadable(
-                    f"{self.location}: schema {FLEET_SCHEMA} exists but is not an effectlog fleet (it holds another "
-                    "application's tables or functions); nothing was changed"
-                )
+                raise JournalUnreadable(_NOT_OURS.format(location=self.location))
             if exists is None and not self._create:
                 raise JournalUnreadable(f"{self.location}: not a fleet store (no fleet schema); nothing was changed")
             if exists is None:
