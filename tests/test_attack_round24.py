@@ -1,0 +1,78 @@
+"""Attacker's pass, round 24: the fleet and the operator console.
+
+Real runner processes (SIGKILL), real SQLite files and real PostgreSQL; each test says what it proves.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+from pathlib import Path
+
+import pytest
+
+from effectlog import events as ev
+from effectlog.fleet import FleetStore
+from fleet_kit import RunnerProcess, effectlog, wait_until, write_plan
+
+pytest_plugins = ["pg_fixture", "fleet_kit"]
+pytestmark = pytest.mark.crash
+
+FAST = ("--lease-s", "2.0", "--heartbeat-s", "0.2", "--poll-s", "0.05")
+
+
+def tags(store: FleetStore, run_id: str) -> list[str]:
+    return [ev.tag_of(ev.decode(r.body)) for r in store.journal().read(run_id)]
+
+
+@pytest.mark.parametrize("ending", ["cancel", "fail"])
+def test_a_decision_on_a_held_step_of_a_fleet_request_that_has_ended_is_refused(
+    store_url: str, store: FleetStore, runners: list[RunnerProcess], tmp_path: Path, ending: str
+) -> None:
+    """A fleet run holds its step for approval; its runner is SIGKILLed while it waits; the recovery
+    service sends the request round (``--max-requeues 1``: queued again) or to an operator
+    (``--max-requeues 0``), and an operator ends it (``cancel`` of the queued request, ``fail`` of the
+    one that needs an operator). Then a person types the approve (or deny) command the held step shows.
+
+    Proves: the decision is refused with exit 5 naming the request and its end, and nothing is written
+    to the run's journal. Before the fix it was recorded ("resume the run to execute it once"), on a
+    run no runner would ever resume: the person was told an effect would happen that never could."""
+    raw = json.loads(write_plan(tmp_path / "p.json", "run-h", [("deploy", "idem")]).read_text())
+    raw["steps"][0]["approval"] = "required"
+    (tmp_path / "p.json").write_text(json.dumps(raw))
+    limit = "1" if ending == "cancel" else "0"
+    effectlog(
+        "submit", str(tmp_path / "p.json"), "--store", store_url, "--scope", "s", "--key", "h",
+        "--max-requeues", limit, "--requeue-backoff-s", "0",
+    )  # fmt: skip
+    holder = RunnerProcess(store_url, tmp_path, "A", extra=(*FAST, "--max-attempts", "1"))
+    runners.append(holder)
+    (waiting,) = wait_until(lambda: store.requests(["waiting_decision"]) or None, "the run to wait for approval")
+    holder.signal(signal.SIGKILL)
+    holder.wait()
+    after = "queued" if ending == "cancel" else "needs_operator"
+
+    def recovered() -> bool | None:
+        effectlog("recovery", "--store", store_url, "--once")
+        return store.request(waiting.request_id).state == after or None
+
+    wait_until(recovered, f"the recovery service to make the request {after}")
+    effectlog(
+        "operator", ending, "--store", store_url, "--request", str(waiting.request_id), "--by", "bob",
+        "--reason", "not any more",
+    )  # fmt: skip
+    ended = store.request(waiting.request_id).state
+    assert {"cancel": "cancelled", "fail": "failed"}[ending] == ended
+    before = tags(store, "run-h")
+    for verb in ("approve", "deny"):
+        done = effectlog(
+            verb, "--journal", store_url, "--run-id", "run-h", "--step", "deploy", "--by", "alice", check=False
+        )
+        message = done.stderr.strip()
+        assert (5, 1, True, True) == (
+            done.returncode,
+            len(message.splitlines()),
+            f"request {waiting.request_id}" in message,
+            ended in message,
+        ), (verb, done.returncode, done.stdout, message)
+    assert before == tags(store, "run-h")
