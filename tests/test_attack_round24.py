@@ -13,7 +13,7 @@ import pytest
 
 from effectlog import events as ev
 from effectlog.fleet import FleetStore
-from fleet_kit import RunnerProcess, effectlog, wait_until, write_plan
+from fleet_kit import RunnerProcess, effectlog, together, wait_until, write_plan
 
 pytest_plugins = ["pg_fixture", "fleet_kit"]
 pytestmark = pytest.mark.crash
@@ -76,3 +76,47 @@ def test_a_decision_on_a_held_step_of_a_fleet_request_that_has_ended_is_refused(
             ended in message,
         ), (verb, done.returncode, done.stdout, message)
     assert before == tags(store, "run-h")
+
+
+RACER = """
+import contextlib, io, json, sys
+from effectlog.cli import main
+print("ready", flush=True)
+sys.stdin.readline()
+err = io.StringIO()
+with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+    code = main({argv!r})
+print(json.dumps({{"code": code, "err": err.getvalue()}}))
+"""
+
+
+def test_two_processes_submitting_one_key_at_once_make_one_request_and_a_different_plan_conflicts(
+    store_url: str, store: FleetStore, tmp_path: Path
+) -> None:
+    """Rounds of three real processes released together, each ``effectlog submit`` of one --scope/--key:
+    two with the same plan, one with another plan (another step). Proves: each round makes exactly one
+    request, holding one of the two plans; every process whose plan is the winner's exits 0 (the same
+    request), every other exits 5 naming the key, so a different plan under one key is never a second
+    run and never silently the first one."""
+    same = write_plan(tmp_path / "same.json", "run-same", [("a", "idem")])
+    other = write_plan(tmp_path / "other.json", "run-same", [("a", "idem"), ("b", "idem")])
+    for round_no in range(4):
+        key = f"k{round_no}"
+        argv = [
+            ["submit", str(plan), "--store", store_url, "--scope", "race", "--key", key]
+            for plan in (same, other, same)
+        ]
+        for plan in (same, other):  # a fresh run id each round: only the key is shared with earlier rounds
+            raw = json.loads(plan.read_text())
+            raw["run_id"] = f"run-{round_no}"
+            plan.write_text(json.dumps(raw))
+        out = together([[RACER.format(argv=a)] for a in argv])
+        rows = [r for r in store.requests() if r.key == key]
+        assert 1 == len(rows), rows
+        codes = [o["code"] for o in out]
+        assert sorted(codes) in ([0, 0, 5], [0, 5, 5]), out
+        if sorted(codes) == [0, 5, 5]:
+            assert 0 == codes[1], out  # the other plan won: both same-plan submits conflict
+        else:
+            assert 5 == codes[1], out
+        assert all(key in o["err"] for o in out if o["code"] == 5), out
