@@ -120,3 +120,53 @@ def test_two_processes_submitting_one_key_at_once_make_one_request_and_a_differe
         else:
             assert 5 == codes[1], out
         assert all(key in o["err"] for o in out if o["code"] == 5), out
+
+
+def test_a_stale_console_page_approving_a_held_step_of_an_ended_fleet_request_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The console serves a fleet store (SQLite): olga opens the held step's page while its runner waits
+    for her; the runner is SIGKILLed, the recovery service queues the request again, an operator cancels
+    it from the CLI. Then olga posts the approve form of the page she had open. Proves: the console
+    answers 409 naming the ended request, and the run's journal is unchanged (the same refusal whichever
+    door the decision comes in by)."""
+    from console_kit import CARD, Setup, console, csrf_of, digest_on_page, held_plan, login
+
+    monkeypatch.setenv("EFFECTLOG_SECRET_CARD", CARD)  # the runner's value for the plan's secret arg
+    store_path = str(tmp_path / "fleet.db")
+    setup = Setup(tmp_path, journal=store_path)
+    (tmp_path / "held.json").write_text(json.dumps(held_plan("fleet-held")))
+    effectlog(
+        "submit", str(tmp_path / "held.json"), "--store", store_path, "--scope", "s", "--key", "k",
+        "--max-requeues", "1", "--requeue-backoff-s", "0",
+    )  # fmt: skip
+    from effectlog.fleet import open_store
+
+    with open_store(store_path) as store:
+        holder = RunnerProcess(store_path, tmp_path, "A", extra=(*FAST, "--max-attempts", "1"))
+        try:
+            (waiting,) = wait_until(lambda: store.requests(["waiting_decision"]) or None, "the run to wait")
+            with console(setup, "--store", store_path) as base:
+                client, _ = login(base, "olga")
+                page = client.get("/runs/fleet-held").text
+                digest, token = digest_on_page(page), csrf_of(page)
+                holder.signal(signal.SIGKILL)
+                holder.wait()
+
+                def requeued() -> bool | None:
+                    effectlog("recovery", "--store", store_path, "--once")
+                    return store.request(waiting.request_id).state == "queued" or None
+
+                wait_until(requeued, "the recovery service to queue the request again")
+                effectlog(
+                    "operator", "cancel", "--store", store_path, "--request", str(waiting.request_id),
+                    "--by", "bob", "--reason", "not any more",
+                )  # fmt: skip
+                before = tags(store, "fleet-held")
+                done = client.post(
+                    "/runs/fleet-held/steps/refund/approve", data={"csrf": token, "digest": digest}
+                )
+            assert (409, True) == (done.status_code, f"request {waiting.request_id}" in done.text), done.text
+            assert before == tags(store, "fleet-held")
+        finally:
+            holder.stop()
