@@ -103,8 +103,7 @@ def test_two_processes_submitting_one_key_at_once_make_one_request_and_a_differe
     for round_no in range(4):
         key = f"k{round_no}"
         argv = [
-            ["submit", str(plan), "--store", store_url, "--scope", "race", "--key", key]
-            for plan in (same, other, same)
+            ["submit", str(plan), "--store", store_url, "--scope", "race", "--key", key] for plan in (same, other, same)
         ]
         for plan in (same, other):  # a fresh run id each round: only the key is shared with earlier rounds
             raw = json.loads(plan.read_text())
@@ -163,9 +162,7 @@ def test_a_stale_console_page_approving_a_held_step_of_an_ended_fleet_request_is
                     "--by", "bob", "--reason", "not any more",
                 )  # fmt: skip
                 before = tags(store, "fleet-held")
-                done = client.post(
-                    "/runs/fleet-held/steps/refund/approve", data={"csrf": token, "digest": digest}
-                )
+                done = client.post("/runs/fleet-held/steps/refund/approve", data={"csrf": token, "digest": digest})
             assert (409, True) == (done.status_code, f"request {waiting.request_id}" in done.text), done.text
             assert before == tags(store, "fleet-held")
         finally:
