@@ -167,3 +167,41 @@ def test_a_stale_console_page_approving_a_held_step_of_an_ended_fleet_request_is
             assert before == tags(store, "fleet-held")
         finally:
             holder.stop()
+
+
+RECOVERER = """
+import json, sys
+from effectlog.fleet import open_store
+from effectlog.fleet.recovery import recover_once
+store = open_store({url!r})
+print("ready", flush=True)
+sys.stdin.readline()
+done = recover_once(store)
+store.close()
+print(json.dumps([d.attempt_id for d in done]))
+"""
+
+
+def test_three_recovery_passes_racing_over_the_same_expired_leases_decide_each_once(
+    store_url: str, store: FleetStore
+) -> None:
+    """Twelve requests leased for a moment (then expired, nobody heartbeating); three real processes
+    each run one recovery pass (the recovery service's and a runner's own pass are this same
+    ``recover_once``) released together. Proves: every expired attempt is decided by exactly one of
+    them (the attempts they report are disjoint and cover all twelve), each has exactly one recovery
+    transition in its history, and each request has exactly one attempt open again (queued)."""
+    from effectlog.fleet.contract import noop_plan
+
+    leases = []
+    for i in range(12):
+        request = store.submit("rec", f"k{i}", noop_plan(f"run-rec-{i}"), requeue_backoff_s=0.0).request
+        lease = store.claim(request.request_id, "gone", 0.2)
+        assert lease is not None
+        leases.append(lease)
+    wait_until(lambda: len(store.expired(100)) == 12 or None, "the twelve leases to expire")
+    out = together([[RECOVERER.format(url=store_url)] for _ in range(3)])
+    decided = [a for one in out for a in one]
+    assert sorted(lease.attempt_id for lease in leases) == sorted(decided), out
+    for lease in leases:
+        recovery = [h for h in store.history(lease.request_id) if h.actor == "recovery_service"]
+        assert (1, "queued") == (len(recovery), store.request(lease.request_id).state), recovery
