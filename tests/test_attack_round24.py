@@ -205,3 +205,46 @@ def test_three_recovery_passes_racing_over_the_same_expired_leases_decide_each_o
     for lease in leases:
         recovery = [h for h in store.history(lease.request_id) if h.actor == "recovery_service"]
         assert (1, "queued") == (len(recovery), store.request(lease.request_id).state), recovery
+
+
+def test_a_runner_paused_past_its_lease_after_the_request_does_not_send_the_call_when_resumed(
+    store_url: str, store: FleetStore, runners: list[RunnerProcess], tmp_path: Path
+) -> None:
+    """A runner records ``step.requested`` for a non-idempotent charge and is SIGSTOPped before it sends
+    the call; its lease expires and the recovery service sends the request to an operator (who would
+    read an empty ledger: nothing was sent, so a reconcile "not applied" and a requeue would charge
+    again); the SIGCONT'd runner goes on at once. Proves: the resumed runner does not send the call
+    (its lease is gone: it asks the store before the send, not only its heartbeat thread, which had
+    not run yet), so the ledger holds no charge from the zombie attempt."""
+    plan = write_plan(tmp_path / "pay.json", "pay-z", [("charge", "control")])
+    effectlog("submit", str(plan), "--store", store_url, "--scope", "shop", "--key", "z")
+    zombie = RunnerProcess(
+        store_url, tmp_path, "Z", arm="after_request", resumable=True, extra=(*FAST, "--max-attempts", "1")
+    )
+    runners.append(zombie)
+    assert "after_request charge" == zombie.reached()
+    zombie.signal(signal.SIGSTOP)
+    request_id = store.requests()[0].request_id
+
+    def sent_to_operator() -> bool | None:
+        effectlog("recovery", "--store", store_url, "--once")
+        return store.request(request_id).state == "needs_operator" or None
+
+    wait_until(sent_to_operator, "the recovery service to send the request to an operator")
+    zombie.signal(signal.SIGCONT)
+    zombie.resume()
+    zombie.wait()
+    assert [] == effect_rows(tmp_path / "effects.db"), zombie.log()
+
+
+def effect_rows(path: Path) -> list[tuple[str, str, int]]:
+    """(run, step, attempt) of every effect in the ledger."""
+    from effectlog.adapters.effects import EffectStore
+
+    if not path.exists():
+        return []
+    ledger = EffectStore(path)
+    try:
+        return [(r.run_id, r.step_id, r.attempt) for r in ledger.rows()]
+    finally:
+        ledger.close()
