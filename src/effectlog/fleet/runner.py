@@ -623,10 +623,32 @@ class Runner:
         if self._armed is not None and point == self._armed:
             self._armed = None  # once per process
             self._reached(point, step_id)
-        if point == "after_request" and slot.lost.is_set():
-            raise LeaseLost  # the lease is gone: do not invoke the tool
+        if point == "after_request":
+            self._confirm_lease(slot)
         if point == "after_confirm" and slot.cancel.is_set():
             raise CancelObserved
+
+    def _confirm_lease(self, slot: Slot) -> None:
+        """Before a step's call is sent: ``LeaseLost`` unless the store renews the lease now.
+
+        The heartbeat thread alone is not enough: a process paused (SIGSTOP, a VM freeze, a long GC)
+        between ``step.requested`` and the send wakes with its main thread first, and the lease may have
+        expired and the request moved on (to an operator reading an empty ledger) meanwhile. One fenced
+        renewal here narrows the window to the send itself. A store that cannot be reached leaves the
+        heartbeat thread's verdict standing (the lease is not known to be gone)."""
+        if not slot.lost.is_set():
+            try:
+                beat = self.store.heartbeat(slot.lease, self.config.lease_s)
+            except StaleLease as exc:
+                slot.lost.set()
+                self.log(f"lease lost before sending the call: {exc.code}: {exc}")
+            except EffectlogError:
+                pass
+            else:
+                if beat.cancel_requested:
+                    slot.cancel.set()
+        if slot.lost.is_set():
+            raise LeaseLost  # the lease is gone: do not invoke the tool
 
     def _reached(self, point: str, step_id: str) -> None:
         if self.config.notify_fd is not None:
