@@ -32,6 +32,7 @@ import msgspec
 from effectlog import events as ev
 from effectlog.adapters.registry import Registry, load_object
 from effectlog.errors import BadInput, EffectlogError, ExitStatus, StaleLease, StorageError
+from effectlog.fleet import attempts as am
 from effectlog.fleet import limits
 from effectlog.fleet.fencing import Tx
 from effectlog.fleet.leased_journal import LeasedJournal
@@ -629,24 +630,30 @@ class Runner:
             raise CancelObserved
 
     def _confirm_lease(self, slot: Slot) -> None:
-        """Before a step's call is sent: ``LeaseLost`` unless the store renews the lease now.
+        """Before a step's call is sent: ``LeaseLost`` unless the store shows the lease still held now.
 
         The heartbeat thread alone is not enough: a process paused (SIGSTOP, a VM freeze, a long GC)
         between ``step.requested`` and the send wakes with its main thread first, and the lease may have
-        expired and the request moved on (to an operator reading an empty ledger) meanwhile. One fenced
-        renewal here narrows the window to the send itself. A store that cannot be reached leaves the
-        heartbeat thread's verdict standing (the lease is not known to be gone)."""
+        expired and the request moved on (to an operator reading an empty ledger) meanwhile. One read
+        of the attempt (no commit) narrows the window to the send itself. A store that cannot be read
+        leaves the heartbeat thread's verdict standing (the lease is not known to be gone)."""
+        lease = slot.lease
         if not slot.lost.is_set():
             try:
-                beat = self.store.heartbeat(slot.lease, self.config.lease_s)
-            except StaleLease as exc:
-                slot.lost.set()
-                self.log(f"lease lost before sending the call: {exc.code}: {exc}")
+                now = self.store.now()
+                mine = [a for a in self.store.attempts(lease.request_id) if a.attempt_id == lease.attempt_id]
             except EffectlogError:
-                pass
-            else:
-                if beat.cancel_requested:
-                    slot.cancel.set()
+                mine = None
+            if mine is not None:
+                held = [
+                    a for a in mine if a.token == lease.token and a.state in am.LIVE and (a.lease_expires_at or 0) > now
+                ]
+                if not held:
+                    slot.lost.set()
+                    self.log(
+                        f"request {lease.request_id} attempt {lease.attempt_no}: lease gone before sending the call "
+                        "(expired or moved on): not sent"
+                    )
         if slot.lost.is_set():
             raise LeaseLost  # the lease is gone: do not invoke the tool
 
