@@ -32,6 +32,7 @@ import msgspec
 from effectlog import events as ev
 from effectlog.adapters.registry import Registry, load_object
 from effectlog.errors import BadInput, EffectlogError, ExitStatus, StaleLease, StorageError
+from effectlog.fleet import attempts as am
 from effectlog.fleet import limits
 from effectlog.fleet.fencing import Tx
 from effectlog.fleet.leased_journal import LeasedJournal
@@ -623,10 +624,38 @@ class Runner:
         if self._armed is not None and point == self._armed:
             self._armed = None  # once per process
             self._reached(point, step_id)
-        if point == "after_request" and slot.lost.is_set():
-            raise LeaseLost  # the lease is gone: do not invoke the tool
+        if point == "after_request":
+            self._confirm_lease(slot)
         if point == "after_confirm" and slot.cancel.is_set():
             raise CancelObserved
+
+    def _confirm_lease(self, slot: Slot) -> None:
+        """Before a step's call is sent: ``LeaseLost`` unless the store shows the lease still held now.
+
+        The heartbeat thread alone is not enough: a process paused (SIGSTOP, a VM freeze, a long GC)
+        between ``step.requested`` and the send wakes with its main thread first, and the lease may have
+        expired and the request moved on (to an operator reading an empty ledger) meanwhile. One read
+        of the attempt (no commit) narrows the window to the send itself. A store that cannot be read
+        leaves the heartbeat thread's verdict standing (the lease is not known to be gone)."""
+        lease = slot.lease
+        if not slot.lost.is_set():
+            try:
+                now = self.store.now()
+                mine = [a for a in self.store.attempts(lease.request_id) if a.attempt_id == lease.attempt_id]
+            except EffectlogError:
+                mine = None
+            if mine is not None:
+                held = [
+                    a for a in mine if a.token == lease.token and a.state in am.LIVE and (a.lease_expires_at or 0) > now
+                ]
+                if not held:
+                    slot.lost.set()
+                    self.log(
+                        f"request {lease.request_id} attempt {lease.attempt_no}: lease gone before sending the call "
+                        "(expired or moved on): not sent"
+                    )
+        if slot.lost.is_set():
+            raise LeaseLost  # the lease is gone: do not invoke the tool
 
     def _reached(self, point: str, step_id: str) -> None:
         if self.config.notify_fd is not None:

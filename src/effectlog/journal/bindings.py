@@ -5,7 +5,9 @@ run that belongs to a request is written only under that request's lease (the
 fleet's fencing), so the journal refuses to let a plain ``run`` or a session claim
 it (``RunBound``, exit 5), and lets an operator's one-shot decision through only
 while no runner drives it under a live lease (``RunOwned``, exit 6); a runner that
-waits for a person's decision drives nothing. The states come from
+waits for a person's decision drives nothing. A request that has ended (its current
+attempt in a terminal state) takes no decision at all (``RunBound``): no runner will
+ever drive its run again, so an approval there would promise an effect that cannot happen. The states come from
 ``specs/attempt.toml``, as everywhere else.
 """
 
@@ -23,6 +25,7 @@ _LIVE = {s for t in _ATTEMPT.transitions if t.actor == "recovery_service" for s 
 # A lease owner that waits for a person's decision (``await_decision``) holds the lease but
 # drives nothing: an operator's approve, deny or reconcile is exactly what it waits for.
 _WAITING = {t.dest for t in _ATTEMPT.transitions if t.trigger == "await_decision"}
+_ENDED: tuple[str, ...] = tuple(sorted(_ATTEMPT.terminal))
 DRIVING: tuple[str, ...] = tuple(sorted(_LIVE - _WAITING))
 
 Query = Callable[[str, Sequence[Any]], list[tuple[Any, ...]]]
@@ -41,6 +44,21 @@ def check_binding(
         raise RunBound(
             f"the run belongs to fleet request {request_id} in scope {scope!r}: it is written only under "
             "that request's lease (effectlog runner), and decided with effectlog operator",
+            run_id=run_id,
+            request_id=int(request_id),
+            scope=str(scope),
+        )
+    ended = ", ".join(p for _ in _ENDED)
+    last = query(
+        f"SELECT attempt_no, state FROM {attempts} WHERE request_id = {p} AND state IN ({ended})"
+        f" AND attempt_no = (SELECT MAX(attempt_no) FROM {attempts} WHERE request_id = {p})",
+        (request_id, *_ENDED, request_id),
+    )
+    if last:
+        attempt_no, state = last[0]
+        raise RunBound(
+            f"the run belongs to fleet request {request_id} in scope {scope!r}, which has ended ({state}, "
+            f"attempt {attempt_no}): no runner will drive it again, so it takes no decision; nothing was written",
             run_id=run_id,
             request_id=int(request_id),
             scope=str(scope),
