@@ -165,6 +165,20 @@ class FleetContract:
         assert store.claim(lease.request_id, "r2", LONG) is None
         assert ["leased"] == [a.state for a in store.attempts()]
 
+    def test_lease_held_is_true_only_for_the_current_unexpired_lease(self, store: FleetStore) -> None:
+        """``lease_held`` (a runner's look before it sends a call): true for the lease as claimed; false for
+        another token or runner, once it expired by the store's clock, and once recovery moved it on; it
+        renews nothing (the expiry it reads stays where the claim put it)."""
+        lease = self._leased(store, lease_s=0.3)
+        other = msgspec.structs.replace
+        others = [other(lease, token=lease.token + 1), other(lease, runner_id="other")]
+        held = (store.lease_held(lease), [store.lease_held(o) for o in others])
+        wait_past(store, lease.expires_at)
+        expired = store.lease_held(lease)
+        done = store.recover(lease.attempt_id, lease.token, decide_expired)
+        assert (True, [False, False], False, True) == (*held, expired, done is not None)
+        assert store.lease_held(lease) is False
+
     def test_tokens_are_max_plus_one_per_request(self, store: FleetStore) -> None:
         """Each new lease of a request gets MAX(fencing_token) + 1, across its attempts."""
         first = self._leased(store, lease_s=SHORT)

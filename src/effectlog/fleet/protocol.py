@@ -73,6 +73,10 @@ class FleetStore(Protocol):
         ``wanted``: whether the caller could take work now (a store may skip looking while it cannot)."""
         ...
 
+    def lease_held(self, lease: Lease) -> bool:
+        """Whether ``lease`` is still current now, by the store's clock (a read: nothing is renewed)."""
+        ...
+
     def heartbeat(self, lease: Lease, lease_s: float) -> Heartbeat:
         """Renew a current lease (else ``StaleLease``); reports a requested cancellation."""
         ...

@@ -32,7 +32,6 @@ import msgspec
 from effectlog import events as ev
 from effectlog.adapters.registry import Registry, load_object
 from effectlog.errors import BadInput, EffectlogError, ExitStatus, StaleLease, StorageError
-from effectlog.fleet import attempts as am
 from effectlog.fleet import limits
 from effectlog.fleet.fencing import Tx
 from effectlog.fleet.leased_journal import LeasedJournal
@@ -640,20 +639,15 @@ class Runner:
         lease = slot.lease
         if not slot.lost.is_set():
             try:
-                now = self.store.now()
-                mine = [a for a in self.store.attempts(lease.request_id) if a.attempt_id == lease.attempt_id]
+                held: bool | None = self.store.lease_held(lease)
             except EffectlogError:
-                mine = None
-            if mine is not None:
-                held = [
-                    a for a in mine if a.token == lease.token and a.state in am.LIVE and (a.lease_expires_at or 0) > now
-                ]
-                if not held:
-                    slot.lost.set()
-                    self.log(
-                        f"request {lease.request_id} attempt {lease.attempt_no}: lease gone before sending the call "
-                        "(expired or moved on): not sent"
-                    )
+                held = None
+            if held is False:
+                slot.lost.set()
+                self.log(
+                    f"request {lease.request_id} attempt {lease.attempt_no}: lease gone before sending the call "
+                    "(expired or moved on): not sent"
+                )
         if slot.lost.is_set():
             raise LeaseLost  # the lease is gone: do not invoke the tool
 

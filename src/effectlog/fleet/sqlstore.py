@@ -15,6 +15,7 @@ heartbeat or a recovery *means* is here, once. Every write runs in one transacti
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from typing import Any
@@ -232,6 +233,14 @@ def _history_row(c: Change) -> tuple[Any, ...]:
         c.now,
         canonical_json(c.detail).decode(),
     )
+
+
+# A lease still current: its attempt live, its runner and token, unexpired by the database's clock (PostgreSQL)
+# or, where the dialect has none (SQLite's is NULL), the process's (as ``SqliteTx.now``).
+_HELD = (
+    "SELECT 1 FROM {attempts} WHERE attempt_id = ? AND runner_id = ? AND fencing_token = ?"
+    f" AND state IN {am.sql_list(am.LIVE)} AND lease_expires_at > COALESCE({{clock}}, ?)"
+)
 
 
 class SqlFleetStore:
@@ -866,6 +875,13 @@ class SqlFleetStore:
                     self.dialect.sql(_REQUEST + f" WHERE a.state IN ({marks}) ORDER BY r.request_id"), tuple(states)
                 )
         return [_request_view(r) for r in rows]
+
+    def lease_held(self, lease: Lease) -> bool:
+        """Whether ``lease`` is still current now, by the store's clock: one read, no commit (a runner's
+        look before it sends a step's call, ``Runner._confirm_lease``)."""
+        with self._tx(write=False) as tx:
+            row = tx.one(self.dialect.sql(_HELD), (lease.attempt_id, lease.runner_id, lease.token, time.time()))
+        return row is not None
 
     def attempts(self, request_id: int | None = None) -> list[AttemptView]:
         with self._tx(write=False) as tx:
