@@ -40,13 +40,18 @@ def check_binding(
     if not rows:
         return
     request_id, scope = rows[0]
-    if kind != "operator":
-        raise RunBound(
-            f"the run belongs to fleet request {request_id} in scope {scope!r}: it is written only under "
-            "that request's lease (effectlog runner), and decided with effectlog operator",
+
+    def bound(why: str) -> RunBound:
+        return RunBound(
+            f"the run belongs to fleet request {request_id} in scope {scope!r}{why}",
             run_id=run_id,
             request_id=int(request_id),
             scope=str(scope),
+        )
+
+    if kind != "operator":
+        raise bound(
+            ": it is written only under that request's lease (effectlog runner), and decided with effectlog operator"
         )
     ended = ", ".join(p for _ in _ENDED)
     last = query(
@@ -56,12 +61,9 @@ def check_binding(
     )
     if last:
         attempt_no, state = last[0]
-        raise RunBound(
-            f"the run belongs to fleet request {request_id} in scope {scope!r}, which has ended ({state}, "
-            f"attempt {attempt_no}): no runner will drive it again, so it takes no decision; nothing was written",
-            run_id=run_id,
-            request_id=int(request_id),
-            scope=str(scope),
+        raise bound(
+            f", which has ended ({state}, attempt {attempt_no}): no runner will drive it again, so it takes no "
+            "decision; nothing was written"
         )
     states = ", ".join(p for _ in DRIVING)
     live = query(
