@@ -211,45 +211,9 @@ def apply_receipt(state: RunState, effected: ev.StepEffected, confirmed: ev.Step
         return apply(apply(state, effected), confirmed)  # its errors name what is wrong
     steps = state.steps
     step = steps.get(sid)
-    if step is None or type(effected) is not ev.StepEffected or type(confirmed) is not ev.StepConfirmed:
-        count = len(steps)
-        mid = _step_after(state, step, count, effected, "step.effected")
-        last = _step_after(state, mid, count if step is not None else count + 1, confirmed, "step.confirmed")
-        return _replace(state, seq=confirmed.seq, updated_ts=confirmed.ts, steps=steps.set(sid, last))
-    # A step the run has (every step's receipt follows its request): ``_step_after``'s checks of both events,
-    # in its order and with its errors, and the step rebuilt once with both events' changes (the step between
-    # them, ``_replace(step, state=between, last_seq=effected.seq, receipt=..., ok=...)``, is never read but for
-    # its state: its attempt is ``step``'s).
-    run_state = state.state
-    if not (_ADMITTED.get((run_state, "step.effected")) or _admitted(run_state, "step.effected")):
-        raise _illegal(state, effected, f"step.effected is not admitted while the run is {run_state}", sid)
-    if state.kind == "plan" and sid not in state.plan_steps:
-        raise _illegal(state, effected, "step is not in the run's plan", sid)
-    attempt = step.attempt
-    if effected.attempt != attempt:
-        raise _illegal(
-            state, effected, f"step.effected for attempt {effected.attempt}, current attempt is {attempt}", sid
-        )
-    between = _STEP_FIXED.get((step.state, "step.effected")) or _STEP.next_state(step.state, "step.effected", effected)
-    if between is None:
-        raise _illegal(state, effected, f"step.effected is not allowed from step state {step.state}", sid)
-    if not (_ADMITTED.get((run_state, "step.confirmed")) or _admitted(run_state, "step.confirmed")):
-        raise _illegal(state, confirmed, f"step.confirmed is not admitted while the run is {run_state}", sid)
-    if confirmed.attempt != attempt:
-        raise _illegal(
-            state, confirmed, f"step.confirmed for attempt {confirmed.attempt}, current attempt is {attempt}", sid
-        )
-    nxt = _STEP_FIXED.get((between, "step.confirmed")) or _STEP.next_state(between, "step.confirmed", confirmed)
-    if nxt is None:
-        raise _illegal(state, confirmed, f"step.confirmed is not allowed from step state {between}", sid)
-    last = _replace(
-        step,
-        state=nxt,
-        last_seq=confirmed.seq,
-        receipt=effected.receipt,
-        ok=effected.ok,
-        rebuilt=confirmed.rebuilt,
-    )
+    count = len(steps)
+    mid = _step_after(state, step, count, effected, "step.effected")
+    last = _step_after(state, mid, count if step is not None else count + 1, confirmed, "step.confirmed")
     return _replace(state, seq=confirmed.seq, updated_ts=confirmed.ts, steps=steps.set(sid, last))
 
 

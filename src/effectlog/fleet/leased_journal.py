@@ -232,12 +232,9 @@ class _Carry:
         self.completes = False
         self.state: str | None = None  # set once made, inside the batch's transaction
         self.claimed: list[Lease] = []  # leased in the same transaction (``LeasedJournal.claim_after``)
-        self._asked: Sequence[Event] | None = None  # the batch ``wants`` last looked at (asked twice a batch)
 
     def wants(self, events: Sequence[Event]) -> bool:
-        if events is not self._asked:  # a retried batch on a new connection is a new _Carry: never stale
-            self._asked = events
-            self.completes = self.journal.succeed_on_completion and any(isinstance(e, RunCompleted) for e in events)
+        self.completes = self.journal.succeed_on_completion and any(isinstance(e, RunCompleted) for e in events)
         return bool(self.journal.pending) or self.completes
 
     def __call__(self, tx: Tx, events: Sequence[Event], state: str, now: float) -> None:
